@@ -1,0 +1,283 @@
+//! nginx `limit_req` as a leaky bucket (the GCRA family), exact and with a cost per request.
+//!
+//! nginx keeps `excess` and `last` per key and computes `excess = max(0, excess - rate*elapsed + 1)`.
+//! We keep the same two numbers, as `level` (requests in the bucket, nginx's `excess + 1` after a
+//! request) and `last_us`. The GCRA arrival time is `tat = last + level / rate`; we store the pair
+//! instead of `tat` because every Redis Lua number is a double: an absolute `tat` in microseconds
+//! (~1.7e15) keeps only ~0.25 µs of precision, and the rounding of repeated `+ 1/rate` steps would
+//! decide the exact boundaries that nginx's documented cases probe. `level` stays small and exact.
+//!
+//! For one request of cost `c` at `now`:
+//! ```text
+//! level' = max(0, level - rate * (now - last)) + c
+//! excess = level' - 1                       # requests ahead of the ideal pace (nginx's excess)
+//! reject   if excess > burst                # state unchanged: rejected requests are free
+//! delay  = max(0, excess - delay) / rate    # 0 with nodelay
+//! ```
+
+use super::Rate;
+
+/// The parameters of one `limit_req` reference: the zone's rate plus the reference's burst and delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReq {
+    pub rate: Rate,
+    pub burst: u64,
+    pub delay: DelayPolicy,
+}
+
+/// Which excess requests wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayPolicy {
+    /// `nodelay`: everything within the burst is forwarded at once.
+    NoDelay,
+    /// `delay = N`: the first N excess requests go at once, later ones wait (N = 0: `burst` alone).
+    After(u64),
+}
+
+/// The state kept per (zone, key).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    /// Requests in the bucket at `last_us` (nginx's `excess`, plus one).
+    pub level: f64,
+    /// When `level` was measured, in µs since the epoch. Never moves backwards.
+    pub last_us: u64,
+}
+
+/// What one zone says about one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZoneOutcome {
+    pub admitted: bool,
+    /// nginx's `excess` for this request (how far ahead of the ideal pace), before any rejection.
+    pub excess: f64,
+    /// How long an admitted request waits before it is forwarded.
+    pub delay_us: u64,
+    /// For a rejected request: how long until the same request would be admitted; `None` if it never
+    /// can (its cost exceeds `burst + 1`).
+    pub retry_after_us: Option<u64>,
+    /// Requests of cost 1 that could still be admitted right now (the `r` of the RateLimit header).
+    pub remaining: u64,
+    /// Time until the bucket is empty again, i.e. until the state can be forgotten (TTL).
+    pub reset_us: u64,
+    /// The state to store if the whole request is admitted.
+    pub next: BucketState,
+}
+
+/// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
+/// store `next` (only when every zone of the request admits it).
+pub fn evaluate(
+    limit: &LimitReq,
+    state: Option<BucketState>,
+    now_us: u64,
+    cost: u64,
+) -> ZoneOutcome {
+    let (level_now, anchor_us) = match state {
+        None => (0.0, now_us),
+        // The clock went backwards (another instance's clock, a Redis failover): keep the stored
+        // time and drain nothing, so time never runs backwards for a key.
+        Some(s) if now_us <= s.last_us => (s.level, s.last_us),
+        Some(s) => {
+            let level = s.level - limit.rate.drained_in(now_us - s.last_us);
+            (if level > 0.0 { level } else { 0.0 }, now_us)
+        }
+    };
+    let capacity = limit.burst as f64 + 1.0;
+    let level_new = level_now + cost as f64;
+    let excess = level_new - 1.0;
+
+    if excess > limit.burst as f64 {
+        let room_needed = level_now - (capacity - cost as f64);
+        return ZoneOutcome {
+            admitted: false,
+            excess,
+            delay_us: 0,
+            retry_after_us: (cost as f64 <= capacity)
+                .then(|| ceil_us(limit.rate.time_for_us(room_needed))),
+            remaining: 0,
+            reset_us: ceil_us(limit.rate.time_for_us(level_now)),
+            next: BucketState {
+                level: level_now,
+                last_us: anchor_us,
+            },
+        };
+    }
+
+    let delay_us = match limit.delay {
+        DelayPolicy::After(threshold) if excess > threshold as f64 => {
+            ceil_us(limit.rate.time_for_us(excess - threshold as f64))
+        }
+        _ => 0,
+    };
+    let room = (capacity - level_new).floor();
+    ZoneOutcome {
+        admitted: true,
+        excess,
+        delay_us,
+        retry_after_us: None,
+        remaining: if room > 0.0 { room as u64 } else { 0 },
+        reset_us: ceil_us(limit.rate.time_for_us(level_new)),
+        next: BucketState {
+            level: level_new,
+            last_us: anchor_us,
+        },
+    }
+}
+
+fn ceil_us(us: f64) -> u64 {
+    if us > 0.0 {
+        us.ceil() as u64
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+    const T0: u64 = 1_700_000_000 * SEC;
+
+    fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
+        LimitReq {
+            rate: Rate::parse(rate).unwrap(),
+            burst,
+            delay,
+        }
+    }
+
+    /// Sends `n` requests at the same instant, storing state after each admitted one.
+    fn burst_at(limit: &LimitReq, now: u64, n: usize) -> Vec<ZoneOutcome> {
+        let mut state = None;
+        (0..n)
+            .map(|_| {
+                let out = evaluate(limit, state, now, 1);
+                if out.admitted {
+                    state = Some(out.next);
+                }
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_key_passes_even_without_burst() {
+        let out = evaluate(&limit("1r/s", 0, DelayPolicy::After(0)), None, T0, 1);
+        assert!(out.admitted);
+        assert_eq!(out.delay_us, 0);
+        assert_eq!(out.excess, 0.0);
+    }
+
+    #[test]
+    fn burst5_nodelay_admits_six_then_rejects() {
+        let outs = burst_at(&limit("1r/s", 5, DelayPolicy::NoDelay), T0, 7);
+        assert!(outs[..6].iter().all(|o| o.admitted && o.delay_us == 0));
+        assert!(!outs[6].admitted);
+        assert_eq!(outs[6].retry_after_us, Some(SEC));
+    }
+
+    #[test]
+    fn burst5_delay3_matches_nginx_table() {
+        // nginx: r1-r4 at once, r5 and r6 delayed 1 s and 2 s, r7 rejected.
+        let outs = burst_at(&limit("1r/s", 5, DelayPolicy::After(3)), T0, 7);
+        let delays: Vec<_> = outs[..6].iter().map(|o| o.delay_us).collect();
+        assert_eq!(delays, vec![0, 0, 0, 0, SEC, 2 * SEC]);
+        assert!(outs[..6].iter().all(|o| o.admitted));
+        assert!(!outs[6].admitted);
+    }
+
+    #[test]
+    fn burst_alone_delays_every_excess_request() {
+        let outs = burst_at(&limit("1r/s", 5, DelayPolicy::After(0)), T0, 7);
+        let delays: Vec<_> = outs[..6].iter().map(|o| o.delay_us / SEC).collect();
+        assert_eq!(delays, vec![0, 1, 2, 3, 4, 5]);
+        assert!(!outs[6].admitted);
+    }
+
+    #[test]
+    fn limit_req_delay_t_sequence() {
+        // nginx's limit_req_delay.t: rate=30r/m burst=2 delay=1: pass, not yet delayed, delayed, rejected.
+        let outs = burst_at(&limit("30r/m", 2, DelayPolicy::After(1)), T0, 4);
+        assert!(outs[0].admitted && outs[0].delay_us == 0);
+        assert!(outs[1].admitted && outs[1].delay_us == 0);
+        assert!(outs[2].admitted && outs[2].delay_us == 2 * SEC);
+        assert!(!outs[3].admitted);
+    }
+
+    #[test]
+    fn rejected_requests_are_free() {
+        let l = limit("1r/s", 0, DelayPolicy::NoDelay);
+        let first = evaluate(&l, None, T0, 1);
+        let mut state = first.next;
+        for i in 1..100 {
+            let out = evaluate(&l, Some(state), T0 + i * 1000, 1);
+            assert!(!out.admitted);
+            // The would-be state after a rejection is only drained, never charged.
+            assert!(out.next.level <= state.level);
+            state = out.next;
+        }
+        assert!(evaluate(&l, Some(first.next), T0 + SEC, 1).admitted);
+    }
+
+    #[test]
+    fn per_minute_and_per_hour_rates_are_exact() {
+        let per_min = limit("1r/m", 0, DelayPolicy::NoDelay);
+        let s = evaluate(&per_min, None, T0, 1).next;
+        assert!(!evaluate(&per_min, Some(s), T0 + 60 * SEC - 1, 1).admitted);
+        assert!(evaluate(&per_min, Some(s), T0 + 60 * SEC, 1).admitted);
+
+        let per_hour = limit("5r/h", 0, DelayPolicy::NoDelay);
+        let s = evaluate(&per_hour, None, T0, 1).next;
+        assert!(!evaluate(&per_hour, Some(s), T0 + 720 * SEC - 1, 1).admitted);
+        assert!(evaluate(&per_hour, Some(s), T0 + 720 * SEC, 1).admitted);
+    }
+
+    #[test]
+    fn long_idle_gap_drains_fully() {
+        let l = limit("10r/s", 20, DelayPolicy::NoDelay);
+        let outs = burst_at(&l, T0, 21);
+        let full = outs[20].next;
+        assert_eq!(full.level, 21.0);
+        let later = evaluate(&l, Some(full), T0 + 365 * 24 * 3600 * SEC, 1);
+        assert!(later.admitted);
+        assert_eq!(later.next.level, 1.0);
+        assert_eq!(later.remaining, 20);
+    }
+
+    #[test]
+    fn clock_going_backwards_never_drains_or_rewinds() {
+        let l = limit("1r/s", 1, DelayPolicy::NoDelay);
+        let s = evaluate(&l, None, T0, 1).next;
+        let out = evaluate(&l, Some(s), T0 - 10 * SEC, 1);
+        assert!(out.admitted);
+        assert_eq!(
+            out.next,
+            BucketState {
+                level: 2.0,
+                last_us: T0
+            }
+        );
+    }
+
+    #[test]
+    fn cost_counts_as_several_requests() {
+        let l = limit("10r/s", 9, DelayPolicy::NoDelay);
+        let a = evaluate(&l, None, T0, 6);
+        assert!(a.admitted);
+        assert_eq!(a.remaining, 4);
+        let b = evaluate(&l, Some(a.next), T0, 5);
+        assert!(!b.admitted);
+        // 1 request must drain at 10r/s: 100 ms.
+        assert_eq!(b.retry_after_us, Some(100_000));
+        let never = evaluate(&l, None, T0, 11);
+        assert!(!never.admitted);
+        assert_eq!(never.retry_after_us, None);
+    }
+
+    #[test]
+    fn reset_is_time_to_drain() {
+        let l = limit("10r/s", 20, DelayPolicy::NoDelay);
+        let outs = burst_at(&l, T0, 3);
+        assert_eq!(outs[2].reset_us, 300_000);
+        assert_eq!(outs[2].remaining, 18);
+    }
+}
