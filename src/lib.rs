@@ -1,5 +1,13 @@
 //! Weir: a rate-limiting reverse proxy. The modules follow the data path of one request:
-//! `config` → `routes` → `keys` → `limit` (the model) → `store` (memory | redis) → `proxy`.
+//! `config` → `routes` → `keys` → `limit` (the model) → `store` (memory | redis) → `proxy`,
+//! with `server` assembling them into a Pingora server.
 
+pub mod config;
+pub mod echo;
+pub mod keys;
 pub mod limit;
+pub mod proxy;
+pub mod routes;
+pub mod server;
 pub mod store;
+pub mod upstream;

@@ -1,0 +1,627 @@
+//! Validation and compilation of the TOML front-end into the runtime model. Every reference is
+//! resolved to an index, every address parsed and every regex compiled here, once.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::Method;
+use ipnet::IpNet;
+use regex::Regex;
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::schema;
+use crate::keys::{KeyPart, KeySpec, RealIp};
+use crate::limit::{DelayPolicy, LimitReq, Rate};
+use crate::routes::{HostMatch, PathMatch, RouteMatcher};
+use crate::store::{RedisClock, RedisStoreConfig};
+use crate::upstream::Upstream;
+
+/// Largest accepted `burst` and `delay`: far beyond any sane bucket, and small enough that the
+/// bucket level stays an exact integer in a double (Lua) for every rate unit.
+pub const MAX_BURST: i64 = 1_000_000;
+const MAX_THREADS: i64 = 1024;
+
+/// The compiled, immutable configuration one request reads from start to end.
+#[derive(Debug)]
+pub struct Runtime {
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub real_ip: Option<RealIp>,
+    pub upstreams: Vec<Upstream>,
+    pub zones: Vec<Zone>,
+    pub routes: Vec<Route>,
+    /// `matchers[i]` matches `routes[i]`.
+    pub matchers: Vec<RouteMatcher>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub threads: usize,
+}
+
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    Memory,
+    Redis(RedisStoreConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct Zone {
+    pub name: String,
+    pub key: KeySpec,
+    pub rate: Rate,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub upstream: usize,
+    pub limits: Vec<ZoneLimit>,
+    pub status: u16,
+    pub dry_run: bool,
+}
+
+/// One `limit_req` reference of a route: a zone plus this route's burst and delay.
+#[derive(Debug, Clone, Copy)]
+pub struct ZoneLimit {
+    pub zone: usize,
+    pub limit: LimitReq,
+}
+
+pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
+    let src = Source { file, text };
+    let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
+        Some(span) => src.error_at(&span, e.message().trim_end()),
+        None => src.error(e.message().trim_end()),
+    })?;
+    let schema::File {
+        server,
+        store,
+        real_ip,
+        upstream,
+        limit_req_zone,
+        route,
+    } = parsed;
+
+    let server = compile_server(&src, server)?;
+    let store = compile_store(&src, store)?;
+    let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
+    let upstreams = compile_upstreams(&src, upstream)?;
+    let zones = compile_zones(&src, limit_req_zone)?;
+    let (routes, matchers) = compile_routes(&src, route, &upstreams, &zones)?;
+    Ok(Runtime {
+        server,
+        store,
+        real_ip,
+        upstreams,
+        zones,
+        routes,
+        matchers,
+    })
+}
+
+fn compile_server(
+    src: &Source<'_>,
+    server: Spanned<schema::Server>,
+) -> Result<ServerSettings, ConfigError> {
+    let schema::Server { listen, threads } = server.into_inner();
+    if listen.get_ref().is_empty() {
+        return Err(src.error_at(
+            &listen.span(),
+            "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"]",
+        ));
+    }
+    let mut addrs = Vec::new();
+    for addr in listen.into_inner() {
+        let parsed: SocketAddr = addr.get_ref().parse().map_err(|_| {
+            src.error_at(
+                &addr.span(),
+                format!(
+                    "server.listen: {:?} is not an IP:port address",
+                    addr.get_ref()
+                ),
+            )
+        })?;
+        addrs.push(parsed);
+    }
+    let threads = match threads {
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        Some(t) if (1..=MAX_THREADS).contains(t.get_ref()) => *t.get_ref() as usize,
+        Some(t) => {
+            return Err(src.error_at(
+                &t.span(),
+                format!(
+                    "server.threads: must be 1..={MAX_THREADS}, got {}",
+                    t.get_ref()
+                ),
+            ))
+        }
+    };
+    Ok(ServerSettings {
+        listen: addrs,
+        threads,
+    })
+}
+
+fn compile_store(
+    src: &Source<'_>,
+    store: Option<Spanned<schema::Store>>,
+) -> Result<StoreSettings, ConfigError> {
+    let Some(store) = store else {
+        return Ok(StoreSettings::Memory);
+    };
+    let schema::Store {
+        kind,
+        url,
+        timeout,
+        clock,
+        key_prefix,
+    } = store.into_inner();
+    match kind.get_ref().as_str() {
+        "memory" => {
+            let redis_only = [
+                ("url", url.map(|u| u.span())),
+                ("timeout", timeout.map(|t| t.span())),
+                ("clock", clock.map(|c| c.span())),
+                ("key_prefix", key_prefix.map(|k| k.span())),
+            ];
+            if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(src.error_at(
+                    &span,
+                    format!("store.{field}: only applies to kind = \"redis\""),
+                ));
+            }
+            Ok(StoreSettings::Memory)
+        }
+        "redis" => {
+            let url = url.ok_or_else(|| {
+                src.error_at(
+                    &kind.span(),
+                    "store.url: required with kind = \"redis\", e.g. \"redis://127.0.0.1:6379/0\"",
+                )
+            })?;
+            let valid_scheme = ["redis://", "rediss://"]
+                .iter()
+                .any(|s| url.get_ref().starts_with(s));
+            if !valid_scheme || ::redis::Client::open(url.get_ref().as_str()).is_err() {
+                return Err(src.error_at(
+                    &url.span(),
+                    format!(
+                        "store.url: {:?} is not a redis:// or rediss:// URL",
+                        url.get_ref()
+                    ),
+                ));
+            }
+            let timeout = match timeout {
+                None => Duration::from_millis(25),
+                Some(t) => parse_duration(t.get_ref())
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| src.error_at(&t.span(), format!(
+                        "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}", t.get_ref())))?,
+            };
+            let clock = match clock.as_ref().map(|c| c.get_ref().as_str()) {
+                None | Some("redis") => RedisClock::Redis,
+                Some("local") => RedisClock::Local,
+                Some(other) => {
+                    let span = clock.as_ref().map(|c| c.span()).unwrap_or_default();
+                    return Err(src.error_at(
+                        &span,
+                        format!("store.clock: expected \"redis\" or \"local\", got {other:?}"),
+                    ));
+                }
+            };
+            let key_prefix = key_prefix.map_or_else(|| "weir:".to_string(), |k| k.into_inner());
+            Ok(StoreSettings::Redis(RedisStoreConfig {
+                url: url.into_inner(),
+                timeout,
+                clock,
+                key_prefix,
+            }))
+        }
+        other => Err(src.error_at(
+            &kind.span(),
+            format!("store.kind: expected \"memory\" or \"redis\", got {other:?}"),
+        )),
+    }
+}
+
+fn compile_real_ip(
+    src: &Source<'_>,
+    real_ip: Spanned<schema::RealIp>,
+) -> Result<RealIp, ConfigError> {
+    let schema::RealIp { trusted, header } = real_ip.into_inner();
+    let trusted =
+        trusted
+            .iter()
+            .map(|t| {
+                parse_cidr(t.get_ref()).ok_or_else(|| {
+                    src.error_at(
+                        &t.span(),
+                        format!(
+            "real_ip.trusted: {:?} is not an IP address or CIDR like \"10.0.0.0/8\"", t.get_ref()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+    let header = match header {
+        None => HeaderName::from_static("x-forwarded-for"),
+        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+            src.error_at(
+                &h.span(),
+                format!("real_ip.header: {:?} is not a header name", h.get_ref()),
+            )
+        })?,
+    };
+    Ok(RealIp { trusted, header })
+}
+
+fn parse_cidr(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+fn compile_upstreams(
+    src: &Source<'_>,
+    list: Vec<Spanned<schema::Upstream>>,
+) -> Result<Vec<Upstream>, ConfigError> {
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for up in list {
+        let schema::Upstream { name, servers } = up.into_inner();
+        check_name(src, &name, "upstream.name")?;
+        unique(src, &mut seen, &name, "upstream")?;
+        if servers.get_ref().is_empty() {
+            return Err(src.error_at(
+                &servers.span(),
+                format!(
+                    "upstream {:?}: servers must list at least one address",
+                    name.get_ref()
+                ),
+            ));
+        }
+        let mut addrs = Vec::new();
+        for server in servers.get_ref() {
+            // Resolved once here: per-request resolution would block the proxy's workers.
+            let resolved = server
+                .get_ref()
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next());
+            let addr = resolved.ok_or_else(|| {
+                src.error_at(
+                    &server.span(),
+                    format!(
+                        "upstream {:?}: cannot resolve server {:?} (expected host:port)",
+                        name.get_ref(),
+                        server.get_ref()
+                    ),
+                )
+            })?;
+            addrs.push(addr);
+        }
+        out.push(Upstream::new(name.into_inner(), addrs));
+    }
+    Ok(out)
+}
+
+fn compile_zones(
+    src: &Source<'_>,
+    list: Vec<Spanned<schema::LimitReqZone>>,
+) -> Result<Vec<Zone>, ConfigError> {
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for zone in list {
+        let schema::LimitReqZone { name, key, rate } = zone.into_inner();
+        check_name(src, &name, "limit_req_zone.name")?;
+        unique(src, &mut seen, &name, "limit_req_zone")?;
+        let items = key.get_ref().items();
+        if items.is_empty() {
+            return Err(src.error_at(
+                &key.span(),
+                format!("limit_req_zone {:?}: key must not be empty", name.get_ref()),
+            ));
+        }
+        let parts = items
+            .iter()
+            .map(|k| {
+                KeyPart::parse(k).map_err(|e| {
+                    src.error_at(
+                        &key.span(),
+                        format!("limit_req_zone {:?}: key: {e}", name.get_ref()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let parsed_rate = Rate::parse(rate.get_ref()).map_err(|e| {
+            src.error_at(
+                &rate.span(),
+                format!("limit_req_zone {:?}: rate: {e}", name.get_ref()),
+            )
+        })?;
+        out.push(Zone {
+            name: name.into_inner(),
+            key: KeySpec(parts),
+            rate: parsed_rate,
+        });
+    }
+    Ok(out)
+}
+
+fn compile_routes(
+    src: &Source<'_>,
+    list: Vec<Spanned<schema::Route>>,
+    upstreams: &[Upstream],
+    zones: &[Zone],
+) -> Result<(Vec<Route>, Vec<RouteMatcher>), ConfigError> {
+    let mut seen = HashMap::new();
+    let mut routes = Vec::new();
+    let mut matchers = Vec::new();
+    for route in list {
+        let route_span = route.span();
+        let schema::Route {
+            name,
+            path,
+            path_prefix,
+            path_regex,
+            host,
+            methods,
+            upstream,
+            limit_req,
+            limit_req_status,
+            dry_run,
+        } = route.into_inner();
+        check_name(src, &name, "route.name")?;
+        unique(src, &mut seen, &name, "route")?;
+        let rname = name.get_ref().clone();
+        let here = |span: &std::ops::Range<usize>, msg: String| {
+            src.error_at(span, format!("route {rname:?}: {msg}"))
+        };
+
+        let path = match (path, path_prefix, path_regex) {
+            (Some(p), None, None) => PathMatch::Exact(checked_path(p, &here)?),
+            (None, Some(p), None) => PathMatch::Prefix(checked_path(p, &here)?),
+            (None, None, Some(r)) => PathMatch::Regex(
+                Regex::new(r.get_ref())
+                    .map_err(|e| here(&r.span(), format!("path_regex: invalid regex: {e}")))?,
+            ),
+            _ => {
+                return Err(here(
+                    &route_span,
+                    "give exactly one of path, path_prefix or path_regex".into(),
+                ))
+            }
+        };
+        let host = host
+            .map(|h| {
+                let valid = !h.get_ref().is_empty()
+                    && h.get_ref()
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-.*:[]".contains(&b));
+                if valid {
+                    Ok(HostMatch::parse(h.get_ref()))
+                } else {
+                    Err(here(
+                        &h.span(),
+                        format!("host: {:?} is not a host name", h.get_ref()),
+                    ))
+                }
+            })
+            .transpose()?;
+        let methods = methods
+            .map(|list| {
+                list.iter()
+                    .map(|m| {
+                        Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()).map_err(
+                            |_| {
+                                here(
+                                    &m.span(),
+                                    format!("methods: {:?} is not an HTTP method", m.get_ref()),
+                                )
+                            },
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        let upstream_index = upstreams
+            .iter()
+            .position(|u| u.name == *upstream.get_ref())
+            .ok_or_else(|| {
+                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                here(
+                    &upstream.span(),
+                    format!(
+                        "upstream: unknown upstream {:?} (defined: {})",
+                        upstream.get_ref(),
+                        list_or_none(&known)
+                    ),
+                )
+            })?;
+
+        let mut limits: Vec<ZoneLimit> = Vec::new();
+        for reference in &limit_req {
+            let zl = compile_limit_ref(reference.get_ref(), zones, &here)?;
+            if limits.iter().any(|l| l.zone == zl.zone) {
+                return Err(here(
+                    &reference.get_ref().zone.span(),
+                    format!(
+                        "limit_req: zone {:?} is referenced twice",
+                        reference.get_ref().zone.get_ref()
+                    ),
+                ));
+            }
+            limits.push(zl);
+        }
+        let status = match limit_req_status {
+            None => 429,
+            Some(s) if (400..=599).contains(s.get_ref()) => *s.get_ref() as u16,
+            Some(s) => {
+                return Err(here(
+                    &s.span(),
+                    format!("limit_req_status: must be 400..=599, got {}", s.get_ref()),
+                ))
+            }
+        };
+        routes.push(Route {
+            name: name.into_inner(),
+            upstream: upstream_index,
+            limits,
+            status,
+            dry_run,
+        });
+        matchers.push(RouteMatcher {
+            path,
+            host,
+            methods,
+        });
+    }
+    Ok((routes, matchers))
+}
+
+fn compile_limit_ref(
+    r: &schema::LimitReqRef,
+    zones: &[Zone],
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<ZoneLimit, ConfigError> {
+    let zone = zones
+        .iter()
+        .position(|z| z.name == *r.zone.get_ref())
+        .ok_or_else(|| {
+            let known: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+            here(
+                &r.zone.span(),
+                format!(
+                    "limit_req: unknown zone {:?} (defined: {})",
+                    r.zone.get_ref(),
+                    list_or_none(&known)
+                ),
+            )
+        })?;
+    let in_range = |v: &Spanned<i64>, field: &str| {
+        if (0..=MAX_BURST).contains(v.get_ref()) {
+            Ok(*v.get_ref() as u64)
+        } else {
+            Err(here(
+                &v.span(),
+                format!(
+                    "limit_req: {field} must be 0..={MAX_BURST}, got {}",
+                    v.get_ref()
+                ),
+            ))
+        }
+    };
+    let burst = r
+        .burst
+        .as_ref()
+        .map(|b| in_range(b, "burst"))
+        .transpose()?
+        .unwrap_or(0);
+    let nodelay = r.nodelay.as_ref().is_some_and(|n| *n.get_ref());
+    let delay = match (&r.delay, nodelay) {
+        (Some(d), true) => {
+            return Err(here(
+                &d.span(),
+                "limit_req: give either delay or nodelay = true, not both".into(),
+            ));
+        }
+        (Some(d), false) => {
+            let value = in_range(d, "delay")?;
+            if value > burst {
+                return Err(here(&d.span(), format!(
+                    "limit_req: delay = {value} exceeds burst = {burst}; requests beyond the burst are rejected, so use nodelay = true")));
+            }
+            DelayPolicy::After(value)
+        }
+        (None, true) => DelayPolicy::NoDelay,
+        (None, false) => DelayPolicy::After(0),
+    };
+    Ok(ZoneLimit {
+        zone,
+        limit: LimitReq {
+            rate: zones[zone].rate,
+            burst,
+            delay,
+        },
+    })
+}
+
+fn checked_path(
+    p: Spanned<String>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<String, ConfigError> {
+    if p.get_ref().starts_with('/') {
+        Ok(p.into_inner())
+    } else {
+        Err(here(
+            &p.span(),
+            format!("path must start with '/', got {:?}", p.get_ref()),
+        ))
+    }
+}
+
+/// Names appear in headers, Redis keys, logs and metric labels: keep them plain.
+fn check_name(src: &Source<'_>, name: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
+    let n = name.get_ref();
+    let ok = !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(src.error_at(
+            &name.span(),
+            format!("{field}: {n:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
+        ))
+    }
+}
+
+fn unique(
+    src: &Source<'_>,
+    seen: &mut HashMap<String, usize>,
+    name: &Spanned<String>,
+    what: &str,
+) -> Result<(), ConfigError> {
+    let line = src.line_of(&name.span());
+    match seen.insert(name.get_ref().clone(), line) {
+        Some(first) => Err(src.error_at(
+            &name.span(),
+            format!(
+                "duplicate {what} name {:?} (first defined on line {first})",
+                name.get_ref()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// `"25ms"`, `"1s"`, `"500us"`, `"2m"`: a number and a unit.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    match unit {
+        "us" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

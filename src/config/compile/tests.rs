@@ -1,0 +1,191 @@
+//! One case per config error: the message must name the line and the field to fix.
+
+use super::*;
+
+const GOOD: &str = r#"
+[server]
+listen = ["127.0.0.1:8080"]
+threads = 2
+
+[real_ip]
+trusted = ["10.0.0.0/8", "::1/128", "127.0.0.1"]
+
+[[upstream]]
+name = "app"
+servers = ["127.0.0.1:9000", "localhost:9001"]
+
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "10r/s"
+
+[[limit_req_zone]]
+name = "per_key"
+key = ["header:X-Api-Key", "ip"]
+rate = "600r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 20, nodelay = true }, { zone = "per_key", burst = 5, delay = 2 } ]
+limit_req_status = 503
+
+[[route]]
+name = "rest"
+path_prefix = "/"
+upstream = "app"
+"#;
+
+fn compile_err(text: &str) -> ConfigError {
+    compile(text, "t.toml").expect_err("config should be refused")
+}
+
+/// Replaces `from` in the good config and asserts the error's line and that it mentions `needle`.
+fn assert_refused(from: &str, to: &str, line: usize, needle: &str) {
+    assert!(GOOD.contains(from), "fixture lacks {from:?}");
+    let err = compile_err(&GOOD.replacen(from, to, 1));
+    assert_eq!(err.file, "t.toml");
+    assert_eq!(err.line, Some(line), "{err}");
+    assert!(
+        err.to_string().contains(needle),
+        "{err} should mention {needle:?}"
+    );
+}
+
+#[test]
+fn good_config_compiles() {
+    let rt = compile(GOOD, "t.toml").unwrap();
+    assert_eq!(rt.server.threads, 2);
+    assert_eq!(rt.upstreams[0].servers.len(), 2);
+    assert_eq!(rt.routes[0].limits.len(), 2);
+    assert_eq!(rt.routes[0].limits[1].limit.delay, DelayPolicy::After(2));
+    assert_eq!(rt.routes[0].limits[0].limit.delay, DelayPolicy::NoDelay);
+    assert_eq!(rt.routes[0].status, 503);
+    assert_eq!(rt.routes[1].status, 429);
+    assert!(matches!(rt.store, StoreSettings::Memory));
+    assert_eq!(rt.real_ip.unwrap().trusted.len(), 3);
+}
+
+#[test]
+fn refuses_with_file_line_and_field() {
+    assert_refused("rate = \"10r/s\"", "rate = \"10/s\"", 16, "rate");
+    assert_refused(
+        "zone = \"per_ip\", burst = 20",
+        "zone = \"nope\", burst = 20",
+        27,
+        "unknown zone \"nope\"",
+    );
+    assert_refused(
+        "upstream = \"app\"\nlimit_req",
+        "upstream = \"ghost\"\nlimit_req",
+        26,
+        "unknown upstream \"ghost\"",
+    );
+    assert_refused("burst = 20", "burst = -1", 27, "burst");
+    assert_refused("delay = 2", "delay = 9", 27, "delay");
+    assert_refused(
+        "delay = 2",
+        "delay = 2, nodelay = true",
+        27,
+        "either delay or nodelay",
+    );
+    assert_refused(
+        "path_prefix = \"/api/\"",
+        "path_regex = \"^/v[0-9\"",
+        25,
+        "path_regex",
+    );
+    assert_refused("\"10.0.0.0/8\"", "\"10.0.0.0/33\"", 7, "real_ip.trusted");
+    assert_refused(
+        "name = \"rest\"",
+        "name = \"api\"",
+        31,
+        "duplicate route name \"api\" (first defined on line 24)",
+    );
+    assert_refused(
+        "name = \"per_key\"",
+        "name = \"per_ip\"",
+        19,
+        "duplicate limit_req_zone",
+    );
+    assert_refused(
+        "limit_req_status = 503",
+        "limit_req_status = 200",
+        28,
+        "limit_req_status",
+    );
+    assert_refused("threads = 2", "threads = 0", 4, "server.threads");
+    assert_refused("\"127.0.0.1:8080\"", "\"localhost\"", 3, "server.listen");
+    assert_refused("key = \"ip\"", "key = \"path\"", 15, "key");
+    assert_refused(
+        "servers = [\"127.0.0.1:9000\"",
+        "servers = [\"no-port\"",
+        11,
+        "cannot resolve",
+    );
+}
+
+#[test]
+fn refuses_unknown_fields_and_syntax_errors_with_lines() {
+    let err = compile_err(&GOOD.replacen("limit_req_status = 503", "limit_req_stauts = 503", 1));
+    assert_eq!(err.line, Some(28), "{err}");
+    assert!(err.message.contains("limit_req_stauts"), "{err}");
+    let err = compile_err(&GOOD.replacen("threads = 2", "threads = ", 1));
+    assert_eq!(err.line, Some(4), "{err}");
+    let err = compile_err(&GOOD.replacen(
+        "[[route]]\nname = \"rest\"",
+        "[[route]]\nname = \"rest\"\nbogus = 1",
+        1,
+    ));
+    assert_eq!(err.line, Some(32), "{err}");
+}
+
+#[test]
+fn store_settings() {
+    let redis = GOOD.replacen("[real_ip]", "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\ntimeout = \"40ms\"\nclock = \"local\"\n\n[real_ip]", 1);
+    match compile(&redis, "t.toml").unwrap().store {
+        StoreSettings::Redis(cfg) => {
+            assert_eq!(cfg.timeout, Duration::from_millis(40));
+            assert_eq!(cfg.clock, RedisClock::Local);
+            assert_eq!(cfg.key_prefix, "weir:");
+        }
+        other => panic!("expected redis, got {other:?}"),
+    }
+    let err = compile_err(&GOOD.replacen("[real_ip]", "[store]\nkind = \"redis\"\n\n[real_ip]", 1));
+    assert!(err.message.contains("store.url"), "{err}");
+    let err = compile_err(&GOOD.replacen(
+        "[real_ip]",
+        "[store]\nkind = \"memory\"\nurl = \"redis://x\"\n\n[real_ip]",
+        1,
+    ));
+    assert_eq!(err.line, Some(8));
+    let err = compile_err(&GOOD.replacen(
+        "[real_ip]",
+        "[store]\nkind = \"redis\"\nurl = \"http://x\"\n\n[real_ip]",
+        1,
+    ));
+    assert!(err.message.contains("store.url"), "{err}");
+}
+
+#[test]
+fn exactly_one_path_kind() {
+    let err = compile_err(&GOOD.replacen(
+        "path_prefix = \"/\"",
+        "path_prefix = \"/\"\npath = \"/x\"",
+        1,
+    ));
+    assert!(err.message.contains("exactly one of path"), "{err}");
+    let err = compile_err(&GOOD.replacen("path_prefix = \"/\"", "path_prefix = \"x\"", 1));
+    assert!(err.message.contains("must start with '/'"), "{err}");
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("25ms"), Some(Duration::from_millis(25)));
+    assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
+    assert_eq!(parse_duration("100us"), Some(Duration::from_micros(100)));
+    for bad in ["", "ms", "10", "1.5s", "10 ms", "5h"] {
+        assert_eq!(parse_duration(bad), None, "{bad}");
+    }
+}

@@ -1,0 +1,103 @@
+//! The TOML front-end: serde structs that mirror `conf/routes.toml` field for field. Values that
+//! later checks may reject are `Spanned`, so errors can name their line. Nothing here is used at
+//! request time: `compile` turns it into the runtime model.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    pub server: Spanned<Server>,
+    #[serde(default)]
+    pub store: Option<Spanned<Store>>,
+    #[serde(default)]
+    pub real_ip: Option<Spanned<RealIp>>,
+    #[serde(default)]
+    pub upstream: Vec<Spanned<Upstream>>,
+    #[serde(default)]
+    pub limit_req_zone: Vec<Spanned<LimitReqZone>>,
+    #[serde(default)]
+    pub route: Vec<Spanned<Route>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    pub listen: Spanned<Vec<Spanned<String>>>,
+    pub threads: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    pub kind: Spanned<String>,
+    pub url: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub clock: Option<Spanned<String>>,
+    pub key_prefix: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RealIp {
+    pub trusted: Vec<Spanned<String>>,
+    pub header: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub name: Spanned<String>,
+    pub servers: Spanned<Vec<Spanned<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitReqZone {
+    pub name: Spanned<String>,
+    pub key: Spanned<OneOrMany>,
+    pub rate: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn items(&self) -> Vec<&str> {
+        match self {
+            OneOrMany::One(s) => vec![s.as_str()],
+            OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: Spanned<String>,
+    pub path: Option<Spanned<String>>,
+    pub path_prefix: Option<Spanned<String>>,
+    pub path_regex: Option<Spanned<String>>,
+    pub host: Option<Spanned<String>>,
+    pub methods: Option<Vec<Spanned<String>>>,
+    pub upstream: Spanned<String>,
+    #[serde(default)]
+    pub limit_req: Vec<Spanned<LimitReqRef>>,
+    pub limit_req_status: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitReqRef {
+    pub zone: Spanned<String>,
+    pub burst: Option<Spanned<i64>>,
+    pub delay: Option<Spanned<i64>>,
+    pub nodelay: Option<Spanned<bool>>,
+}

@@ -1,0 +1,171 @@
+//! What a client is told about its limits: IETF draft-ietf-httpapi-ratelimit-headers-10
+//! `RateLimit-Policy` / `RateLimit` fields, `Retry-After`, and the short JSON rejection body.
+//!
+//! For a leaky bucket the quota `q` is the bucket capacity (`burst + 1` requests), `w` the seconds
+//! an empty bucket needs to refill it, `r` the requests that could pass right now and `t` the seconds
+//! until the bucket is empty again (or, when rejected, until the request would pass).
+
+use crate::limit::{LimitReq, Verdict};
+
+/// One zone's name and limit, in the order of the verdict's zones.
+pub struct ZoneInfo<'a> {
+    pub name: &'a str,
+    pub limit: &'a LimitReq,
+    pub cost: u64,
+}
+
+const SECOND_US: u64 = 1_000_000;
+
+fn ceil_secs(us: u64) -> u64 {
+    us.div_ceil(SECOND_US)
+}
+
+/// `RateLimit-Policy: "per_ip";q=21;w=3`
+pub fn policy(zones: &[ZoneInfo<'_>]) -> String {
+    zones
+        .iter()
+        .map(|z| {
+            let quota = z.limit.burst + 1;
+            let window_us = z.limit.rate.time_for_us(quota as f64).ceil() as u64;
+            format!(
+                "\"{}\";q={};w={}",
+                z.name,
+                quota,
+                ceil_secs(window_us).max(1)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `RateLimit: "per_ip";r=17;t=1`
+pub fn remaining(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> String {
+    zones
+        .iter()
+        .zip(&verdict.zones)
+        .map(|(z, out)| {
+            let (r, t_us) = match (verdict.admitted, out.admitted) {
+                (true, _) => (out.remaining, out.reset_us),
+                // Rejected here: nothing left until the retry time.
+                (false, false) => (0, out.retry_after_us.unwrap_or(out.reset_us)),
+                // Another zone rejected, so this one was not charged.
+                (false, true) => (out.remaining + z.cost, out.reset_us),
+            };
+            format!("\"{}\";r={};t={}", z.name, r, ceil_secs(t_us))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whole seconds, rounded up, at least 1 (a 0 would invite an immediate retry storm).
+pub fn retry_after_secs(retry_after_us: u64) -> u64 {
+    ceil_secs(retry_after_us).max(1)
+}
+
+/// The zone whose rejection sets the retry time (the latest one), for the body and logs.
+pub fn rejecting_zone<'a>(zones: &[ZoneInfo<'a>], verdict: &Verdict) -> Option<&'a str> {
+    zones
+        .iter()
+        .zip(&verdict.zones)
+        .filter(|(_, out)| !out.admitted)
+        .max_by_key(|(_, out)| out.retry_after_us.unwrap_or(u64::MAX))
+        .map(|(z, _)| z.name)
+}
+
+/// `{"error":"rate_limited","route":"api","zone":"per_ip","retry_after":2}`. Names are restricted
+/// to `[A-Za-z0-9_.-]` by config validation, so they need no JSON escaping.
+pub fn rejection_body(route: &str, zone: &str, retry_after: Option<u64>) -> String {
+    match retry_after {
+        Some(secs) => format!(
+            "{{\"error\":\"rate_limited\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":{secs}}}\n"
+        ),
+        None => format!(
+            "{{\"error\":\"request_too_costly\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":null,\
+             \"detail\":\"the request costs more than the zone's burst + 1 and can never pass\"}}\n"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{decide_all, DelayPolicy, Rate, ZoneInput};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    #[test]
+    fn formats_draft_10_fields() {
+        let limit = LimitReq {
+            rate: Rate::parse("10r/s").unwrap(),
+            burst: 20,
+            delay: DelayPolicy::NoDelay,
+        };
+        let zones = [ZoneInfo {
+            name: "per_ip",
+            limit: &limit,
+            cost: 1,
+        }];
+        assert_eq!(policy(&zones), "\"per_ip\";q=21;w=3");
+        let v = decide_all(
+            &[ZoneInput {
+                limit: &limit,
+                state: None,
+                cost: 1,
+            }],
+            T0,
+        );
+        assert_eq!(remaining(&zones, &v), "\"per_ip\";r=20;t=1");
+    }
+
+    #[test]
+    fn rejected_zone_reports_zero_and_retry() {
+        let limit = LimitReq {
+            rate: Rate::parse("1r/m").unwrap(),
+            burst: 0,
+            delay: DelayPolicy::NoDelay,
+        };
+        let first = decide_all(
+            &[ZoneInput {
+                limit: &limit,
+                state: None,
+                cost: 1,
+            }],
+            T0,
+        );
+        let v = decide_all(
+            &[ZoneInput {
+                limit: &limit,
+                state: Some(first.zones[0].next),
+                cost: 1,
+            }],
+            T0 + 1,
+        );
+        let zones = [ZoneInfo {
+            name: "slow",
+            limit: &limit,
+            cost: 1,
+        }];
+        assert!(!v.admitted);
+        assert_eq!(remaining(&zones, &v), "\"slow\";r=0;t=60");
+        assert_eq!(retry_after_secs(v.retry_after_us.unwrap()), 60);
+        assert_eq!(rejecting_zone(&zones, &v), Some("slow"));
+        assert_eq!(policy(&zones), "\"slow\";q=1;w=60");
+    }
+
+    #[test]
+    fn retry_after_is_at_least_one_second() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(1_000_001), 2);
+    }
+
+    #[test]
+    fn bodies_are_json() {
+        let v: serde_json::Value =
+            serde_json::from_str(&rejection_body("api", "per_ip", Some(3))).unwrap();
+        assert_eq!(v["retry_after"], 3);
+        let v: serde_json::Value =
+            serde_json::from_str(&rejection_body("api", "per_ip", None)).unwrap();
+        assert_eq!(v["error"], "request_too_costly");
+    }
+}
