@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
+# cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), curl,
+# and a Rust toolchain through rustup when cargo is missing.
+set -euo pipefail
+
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${need_apt[*]} with apt-get" >&2
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # The Debian package starts a system redis on :6379; Weir's tests start their own on free ports.
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "setup: installing Rust with rustup (stable)" >&2
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy -c rustfmt
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi

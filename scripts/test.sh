@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs missing tools, then formatting, lints, and every
+# unit and integration test (each integration test starts its own redis-server and weir processes
+# on free loopback ports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo build --locked --bins
+for conf in conf/*.toml; do ./target/debug/weir check -c "$conf"; done
+cargo test --locked -- --test-threads="${WEIR_TEST_THREADS:-2}"
