@@ -2,11 +2,13 @@
 //! `config` → `routes` → `keys` → `limit` (the model) → `store` (memory | redis) → `proxy`,
 //! with `server` assembling them into a Pingora server.
 
+pub mod admin;
 pub mod config;
 pub mod echo;
 pub mod keys;
 pub mod limit;
 pub mod proxy;
+pub mod reload;
 pub mod routes;
 pub mod server;
 pub mod store;

@@ -64,14 +64,14 @@ fn main() -> ExitCode {
             }
         },
         Command::Run => {
-            let runtime = match weir::config::load(&cli.config) {
-                Ok(rt) => rt,
+            let reloader = match weir::config::load_with_text(&cli.config) {
+                Ok((runtime, text)) => weir::reload::Reloader::new(&cli.config, runtime, &text),
                 Err(e) => {
                     eprintln!("weir: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            match weir::server::run(runtime) {
+            match weir::server::run(std::sync::Arc::new(reloader)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir: {e}");

@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
-use crate::config::{Runtime, StoreSettings};
+use crate::admin::AdminApp;
+use crate::config::StoreSettings;
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
+use crate::reload::Reloader;
 use crate::store::{LimitStore, MemoryStore, RedisStore};
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
@@ -25,31 +26,43 @@ pub fn build_store(settings: &StoreSettings) -> Result<Arc<dyn LimitStore>, Stri
 }
 
 /// Runs the proxy until a signal stops the process. Never returns on success.
-pub fn run(runtime: Runtime) -> Result<(), String> {
+pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
+    let runtime = reloader.runtime().load_full();
+    // The store (and its Redis connection) is made once and outlives every reload.
     let store = build_store(&runtime.store)?;
     let listen = runtime.server.listen.clone();
+    reloader.reload_on_sighup()?;
+    reloader.watch()?;
 
-    let mut conf = ServerConf::default();
-    conf.threads = runtime.server.threads;
-    conf.grace_period_seconds = Some(GRACE_SECONDS);
-    conf.graceful_shutdown_timeout_seconds = Some(GRACE_SECONDS);
-    // Pingora's defaults are fixed names in /tmp: give each process its own.
+    // Pingora's pid file and upgrade socket default to fixed names in /tmp: give each process its own.
     let tmp = std::env::temp_dir();
     let pid = std::process::id();
-    conf.pid_file = tmp.join(format!("weir-{pid}.pid")).display().to_string();
-    conf.upgrade_sock = tmp
-        .join(format!("weir-{pid}-upgrade.sock"))
-        .display()
-        .to_string();
+    let conf = ServerConf {
+        threads: runtime.server.threads,
+        grace_period_seconds: Some(GRACE_SECONDS),
+        graceful_shutdown_timeout_seconds: Some(GRACE_SECONDS),
+        pid_file: tmp.join(format!("weir-{pid}.pid")).display().to_string(),
+        upgrade_sock: tmp.join(format!("weir-{pid}-upgrade.sock")).display().to_string(),
+        ..ServerConf::default()
+    };
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(Arc::new(ArcSwap::from_pointee(runtime)), store);
+    let proxy = WeirProxy::new(reloader.runtime(), store);
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
     for addr in &listen {
         service.add_tcp(&addr.to_string());
     }
     server.add_service(service);
+    if let Some(admin) = runtime.server.admin {
+        let mut admin_service = pingora::services::listening::Service::new(
+            "weir admin".to_string(),
+            AdminApp::new(reloader.clone()),
+        );
+        admin_service.threads = Some(1);
+        admin_service.add_tcp(&admin.to_string());
+        server.add_service(admin_service);
+    }
     tracing::info!(listen = ?listen, "weir started");
     server.run_forever()
 }

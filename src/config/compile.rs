@@ -41,6 +41,8 @@ pub struct Runtime {
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
     pub threads: usize,
+    /// The admin listener (`/config`, `/reload`, `/healthz`); off when absent.
+    pub admin: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -108,7 +110,11 @@ fn compile_server(
     src: &Source<'_>,
     server: Spanned<schema::Server>,
 ) -> Result<ServerSettings, ConfigError> {
-    let schema::Server { listen, threads } = server.into_inner();
+    let schema::Server {
+        listen,
+        threads,
+        admin,
+    } = server.into_inner();
     if listen.get_ref().is_empty() {
         return Err(src.error_at(
             &listen.span(),
@@ -141,9 +147,20 @@ fn compile_server(
             ))
         }
     };
+    let admin = admin
+        .map(|a| {
+            a.get_ref().parse::<SocketAddr>().map_err(|_| {
+                src.error_at(
+                    &a.span(),
+                    format!("server.admin: {:?} is not an IP:port address", a.get_ref()),
+                )
+            })
+        })
+        .transpose()?;
     Ok(ServerSettings {
         listen: addrs,
         threads,
+        admin,
     })
 }
 

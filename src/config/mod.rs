@@ -13,16 +13,21 @@ pub use error::ConfigError;
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.
 pub fn load(path: &Path) -> Result<Runtime, ConfigError> {
+    load_with_text(path).map(|(runtime, _)| runtime)
+}
+
+/// Like [`load`], also returning the text that was compiled (reloads fingerprint it).
+pub fn load_with_text(path: &Path) -> Result<(Runtime, String), ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: file.clone(),
         line: None,
         message: format!("cannot read the config file: {e}"),
     })?;
-    compile::compile(&text, &file)
+    compile::compile(&text, &file).map(|runtime| (runtime, text))
 }
 
 /// Compiles config text; `file` is only used in error messages.
-pub fn from_str(text: &str, file: &str) -> Result<Runtime, ConfigError> {
+pub fn from_text(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     compile::compile(text, file)
 }

@@ -26,6 +26,7 @@ pub struct File {
 pub struct Server {
     pub listen: Spanned<Vec<Spanned<String>>>,
     pub threads: Option<Spanned<i64>>,
+    pub admin: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

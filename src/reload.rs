@@ -1,0 +1,240 @@
+//! Hot reload: the compiled config lives in one `ArcSwap<Runtime>`; each request loads it once and
+//! keeps that snapshot to its end. Triggers — a change of the file on disk, SIGHUP, `POST /reload`
+//! — all call [`Reloader::reload`], which validates the whole file through the same path as
+//! `weir check` before swapping. A bad file is refused and the running config keeps serving.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use notify::{RecursiveMode, Watcher};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tracing::{error, info, warn};
+
+use crate::config::{self, Runtime};
+
+/// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+const FILE_CHANGE: &str = "file change";
+
+/// What `GET /config` reports about the running config.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigStatus {
+    pub path: String,
+    pub generation: u64,
+    /// First 16 hex digits of the SHA-256 of the file text.
+    pub hash: String,
+    /// Unix seconds when this generation was applied.
+    pub loaded_at: u64,
+    pub reload_failures: u64,
+    /// The error of the latest refused reload, cleared by the next successful one.
+    pub last_error: Option<String>,
+    /// Settings that changed in the file but only apply after a restart.
+    pub pending_restart: Vec<String>,
+    /// Fingerprint of the text the latest refused reload read, so one bad save is counted and
+    /// logged once, not once per file event.
+    #[serde(skip)]
+    refused_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    Applied {
+        generation: u64,
+        hash: String,
+    },
+    /// The file's text is the one already running.
+    Unchanged {
+        generation: u64,
+    },
+    Refused(String),
+}
+
+pub struct Reloader {
+    path: PathBuf,
+    runtime: Arc<ArcSwap<Runtime>>,
+    status: Mutex<ConfigStatus>,
+}
+
+impl Reloader {
+    pub fn new(path: &Path, runtime: Runtime, text: &str) -> Self {
+        let status = ConfigStatus {
+            path: path.display().to_string(),
+            generation: 1,
+            hash: fingerprint(text),
+            loaded_at: unix_now(),
+            reload_failures: 0,
+            last_error: None,
+            pending_restart: Vec::new(),
+            refused_hash: None,
+        };
+        info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
+        Self {
+            path: path.to_path_buf(),
+            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
+            status: Mutex::new(status),
+        }
+    }
+
+    /// The live config, shared with the proxy.
+    pub fn runtime(&self) -> Arc<ArcSwap<Runtime>> {
+        self.runtime.clone()
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        self.lock().clone()
+    }
+
+    /// Re-reads and validates the file, then swaps it in atomically; or refuses it and keeps the
+    /// running config. Serialised: concurrent triggers apply one after the other.
+    pub fn reload(&self, trigger: &str) -> ReloadOutcome {
+        let mut status = self.lock();
+        let (next, text) = match config::load_with_text(&self.path) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let refused = std::fs::read(&self.path)
+                    .ok()
+                    .map(|t| fingerprint_bytes(&t));
+                if trigger == FILE_CHANGE && refused.is_some() && refused == status.refused_hash {
+                    return ReloadOutcome::Refused(e.to_string());
+                }
+                status.refused_hash = refused;
+                status.reload_failures += 1;
+                status.last_error = Some(e.to_string());
+                error!(trigger, error = %e, generation = status.generation, "config reload refused; the running config keeps serving");
+                return ReloadOutcome::Refused(e.to_string());
+            }
+        };
+        let hash = fingerprint(&text);
+        status.refused_hash = None;
+        if hash == status.hash {
+            status.last_error = None;
+            if trigger != FILE_CHANGE {
+                info!(trigger, generation = status.generation, "config unchanged");
+            }
+            return ReloadOutcome::Unchanged {
+                generation: status.generation,
+            };
+        }
+        let current = self.runtime.load();
+        status.pending_restart = restart_only_changes(&current, &next);
+        for change in &status.pending_restart {
+            warn!(
+                trigger,
+                "{change}: restart Weir to apply it; everything else is applied now"
+            );
+        }
+        self.runtime.store(Arc::new(next));
+        status.generation += 1;
+        status.hash = hash.clone();
+        status.loaded_at = unix_now();
+        status.last_error = None;
+        info!(trigger, generation = status.generation, hash = %hash, "config reloaded");
+        ReloadOutcome::Applied {
+            generation: status.generation,
+            hash,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ConfigStatus> {
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches the file's directory (so write-and-rename editors and Kubernetes ConfigMap symlink
+    /// swaps are seen) and reloads after a quiet period. The watcher lives as long as the returned
+    /// handle's thread, i.e. the process.
+    pub fn watch(self: &Arc<Self>) -> Result<(), String> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let (tx, rx) = mpsc::channel::<()>();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Reads (our own included) must not trigger reloads, or every reload would cause the next.
+                if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+                    let _ = tx.send(());
+                }
+            })
+            .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+        let reloader = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("weir-config-watch".into())
+            .spawn(move || {
+                let _watcher = watcher;
+                // Any event in the directory may concern us (renames, symlink swaps); the content
+                // hash tells whether the config really changed.
+                while rx.recv().is_ok() {
+                    while rx.recv_timeout(DEBOUNCE).is_ok() {}
+                    reloader.reload(FILE_CHANGE);
+                }
+            })
+            .map_err(|e| format!("cannot start the config watcher: {e}"))?;
+        Ok(())
+    }
+
+    /// Reloads on SIGHUP, as `systemctl reload` and `kill -HUP` expect.
+    pub fn reload_on_sighup(self: &Arc<Self>) -> Result<(), String> {
+        let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+            .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+        let reloader = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("weir-sighup".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    reloader.reload("SIGHUP");
+                }
+            })
+            .map_err(|e| format!("cannot start the SIGHUP handler: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Settings read once at start-up; a change is reported, not silently ignored.
+fn restart_only_changes(current: &Runtime, next: &Runtime) -> Vec<String> {
+    let mut changes = Vec::new();
+    if current.server.listen != next.server.listen {
+        changes.push(format!(
+            "server.listen changed from {:?} to {:?}",
+            current.server.listen, next.server.listen
+        ));
+    }
+    if current.server.threads != next.server.threads {
+        changes.push(format!(
+            "server.threads changed from {} to {}",
+            current.server.threads, next.server.threads
+        ));
+    }
+    if current.server.admin != next.server.admin {
+        changes.push(format!(
+            "server.admin changed from {:?} to {:?}",
+            current.server.admin, next.server.admin
+        ));
+    }
+    // Debug output covers every store field; compared only, never logged (the URL may hold a password).
+    if format!("{:?}", current.store) != format!("{:?}", next.store) {
+        changes.push("store settings changed".to_string());
+    }
+    changes
+}
+
+fn fingerprint(text: &str) -> String {
+    fingerprint_bytes(text.as_bytes())
+}
+
+fn fingerprint_bytes(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
