@@ -1,74 +1,262 @@
-//! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent): `GET /healthz`,
-//! `GET /config` (generation, hash and load time of the running config) and `POST /reload`.
+//! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
+//! `GET /healthz` (process up), `GET /readyz` (config loaded, store reachable), `GET /metrics`
+//! (Prometheus), `GET /config` (generation, hash, load time), `POST /reload`, and
+//! `GET /limits?zone=Z&key=K` (one key's state, for support). With `admin_token` set, every
+//! endpoint but the probes needs `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use http::{Method, Response, StatusCode};
+use http::{header, HeaderValue, Method, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
-use serde_json::json;
+use serde_json::{json, Value};
 
+use crate::limit::evaluate;
+use crate::metrics::METRICS;
 use crate::reload::{ReloadOutcome, Reloader};
+use crate::store::LimitStore;
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
+    store: Arc<dyn LimitStore>,
+}
+
+enum Body {
+    Json(Value),
+    Text(String),
 }
 
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>) -> Self {
-        Self { reloader }
+    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>) -> Self {
+        Self { reloader, store }
     }
 
-    fn handle(&self, method: &Method, path: &str) -> (StatusCode, serde_json::Value) {
+    async fn handle(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        auth: Option<&[u8]>,
+    ) -> (StatusCode, Body) {
+        let public = matches!(path, "/healthz" | "/readyz");
+        if !public && !self.authorized(auth) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Body::Json(json!({ "error": "missing or wrong bearer token" })),
+            );
+        }
         match (method, path) {
-            (&Method::GET, "/healthz") => (StatusCode::OK, json!({ "status": "ok" })),
-            (&Method::GET, "/config") => (StatusCode::OK, json!(self.reloader.status())),
+            (&Method::GET, "/healthz") => (StatusCode::OK, Body::Json(json!({ "status": "ok" }))),
+            (&Method::GET, "/readyz") => self.readiness().await,
+            (&Method::GET, "/metrics") => (StatusCode::OK, Body::Text(METRICS.render())),
+            (&Method::GET, "/config") => {
+                (StatusCode::OK, Body::Json(json!(self.reloader.status())))
+            }
             (&Method::POST, "/reload") => match self.reloader.reload("admin API") {
                 ReloadOutcome::Applied { generation, hash } => (
                     StatusCode::OK,
-                    json!({ "result": "applied", "generation": generation, "hash": hash }),
+                    Body::Json(
+                        json!({ "result": "applied", "generation": generation, "hash": hash }),
+                    ),
                 ),
                 ReloadOutcome::Unchanged { generation } => (
                     StatusCode::OK,
-                    json!({ "result": "unchanged", "generation": generation }),
+                    Body::Json(json!({ "result": "unchanged", "generation": generation })),
                 ),
                 ReloadOutcome::Refused(error) => (
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    json!({ "result": "refused", "error": error }),
+                    Body::Json(json!({ "result": "refused", "error": error })),
                 ),
             },
-            (_, "/healthz" | "/config" | "/reload") => (
+            (&Method::GET, "/limits") => self.limits(query).await,
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits") => (
                 StatusCode::METHOD_NOT_ALLOWED,
-                json!({ "error": "method not allowed" }),
+                Body::Json(json!({ "error": "method not allowed" })),
             ),
             _ => (
                 StatusCode::NOT_FOUND,
-                json!({ "error": "not found", "endpoints": ["/healthz", "/config", "/reload"] }),
+                Body::Json(json!({ "error": "not found",
+                    "endpoints": ["/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits"] })),
             ),
         }
     }
+
+    fn authorized(&self, auth: Option<&[u8]>) -> bool {
+        let runtime = self.reloader.runtime().load();
+        let Some(token) = &runtime.server.admin_token else {
+            return true;
+        };
+        let Some(given) = auth.and_then(|a| a.strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        constant_time_eq(given, token.as_bytes())
+    }
+
+    async fn readiness(&self) -> (StatusCode, Body) {
+        match self.store.ping().await {
+            Ok(()) => (
+                StatusCode::OK,
+                Body::Json(json!({ "status": "ready", "store": self.store.kind() })),
+            ),
+            // Decisions fail open while the store is unreachable, so traffic is still served.
+            Err(e) => (
+                StatusCode::OK,
+                Body::Json(json!({ "status": "ready", "store": self.store.kind(),
+                    "store_error": e.to_string(), "policy": "allow" })),
+            ),
+        }
+    }
+
+    /// `GET /limits?zone=per_ip&key=203.0.113.7`: the key's bucket now, and per route using the zone
+    /// how many requests it could still pass.
+    async fn limits(&self, query: Option<&str>) -> (StatusCode, Body) {
+        let param = |name: &str| {
+            query.unwrap_or("").split('&').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                (k == name).then(|| percent_decode(v))
+            })
+        };
+        let (Some(zone_name), Some(key)) = (
+            param("zone").map(|z| String::from_utf8_lossy(&z).into_owned()),
+            param("key"),
+        ) else {
+            return (
+                StatusCode::BAD_REQUEST,
+                Body::Json(json!({ "error": "give ?zone=NAME&key=KEY" })),
+            );
+        };
+        let runtime = self.reloader.runtime().load_full();
+        let Some(zone_index) = runtime.zones.iter().position(|z| z.name == zone_name) else {
+            return (
+                StatusCode::NOT_FOUND,
+                Body::Json(json!({ "error": format!("no zone {zone_name:?}") })),
+            );
+        };
+        let zone = &runtime.zones[zone_index];
+        let state = match self.store.inspect(&zone.name, &key).await {
+            Ok(state) => state,
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Body::Json(json!({ "error": e.to_string() })),
+                )
+            }
+        };
+        let now_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let routes: Vec<Value> = runtime
+            .routes
+            .iter()
+            .flat_map(|r| {
+                r.limits
+                    .iter()
+                    .filter(|l| l.zone == zone_index)
+                    .map(move |l| (r, l))
+            })
+            .map(|(route, l)| {
+                // A cost-0 evaluation drains the bucket to now without charging anything.
+                let now = evaluate(&l.limit, state, now_us, 0);
+                json!({ "route": route.name, "burst": l.limit.burst, "remaining": now.remaining,
+                        "empty_in_seconds": now.reset_us as f64 / 1e6, "dry_run": l.dry_run })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Body::Json(json!({
+                "zone": zone.name, "key": String::from_utf8_lossy(&key), "rate": zone.rate.to_string(),
+                "state": state.map(|s| json!({ "level": s.level, "last_us": s.last_us })),
+                "routes": routes,
+            })),
+        )
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Decodes `%XX` and `+` in a query value (keys may contain `:` or `/`, e.g. IPv6 addresses).
+fn percent_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
 }
 
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
-        let (status, body) = self.handle(&req.method, req.uri.path());
-        let mut body = body.to_string().into_bytes();
-        body.push(b'\n');
-        let length = body.len();
-        let mut resp = Response::new(body);
+        let auth = req
+            .headers
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec());
+        let (method, path, query) = (
+            req.method.clone(),
+            req.uri.path().to_string(),
+            req.uri.query().map(str::to_string),
+        );
+        let (status, body) = self
+            .handle(&method, &path, query.as_deref(), auth.as_deref())
+            .await;
+        let (content_type, mut bytes) = match body {
+            Body::Json(v) => ("application/json", v.to_string().into_bytes()),
+            Body::Text(t) => ("text/plain; version=0.0.4", t.into_bytes()),
+        };
+        if content_type == "application/json" {
+            bytes.push(b'\n');
+        }
+        let length = bytes.len();
+        let mut resp = Response::new(bytes);
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            http::header::CONTENT_LENGTH,
-            http::HeaderValue::from(length),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_query_values() {
+        assert_eq!(percent_decode("2001%3Adb8%3A%3A1"), b"2001:db8::1");
+        assert_eq!(percent_decode("a+b%2"), b"a b%2");
+        assert_eq!(percent_decode("%zz"), b"%zz");
+    }
+
+    #[test]
+    fn compares_tokens() {
+        assert!(constant_time_eq(b"secret-token-123", b"secret-token-123"));
+        assert!(!constant_time_eq(b"secret-token-124", b"secret-token-123"));
+        assert!(!constant_time_eq(b"short", b"secret-token-123"));
     }
 }

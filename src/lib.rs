@@ -7,6 +7,7 @@ pub mod config;
 pub mod echo;
 pub mod keys;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod routes;

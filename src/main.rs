@@ -45,7 +45,6 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
@@ -65,7 +64,10 @@ fn main() -> ExitCode {
         },
         Command::Run => {
             let reloader = match weir::config::load_with_text(&cli.config) {
-                Ok((runtime, text)) => weir::reload::Reloader::new(&cli.config, runtime, &text),
+                Ok((runtime, text)) => {
+                    init_logging(&runtime.log);
+                    weir::reload::Reloader::new(&cli.config, runtime, &text)
+                }
                 Err(e) => {
                     eprintln!("weir: {e}");
                     return ExitCode::FAILURE;
@@ -79,24 +81,36 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Echo { listen } => match weir::echo::run(listen) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("weir echo: cannot serve on {listen}: {e}");
-                ExitCode::FAILURE
+        Command::Echo { listen } => {
+            init_logging(&weir::config::LogSettings {
+                level: "info".into(),
+                json: false,
+                access_log: false,
+            });
+            match weir::echo::run(listen) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weir echo: cannot serve on {listen}: {e}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
     }
 }
 
-/// Logs go to stderr through `tracing`; `RUST_LOG` sets the level (default `info`).
-fn init_logging() {
+/// Logs go to stderr through `tracing`, at `[log] level` unless `RUST_LOG` says otherwise, as text
+/// or JSON lines (`[log] format`).
+fn init_logging(settings: &weir::config::LogSettings) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.level));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if settings.json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
 }

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
 use crate::config::{self, Runtime};
+use crate::metrics::METRICS;
 
 /// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -72,6 +73,7 @@ impl Reloader {
             refused_hash: None,
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
+        METRICS.config_generation.set(1);
         Self {
             path: path.to_path_buf(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
@@ -103,6 +105,7 @@ impl Reloader {
                 }
                 status.refused_hash = refused;
                 status.reload_failures += 1;
+                METRICS.config_reload_failures.inc();
                 status.last_error = Some(e.to_string());
                 error!(trigger, error = %e, generation = status.generation, "config reload refused; the running config keeps serving");
                 return ReloadOutcome::Refused(e.to_string());
@@ -129,6 +132,8 @@ impl Reloader {
         }
         self.runtime.store(Arc::new(next));
         status.generation += 1;
+        METRICS.config_generation.set(status.generation as i64);
+        METRICS.config_reloads.inc();
         status.hash = hash.clone();
         status.loaded_at = unix_now();
         status.last_error = None;

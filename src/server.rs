@@ -42,13 +42,16 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         grace_period_seconds: Some(GRACE_SECONDS),
         graceful_shutdown_timeout_seconds: Some(GRACE_SECONDS),
         pid_file: tmp.join(format!("weir-{pid}.pid")).display().to_string(),
-        upgrade_sock: tmp.join(format!("weir-{pid}-upgrade.sock")).display().to_string(),
+        upgrade_sock: tmp
+            .join(format!("weir-{pid}-upgrade.sock"))
+            .display()
+            .to_string(),
         ..ServerConf::default()
     };
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(reloader.runtime(), store);
+    let proxy = WeirProxy::new(reloader.runtime(), store.clone());
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
     for addr in &listen {
         service.add_tcp(&addr.to_string());
@@ -57,7 +60,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone()),
+            AdminApp::new(reloader.clone(), store.clone()),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());

@@ -35,14 +35,36 @@ pub struct Runtime {
     pub routes: Vec<Route>,
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
+    pub log: LogSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
     pub threads: usize,
-    /// The admin listener (`/config`, `/reload`, `/healthz`); off when absent.
+    /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
+    /// When set, admin requests other than `/healthz` and `/readyz` need `Authorization: Bearer <token>`.
+    pub admin_token: Option<String>,
+}
+
+/// Logging: read at start-up (`RUST_LOG` overrides the level); the access log switch is live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    pub level: String,
+    pub json: bool,
+    pub access_log: bool,
+}
+
+/// Which rate-limit fields responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// IETF draft-10 `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` of the tightest zone.
+    Legacy,
+    /// Neither (`Retry-After` is still sent on rejections).
+    None,
 }
 
 #[derive(Debug, Clone)]
@@ -64,7 +86,7 @@ pub struct Route {
     pub upstream: usize,
     pub limits: Vec<ZoneLimit>,
     pub status: u16,
-    pub dry_run: bool,
+    pub headers: HeaderMode,
 }
 
 /// One `limit_req` reference of a route: a zone plus this route's burst and delay.
@@ -72,6 +94,9 @@ pub struct Route {
 pub struct ZoneLimit {
     pub zone: usize,
     pub limit: LimitReq,
+    /// Shadow mode (the route's `dry_run` or the reference's own): decided and reported, never
+    /// enforced, and decided apart from enforced zones so it cannot affect them.
+    pub dry_run: bool,
 }
 
 pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
@@ -87,6 +112,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         upstream,
         limit_req_zone,
         route,
+        log,
     } = parsed;
 
     let server = compile_server(&src, server)?;
@@ -103,6 +129,55 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         zones,
         routes,
         matchers,
+        log: compile_log(&src, log)?,
+    })
+}
+
+fn compile_log(
+    src: &Source<'_>,
+    log: Option<Spanned<schema::Log>>,
+) -> Result<LogSettings, ConfigError> {
+    let defaults = LogSettings {
+        level: "info".to_string(),
+        json: false,
+        access_log: true,
+    };
+    let Some(log) = log else { return Ok(defaults) };
+    let schema::Log {
+        level,
+        format,
+        access_log,
+    } = log.into_inner();
+    let level = match level {
+        None => defaults.level,
+        Some(l) if ["error", "warn", "info", "debug", "trace"].contains(&l.get_ref().as_str()) => {
+            l.into_inner()
+        }
+        Some(l) => {
+            return Err(src.error_at(
+                &l.span(),
+                format!(
+                    "log.level: expected error, warn, info, debug or trace, got {:?}",
+                    l.get_ref()
+                ),
+            ))
+        }
+    };
+    let json = match format.as_ref().map(|f| f.get_ref().as_str()) {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => {
+            let span = format.as_ref().map(|f| f.span()).unwrap_or_default();
+            return Err(src.error_at(
+                &span,
+                format!("log.format: expected \"text\" or \"json\", got {other:?}"),
+            ));
+        }
+    };
+    Ok(LogSettings {
+        level,
+        json,
+        access_log: access_log.unwrap_or(defaults.access_log),
     })
 }
 
@@ -114,6 +189,7 @@ fn compile_server(
         listen,
         threads,
         admin,
+        admin_token,
     } = server.into_inner();
     if listen.get_ref().is_empty() {
         return Err(src.error_at(
@@ -157,10 +233,23 @@ fn compile_server(
             })
         })
         .transpose()?;
+    let admin_token = match admin_token {
+        Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
+            return Err(src.error_at(
+                &t.span(),
+                "server.admin_token: use at least 16 printable characters without spaces",
+            ));
+        }
+        t => t.map(|t| t.into_inner()),
+    };
+    if admin_token.is_some() && admin.is_none() {
+        return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
+    }
     Ok(ServerSettings {
         listen: addrs,
         threads,
         admin,
+        admin_token,
     })
 }
 
@@ -391,6 +480,7 @@ fn compile_routes(
             limit_req,
             limit_req_status,
             dry_run,
+            rate_limit_headers,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -462,7 +552,8 @@ fn compile_routes(
 
         let mut limits: Vec<ZoneLimit> = Vec::new();
         for reference in &limit_req {
-            let zl = compile_limit_ref(reference.get_ref(), zones, &here)?;
+            let mut zl = compile_limit_ref(reference.get_ref(), zones, &here)?;
+            zl.dry_run |= dry_run;
             if limits.iter().any(|l| l.zone == zl.zone) {
                 return Err(here(
                     &reference.get_ref().zone.span(),
@@ -484,12 +575,24 @@ fn compile_routes(
                 ))
             }
         };
+        let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
+            None | Some("draft") => HeaderMode::Draft,
+            Some("legacy") => HeaderMode::Legacy,
+            Some("none") => HeaderMode::None,
+            Some(other) => {
+                let span = rate_limit_headers
+                    .as_ref()
+                    .map(|h| h.span())
+                    .unwrap_or_default();
+                return Err(here(&span, format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}")));
+            }
+        };
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
             limits,
             status,
-            dry_run,
+            headers,
         });
         matchers.push(RouteMatcher {
             path,
@@ -564,6 +667,7 @@ fn compile_limit_ref(
             burst,
             delay,
         },
+        dry_run: r.dry_run,
     })
 }
 

@@ -8,7 +8,10 @@ mod schema;
 
 use std::path::Path;
 
-pub use compile::{parse_duration, Route, Runtime, ServerSettings, StoreSettings, Zone, ZoneLimit};
+pub use compile::{
+    parse_duration, HeaderMode, LogSettings, Route, Runtime, ServerSettings, StoreSettings, Zone,
+    ZoneLimit,
+};
 pub use error::ConfigError;
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

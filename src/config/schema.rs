@@ -19,6 +19,16 @@ pub struct File {
     pub limit_req_zone: Vec<Spanned<LimitReqZone>>,
     #[serde(default)]
     pub route: Vec<Spanned<Route>>,
+    #[serde(default)]
+    pub log: Option<Spanned<Log>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    pub level: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
+    pub access_log: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -27,6 +37,7 @@ pub struct Server {
     pub listen: Spanned<Vec<Spanned<String>>>,
     pub threads: Option<Spanned<i64>>,
     pub admin: Option<Spanned<String>>,
+    pub admin_token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +103,7 @@ pub struct Route {
     pub limit_req_status: Option<Spanned<i64>>,
     #[serde(default)]
     pub dry_run: bool,
+    pub rate_limit_headers: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,4 +113,6 @@ pub struct LimitReqRef {
     pub burst: Option<Spanned<i64>>,
     pub delay: Option<Spanned<i64>>,
     pub nodelay: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub dry_run: bool,
 }

@@ -57,6 +57,35 @@ pub fn remaining(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> String {
         .join(", ")
 }
 
+/// `X-RateLimit-Limit/-Remaining/-Reset` (draft-polli-03 style, as many clients still expect) for
+/// the tightest zone: the one with the fewest requests left.
+pub fn legacy(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> Vec<(&'static str, String)> {
+    let tightest = zones.iter().zip(&verdict.zones).min_by_key(|(_, out)| {
+        if verdict.admitted || !out.admitted {
+            if out.admitted {
+                out.remaining
+            } else {
+                0
+            }
+        } else {
+            u64::MAX
+        }
+    });
+    let Some((zone, out)) = tightest else {
+        return Vec::new();
+    };
+    let (r, t_us) = if out.admitted {
+        (out.remaining, out.reset_us)
+    } else {
+        (0, out.retry_after_us.unwrap_or(out.reset_us))
+    };
+    vec![
+        ("X-RateLimit-Limit", (zone.limit.burst + 1).to_string()),
+        ("X-RateLimit-Remaining", r.to_string()),
+        ("X-RateLimit-Reset", ceil_secs(t_us).to_string()),
+    ]
+}
+
 /// Whole seconds, rounded up, at least 1 (a 0 would invite an immediate retry storm).
 pub fn retry_after_secs(retry_after_us: u64) -> u64 {
     ceil_secs(retry_after_us).max(1)
@@ -150,6 +179,55 @@ mod tests {
         assert_eq!(retry_after_secs(v.retry_after_us.unwrap()), 60);
         assert_eq!(rejecting_zone(&zones, &v), Some("slow"));
         assert_eq!(policy(&zones), "\"slow\";q=1;w=60");
+    }
+
+    #[test]
+    fn legacy_fields_name_the_tightest_zone() {
+        let loose = LimitReq {
+            rate: Rate::parse("10r/s").unwrap(),
+            burst: 20,
+            delay: DelayPolicy::NoDelay,
+        };
+        let tight = LimitReq {
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 2,
+            delay: DelayPolicy::NoDelay,
+        };
+        let zones = [
+            ZoneInfo {
+                name: "loose",
+                limit: &loose,
+                cost: 1,
+            },
+            ZoneInfo {
+                name: "tight",
+                limit: &tight,
+                cost: 1,
+            },
+        ];
+        let v = decide_all(
+            &[
+                ZoneInput {
+                    limit: &loose,
+                    state: None,
+                    cost: 1,
+                },
+                ZoneInput {
+                    limit: &tight,
+                    state: None,
+                    cost: 1,
+                },
+            ],
+            T0,
+        );
+        assert_eq!(
+            legacy(&zones, &v),
+            vec![
+                ("X-RateLimit-Limit", "3".to_string()),
+                ("X-RateLimit-Remaining", "2".to_string()),
+                ("X-RateLimit-Reset", "1".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -1,26 +1,30 @@
 //! The Pingora `ProxyHttp` implementation. Each phase only calls into the modules of the data path:
-//! route match → key extraction → limit decision → forward, delay or reject.
+//! route match → key extraction → limit decision (`limiting`) → forward, delay or reject; then the
+//! access log and metrics when the request ends.
 
+mod access_log;
 mod headers;
+mod limiting;
 mod respond;
 
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use http::header::HOST;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
-use tracing::{debug, info, warn};
 
 use crate::config::Runtime;
 use crate::keys::{self, RequestFacts};
+use crate::metrics::METRICS;
 use crate::routes;
-use crate::store::{LimitStore, ZoneCheck};
+use crate::store::LimitStore;
 
-use headers::ZoneInfo;
+use limiting::{Action, KeyedZone, LimitStatus};
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -33,22 +37,22 @@ impl WeirProxy {
     }
 }
 
-/// Per-request state: the config snapshot the request started with (kept to its end, so a reload
-/// never changes a request mid-flight), its route and the headers to add to the response.
+/// Per-request state. `runtime` is the config snapshot the request started with, kept to its end,
+/// so a reload never changes a request mid-flight.
 pub struct RequestCtx {
     runtime: Arc<Runtime>,
+    started: Instant,
     route: Option<usize>,
+    client_ip: Option<IpAddr>,
+    /// Rate-limit fields to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
-}
-
-/// How the limits treated one request, in nginx's `$limit_req_status` words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LimitStatus {
-    Passed,
-    Delayed,
-    Rejected,
-    DelayedDryRun,
-    RejectedDryRun,
+    limit_status: Option<LimitStatus>,
+    zone_statuses: Vec<(usize, LimitStatus)>,
+    /// The metrics outcome label of this request.
+    outcome: &'static str,
+    delay: Duration,
+    upstream_sent: Option<Instant>,
+    upstream_time: Option<Duration>,
 }
 
 #[async_trait]
@@ -58,14 +62,27 @@ impl ProxyHttp for WeirProxy {
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
             runtime: self.runtime.load_full(),
+            started: Instant::now(),
             route: None,
+            client_ip: None,
             rate_headers: Vec::new(),
+            limit_status: None,
+            zone_statuses: Vec::new(),
+            outcome: "unlimited",
+            delay: Duration::ZERO,
+            upstream_sent: None,
+            upstream_time: None,
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let rt = ctx.runtime.clone();
         let req = session.req_header();
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        ctx.client_ip = keys::client_ip(peer, &req.headers, rt.real_ip.as_ref());
         let host = req
             .headers
             .get(HOST)
@@ -73,100 +90,64 @@ impl ProxyHttp for WeirProxy {
             .or_else(|| req.uri.host());
         let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path())
         else {
+            ctx.outcome = "no_route";
             let body = "{\"error\":\"no_route\",\"detail\":\"no route matches this request\"}\n"
                 .to_string();
             return respond::json(session, 404, &[], body).await;
         };
         ctx.route = Some(route_index);
         let route = &rt.routes[route_index];
-        if route.limits.is_empty() {
-            return Ok(false);
-        }
 
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
         let facts = RequestFacts {
-            client_ip: keys::client_ip(peer, &req.headers, rt.real_ip.as_ref()),
+            client_ip: ctx.client_ip,
             headers: &req.headers,
             query: req.uri.query(),
         };
         // Empty keys are not limited (nginx's allow-list idiom), so only keyed zones take part.
-        let keyed: Vec<(usize, Vec<u8>)> = route
-            .limits
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (i, rt.zones[l.zone].key.extract(&facts)))
-            .filter(|(_, key)| !key.is_empty())
-            .collect();
+        let mut keyed = Vec::with_capacity(route.limits.len());
+        for (i, zl) in route.limits.iter().enumerate() {
+            let key = rt.zones[zl.zone].key.extract(&facts);
+            if key.is_empty() {
+                METRICS
+                    .empty_keys
+                    .with_label_values(&[&rt.zones[zl.zone].name])
+                    .inc();
+            } else {
+                keyed.push(KeyedZone { limit: i, key });
+            }
+        }
         if keyed.is_empty() {
             return Ok(false);
         }
-        const COST: u64 = 1;
-        let checks: Vec<ZoneCheck<'_>> = keyed
-            .iter()
-            .map(|(i, key)| {
-                let zl = &route.limits[*i];
-                ZoneCheck {
-                    zone: &rt.zones[zl.zone].name,
-                    key,
-                    limit: zl.limit,
-                    cost: COST,
-                }
-            })
-            .collect();
-        let infos: Vec<ZoneInfo<'_>> = checks
-            .iter()
-            .map(|c| ZoneInfo {
-                name: c.zone,
-                limit: &c.limit,
-                cost: c.cost,
-            })
-            .collect();
 
-        let verdict = match self.store.decide(&checks).await {
-            Ok(v) => v,
-            Err(e) => {
-                // Fail open for now; the configurable failure policy is a separate feature.
-                warn!(route = %route.name, store = self.store.kind(), error = %e, "limit store failed; request allowed");
-                return Ok(false);
-            }
+        let enforcement = limiting::enforce(&rt, route, &keyed, self.store.as_ref()).await;
+        ctx.limit_status = enforcement.status;
+        ctx.zone_statuses = enforcement.zones;
+        ctx.outcome = match (enforcement.store_failed, enforcement.status) {
+            (true, None) => "store_error",
+            (_, Some(status)) => status.metric_label(),
+            (false, None) => "unlimited",
         };
-        let mut rate_headers = vec![
-            ("RateLimit-Policy", headers::policy(&infos)),
-            ("RateLimit", headers::remaining(&infos, &verdict)),
-        ];
-        let status = match (verdict.admitted, verdict.delay_us > 0, route.dry_run) {
-            (false, _, false) => LimitStatus::Rejected,
-            (false, _, true) => LimitStatus::RejectedDryRun,
-            (true, true, false) => LimitStatus::Delayed,
-            (true, true, true) => LimitStatus::DelayedDryRun,
-            (true, false, _) => LimitStatus::Passed,
-        };
-        debug!(route = %route.name, ?status, delay_us = verdict.delay_us, "limit_req decision");
-
-        match status {
-            LimitStatus::Rejected => {
-                let zone = headers::rejecting_zone(&infos, &verdict).unwrap_or("");
-                let retry = verdict.retry_after_us.map(headers::retry_after_secs);
-                if let Some(secs) = retry {
-                    rate_headers.push(("Retry-After", secs.to_string()));
-                }
-                let body = headers::rejection_body(&route.name, zone, retry);
-                return respond::json(session, route.status, &rate_headers, body).await;
+        match enforcement.action {
+            Action::Reject { status, body } => {
+                respond::json(session, status, &enforcement.headers, body).await
             }
-            LimitStatus::Delayed => {
+            Action::Delay(delay) => {
                 // A timer on the proxy's runtime: this request waits, nothing else does.
-                tokio::time::sleep(Duration::from_micros(verdict.delay_us)).await;
+                ctx.delay = delay;
+                METRICS
+                    .delay_seconds
+                    .with_label_values(&[&route.name])
+                    .observe(delay.as_secs_f64());
+                tokio::time::sleep(delay).await;
+                ctx.rate_headers = enforcement.headers;
+                Ok(false)
             }
-            LimitStatus::RejectedDryRun | LimitStatus::DelayedDryRun => {
-                info!(route = %route.name, ?status, "dry run: request forwarded unchanged");
+            Action::Forward => {
+                ctx.rate_headers = enforcement.headers;
+                Ok(false)
             }
-            LimitStatus::Passed => {}
         }
-        ctx.rate_headers = rate_headers;
-        Ok(false)
     }
 
     async fn upstream_peer(
@@ -188,15 +169,58 @@ impl ProxyHttp for WeirProxy {
         Ok(Box::new(HttpPeer::new(addr, false, String::new())))
     }
 
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        _upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.upstream_sent = Some(Instant::now());
+        Ok(())
+    }
+
     async fn response_filter(
         &self,
         _session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.upstream_time = ctx.upstream_sent.map(|t| t.elapsed());
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
         }
         Ok(())
+    }
+
+    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+        let rt = &ctx.runtime;
+        let route = ctx
+            .route
+            .and_then(|i| rt.routes.get(i))
+            .map_or("-", |r| r.name.as_str());
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        METRICS
+            .requests
+            .with_label_values(&[route, ctx.outcome])
+            .inc();
+        for (zone, zone_status) in &ctx.zone_statuses {
+            METRICS
+                .zone_decisions
+                .with_label_values(&[&rt.zones[*zone].name, zone_status.metric_label()])
+                .inc();
+        }
+        if let Some(upstream_time) = ctx.upstream_time {
+            METRICS
+                .upstream_responses
+                .with_label_values(&[route, &status.to_string()])
+                .inc();
+            METRICS
+                .upstream_duration
+                .with_label_values(&[route])
+                .observe(upstream_time.as_secs_f64());
+        }
+        if rt.log.access_log {
+            access_log::write(session, error, ctx, route, status);
+        }
     }
 }

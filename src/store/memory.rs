@@ -153,6 +153,10 @@ impl LimitStore for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+        Ok(self.state(zone, key))
+    }
 }
 
 #[cfg(test)]

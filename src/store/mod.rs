@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::limit::{LimitReq, Verdict};
+use crate::limit::{BucketState, LimitReq, Verdict};
 
 pub use self::memory::MemoryStore;
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
@@ -41,4 +41,12 @@ pub trait LimitStore: Send + Sync {
 
     /// "memory" or "redis", for logs and metrics.
     fn kind(&self) -> &'static str;
+
+    /// The stored state of one key (for the admin API); `None` when absent, i.e. fully drained.
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError>;
+
+    /// Whether the store answers now (for readiness).
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

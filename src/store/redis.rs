@@ -165,6 +165,21 @@ impl LimitStore for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
+
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+        self.raw_state(zone, key).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            ::redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })
+        .await
+    }
 }
 
 /// `<prefix><zone>:{<key>}`: the client key is the hash tag, so one client's zones share a slot.

@@ -1,0 +1,184 @@
+//! Prometheus metrics, served on the admin listener at `/metrics`. Base units, `_total` counters,
+//! histograms for times. Labels are routes, zones and outcomes — never client keys, whose
+//! cardinality is unbounded.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Buckets for store round trips and upstream times: 100 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Buckets for limit_req delays: 1 ms to 60 s.
+const DELAY_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by route and limit outcome: passed, delayed, rejected, delayed_dry_run,
+    /// rejected_dry_run, unlimited, store_error (decided by the failure policy), no_route.
+    pub requests: IntCounterVec,
+    /// Per-zone decisions, in nginx's `$limit_req_status` words (lowercase).
+    pub zone_decisions: IntCounterVec,
+    /// Requests whose key for a zone was empty, hence not limited by it.
+    pub empty_keys: IntCounterVec,
+    pub delay_seconds: HistogramVec,
+    pub store_duration: HistogramVec,
+    pub store_errors: IntCounterVec,
+    pub upstream_responses: IntCounterVec,
+    pub upstream_duration: HistogramVec,
+    pub config_generation: IntGauge,
+    pub config_reloads: IntCounter,
+    pub config_reload_failures: IntCounter,
+}
+
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("static metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+impl Metrics {
+    // Metric definitions are static: a failure here is a programming error caught by every test.
+    fn new() -> Self {
+        let registry = Registry::new();
+        let config_generation = IntGauge::new(
+            "weir_config_generation",
+            "Generation of the running config (1 at start, +1 per applied reload).",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(config_generation.clone()))
+            .expect("metric registered once");
+        let config_reloads =
+            IntCounter::new("weir_config_reloads_total", "Config reloads applied.")
+                .expect("static metric definition");
+        registry
+            .register(Box::new(config_reloads.clone()))
+            .expect("metric registered once");
+        let config_reload_failures = IntCounter::new(
+            "weir_config_reload_failures_total",
+            "Config reloads refused (the running config kept serving).",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(config_reload_failures.clone()))
+            .expect("metric registered once");
+        Metrics {
+            requests: counter(
+                &registry,
+                "weir_requests_total",
+                "Requests by route and limit outcome.",
+                &["route", "outcome"],
+            ),
+            zone_decisions: counter(
+                &registry,
+                "weir_limit_req_decisions_total",
+                "limit_req decisions per zone and status.",
+                &["zone", "status"],
+            ),
+            empty_keys: counter(
+                &registry,
+                "weir_limit_req_empty_key_total",
+                "Requests not limited by a zone because their key was empty.",
+                &["zone"],
+            ),
+            delay_seconds: histogram(
+                &registry,
+                "weir_limit_req_delay_seconds",
+                "Delays imposed on requests by limit_req.",
+                &["route"],
+                DELAY_BUCKETS,
+            ),
+            store_duration: histogram(
+                &registry,
+                "weir_store_request_duration_seconds",
+                "Time of one limit decision in the store, round trip included.",
+                &["store"],
+                LATENCY_BUCKETS,
+            ),
+            store_errors: counter(
+                &registry,
+                "weir_store_errors_total",
+                "Limit decisions the store failed to make, by cause.",
+                &["store", "cause"],
+            ),
+            upstream_responses: counter(
+                &registry,
+                "weir_upstream_responses_total",
+                "Responses from upstreams by route and status code.",
+                &["route", "code"],
+            ),
+            upstream_duration: histogram(
+                &registry,
+                "weir_upstream_response_duration_seconds",
+                "Time from sending a request upstream to its response header.",
+                &["route"],
+                LATENCY_BUCKETS,
+            ),
+            config_generation,
+            config_reloads,
+            config_reload_failures,
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_with_labels() {
+        METRICS
+            .requests
+            .with_label_values(&["api", "passed"])
+            .inc_by(3);
+        METRICS
+            .store_duration
+            .with_label_values(&["memory"])
+            .observe(0.001);
+        let text = METRICS.render();
+        assert!(
+            text.contains("weir_requests_total{outcome=\"passed\",route=\"api\"} 3"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE weir_store_request_duration_seconds histogram"));
+    }
+}

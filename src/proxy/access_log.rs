@@ -1,0 +1,32 @@
+//! One access-log line per request through `tracing` (target `weir::access`), with the limit
+//! outcome in nginx's `$limit_req_status` words. With `[log] format = "json"` each line is a JSON
+//! object; rejections are logged at `info` like every other request, never at `error`.
+
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+use super::RequestCtx;
+
+pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: &str, status: u16) {
+    let req = session.req_header();
+    let zones: Vec<String> = ctx
+        .zone_statuses
+        .iter()
+        .map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str()))
+        .collect();
+    tracing::info!(
+        target: "weir::access",
+        route,
+        client = %ctx.client_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
+        method = %req.method,
+        path = %req.uri.path(),
+        status,
+        limit_req = ctx.limit_status.map_or("-", |s| s.as_str()),
+        zones = %zones.join(","),
+        delay_ms = ctx.delay.as_millis() as u64,
+        upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
+        duration_ms = ctx.started.elapsed().as_secs_f64() * 1000.0,
+        error = error.map(|e| e.to_string()),
+        "request"
+    );
+}
