@@ -34,6 +34,11 @@ pub struct Metrics {
     pub upstream_responses: IntCounterVec,
     pub upstream_duration: HistogramVec,
     pub config_generation: IntGauge,
+    /// 1 while the shared store's circuit breaker is open.
+    pub store_circuit_open: IntGauge,
+    pub deny_cache_hits: IntCounter,
+    /// Decisions made by the failure policy, by policy (`allow`, `deny`, `local`).
+    pub store_fallbacks: IntCounterVec,
     pub config_reloads: IntCounter,
     pub config_reload_failures: IntCounter,
 }
@@ -92,7 +97,31 @@ impl Metrics {
         registry
             .register(Box::new(config_reload_failures.clone()))
             .expect("metric registered once");
+        let store_circuit_open = IntGauge::new(
+            "weir_store_circuit_open",
+            "1 while the shared store's circuit breaker is open.",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(store_circuit_open.clone()))
+            .expect("metric registered once");
+        let deny_cache_hits = IntCounter::new(
+            "weir_deny_cache_hits_total",
+            "Requests rejected by the local deny cache without asking the store.",
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(deny_cache_hits.clone()))
+            .expect("metric registered once");
         Metrics {
+            store_circuit_open,
+            deny_cache_hits,
+            store_fallbacks: counter(
+                &registry,
+                "weir_store_fallback_total",
+                "Decisions made by the failure policy because the store failed.",
+                &["policy"],
+            ),
             requests: counter(
                 &registry,
                 "weir_requests_total",

@@ -10,18 +10,27 @@ use crate::config::StoreSettings;
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
 use crate::reload::Reloader;
-use crate::store::{LimitStore, MemoryStore, RedisStore};
+use crate::store::{GuardedStore, LimitStore, MemoryStore, RedisStore};
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
 const GRACE_SECONDS: u64 = 1;
+/// How often an open circuit breaker pings the store to see whether it is back.
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub fn build_store(settings: &StoreSettings) -> Result<Arc<dyn LimitStore>, String> {
     Ok(match settings {
         StoreSettings::Memory => Arc::new(MemoryStore::default()),
-        StoreSettings::Redis(cfg) => Arc::new(
-            RedisStore::new(cfg.clone(), Arc::new(SystemClock))
-                .map_err(|e| format!("store: {e}"))?,
-        ),
+        StoreSettings::Redis(cfg, resilience) => {
+            let redis = RedisStore::new(cfg.clone(), Arc::new(SystemClock))
+                .map_err(|e| format!("store: {e}"))?;
+            Arc::new(GuardedStore::new(
+                Arc::new(redis),
+                Arc::new(SystemClock),
+                resilience.breaker_failures,
+                resilience.deny_cache_size,
+                PROBE_INTERVAL,
+            ))
+        }
     })
 }
 

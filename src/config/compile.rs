@@ -70,7 +70,50 @@ pub enum HeaderMode {
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
     Memory,
-    Redis(RedisStoreConfig),
+    Redis(RedisStoreConfig, Resilience),
+}
+
+/// What happens when the shared store fails, and how to fail less often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resilience {
+    /// The default failure policy; routes may override it.
+    pub on_error: FailurePolicy,
+    /// Instances sharing the limits: the `local` policy gives each 1/N of every limit.
+    pub fleet_size: u64,
+    /// Entries of the deny cache; 0 turns it off.
+    pub deny_cache_size: usize,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+}
+
+/// What a request gets when its limits cannot be decided by the shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Fail open: forward the request.
+    Allow,
+    /// Fail closed: reject with the route's status.
+    Deny,
+    /// Decide in-process with this instance's share (1/fleet_size) of each limit.
+    Local,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+
+    fn parse(text: &str) -> Option<FailurePolicy> {
+        match text {
+            "allow" => Some(FailurePolicy::Allow),
+            "deny" => Some(FailurePolicy::Deny),
+            "local" => Some(FailurePolicy::Local),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +130,8 @@ pub struct Route {
     pub limits: Vec<ZoneLimit>,
     pub status: u16,
     pub headers: HeaderMode,
+    /// Overrides the store's failure policy.
+    pub on_error: Option<FailurePolicy>,
 }
 
 /// One `limit_req` reference of a route: a zone plus this route's burst and delay.
@@ -266,6 +311,10 @@ fn compile_store(
         timeout,
         clock,
         key_prefix,
+        on_error,
+        fleet_size,
+        deny_cache_size,
+        circuit_breaker_failures,
     } = store.into_inner();
     match kind.get_ref().as_str() {
         "memory" => {
@@ -274,6 +323,13 @@ fn compile_store(
                 ("timeout", timeout.map(|t| t.span())),
                 ("clock", clock.map(|c| c.span())),
                 ("key_prefix", key_prefix.map(|k| k.span())),
+                ("on_error", on_error.map(|k| k.span())),
+                ("fleet_size", fleet_size.map(|k| k.span())),
+                ("deny_cache_size", deny_cache_size.map(|k| k.span())),
+                (
+                    "circuit_breaker_failures",
+                    circuit_breaker_failures.map(|k| k.span()),
+                ),
             ];
             if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
                 return Err(src.error_at(
@@ -321,12 +377,41 @@ fn compile_store(
                 }
             };
             let key_prefix = key_prefix.map_or_else(|| "weir:".to_string(), |k| k.into_inner());
-            Ok(StoreSettings::Redis(RedisStoreConfig {
-                url: url.into_inner(),
-                timeout,
-                clock,
-                key_prefix,
-            }))
+            let int_in = |v: &Option<Spanned<i64>>,
+                          field: &str,
+                          range: std::ops::RangeInclusive<i64>,
+                          default: i64| match v {
+                None => Ok(default),
+                Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
+                Some(v) => Err(src.error_at(
+                    &v.span(),
+                    format!(
+                        "store.{field}: must be {}..={}, got {}",
+                        range.start(),
+                        range.end(),
+                        v.get_ref()
+                    ),
+                )),
+            };
+            let resilience = Resilience {
+                on_error: match &on_error {
+                    None => FailurePolicy::Local,
+                    Some(p) => FailurePolicy::parse(p.get_ref()).ok_or_else(|| src.error_at(&p.span(), format!(
+                        "store.on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref())))?,
+                },
+                fleet_size: int_in(&fleet_size, "fleet_size", 1..=10_000, 1)? as u64,
+                deny_cache_size: int_in(&deny_cache_size, "deny_cache_size", 0..=10_000_000, 10_000)? as usize,
+                breaker_failures: int_in(&circuit_breaker_failures, "circuit_breaker_failures", 1..=1_000, 3)? as u32,
+            };
+            Ok(StoreSettings::Redis(
+                RedisStoreConfig {
+                    url: url.into_inner(),
+                    timeout,
+                    clock,
+                    key_prefix,
+                },
+                resilience,
+            ))
         }
         other => Err(src.error_at(
             &kind.span(),
@@ -481,6 +566,7 @@ fn compile_routes(
             limit_req_status,
             dry_run,
             rate_limit_headers,
+            on_error,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -587,12 +673,26 @@ fn compile_routes(
                 return Err(here(&span, format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}")));
             }
         };
+        let on_error = on_error
+            .map(|p| {
+                FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
+                    here(
+                        &p.span(),
+                        format!(
+                            "on_error: expected \"allow\", \"deny\" or \"local\", got {:?}",
+                            p.get_ref()
+                        ),
+                    )
+                })
+            })
+            .transpose()?;
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
             limits,
             status,
             headers,
+            on_error,
         });
         matchers.push(RouteMatcher {
             path,

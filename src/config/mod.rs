@@ -9,8 +9,8 @@ mod schema;
 use std::path::Path;
 
 pub use compile::{
-    parse_duration, HeaderMode, LogSettings, Route, Runtime, ServerSettings, StoreSettings, Zone,
-    ZoneLimit,
+    parse_duration, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime,
+    ServerSettings, StoreSettings, Zone, ZoneLimit,
 };
 pub use error::ConfigError;
 

@@ -48,6 +48,10 @@ pub struct Store {
     pub timeout: Option<Spanned<String>>,
     pub clock: Option<Spanned<String>>,
     pub key_prefix: Option<Spanned<String>>,
+    pub on_error: Option<Spanned<String>>,
+    pub fleet_size: Option<Spanned<i64>>,
+    pub deny_cache_size: Option<Spanned<i64>>,
+    pub circuit_breaker_failures: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +108,7 @@ pub struct Route {
     #[serde(default)]
     pub dry_run: bool,
     pub rate_limit_headers: Option<Spanned<String>>,
+    pub on_error: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -115,6 +115,11 @@ pub fn rejection_body(route: &str, zone: &str, retry_after: Option<u64>) -> Stri
     }
 }
 
+/// The body of a request rejected because the limits could not be decided (`on_error = "deny"`).
+pub fn unavailable_body(route: &str) -> String {
+    format!("{{\"error\":\"limiter_unavailable\",\"route\":\"{route}\",\"retry_after\":1}}\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,15 +5,16 @@
 //! can never change what an enforced one decides (or charge it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
 use super::headers::{self, ZoneInfo};
-use crate::config::{HeaderMode, Route, Runtime};
-use crate::limit::Verdict;
+use crate::config::{FailurePolicy, HeaderMode, Route, Runtime, StoreSettings};
+use crate::limit::{DelayPolicy, LimitReq, Rate, Verdict};
 use crate::metrics::METRICS;
-use crate::store::{LimitStore, StoreError, ZoneCheck};
+use crate::store::{LimitStore, MemoryStore, StoreError, ZoneCheck};
 
 /// The cost of one request; per-route and per-header costs come with the algorithms work.
 const COST: u64 = 1;
@@ -84,16 +85,24 @@ pub struct Enforcement {
     /// Per zone of the route: (zone index, status). Zones of a rejected request that did not
     /// reject are not listed (they were not charged).
     pub zones: Vec<(usize, LimitStatus)>,
-    /// The store failed and the request was let through.
-    pub store_failed: bool,
+    /// The failure policy that decided, when the store could not.
+    pub fallback: Option<FailurePolicy>,
+}
+
+/// The stores a decision can use: the configured one, and the in-process one of the `local`
+/// failure policy (kept across reloads like the main store).
+pub struct Stores {
+    pub primary: Arc<dyn LimitStore>,
+    pub local: MemoryStore,
 }
 
 pub async fn enforce(
     rt: &Runtime,
     route: &Route,
     keyed: &[KeyedZone],
-    store: &dyn LimitStore,
+    stores: &Stores,
 ) -> Enforcement {
+    let store = stores.primary.as_ref();
     let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
         keyed.iter().partition(|k| route.limits[k.limit].dry_run);
     let enforced_checks = checks(rt, route, &enforced);
@@ -108,23 +117,60 @@ pub async fn enforce(
         headers: Vec::new(),
         status: None,
         zones: Vec::new(),
-        store_failed: false,
+        fallback: None,
     };
-    for (group, verdict, dry_run) in [
-        (&enforced, &enforced_verdict, false),
-        (&shadow, &shadow_verdict, true),
-    ] {
-        match verdict {
-            Some(Ok(v)) => record_statuses(&mut result, route, group, v, dry_run),
-            Some(Err(e)) => {
-                result.store_failed = true;
-                report_store_error(store.kind(), &route.name, e);
-            }
-            None => {}
+    // A failed shadow decision only costs the report; a failed enforced one goes to the policy.
+    let shadow_verdict = match shadow_verdict {
+        Some(Err(e)) => {
+            report_store_error(store.kind(), &route.name, &e);
+            None
         }
+        other => other.and_then(Result::ok),
+    };
+    let enforced_verdict = match enforced_verdict {
+        Some(Err(e)) => {
+            report_store_error(store.kind(), &route.name, &e);
+            let policy = failure_policy(rt, route);
+            result.fallback = Some(policy);
+            METRICS
+                .store_fallbacks
+                .with_label_values(&[policy.as_str()])
+                .inc();
+            match policy {
+                FailurePolicy::Allow => None,
+                FailurePolicy::Deny => {
+                    result.status = Some(LimitStatus::Rejected);
+                    result.headers.push(("Retry-After", "1".to_string()));
+                    let body = headers::unavailable_body(&route.name);
+                    result.action = Action::Reject {
+                        status: route.status,
+                        body,
+                    };
+                    return result;
+                }
+                FailurePolicy::Local => {
+                    let share = fleet_size(rt);
+                    let local_checks: Vec<ZoneCheck<'_>> = enforced_checks
+                        .iter()
+                        .map(|c| ZoneCheck {
+                            limit: fleet_share(&c.limit, share),
+                            ..*c
+                        })
+                        .collect();
+                    Some(stores.local.decide_now(&local_checks))
+                }
+            }
+        }
+        other => other.and_then(Result::ok),
+    };
+    if let Some(v) = &enforced_verdict {
+        record_statuses(&mut result, route, &enforced, v, false);
+    }
+    if let Some(v) = &shadow_verdict {
+        record_statuses(&mut result, route, &shadow, v, true);
     }
 
-    if let Some(Ok(verdict)) = &enforced_verdict {
+    if let Some(verdict) = &enforced_verdict {
         let infos: Vec<ZoneInfo<'_>> = enforced_checks
             .iter()
             .map(|c| ZoneInfo {
@@ -222,12 +268,46 @@ fn record_statuses(
     }
 }
 
+fn failure_policy(rt: &Runtime, route: &Route) -> FailurePolicy {
+    let default = match &rt.store {
+        StoreSettings::Redis(_, resilience) => resilience.on_error,
+        StoreSettings::Memory => FailurePolicy::Local,
+    };
+    route.on_error.unwrap_or(default)
+}
+
+fn fleet_size(rt: &Runtime) -> u64 {
+    match &rt.store {
+        StoreSettings::Redis(_, resilience) => resilience.fleet_size,
+        StoreSettings::Memory => 1,
+    }
+}
+
+/// This instance's share of a fleet-wide limit: the rate divided exactly (the period stretched N
+/// times), burst and delay divided and rounded down. Approximate by nature: traffic is rarely
+/// spread evenly over the fleet.
+fn fleet_share(limit: &LimitReq, fleet_size: u64) -> LimitReq {
+    let n = fleet_size.max(1);
+    LimitReq {
+        rate: Rate {
+            count: limit.rate.count,
+            period_us: limit.rate.period_us * n,
+        },
+        burst: limit.burst / n,
+        delay: match limit.delay {
+            DelayPolicy::NoDelay => DelayPolicy::NoDelay,
+            DelayPolicy::After(d) => DelayPolicy::After(d / n),
+        },
+    }
+}
+
 /// Logs store failures at most once a second: a dead Redis must not flood the log.
 fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
     let cause = match error {
         StoreError::Timeout(_) => "timeout",
         StoreError::Redis(_) => "redis",
         StoreError::Reply(_) => "reply",
+        StoreError::CircuitOpen => "circuit_open",
     };
     METRICS
         .store_errors
@@ -238,6 +318,6 @@ fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     if LAST_LOG_SECS.swap(now, Ordering::Relaxed) != now {
-        warn!(route, store, error = %error, "limit store failed; request allowed (fail open)");
+        warn!(route, store, error = %error, "limit store failed; the failure policy decides");
     }
 }

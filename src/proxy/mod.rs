@@ -18,22 +18,26 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
-use crate::config::Runtime;
+use crate::config::{FailurePolicy, Runtime};
 use crate::keys::{self, RequestFacts};
 use crate::metrics::METRICS;
 use crate::routes;
-use crate::store::LimitStore;
+use crate::store::{LimitStore, MemoryStore};
 
-use limiting::{Action, KeyedZone, LimitStatus};
+use limiting::{Action, KeyedZone, LimitStatus, Stores};
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
-    store: Arc<dyn LimitStore>,
+    stores: Stores,
 }
 
 impl WeirProxy {
     pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>) -> Self {
-        Self { runtime, store }
+        let stores = Stores {
+            primary: store,
+            local: MemoryStore::default(),
+        };
+        Self { runtime, stores }
     }
 }
 
@@ -120,13 +124,14 @@ impl ProxyHttp for WeirProxy {
             return Ok(false);
         }
 
-        let enforcement = limiting::enforce(&rt, route, &keyed, self.store.as_ref()).await;
+        let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
         ctx.limit_status = enforcement.status;
         ctx.zone_statuses = enforcement.zones;
-        ctx.outcome = match (enforcement.store_failed, enforcement.status) {
-            (true, None) => "store_error",
+        ctx.outcome = match (enforcement.fallback, enforcement.status) {
+            (Some(FailurePolicy::Allow), _) => "fail_open",
+            (Some(FailurePolicy::Deny), _) => "fail_closed",
             (_, Some(status)) => status.metric_label(),
-            (false, None) => "unlimited",
+            (_, None) => "unlimited",
         };
         match enforcement.action {
             Action::Reject { status, body } => {

@@ -1,6 +1,9 @@
 //! Where limit state lives. Every store answers the same question — "may this request pass, and
 //! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing.
 
+mod breaker;
+mod deny_cache;
+mod guarded;
 mod memory;
 mod redis;
 
@@ -10,6 +13,7 @@ use async_trait::async_trait;
 
 use crate::limit::{BucketState, LimitReq, Verdict};
 
+pub use self::guarded::GuardedStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
 
@@ -32,6 +36,8 @@ pub enum StoreError {
     Redis(#[from] ::redis::RedisError),
     #[error("unexpected reply from the limit script: {0}")]
     Reply(String),
+    #[error("the limit store is unreachable (circuit open; probing in the background)")]
+    CircuitOpen,
 }
 
 #[async_trait]

@@ -145,7 +145,9 @@ fn refuses_unknown_fields_and_syntax_errors_with_lines() {
 fn store_settings() {
     let redis = GOOD.replacen("[real_ip]", "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/0\"\ntimeout = \"40ms\"\nclock = \"local\"\n\n[real_ip]", 1);
     match compile(&redis, "t.toml").unwrap().store {
-        StoreSettings::Redis(cfg) => {
+        StoreSettings::Redis(cfg, resilience) => {
+            assert_eq!(resilience.on_error, FailurePolicy::Local);
+            assert_eq!(resilience.fleet_size, 1);
             assert_eq!(cfg.timeout, Duration::from_millis(40));
             assert_eq!(cfg.clock, RedisClock::Local);
             assert_eq!(cfg.key_prefix, "weir:");

@@ -1,0 +1,306 @@
+//! Puts the shared store behind a circuit breaker and a deny cache, so a flood from one client
+//! costs Redis about one call per retry period, and a dead Redis costs nothing at all.
+//!
+//! While the circuit is open, `decide` fails at once with [`StoreError::CircuitOpen`] and the
+//! caller applies the route's failure policy; a background task pings the store and closes the
+//! circuit as soon as it answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tracing::{info, warn};
+
+use super::breaker::{Breaker, Transition};
+use super::deny_cache::{DenyCache, DenyKey};
+use super::{LimitStore, StoreError, ZoneCheck};
+use crate::limit::{BucketState, Clock, Verdict, ZoneOutcome};
+use crate::metrics::METRICS;
+
+pub struct GuardedStore {
+    inner: Arc<dyn LimitStore>,
+    breaker: Arc<Breaker>,
+    deny_cache: DenyCache,
+    clock: Arc<dyn Clock>,
+    probe_interval: Duration,
+}
+
+impl GuardedStore {
+    pub fn new(
+        inner: Arc<dyn LimitStore>,
+        clock: Arc<dyn Clock>,
+        breaker_failures: u32,
+        deny_cache_size: usize,
+        probe_interval: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            breaker: Arc::new(Breaker::new(breaker_failures)),
+            deny_cache: DenyCache::new(deny_cache_size),
+            clock,
+            probe_interval,
+        }
+    }
+
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    /// Pings the store until it answers, then closes the circuit. Runs on the caller's runtime
+    /// (the proxy's), like the store's own connection.
+    fn start_probe(&self) {
+        let (inner, breaker, interval) = (
+            self.inner.clone(),
+            self.breaker.clone(),
+            self.probe_interval,
+        );
+        METRICS.store_circuit_open.set(1);
+        warn!(
+            store = inner.kind(),
+            "limit store unreachable: circuit open, failure policy applies until it answers"
+        );
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if inner.ping().await.is_ok() {
+                    breaker.close();
+                    METRICS.store_circuit_open.set(0);
+                    info!(
+                        store = inner.kind(),
+                        "limit store answers again: circuit closed"
+                    );
+                    return;
+                }
+            }
+        });
+    }
+
+    fn deny_key(check: &ZoneCheck<'_>) -> DenyKey {
+        DenyKey {
+            zone: check.zone.into(),
+            key: check.key.into(),
+            burst: check.limit.burst,
+            cost: check.cost,
+        }
+    }
+}
+
+#[async_trait]
+impl LimitStore for GuardedStore {
+    async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let now_us = self.clock.now_us();
+        if self.deny_cache.is_enabled() {
+            let denied: Vec<Option<u64>> = checks
+                .iter()
+                .map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us))
+                .collect();
+            if denied.iter().any(Option::is_some) {
+                METRICS.deny_cache_hits.inc();
+                return Ok(cached_rejection(checks, &denied, now_us));
+            }
+        }
+        match self.inner.decide(checks).await {
+            Ok(verdict) => {
+                self.breaker.record_success();
+                if !verdict.admitted {
+                    for (check, zone) in checks.iter().zip(&verdict.zones) {
+                        if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
+                            // `now_us` was read before the store's own clock: the entry expires
+                            // slightly early, never late.
+                            self.deny_cache
+                                .insert(Self::deny_key(check), now_us + retry);
+                        }
+                    }
+                }
+                Ok(verdict)
+            }
+            Err(e) => {
+                if self.breaker.record_failure() == Transition::Opened {
+                    self.start_probe();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+        self.inner.inspect(zone, key).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// The verdict for a request the deny cache rejects: the cached zones reject until their time; the
+/// others are reported as not charged (their state is not known here).
+fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
+    let zones: Vec<ZoneOutcome> = checks
+        .iter()
+        .zip(denied)
+        .map(|(check, until)| {
+            let unknown_state = BucketState {
+                level: 0.0,
+                last_us: now_us,
+            };
+            match until {
+                Some(until) => ZoneOutcome {
+                    admitted: false,
+                    excess: (check.limit.burst + check.cost) as f64,
+                    delay_us: 0,
+                    retry_after_us: Some(until - now_us),
+                    remaining: 0,
+                    reset_us: until - now_us,
+                    next: unknown_state,
+                },
+                None => ZoneOutcome {
+                    admitted: true,
+                    excess: 0.0,
+                    delay_us: 0,
+                    retry_after_us: None,
+                    remaining: check.limit.burst,
+                    reset_us: 0,
+                    next: unknown_state,
+                },
+            }
+        })
+        .collect();
+    let retry = denied.iter().flatten().max().map(|until| until - now_us);
+    Verdict {
+        admitted: false,
+        delay_us: 0,
+        retry_after_us: retry,
+        zones,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{DelayPolicy, LimitReq, ManualClock, Rate};
+    use crate::store::MemoryStore;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// A store that counts calls and can be made to fail.
+    struct Counting {
+        inner: MemoryStore,
+        calls: AtomicUsize,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl LimitStore for Counting {
+        async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StoreError::Reply("down".into()));
+            }
+            self.inner.decide(checks).await
+        }
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        async fn inspect(&self, _: &str, _: &[u8]) -> Result<Option<BucketState>, StoreError> {
+            Ok(None)
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            if self.failing.load(Ordering::SeqCst) {
+                Err(StoreError::Reply("down".into()))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn setup(deny_cache: usize) -> (Arc<ManualClock>, Arc<Counting>, GuardedStore) {
+        let clock = Arc::new(ManualClock::new(T0));
+        let counting = Arc::new(Counting {
+            inner: MemoryStore::new(clock.clone()),
+            calls: AtomicUsize::new(0),
+            failing: false.into(),
+        });
+        let guarded = GuardedStore::new(
+            counting.clone(),
+            clock.clone(),
+            3,
+            deny_cache,
+            Duration::from_millis(10),
+        );
+        (clock, counting, guarded)
+    }
+
+    fn check(key: &[u8]) -> ZoneCheck<'_> {
+        let limit = LimitReq {
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 0,
+            delay: DelayPolicy::NoDelay,
+        };
+        ZoneCheck {
+            zone: "z",
+            key,
+            limit,
+            cost: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_reaches_the_store_once_per_retry_period_with_the_same_decisions() {
+        let (clock, counting, guarded) = setup(100);
+        let (reference_clock, _, reference) = setup(0);
+        let mut admitted = (0, 0);
+        for _ in 0..1000 {
+            let a = guarded.decide(&[check(b"k")]).await.unwrap();
+            let b = reference.decide(&[check(b"k")]).await.unwrap();
+            assert_eq!(a.admitted, b.admitted);
+            admitted.0 += a.admitted as u32;
+            admitted.1 += b.admitted as u32;
+            clock.advance_us(2_000); // 1000 requests over 2 s
+            reference_clock.advance_us(2_000);
+        }
+        assert_eq!(admitted.0, admitted.1);
+        // One admitted + one rejected call per 1 s retry period, not 1000 calls.
+        assert!(
+            counting.calls.load(Ordering::SeqCst) <= 6,
+            "{}",
+            counting.calls.load(Ordering::SeqCst)
+        );
+    }
+
+    #[tokio::test]
+    async fn circuit_opens_fails_fast_and_closes_when_the_store_is_back() {
+        let (_, counting, guarded) = setup(0);
+        counting.failing.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert!(guarded.decide(&[check(b"k")]).await.is_err());
+        }
+        assert!(guarded.circuit_open());
+        let calls = counting.calls.load(Ordering::SeqCst);
+        assert!(matches!(
+            guarded.decide(&[check(b"k")]).await,
+            Err(StoreError::CircuitOpen)
+        ));
+        assert_eq!(
+            counting.calls.load(Ordering::SeqCst),
+            calls,
+            "an open circuit does not call the store"
+        );
+        counting.failing.store(false, Ordering::SeqCst);
+        for _ in 0..200 {
+            if !guarded.circuit_open() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!guarded.circuit_open());
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+    }
+}
