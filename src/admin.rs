@@ -42,39 +42,28 @@ impl AdminApp {
     ) -> (StatusCode, Body) {
         let public = matches!(path, "/healthz" | "/readyz");
         if !public && !self.authorized(auth) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                Body::Json(json!({ "error": "missing or wrong bearer token" })),
-            );
+            return (StatusCode::UNAUTHORIZED, Body::Json(json!({ "error": "missing or wrong bearer token" })));
         }
         match (method, path) {
             (&Method::GET, "/healthz") => (StatusCode::OK, Body::Json(json!({ "status": "ok" }))),
             (&Method::GET, "/readyz") => self.readiness().await,
             (&Method::GET, "/metrics") => (StatusCode::OK, Body::Text(METRICS.render())),
-            (&Method::GET, "/config") => {
-                (StatusCode::OK, Body::Json(json!(self.reloader.status())))
-            }
+            (&Method::GET, "/config") => (StatusCode::OK, Body::Json(json!(self.reloader.status()))),
             (&Method::POST, "/reload") => match self.reloader.reload("admin API") {
-                ReloadOutcome::Applied { generation, hash } => (
-                    StatusCode::OK,
-                    Body::Json(
-                        json!({ "result": "applied", "generation": generation, "hash": hash }),
-                    ),
-                ),
-                ReloadOutcome::Unchanged { generation } => (
-                    StatusCode::OK,
-                    Body::Json(json!({ "result": "unchanged", "generation": generation })),
-                ),
-                ReloadOutcome::Refused(error) => (
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Body::Json(json!({ "result": "refused", "error": error })),
-                ),
+                ReloadOutcome::Applied { generation, hash } => {
+                    (StatusCode::OK, Body::Json(json!({ "result": "applied", "generation": generation, "hash": hash })))
+                }
+                ReloadOutcome::Unchanged { generation } => {
+                    (StatusCode::OK, Body::Json(json!({ "result": "unchanged", "generation": generation })))
+                }
+                ReloadOutcome::Refused(error) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, Body::Json(json!({ "result": "refused", "error": error })))
+                }
             },
             (&Method::GET, "/limits") => self.limits(query).await,
-            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits") => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                Body::Json(json!({ "error": "method not allowed" })),
-            ),
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits") => {
+                (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" })))
+            }
             _ => (
                 StatusCode::NOT_FOUND,
                 Body::Json(json!({ "error": "not found",
@@ -96,10 +85,7 @@ impl AdminApp {
 
     async fn readiness(&self) -> (StatusCode, Body) {
         match self.store.ping().await {
-            Ok(()) => (
-                StatusCode::OK,
-                Body::Json(json!({ "status": "ready", "store": self.store.kind() })),
-            ),
+            Ok(()) => (StatusCode::OK, Body::Json(json!({ "status": "ready", "store": self.store.kind() }))),
             // Decisions fail open while the store is unreachable, so traffic is still served.
             Err(e) => (
                 StatusCode::OK,
@@ -118,44 +104,25 @@ impl AdminApp {
                 (k == name).then(|| percent_decode(v))
             })
         };
-        let (Some(zone_name), Some(key)) = (
-            param("zone").map(|z| String::from_utf8_lossy(&z).into_owned()),
-            param("key"),
-        ) else {
-            return (
-                StatusCode::BAD_REQUEST,
-                Body::Json(json!({ "error": "give ?zone=NAME&key=KEY" })),
-            );
+        let (Some(zone_name), Some(key)) =
+            (param("zone").map(|z| String::from_utf8_lossy(&z).into_owned()), param("key"))
+        else {
+            return (StatusCode::BAD_REQUEST, Body::Json(json!({ "error": "give ?zone=NAME&key=KEY" })));
         };
         let runtime = self.reloader.runtime().load_full();
         let Some(zone_index) = runtime.zones.iter().position(|z| z.name == zone_name) else {
-            return (
-                StatusCode::NOT_FOUND,
-                Body::Json(json!({ "error": format!("no zone {zone_name:?}") })),
-            );
+            return (StatusCode::NOT_FOUND, Body::Json(json!({ "error": format!("no zone {zone_name:?}") })));
         };
         let zone = &runtime.zones[zone_index];
         let state = match self.store.inspect(&zone.name, &key).await {
             Ok(state) => state,
-            Err(e) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Body::Json(json!({ "error": e.to_string() })),
-                )
-            }
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": e.to_string() }))),
         };
-        let now_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         let routes: Vec<Value> = runtime
             .routes
             .iter()
-            .flat_map(|r| {
-                r.limits
-                    .iter()
-                    .filter(|l| l.zone == zone_index)
-                    .map(move |l| (r, l))
-            })
+            .flat_map(|r| r.limits.iter().filter(|l| l.zone == zone_index).map(move |l| (r, l)))
             .map(|(route, l)| {
                 // A cost-0 evaluation drains the bucket to now without charging anything.
                 let now = evaluate(&l.limit, state, now_us, 0);
@@ -186,10 +153,7 @@ fn percent_decode(text: &str) -> Vec<u8> {
     while i < bytes.len() {
         match bytes[i] {
             b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
+                match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
                     Some(b) => {
                         out.push(b);
                         i += 3;
@@ -210,18 +174,10 @@ fn percent_decode(text: &str) -> Vec<u8> {
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
-        let auth = req
-            .headers
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes().to_vec());
-        let (method, path, query) = (
-            req.method.clone(),
-            req.uri.path().to_string(),
-            req.uri.query().map(str::to_string),
-        );
-        let (status, body) = self
-            .handle(&method, &path, query.as_deref(), auth.as_deref())
-            .await;
+        let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+        let (method, path, query) =
+            (req.method.clone(), req.uri.path().to_string(), req.uri.query().map(str::to_string));
+        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref()).await;
         let (content_type, mut bytes) = match body {
             Body::Json(v) => ("application/json", v.to_string().into_bytes()),
             Body::Text(t) => ("text/plain; version=0.0.4", t.into_bytes()),

@@ -7,10 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub fn run(listen: SocketAddr) -> std::io::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     rt.block_on(async move {
         let listener = TcpListener::bind(listen).await?;
         tracing::info!(%listen, "echo upstream listening");
@@ -49,10 +46,8 @@ async fn serve(mut stream: TcpStream) {
         buf.drain(..head_end + body_len);
         let path = head.split_whitespace().nth(1).unwrap_or("/");
         let body = format!("ok {path}\n");
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let resp =
+            format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         if stream.write_all(resp.as_bytes()).await.is_err() {
             return;
         }

@@ -39,9 +39,7 @@ impl KeyPart {
             return Err(err());
         }
         match kind {
-            "header" => HeaderName::from_bytes(name.as_bytes())
-                .map(KeyPart::Header)
-                .map_err(|_| err()),
+            "header" => HeaderName::from_bytes(name.as_bytes()).map(KeyPart::Header).map_err(|_| err()),
             "query" => Ok(KeyPart::Query(name.to_string())),
             "cookie" => Ok(KeyPart::Cookie(name.to_string())),
             _ => Err(err()),
@@ -161,11 +159,7 @@ impl RealIp {
         if !self.is_trusted(&current) {
             return current;
         }
-        let lines: Vec<&[u8]> = headers
-            .get_all(&self.header)
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
+        let lines: Vec<&[u8]> = headers.get_all(&self.header).iter().map(|v| v.as_bytes()).collect();
         for line in lines.iter().rev() {
             for hop in line.rsplit(|&b| b == b',') {
                 match parse_hop(hop) {
@@ -182,11 +176,7 @@ impl RealIp {
 }
 
 /// Resolves the client IP for a request given the optional real-IP settings.
-pub fn client_ip(
-    peer: Option<IpAddr>,
-    headers: &HeaderMap,
-    real_ip: Option<&RealIp>,
-) -> Option<IpAddr> {
+pub fn client_ip(peer: Option<IpAddr>, headers: &HeaderMap, real_ip: Option<&RealIp>) -> Option<IpAddr> {
     let peer = peer?;
     Some(match real_ip {
         Some(r) => r.client_ip(peer, headers),
@@ -223,10 +213,7 @@ mod tests {
     fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(v).unwrap(),
-            );
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_bytes(v).unwrap());
         }
         h
     }
@@ -245,10 +232,7 @@ mod tests {
     #[test]
     fn untrusted_peer_is_the_client_whatever_the_header_says() {
         let h = headers(&[("x-forwarded-for", b"203.0.113.9")]);
-        assert_eq!(
-            real_ip(&["10.0.0.0/8"]).client_ip(ip("192.0.2.1"), &h),
-            ip("192.0.2.1")
-        );
+        assert_eq!(real_ip(&["10.0.0.0/8"]).client_ip(ip("192.0.2.1"), &h), ip("192.0.2.1"));
     }
 
     #[test]
@@ -257,19 +241,13 @@ mod tests {
         let h = headers(&[("x-forwarded-for", b"198.51.100.1, 203.0.113.9, 10.1.2.3")]);
         assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("203.0.113.9"));
         // Several header lines are one list, the last line rightmost.
-        let h = headers(&[
-            ("x-forwarded-for", b"203.0.113.9"),
-            ("x-forwarded-for", b"10.0.0.5"),
-        ]);
+        let h = headers(&[("x-forwarded-for", b"203.0.113.9"), ("x-forwarded-for", b"10.0.0.5")]);
         assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("203.0.113.9"));
         // All hops trusted: the leftmost.
         let h = headers(&[("x-forwarded-for", b"10.0.0.1, 10.0.0.2")]);
         assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("10.0.0.1"));
         // No header: the peer.
-        assert_eq!(
-            r.client_ip(ip("127.0.0.1"), &HeaderMap::new()),
-            ip("127.0.0.1")
-        );
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &HeaderMap::new()), ip("127.0.0.1"));
     }
 
     #[test]
@@ -291,54 +269,29 @@ mod tests {
     #[test]
     fn extracts_header_query_cookie_and_composites() {
         let h = headers(&[("x-api-key", b"k1"), ("cookie", b"a=1; session=s9; b=2")]);
-        let facts = RequestFacts {
-            client_ip: Some(ip("192.0.2.1")),
-            headers: &h,
-            query: Some("x=1&tenant=t7"),
-        };
-        let spec =
-            |parts: &[&str]| KeySpec(parts.iter().map(|p| KeyPart::parse(p).unwrap()).collect());
+        let facts = RequestFacts { client_ip: Some(ip("192.0.2.1")), headers: &h, query: Some("x=1&tenant=t7") };
+        let spec = |parts: &[&str]| KeySpec(parts.iter().map(|p| KeyPart::parse(p).unwrap()).collect());
         assert_eq!(spec(&["header:X-Api-Key"]).extract(&facts), b"k1");
         assert_eq!(spec(&["query:tenant"]).extract(&facts), b"t7");
         assert_eq!(spec(&["cookie:session"]).extract(&facts), b"s9");
-        assert_eq!(
-            spec(&["ip", "header:x-api-key"]).extract(&facts),
-            b"192.0.2.1\x1fk1"
-        );
+        assert_eq!(spec(&["ip", "header:x-api-key"]).extract(&facts), b"192.0.2.1\x1fk1");
         assert_eq!(spec(&["header:x-missing"]).extract(&facts), b"");
-        assert_eq!(
-            spec(&["header:x-missing", "query:nope"]).extract(&facts),
-            b""
-        );
+        assert_eq!(spec(&["header:x-missing", "query:nope"]).extract(&facts), b"");
         // A composite with one part present is still limited.
-        assert_eq!(
-            spec(&["header:x-missing", "ip"]).extract(&facts),
-            b"\x1f192.0.2.1"
-        );
+        assert_eq!(spec(&["header:x-missing", "ip"]).extract(&facts), b"\x1f192.0.2.1");
     }
 
     #[test]
     fn long_and_non_utf8_keys_are_hashed_not_skipped() {
         let long = vec![b'a'; 60 * 1024];
         let h = headers(&[("x-api-key", &long)]);
-        let facts = RequestFacts {
-            client_ip: None,
-            headers: &h,
-            query: None,
-        };
+        let facts = RequestFacts { client_ip: None, headers: &h, query: None };
         let key = KeySpec(vec![KeyPart::parse("header:x-api-key").unwrap()]).extract(&facts);
         assert_eq!(key.len(), 65);
         assert_eq!(key[0], b'#');
         let h2 = headers(&[("x-api-key", b"\xff\xfe{}")]);
-        let facts = RequestFacts {
-            client_ip: None,
-            headers: &h2,
-            query: None,
-        };
-        assert_eq!(
-            KeySpec(vec![KeyPart::Header(HeaderName::from_static("x-api-key"))]).extract(&facts),
-            b"\xff\xfe{}"
-        );
+        let facts = RequestFacts { client_ip: None, headers: &h2, query: None };
+        assert_eq!(KeySpec(vec![KeyPart::Header(HeaderName::from_static("x-api-key"))]).extract(&facts), b"\xff\xfe{}");
     }
 
     #[test]

@@ -17,12 +17,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// The config file (TOML; see conf/routes.toml).
-    #[arg(
-        short = 'c',
-        long = "config",
-        global = true,
-        default_value = "conf/routes.toml"
-    )]
+    #[arg(short = 'c', long = "config", global = true, default_value = "conf/routes.toml")]
     config: PathBuf,
 
     #[command(subcommand)]
@@ -82,11 +77,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Echo { listen } => {
-            init_logging(&weir::config::LogSettings {
-                level: "info".into(),
-                json: false,
-                access_log: false,
-            });
+            init_logging(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
             match weir::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -103,14 +94,10 @@ fn main() -> ExitCode {
 fn init_logging(settings: &weir::config::LogSettings) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if settings.json {
         builder.json().flatten_event(true).init();
     } else {
-        builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
+        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     }
 }

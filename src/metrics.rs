@@ -5,19 +5,14 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for store round trips and upstream times: 100 µs to 10 s.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0,
-];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// Buckets for limit_req delays: 1 ms to 60 s.
-const DELAY_BUCKETS: &[f64] = &[
-    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
+const DELAY_BUCKETS: &[f64] = &[0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 pub struct Metrics {
     registry: Registry,
@@ -37,6 +32,10 @@ pub struct Metrics {
     /// 1 while the shared store's circuit breaker is open.
     pub store_circuit_open: IntGauge,
     pub deny_cache_hits: IntCounter,
+    /// Concurrency leases this instance holds now.
+    pub active_leases: IntGauge,
+    /// Per-zone limit_conn decisions: passed, rejected, rejected_dry_run.
+    pub conn_decisions: IntCounterVec,
     /// Decisions made by the failure policy, by policy (`allow`, `deny`, `local`).
     pub store_fallbacks: IntCounterVec,
     pub config_reloads: IntCounter,
@@ -47,27 +46,14 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("metric registered once");
+    registry.register(Box::new(c.clone())).expect("metric registered once");
     c
 }
 
-fn histogram(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> HistogramVec {
-    let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )
-    .expect("static metric definition");
-    registry
-        .register(Box::new(h.clone()))
-        .expect("metric registered once");
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+        .expect("static metric definition");
+    registry.register(Box::new(h.clone())).expect("metric registered once");
     h
 }
 
@@ -80,40 +66,38 @@ impl Metrics {
             "Generation of the running config (1 at start, +1 per applied reload).",
         )
         .expect("static metric definition");
-        registry
-            .register(Box::new(config_generation.clone()))
-            .expect("metric registered once");
+        registry.register(Box::new(config_generation.clone())).expect("metric registered once");
         let config_reloads =
-            IntCounter::new("weir_config_reloads_total", "Config reloads applied.")
-                .expect("static metric definition");
-        registry
-            .register(Box::new(config_reloads.clone()))
-            .expect("metric registered once");
+            IntCounter::new("weir_config_reloads_total", "Config reloads applied.").expect("static metric definition");
+        registry.register(Box::new(config_reloads.clone())).expect("metric registered once");
         let config_reload_failures = IntCounter::new(
             "weir_config_reload_failures_total",
             "Config reloads refused (the running config kept serving).",
         )
         .expect("static metric definition");
-        registry
-            .register(Box::new(config_reload_failures.clone()))
-            .expect("metric registered once");
-        let store_circuit_open = IntGauge::new(
-            "weir_store_circuit_open",
-            "1 while the shared store's circuit breaker is open.",
-        )
-        .expect("static metric definition");
-        registry
-            .register(Box::new(store_circuit_open.clone()))
-            .expect("metric registered once");
+        registry.register(Box::new(config_reload_failures.clone())).expect("metric registered once");
+        let store_circuit_open =
+            IntGauge::new("weir_store_circuit_open", "1 while the shared store's circuit breaker is open.")
+                .expect("static metric definition");
+        registry.register(Box::new(store_circuit_open.clone())).expect("metric registered once");
         let deny_cache_hits = IntCounter::new(
             "weir_deny_cache_hits_total",
             "Requests rejected by the local deny cache without asking the store.",
         )
         .expect("static metric definition");
-        registry
-            .register(Box::new(deny_cache_hits.clone()))
-            .expect("metric registered once");
+        registry.register(Box::new(deny_cache_hits.clone())).expect("metric registered once");
+        let active_leases =
+            IntGauge::new("weir_limit_conn_active_leases", "Concurrency leases this instance holds now.")
+                .expect("static metric definition");
+        registry.register(Box::new(active_leases.clone())).expect("metric registered once");
         Metrics {
+            active_leases,
+            conn_decisions: counter(
+                &registry,
+                "weir_limit_conn_decisions_total",
+                "limit_conn decisions per zone and status.",
+                &["zone", "status"],
+            ),
             store_circuit_open,
             deny_cache_hits,
             store_fallbacks: counter(
@@ -195,19 +179,10 @@ mod tests {
 
     #[test]
     fn renders_counters_with_labels() {
-        METRICS
-            .requests
-            .with_label_values(&["api", "passed"])
-            .inc_by(3);
-        METRICS
-            .store_duration
-            .with_label_values(&["memory"])
-            .observe(0.001);
+        METRICS.requests.with_label_values(&["api", "passed"]).inc_by(3);
+        METRICS.store_duration.with_label_values(&["memory"]).observe(0.001);
         let text = METRICS.render();
-        assert!(
-            text.contains("weir_requests_total{outcome=\"passed\",route=\"api\"} 3"),
-            "{text}"
-        );
+        assert!(text.contains("weir_requests_total{outcome=\"passed\",route=\"api\"} 3"), "{text}");
         assert!(text.contains("# TYPE weir_store_request_duration_seconds histogram"));
     }
 }

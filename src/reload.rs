@@ -74,11 +74,7 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        Self {
-            path: path.to_path_buf(),
-            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
-            status: Mutex::new(status),
-        }
+        Self { path: path.to_path_buf(), runtime: Arc::new(ArcSwap::from_pointee(runtime)), status: Mutex::new(status) }
     }
 
     /// The live config, shared with the proxy.
@@ -97,9 +93,7 @@ impl Reloader {
         let (next, text) = match config::load_with_text(&self.path) {
             Ok(loaded) => loaded,
             Err(e) => {
-                let refused = std::fs::read(&self.path)
-                    .ok()
-                    .map(|t| fingerprint_bytes(&t));
+                let refused = std::fs::read(&self.path).ok().map(|t| fingerprint_bytes(&t));
                 if trigger == FILE_CHANGE && refused.is_some() && refused == status.refused_hash {
                     return ReloadOutcome::Refused(e.to_string());
                 }
@@ -118,17 +112,12 @@ impl Reloader {
             if trigger != FILE_CHANGE {
                 info!(trigger, generation = status.generation, "config unchanged");
             }
-            return ReloadOutcome::Unchanged {
-                generation: status.generation,
-            };
+            return ReloadOutcome::Unchanged { generation: status.generation };
         }
         let current = self.runtime.load();
         status.pending_restart = restart_only_changes(&current, &next);
         for change in &status.pending_restart {
-            warn!(
-                trigger,
-                "{change}: restart Weir to apply it; everything else is applied now"
-            );
+            warn!(trigger, "{change}: restart Weir to apply it; everything else is applied now");
         }
         self.runtime.store(Arc::new(next));
         status.generation += 1;
@@ -138,10 +127,7 @@ impl Reloader {
         status.loaded_at = unix_now();
         status.last_error = None;
         info!(trigger, generation = status.generation, hash = %hash, "config reloaded");
-        ReloadOutcome::Applied {
-            generation: status.generation,
-            hash,
-        }
+        ReloadOutcome::Applied { generation: status.generation, hash }
     }
 
     fn lock(&self) -> MutexGuard<'_, ConfigStatus> {
@@ -157,17 +143,14 @@ impl Reloader {
             _ => PathBuf::from("."),
         };
         let (tx, rx) = mpsc::channel::<()>();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                // Reads (our own included) must not trigger reloads, or every reload would cause the next.
-                if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
-                    let _ = tx.send(());
-                }
-            })
-            .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Reads (our own included) must not trigger reloads, or every reload would cause the next.
+            if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+                let _ = tx.send(());
+            }
+        })
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+        watcher.watch(&dir, RecursiveMode::NonRecursive).map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
         let reloader = Arc::clone(self);
         std::thread::Builder::new()
             .name("weir-config-watch".into())
@@ -205,22 +188,13 @@ impl Reloader {
 fn restart_only_changes(current: &Runtime, next: &Runtime) -> Vec<String> {
     let mut changes = Vec::new();
     if current.server.listen != next.server.listen {
-        changes.push(format!(
-            "server.listen changed from {:?} to {:?}",
-            current.server.listen, next.server.listen
-        ));
+        changes.push(format!("server.listen changed from {:?} to {:?}", current.server.listen, next.server.listen));
     }
     if current.server.threads != next.server.threads {
-        changes.push(format!(
-            "server.threads changed from {} to {}",
-            current.server.threads, next.server.threads
-        ));
+        changes.push(format!("server.threads changed from {} to {}", current.server.threads, next.server.threads));
     }
     if current.server.admin != next.server.admin {
-        changes.push(format!(
-            "server.admin changed from {:?} to {:?}",
-            current.server.admin, next.server.admin
-        ));
+        changes.push(format!("server.admin changed from {:?} to {:?}", current.server.admin, next.server.admin));
     }
     // Debug output covers every store field; compared only, never logged (the URL may hold a password).
     if format!("{:?}", current.store) != format!("{:?}", next.store) {
@@ -239,7 +213,5 @@ fn fingerprint_bytes(bytes: &[u8]) -> String {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

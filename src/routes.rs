@@ -32,19 +32,9 @@ pub struct RouteMatcher {
 /// How specific a match is; larger wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Specificity {
-    Regex {
-        has_host: bool,
-        earlier: std::cmp::Reverse<usize>,
-    },
-    Prefix {
-        len: usize,
-        has_host: bool,
-        earlier: std::cmp::Reverse<usize>,
-    },
-    Exact {
-        has_host: bool,
-        earlier: std::cmp::Reverse<usize>,
-    },
+    Regex { has_host: bool, earlier: std::cmp::Reverse<usize> },
+    Prefix { len: usize, has_host: bool, earlier: std::cmp::Reverse<usize> },
+    Exact { has_host: bool, earlier: std::cmp::Reverse<usize> },
 }
 
 impl HostMatch {
@@ -59,21 +49,13 @@ impl HostMatch {
     fn matches(&self, host: &str) -> bool {
         match self {
             HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
-            HostMatch::Suffix(s) => {
-                host.len() > s.len() && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
-            }
+            HostMatch::Suffix(s) => host.len() > s.len() && host[host.len() - s.len()..].eq_ignore_ascii_case(s),
         }
     }
 }
 
 impl RouteMatcher {
-    fn specificity(
-        &self,
-        index: usize,
-        host: Option<&str>,
-        method: &Method,
-        path: &str,
-    ) -> Option<Specificity> {
+    fn specificity(&self, index: usize, host: Option<&str>, method: &Method, path: &str) -> Option<Specificity> {
         if let Some(methods) = &self.methods {
             if !methods.contains(method) {
                 return None;
@@ -87,14 +69,10 @@ impl RouteMatcher {
         let earlier = std::cmp::Reverse(index);
         match &self.path {
             PathMatch::Exact(p) if p == path => Some(Specificity::Exact { has_host, earlier }),
-            PathMatch::Prefix(p) if path.starts_with(p.as_str()) => Some(Specificity::Prefix {
-                len: p.len(),
-                has_host,
-                earlier,
-            }),
-            PathMatch::Regex(r) if r.is_match(path) => {
-                Some(Specificity::Regex { has_host, earlier })
+            PathMatch::Prefix(p) if path.starts_with(p.as_str()) => {
+                Some(Specificity::Prefix { len: p.len(), has_host, earlier })
             }
+            PathMatch::Regex(r) if r.is_match(path) => Some(Specificity::Regex { has_host, earlier }),
             _ => None,
         }
     }
@@ -112,12 +90,7 @@ pub fn normalize_host(raw: &str) -> &str {
 }
 
 /// Index of the most specific route for this request, if any.
-pub fn find(
-    routes: &[RouteMatcher],
-    host: Option<&str>,
-    method: &Method,
-    path: &str,
-) -> Option<usize> {
+pub fn find(routes: &[RouteMatcher], host: Option<&str>, method: &Method, path: &str) -> Option<usize> {
     let host = host.map(normalize_host);
     routes
         .iter()
@@ -132,11 +105,7 @@ mod tests {
     use super::*;
 
     fn route(path: PathMatch) -> RouteMatcher {
-        RouteMatcher {
-            path,
-            host: None,
-            methods: None,
-        }
+        RouteMatcher { path, host: None, methods: None }
     }
 
     fn table() -> Vec<RouteMatcher> {
@@ -177,10 +146,7 @@ mod tests {
         let mut post_only = route(PathMatch::Prefix("/".into()));
         post_only.methods = Some(vec![Method::POST]);
         let t = vec![route(PathMatch::Prefix("/".into())), with_host, post_only];
-        assert_eq!(
-            find(&t, Some("api.example.COM:8080"), &Method::GET, "/"),
-            Some(1)
-        );
+        assert_eq!(find(&t, Some("api.example.COM:8080"), &Method::GET, "/"), Some(1));
         assert_eq!(find(&t, Some("example.com"), &Method::GET, "/"), Some(0));
         assert_eq!(find(&t, None, &Method::GET, "/"), Some(0));
         assert_eq!(find(&t[2..], None, &Method::GET, "/"), None);

@@ -10,7 +10,7 @@ use crate::config::StoreSettings;
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
 use crate::reload::Reloader;
-use crate::store::{GuardedStore, LimitStore, MemoryStore, RedisStore};
+use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore};
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
 const GRACE_SECONDS: u64 = 1;
@@ -21,8 +21,7 @@ pub fn build_store(settings: &StoreSettings) -> Result<Arc<dyn LimitStore>, Stri
     Ok(match settings {
         StoreSettings::Memory => Arc::new(MemoryStore::default()),
         StoreSettings::Redis(cfg, resilience) => {
-            let redis = RedisStore::new(cfg.clone(), Arc::new(SystemClock))
-                .map_err(|e| format!("store: {e}"))?;
+            let redis = RedisStore::new(cfg.clone(), Arc::new(SystemClock)).map_err(|e| format!("store: {e}"))?;
             Arc::new(GuardedStore::new(
                 Arc::new(redis),
                 Arc::new(SystemClock),
@@ -31,6 +30,14 @@ pub fn build_store(settings: &StoreSettings) -> Result<Arc<dyn LimitStore>, Stri
                 PROBE_INTERVAL,
             ))
         }
+    })
+}
+
+pub fn build_conn_store(settings: &StoreSettings) -> Result<Arc<dyn ConnStore>, String> {
+    Ok(match settings {
+        StoreSettings::Memory => Arc::new(MemoryConnStore::default()),
+        // Fleet-wide leases in Redis come with the conn scripts; until then caps are per instance.
+        StoreSettings::Redis(..) => Arc::new(MemoryConnStore::default()),
     })
 }
 
@@ -51,16 +58,13 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         grace_period_seconds: Some(GRACE_SECONDS),
         graceful_shutdown_timeout_seconds: Some(GRACE_SECONDS),
         pid_file: tmp.join(format!("weir-{pid}.pid")).display().to_string(),
-        upgrade_sock: tmp
-            .join(format!("weir-{pid}-upgrade.sock"))
-            .display()
-            .to_string(),
+        upgrade_sock: tmp.join(format!("weir-{pid}-upgrade.sock")).display().to_string(),
         ..ServerConf::default()
     };
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(reloader.runtime(), store.clone());
+    let proxy = WeirProxy::new(reloader.runtime(), store.clone(), build_conn_store(&runtime.store)?);
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
     for addr in &listen {
         service.add_tcp(&addr.to_string());

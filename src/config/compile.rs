@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use regex::Regex;
 use toml::Spanned;
 
+use super::conn::{self, AccessRule, ConnLimit, ConnZone};
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::keys::{KeyPart, KeySpec, RealIp};
@@ -32,6 +33,7 @@ pub struct Runtime {
     pub real_ip: Option<RealIp>,
     pub upstreams: Vec<Upstream>,
     pub zones: Vec<Zone>,
+    pub conn_zones: Vec<ConnZone>,
     pub routes: Vec<Route>,
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
@@ -84,7 +86,12 @@ pub struct Resilience {
     pub deny_cache_size: usize,
     /// Consecutive failures that open the circuit breaker.
     pub breaker_failures: u32,
+    /// How long a concurrency lease lives without renewal: a crashed proxy's slots come back
+    /// after this. Leases are renewed every third of it while their request runs.
+    pub lease_ttl: Duration,
 }
+
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// What a request gets when its limits cannot be decided by the shared store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +139,11 @@ pub struct Route {
     pub headers: HeaderMode,
     /// Overrides the store's failure policy.
     pub on_error: Option<FailurePolicy>,
+    /// `limit_conn` references, decided after `limit_req` like nginx.
+    pub conn_limits: Vec<ConnLimit>,
+    pub conn_status: u16,
+    /// allow/deny rules in file order; the first match wins; no match allows.
+    pub access: Vec<AccessRule>,
 }
 
 /// One `limit_req` reference of a route: a zone plus this route's burst and delay.
@@ -150,61 +162,29 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File {
-        server,
-        store,
-        real_ip,
-        upstream,
-        limit_req_zone,
-        route,
-        log,
-    } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
 
     let server = compile_server(&src, server)?;
     let store = compile_store(&src, store)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = compile_upstreams(&src, upstream)?;
     let zones = compile_zones(&src, limit_req_zone)?;
-    let (routes, matchers) = compile_routes(&src, route, &upstreams, &zones)?;
-    Ok(Runtime {
-        server,
-        store,
-        real_ip,
-        upstreams,
-        zones,
-        routes,
-        matchers,
-        log: compile_log(&src, log)?,
-    })
+    let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
+    let (routes, matchers) = compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
+    Ok(Runtime { server, store, real_ip, upstreams, zones, conn_zones, routes, matchers, log: compile_log(&src, log)? })
 }
 
-fn compile_log(
-    src: &Source<'_>,
-    log: Option<Spanned<schema::Log>>,
-) -> Result<LogSettings, ConfigError> {
-    let defaults = LogSettings {
-        level: "info".to_string(),
-        json: false,
-        access_log: true,
-    };
+fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {
+    let defaults = LogSettings { level: "info".to_string(), json: false, access_log: true };
     let Some(log) = log else { return Ok(defaults) };
-    let schema::Log {
-        level,
-        format,
-        access_log,
-    } = log.into_inner();
+    let schema::Log { level, format, access_log } = log.into_inner();
     let level = match level {
         None => defaults.level,
-        Some(l) if ["error", "warn", "info", "debug", "trace"].contains(&l.get_ref().as_str()) => {
-            l.into_inner()
-        }
+        Some(l) if ["error", "warn", "info", "debug", "trace"].contains(&l.get_ref().as_str()) => l.into_inner(),
         Some(l) => {
             return Err(src.error_at(
                 &l.span(),
-                format!(
-                    "log.level: expected error, warn, info, debug or trace, got {:?}",
-                    l.get_ref()
-                ),
+                format!("log.level: expected error, warn, info, debug or trace, got {:?}", l.get_ref()),
             ))
         }
     };
@@ -213,45 +193,21 @@ fn compile_log(
         Some("json") => true,
         Some(other) => {
             let span = format.as_ref().map(|f| f.span()).unwrap_or_default();
-            return Err(src.error_at(
-                &span,
-                format!("log.format: expected \"text\" or \"json\", got {other:?}"),
-            ));
+            return Err(src.error_at(&span, format!("log.format: expected \"text\" or \"json\", got {other:?}")));
         }
     };
-    Ok(LogSettings {
-        level,
-        json,
-        access_log: access_log.unwrap_or(defaults.access_log),
-    })
+    Ok(LogSettings { level, json, access_log: access_log.unwrap_or(defaults.access_log) })
 }
 
-fn compile_server(
-    src: &Source<'_>,
-    server: Spanned<schema::Server>,
-) -> Result<ServerSettings, ConfigError> {
-    let schema::Server {
-        listen,
-        threads,
-        admin,
-        admin_token,
-    } = server.into_inner();
+fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerSettings, ConfigError> {
+    let schema::Server { listen, threads, admin, admin_token } = server.into_inner();
     if listen.get_ref().is_empty() {
-        return Err(src.error_at(
-            &listen.span(),
-            "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"]",
-        ));
+        return Err(src.error_at(&listen.span(), "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"]"));
     }
     let mut addrs = Vec::new();
     for addr in listen.into_inner() {
         let parsed: SocketAddr = addr.get_ref().parse().map_err(|_| {
-            src.error_at(
-                &addr.span(),
-                format!(
-                    "server.listen: {:?} is not an IP:port address",
-                    addr.get_ref()
-                ),
-            )
+            src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref()))
         })?;
         addrs.push(parsed);
     }
@@ -259,49 +215,33 @@ fn compile_server(
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         Some(t) if (1..=MAX_THREADS).contains(t.get_ref()) => *t.get_ref() as usize,
         Some(t) => {
-            return Err(src.error_at(
-                &t.span(),
-                format!(
-                    "server.threads: must be 1..={MAX_THREADS}, got {}",
-                    t.get_ref()
-                ),
-            ))
+            return Err(
+                src.error_at(&t.span(), format!("server.threads: must be 1..={MAX_THREADS}, got {}", t.get_ref()))
+            )
         }
     };
     let admin = admin
         .map(|a| {
             a.get_ref().parse::<SocketAddr>().map_err(|_| {
-                src.error_at(
-                    &a.span(),
-                    format!("server.admin: {:?} is not an IP:port address", a.get_ref()),
-                )
+                src.error_at(&a.span(), format!("server.admin: {:?} is not an IP:port address", a.get_ref()))
             })
         })
         .transpose()?;
     let admin_token = match admin_token {
         Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
-            return Err(src.error_at(
-                &t.span(),
-                "server.admin_token: use at least 16 printable characters without spaces",
-            ));
+            return Err(
+                src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces")
+            );
         }
         t => t.map(|t| t.into_inner()),
     };
     if admin_token.is_some() && admin.is_none() {
         return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
     }
-    Ok(ServerSettings {
-        listen: addrs,
-        threads,
-        admin,
-        admin_token,
-    })
+    Ok(ServerSettings { listen: addrs, threads, admin, admin_token })
 }
 
-fn compile_store(
-    src: &Source<'_>,
-    store: Option<Spanned<schema::Store>>,
-) -> Result<StoreSettings, ConfigError> {
+fn compile_store(src: &Source<'_>, store: Option<Spanned<schema::Store>>) -> Result<StoreSettings, ConfigError> {
     let Some(store) = store else {
         return Ok(StoreSettings::Memory);
     };
@@ -315,6 +255,7 @@ fn compile_store(
         fleet_size,
         deny_cache_size,
         circuit_breaker_failures,
+        lease_ttl,
     } = store.into_inner();
     match kind.get_ref().as_str() {
         "memory" => {
@@ -326,16 +267,11 @@ fn compile_store(
                 ("on_error", on_error.map(|k| k.span())),
                 ("fleet_size", fleet_size.map(|k| k.span())),
                 ("deny_cache_size", deny_cache_size.map(|k| k.span())),
-                (
-                    "circuit_breaker_failures",
-                    circuit_breaker_failures.map(|k| k.span()),
-                ),
+                ("circuit_breaker_failures", circuit_breaker_failures.map(|k| k.span())),
+                ("lease_ttl", lease_ttl.map(|k| k.span())),
             ];
             if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
-                return Err(src.error_at(
-                    &span,
-                    format!("store.{field}: only applies to kind = \"redis\""),
-                ));
+                return Err(src.error_at(&span, format!("store.{field}: only applies to kind = \"redis\"")));
             }
             Ok(StoreSettings::Memory)
         }
@@ -346,143 +282,123 @@ fn compile_store(
                     "store.url: required with kind = \"redis\", e.g. \"redis://127.0.0.1:6379/0\"",
                 )
             })?;
-            let valid_scheme = ["redis://", "rediss://"]
-                .iter()
-                .any(|s| url.get_ref().starts_with(s));
+            let valid_scheme = ["redis://", "rediss://"].iter().any(|s| url.get_ref().starts_with(s));
             if !valid_scheme || ::redis::Client::open(url.get_ref().as_str()).is_err() {
                 return Err(src.error_at(
                     &url.span(),
-                    format!(
-                        "store.url: {:?} is not a redis:// or rediss:// URL",
-                        url.get_ref()
-                    ),
+                    format!("store.url: {:?} is not a redis:// or rediss:// URL", url.get_ref()),
                 ));
             }
             let timeout = match timeout {
                 None => Duration::from_millis(25),
-                Some(t) => parse_duration(t.get_ref())
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| src.error_at(&t.span(), format!(
-                        "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}", t.get_ref())))?,
+                Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
+                    src.error_at(
+                        &t.span(),
+                        format!(
+                            "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}",
+                            t.get_ref()
+                        ),
+                    )
+                })?,
             };
             let clock = match clock.as_ref().map(|c| c.get_ref().as_str()) {
                 None | Some("redis") => RedisClock::Redis,
                 Some("local") => RedisClock::Local,
                 Some(other) => {
                     let span = clock.as_ref().map(|c| c.span()).unwrap_or_default();
-                    return Err(src.error_at(
-                        &span,
-                        format!("store.clock: expected \"redis\" or \"local\", got {other:?}"),
-                    ));
+                    return Err(
+                        src.error_at(&span, format!("store.clock: expected \"redis\" or \"local\", got {other:?}"))
+                    );
                 }
             };
             let key_prefix = key_prefix.map_or_else(|| "weir:".to_string(), |k| k.into_inner());
-            let int_in = |v: &Option<Spanned<i64>>,
-                          field: &str,
-                          range: std::ops::RangeInclusive<i64>,
-                          default: i64| match v {
-                None => Ok(default),
-                Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
-                Some(v) => Err(src.error_at(
-                    &v.span(),
-                    format!(
-                        "store.{field}: must be {}..={}, got {}",
-                        range.start(),
-                        range.end(),
-                        v.get_ref()
-                    ),
-                )),
-            };
+            let int_in =
+                |v: &Option<Spanned<i64>>, field: &str, range: std::ops::RangeInclusive<i64>, default: i64| match v {
+                    None => Ok(default),
+                    Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
+                    Some(v) => Err(src.error_at(
+                        &v.span(),
+                        format!("store.{field}: must be {}..={}, got {}", range.start(), range.end(), v.get_ref()),
+                    )),
+                };
             let resilience = Resilience {
                 on_error: match &on_error {
                     None => FailurePolicy::Local,
-                    Some(p) => FailurePolicy::parse(p.get_ref()).ok_or_else(|| src.error_at(&p.span(), format!(
-                        "store.on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref())))?,
+                    Some(p) => FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
+                        src.error_at(
+                            &p.span(),
+                            format!("store.on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
+                        )
+                    })?,
                 },
                 fleet_size: int_in(&fleet_size, "fleet_size", 1..=10_000, 1)? as u64,
                 deny_cache_size: int_in(&deny_cache_size, "deny_cache_size", 0..=10_000_000, 10_000)? as usize,
+                lease_ttl: match &lease_ttl {
+                    None => DEFAULT_LEASE_TTL,
+                    Some(t) => parse_duration(t.get_ref())
+                        .filter(|d| *d >= Duration::from_secs(1) && *d <= Duration::from_secs(3600))
+                        .ok_or_else(|| {
+                            src.error_at(
+                                &t.span(),
+                                format!(
+                                    "store.lease_ttl: expected a duration from \"1s\" to \"60m\", got {:?}",
+                                    t.get_ref()
+                                ),
+                            )
+                        })?,
+                },
                 breaker_failures: int_in(&circuit_breaker_failures, "circuit_breaker_failures", 1..=1_000, 3)? as u32,
             };
-            Ok(StoreSettings::Redis(
-                RedisStoreConfig {
-                    url: url.into_inner(),
-                    timeout,
-                    clock,
-                    key_prefix,
-                },
-                resilience,
-            ))
+            Ok(StoreSettings::Redis(RedisStoreConfig { url: url.into_inner(), timeout, clock, key_prefix }, resilience))
         }
-        other => Err(src.error_at(
-            &kind.span(),
-            format!("store.kind: expected \"memory\" or \"redis\", got {other:?}"),
-        )),
+        other => {
+            Err(src.error_at(&kind.span(), format!("store.kind: expected \"memory\" or \"redis\", got {other:?}")))
+        }
     }
 }
 
-fn compile_real_ip(
-    src: &Source<'_>,
-    real_ip: Spanned<schema::RealIp>,
-) -> Result<RealIp, ConfigError> {
+fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result<RealIp, ConfigError> {
     let schema::RealIp { trusted, header } = real_ip.into_inner();
-    let trusted =
-        trusted
-            .iter()
-            .map(|t| {
-                parse_cidr(t.get_ref()).ok_or_else(|| {
-                    src.error_at(
-                        &t.span(),
-                        format!(
-            "real_ip.trusted: {:?} is not an IP address or CIDR like \"10.0.0.0/8\"", t.get_ref()),
-                    )
-                })
+    let trusted = trusted
+        .iter()
+        .map(|t| {
+            parse_cidr(t.get_ref()).ok_or_else(|| {
+                src.error_at(
+                    &t.span(),
+                    format!("real_ip.trusted: {:?} is not an IP address or CIDR like \"10.0.0.0/8\"", t.get_ref()),
+                )
             })
-            .collect::<Result<Vec<_>, _>>()?;
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let header = match header {
         None => HeaderName::from_static("x-forwarded-for"),
-        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
-            src.error_at(
-                &h.span(),
-                format!("real_ip.header: {:?} is not a header name", h.get_ref()),
-            )
-        })?,
+        Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes())
+            .map_err(|_| src.error_at(&h.span(), format!("real_ip.header: {:?} is not a header name", h.get_ref())))?,
     };
     Ok(RealIp { trusted, header })
 }
 
 fn parse_cidr(text: &str) -> Option<IpNet> {
-    text.parse::<IpNet>()
-        .ok()
-        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+    text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
-fn compile_upstreams(
-    src: &Source<'_>,
-    list: Vec<Spanned<schema::Upstream>>,
-) -> Result<Vec<Upstream>, ConfigError> {
+fn compile_upstreams(src: &Source<'_>, list: Vec<Spanned<schema::Upstream>>) -> Result<Vec<Upstream>, ConfigError> {
     let mut seen = HashMap::new();
     let mut out = Vec::new();
     for up in list {
-        let schema::Upstream { name, servers } = up.into_inner();
+        let schema::Upstream { name, servers, max_conns } = up.into_inner();
         check_name(src, &name, "upstream.name")?;
         unique(src, &mut seen, &name, "upstream")?;
         if servers.get_ref().is_empty() {
             return Err(src.error_at(
                 &servers.span(),
-                format!(
-                    "upstream {:?}: servers must list at least one address",
-                    name.get_ref()
-                ),
+                format!("upstream {:?}: servers must list at least one address", name.get_ref()),
             ));
         }
         let mut addrs = Vec::new();
         for server in servers.get_ref() {
             // Resolved once here: per-request resolution would block the proxy's workers.
-            let resolved = server
-                .get_ref()
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next());
+            let resolved = server.get_ref().to_socket_addrs().ok().and_then(|mut a| a.next());
             let addr = resolved.ok_or_else(|| {
                 src.error_at(
                     &server.span(),
@@ -495,52 +411,52 @@ fn compile_upstreams(
             })?;
             addrs.push(addr);
         }
-        out.push(Upstream::new(name.into_inner(), addrs));
+        let max_conns = match max_conns {
+            None => None,
+            Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref() as usize),
+            Some(m) => {
+                return Err(src.error_at(
+                    &m.span(),
+                    format!("upstream {:?}: max_conns must be 1..=1000000, got {}", name.get_ref(), m.get_ref()),
+                ))
+            }
+        };
+        out.push(Upstream::new(name.into_inner(), addrs, max_conns));
     }
     Ok(out)
 }
 
-fn compile_zones(
-    src: &Source<'_>,
-    list: Vec<Spanned<schema::LimitReqZone>>,
-) -> Result<Vec<Zone>, ConfigError> {
+fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>) -> Result<Vec<Zone>, ConfigError> {
     let mut seen = HashMap::new();
     let mut out = Vec::new();
     for zone in list {
         let schema::LimitReqZone { name, key, rate } = zone.into_inner();
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
-        let items = key.get_ref().items();
-        if items.is_empty() {
-            return Err(src.error_at(
-                &key.span(),
-                format!("limit_req_zone {:?}: key must not be empty", name.get_ref()),
-            ));
-        }
-        let parts = items
-            .iter()
-            .map(|k| {
-                KeyPart::parse(k).map_err(|e| {
-                    src.error_at(
-                        &key.span(),
-                        format!("limit_req_zone {:?}: key: {e}", name.get_ref()),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let parsed_rate = Rate::parse(rate.get_ref()).map_err(|e| {
-            src.error_at(
-                &rate.span(),
-                format!("limit_req_zone {:?}: rate: {e}", name.get_ref()),
-            )
-        })?;
-        out.push(Zone {
-            name: name.into_inner(),
-            key: KeySpec(parts),
-            rate: parsed_rate,
-        });
+        let key = key_spec(src, &key, "limit_req_zone", name.get_ref())?;
+        let parsed_rate = Rate::parse(rate.get_ref())
+            .map_err(|e| src.error_at(&rate.span(), format!("limit_req_zone {:?}: rate: {e}", name.get_ref())))?;
+        out.push(Zone { name: name.into_inner(), key, rate: parsed_rate });
     }
     Ok(out)
+}
+
+/// A zone's `key`: one part or a list (composite).
+pub(super) fn key_spec(
+    src: &Source<'_>,
+    key: &Spanned<schema::OneOrMany>,
+    what: &str,
+    zone: &str,
+) -> Result<KeySpec, ConfigError> {
+    let items = key.get_ref().items();
+    if items.is_empty() {
+        return Err(src.error_at(&key.span(), format!("{what} {zone:?}: key must not be empty")));
+    }
+    let parts = items
+        .iter()
+        .map(|k| KeyPart::parse(k).map_err(|e| src.error_at(&key.span(), format!("{what} {zone:?}: key: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(KeySpec(parts))
 }
 
 fn compile_routes(
@@ -548,6 +464,7 @@ fn compile_routes(
     list: Vec<Spanned<schema::Route>>,
     upstreams: &[Upstream],
     zones: &[Zone],
+    conn_zones: &[ConnZone],
 ) -> Result<(Vec<Route>, Vec<RouteMatcher>), ConfigError> {
     let mut seen = HashMap::new();
     let mut routes = Vec::new();
@@ -567,41 +484,32 @@ fn compile_routes(
             dry_run,
             rate_limit_headers,
             on_error,
+            limit_conn,
+            limit_conn_status,
+            allow,
+            deny,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
         let rname = name.get_ref().clone();
-        let here = |span: &std::ops::Range<usize>, msg: String| {
-            src.error_at(span, format!("route {rname:?}: {msg}"))
-        };
+        let here = |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("route {rname:?}: {msg}"));
 
         let path = match (path, path_prefix, path_regex) {
             (Some(p), None, None) => PathMatch::Exact(checked_path(p, &here)?),
             (None, Some(p), None) => PathMatch::Prefix(checked_path(p, &here)?),
             (None, None, Some(r)) => PathMatch::Regex(
-                Regex::new(r.get_ref())
-                    .map_err(|e| here(&r.span(), format!("path_regex: invalid regex: {e}")))?,
+                Regex::new(r.get_ref()).map_err(|e| here(&r.span(), format!("path_regex: invalid regex: {e}")))?,
             ),
-            _ => {
-                return Err(here(
-                    &route_span,
-                    "give exactly one of path, path_prefix or path_regex".into(),
-                ))
-            }
+            _ => return Err(here(&route_span, "give exactly one of path, path_prefix or path_regex".into())),
         };
         let host = host
             .map(|h| {
                 let valid = !h.get_ref().is_empty()
-                    && h.get_ref()
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-.*:[]".contains(&b));
+                    && h.get_ref().bytes().all(|b| b.is_ascii_alphanumeric() || b"-.*:[]".contains(&b));
                 if valid {
                     Ok(HostMatch::parse(h.get_ref()))
                 } else {
-                    Err(here(
-                        &h.span(),
-                        format!("host: {:?} is not a host name", h.get_ref()),
-                    ))
+                    Err(here(&h.span(), format!("host: {:?} is not a host name", h.get_ref())))
                 }
             })
             .transpose()?;
@@ -609,32 +517,19 @@ fn compile_routes(
             .map(|list| {
                 list.iter()
                     .map(|m| {
-                        Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()).map_err(
-                            |_| {
-                                here(
-                                    &m.span(),
-                                    format!("methods: {:?} is not an HTTP method", m.get_ref()),
-                                )
-                            },
-                        )
+                        Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                            .map_err(|_| here(&m.span(), format!("methods: {:?} is not an HTTP method", m.get_ref())))
                     })
                     .collect::<Result<Vec<_>, _>>()
             })
             .transpose()?;
-        let upstream_index = upstreams
-            .iter()
-            .position(|u| u.name == *upstream.get_ref())
-            .ok_or_else(|| {
-                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                here(
-                    &upstream.span(),
-                    format!(
-                        "upstream: unknown upstream {:?} (defined: {})",
-                        upstream.get_ref(),
-                        list_or_none(&known)
-                    ),
-                )
-            })?;
+        let upstream_index = upstreams.iter().position(|u| u.name == *upstream.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            here(
+                &upstream.span(),
+                format!("upstream: unknown upstream {:?} (defined: {})", upstream.get_ref(), list_or_none(&known)),
+            )
+        })?;
 
         let mut limits: Vec<ZoneLimit> = Vec::new();
         for reference in &limit_req {
@@ -643,34 +538,22 @@ fn compile_routes(
             if limits.iter().any(|l| l.zone == zl.zone) {
                 return Err(here(
                     &reference.get_ref().zone.span(),
-                    format!(
-                        "limit_req: zone {:?} is referenced twice",
-                        reference.get_ref().zone.get_ref()
-                    ),
+                    format!("limit_req: zone {:?} is referenced twice", reference.get_ref().zone.get_ref()),
                 ));
             }
             limits.push(zl);
         }
-        let status = match limit_req_status {
-            None => 429,
-            Some(s) if (400..=599).contains(s.get_ref()) => *s.get_ref() as u16,
-            Some(s) => {
-                return Err(here(
-                    &s.span(),
-                    format!("limit_req_status: must be 400..=599, got {}", s.get_ref()),
-                ))
-            }
-        };
+        let status = conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
         let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
             None | Some("draft") => HeaderMode::Draft,
             Some("legacy") => HeaderMode::Legacy,
             Some("none") => HeaderMode::None,
             Some(other) => {
-                let span = rate_limit_headers
-                    .as_ref()
-                    .map(|h| h.span())
-                    .unwrap_or_default();
-                return Err(here(&span, format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}")));
+                let span = rate_limit_headers.as_ref().map(|h| h.span()).unwrap_or_default();
+                return Err(here(
+                    &span,
+                    format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}"),
+                ));
             }
         };
         let on_error = on_error
@@ -678,14 +561,14 @@ fn compile_routes(
                 FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
                     here(
                         &p.span(),
-                        format!(
-                            "on_error: expected \"allow\", \"deny\" or \"local\", got {:?}",
-                            p.get_ref()
-                        ),
+                        format!("on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
                     )
                 })
             })
             .transpose()?;
+        let conn_limits = conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
+        let conn_status = conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
+        let access = conn::access_rules(&allow, &deny, &here)?;
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -693,12 +576,11 @@ fn compile_routes(
             status,
             headers,
             on_error,
+            conn_limits,
+            conn_status,
+            access,
         });
-        matchers.push(RouteMatcher {
-            path,
-            host,
-            methods,
-        });
+        matchers.push(RouteMatcher { path, host, methods });
     }
     Ok((routes, matchers))
 }
@@ -708,46 +590,25 @@ fn compile_limit_ref(
     zones: &[Zone],
     here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
 ) -> Result<ZoneLimit, ConfigError> {
-    let zone = zones
-        .iter()
-        .position(|z| z.name == *r.zone.get_ref())
-        .ok_or_else(|| {
-            let known: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
-            here(
-                &r.zone.span(),
-                format!(
-                    "limit_req: unknown zone {:?} (defined: {})",
-                    r.zone.get_ref(),
-                    list_or_none(&known)
-                ),
-            )
-        })?;
+    let zone = zones.iter().position(|z| z.name == *r.zone.get_ref()).ok_or_else(|| {
+        let known: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+        here(
+            &r.zone.span(),
+            format!("limit_req: unknown zone {:?} (defined: {})", r.zone.get_ref(), list_or_none(&known)),
+        )
+    })?;
     let in_range = |v: &Spanned<i64>, field: &str| {
         if (0..=MAX_BURST).contains(v.get_ref()) {
             Ok(*v.get_ref() as u64)
         } else {
-            Err(here(
-                &v.span(),
-                format!(
-                    "limit_req: {field} must be 0..={MAX_BURST}, got {}",
-                    v.get_ref()
-                ),
-            ))
+            Err(here(&v.span(), format!("limit_req: {field} must be 0..={MAX_BURST}, got {}", v.get_ref())))
         }
     };
-    let burst = r
-        .burst
-        .as_ref()
-        .map(|b| in_range(b, "burst"))
-        .transpose()?
-        .unwrap_or(0);
+    let burst = r.burst.as_ref().map(|b| in_range(b, "burst")).transpose()?.unwrap_or(0);
     let nodelay = r.nodelay.as_ref().is_some_and(|n| *n.get_ref());
     let delay = match (&r.delay, nodelay) {
         (Some(d), true) => {
-            return Err(here(
-                &d.span(),
-                "limit_req: give either delay or nodelay = true, not both".into(),
-            ));
+            return Err(here(&d.span(), "limit_req: give either delay or nodelay = true, not both".into()));
         }
         (Some(d), false) => {
             let value = in_range(d, "delay")?;
@@ -760,15 +621,7 @@ fn compile_limit_ref(
         (None, true) => DelayPolicy::NoDelay,
         (None, false) => DelayPolicy::After(0),
     };
-    Ok(ZoneLimit {
-        zone,
-        limit: LimitReq {
-            rate: zones[zone].rate,
-            burst,
-            delay,
-        },
-        dry_run: r.dry_run,
-    })
+    Ok(ZoneLimit { zone, limit: LimitReq { rate: zones[zone].rate, burst, delay }, dry_run: r.dry_run })
 }
 
 fn checked_path(
@@ -778,31 +631,22 @@ fn checked_path(
     if p.get_ref().starts_with('/') {
         Ok(p.into_inner())
     } else {
-        Err(here(
-            &p.span(),
-            format!("path must start with '/', got {:?}", p.get_ref()),
-        ))
+        Err(here(&p.span(), format!("path must start with '/', got {:?}", p.get_ref())))
     }
 }
 
 /// Names appear in headers, Redis keys, logs and metric labels: keep them plain.
-fn check_name(src: &Source<'_>, name: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
+pub(super) fn check_name(src: &Source<'_>, name: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
     let n = name.get_ref();
-    let ok = !n.is_empty()
-        && n.len() <= 64
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    let ok = !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(src.error_at(
-            &name.span(),
-            format!("{field}: {n:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
-        ))
+        Err(src.error_at(&name.span(), format!("{field}: {n:?} must be 1-64 characters of A-Z a-z 0-9 _ - .")))
     }
 }
 
-fn unique(
+pub(super) fn unique(
     src: &Source<'_>,
     seen: &mut HashMap<String, usize>,
     name: &Spanned<String>,
@@ -812,10 +656,7 @@ fn unique(
     match seen.insert(name.get_ref().clone(), line) {
         Some(first) => Err(src.error_at(
             &name.span(),
-            format!(
-                "duplicate {what} name {:?} (first defined on line {first})",
-                name.get_ref()
-            ),
+            format!("duplicate {what} name {:?} (first defined on line {first})", name.get_ref()),
         )),
         None => Ok(()),
     }

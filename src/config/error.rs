@@ -31,26 +31,14 @@ pub struct Source<'a> {
 impl Source<'_> {
     pub fn line_of(&self, span: &Range<usize>) -> usize {
         let end = span.start.min(self.text.len());
-        self.text.as_bytes()[..end]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count()
-            + 1
+        self.text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
     }
 
     pub fn error_at(&self, span: &Range<usize>, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_string(),
-            line: Some(self.line_of(span)),
-            message: message.into(),
-        }
+        ConfigError { file: self.file.to_string(), line: Some(self.line_of(span)), message: message.into() }
     }
 
     pub fn error(&self, message: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_string(),
-            line: None,
-            message: message.into(),
-        }
+        ConfigError { file: self.file.to_string(), line: None, message: message.into() }
     }
 }

@@ -3,15 +3,17 @@
 //! share this one path.
 
 mod compile;
+mod conn;
 mod error;
 mod schema;
 
 use std::path::Path;
 
 pub use compile::{
-    parse_duration, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime,
-    ServerSettings, StoreSettings, Zone, ZoneLimit,
+    parse_duration, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime, ServerSettings, StoreSettings,
+    Zone, ZoneLimit,
 };
+pub use conn::{allowed, AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

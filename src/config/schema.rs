@@ -18,6 +18,8 @@ pub struct File {
     #[serde(default)]
     pub limit_req_zone: Vec<Spanned<LimitReqZone>>,
     #[serde(default)]
+    pub limit_conn_zone: Vec<Spanned<LimitConnZone>>,
+    #[serde(default)]
     pub route: Vec<Spanned<Route>>,
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
@@ -52,6 +54,7 @@ pub struct Store {
     pub fleet_size: Option<Spanned<i64>>,
     pub deny_cache_size: Option<Spanned<i64>>,
     pub circuit_breaker_failures: Option<Spanned<i64>>,
+    pub lease_ttl: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,6 +69,7 @@ pub struct RealIp {
 pub struct Upstream {
     pub name: Spanned<String>,
     pub servers: Spanned<Vec<Spanned<String>>>,
+    pub max_conns: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +113,29 @@ pub struct Route {
     pub dry_run: bool,
     pub rate_limit_headers: Option<Spanned<String>>,
     pub on_error: Option<Spanned<String>>,
+    #[serde(default)]
+    pub limit_conn: Vec<Spanned<LimitConnRef>>,
+    pub limit_conn_status: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub deny: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConnRef {
+    pub zone: Spanned<String>,
+    pub max: Spanned<i64>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConnZone {
+    pub name: Spanned<String>,
+    pub key: Spanned<OneOrMany>,
 }
 
 #[derive(Debug, Deserialize)]

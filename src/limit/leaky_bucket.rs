@@ -64,12 +64,7 @@ pub struct ZoneOutcome {
 
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
 /// store `next` (only when every zone of the request admits it).
-pub fn evaluate(
-    limit: &LimitReq,
-    state: Option<BucketState>,
-    now_us: u64,
-    cost: u64,
-) -> ZoneOutcome {
+pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost: u64) -> ZoneOutcome {
     let (level_now, anchor_us) = match state {
         None => (0.0, now_us),
         // The clock went backwards (another instance's clock, a Redis failover): keep the stored
@@ -90,14 +85,10 @@ pub fn evaluate(
             admitted: false,
             excess,
             delay_us: 0,
-            retry_after_us: (cost as f64 <= capacity)
-                .then(|| ceil_us(limit.rate.time_for_us(room_needed))),
+            retry_after_us: (cost as f64 <= capacity).then(|| ceil_us(limit.rate.time_for_us(room_needed))),
             remaining: 0,
             reset_us: ceil_us(limit.rate.time_for_us(level_now)),
-            next: BucketState {
-                level: level_now,
-                last_us: anchor_us,
-            },
+            next: BucketState { level: level_now, last_us: anchor_us },
         };
     }
 
@@ -115,10 +106,7 @@ pub fn evaluate(
         retry_after_us: None,
         remaining: if room > 0.0 { room as u64 } else { 0 },
         reset_us: ceil_us(limit.rate.time_for_us(level_new)),
-        next: BucketState {
-            level: level_new,
-            last_us: anchor_us,
-        },
+        next: BucketState { level: level_new, last_us: anchor_us },
     }
 }
 
@@ -138,11 +126,7 @@ mod tests {
     const T0: u64 = 1_700_000_000 * SEC;
 
     fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
-        LimitReq {
-            rate: Rate::parse(rate).unwrap(),
-            burst,
-            delay,
-        }
+        LimitReq { rate: Rate::parse(rate).unwrap(), burst, delay }
     }
 
     /// Sends `n` requests at the same instant, storing state after each admitted one.
@@ -249,13 +233,7 @@ mod tests {
         let s = evaluate(&l, None, T0, 1).next;
         let out = evaluate(&l, Some(s), T0 - 10 * SEC, 1);
         assert!(out.admitted);
-        assert_eq!(
-            out.next,
-            BucketState {
-                level: 2.0,
-                last_us: T0
-            }
-        );
+        assert_eq!(out.next, BucketState { level: 2.0, last_us: T0 });
     }
 
     #[test]

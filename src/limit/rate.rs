@@ -81,46 +81,20 @@ mod tests {
 
     #[test]
     fn parses_nginx_units_exactly() {
-        assert_eq!(
-            Rate::parse("10r/s").unwrap(),
-            Rate {
-                count: 10,
-                period_us: 1_000_000
-            }
-        );
-        assert_eq!(
-            Rate::parse("600r/m").unwrap(),
-            Rate {
-                count: 600,
-                period_us: 60_000_000
-            }
-        );
-        assert_eq!(
-            Rate::parse("5r/h").unwrap(),
-            Rate {
-                count: 5,
-                period_us: 3_600_000_000
-            }
-        );
+        assert_eq!(Rate::parse("10r/s").unwrap(), Rate { count: 10, period_us: 1_000_000 });
+        assert_eq!(Rate::parse("600r/m").unwrap(), Rate { count: 600, period_us: 60_000_000 });
+        assert_eq!(Rate::parse("5r/h").unwrap(), Rate { count: 5, period_us: 3_600_000_000 });
         // 1r/m is one request per 60 s, not nginx's 62.5 s.
         assert_eq!(Rate::parse("1r/m").unwrap().time_for_us(1.0), 60_000_000.0);
     }
 
     #[test]
     fn rejects_bad_rates() {
-        for bad in [
-            "10/s", "10r/d", "r/s", "-1r/s", "1.5r/s", "", "10 r/s", "10r/",
-        ] {
-            assert!(
-                matches!(Rate::parse(bad), Err(RateError::Syntax(_))),
-                "{bad}"
-            );
+        for bad in ["10/s", "10r/d", "r/s", "-1r/s", "1.5r/s", "", "10 r/s", "10r/"] {
+            assert!(matches!(Rate::parse(bad), Err(RateError::Syntax(_))), "{bad}");
         }
         assert!(matches!(Rate::parse("0r/s"), Err(RateError::Zero(_))));
-        assert!(matches!(
-            Rate::parse("2000000r/s"),
-            Err(RateError::TooHigh(_))
-        ));
+        assert!(matches!(Rate::parse("2000000r/s"), Err(RateError::TooHigh(_))));
         assert!(Rate::parse("99999999999999999999999r/s").is_err());
     }
 

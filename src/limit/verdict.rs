@@ -32,10 +32,7 @@ impl Verdict {
 }
 
 pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
-    let zones: Vec<ZoneOutcome> = inputs
-        .iter()
-        .map(|z| evaluate(z.limit, z.state, now_us, z.cost))
-        .collect();
+    let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state, now_us, z.cost)).collect();
     let admitted = zones.iter().all(|z| z.admitted);
     let (delay_us, retry_after_us) = if admitted {
         (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
@@ -49,12 +46,7 @@ pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
         }
         (0, retry)
     };
-    Verdict {
-        admitted,
-        delay_us,
-        retry_after_us,
-        zones,
-    }
+    Verdict { admitted, delay_us, retry_after_us, zones }
 }
 
 #[cfg(test)]
@@ -66,45 +58,18 @@ mod tests {
 
     #[test]
     fn a_rejection_in_one_zone_charges_none() {
-        let loose = LimitReq {
-            rate: Rate::parse("100r/s").unwrap(),
-            burst: 100,
-            delay: DelayPolicy::NoDelay,
-        };
-        let tight = LimitReq {
-            rate: Rate::parse("1r/s").unwrap(),
-            burst: 0,
-            delay: DelayPolicy::NoDelay,
-        };
+        let loose = LimitReq { rate: Rate::parse("100r/s").unwrap(), burst: 100, delay: DelayPolicy::NoDelay };
+        let tight = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
         let first = decide_all(
-            &[
-                ZoneInput {
-                    limit: &loose,
-                    state: None,
-                    cost: 1,
-                },
-                ZoneInput {
-                    limit: &tight,
-                    state: None,
-                    cost: 1,
-                },
-            ],
+            &[ZoneInput { limit: &loose, state: None, cost: 1 }, ZoneInput { limit: &tight, state: None, cost: 1 }],
             T0,
         );
         assert!(first.admitted);
         let loose_state = first.zones[0].next;
         let second = decide_all(
             &[
-                ZoneInput {
-                    limit: &loose,
-                    state: Some(loose_state),
-                    cost: 1,
-                },
-                ZoneInput {
-                    limit: &tight,
-                    state: Some(first.zones[1].next),
-                    cost: 1,
-                },
+                ZoneInput { limit: &loose, state: Some(loose_state), cost: 1 },
+                ZoneInput { limit: &tight, state: Some(first.zones[1].next), cost: 1 },
             ],
             T0,
         );
@@ -116,33 +81,11 @@ mod tests {
 
     #[test]
     fn the_largest_delay_wins() {
-        let a = LimitReq {
-            rate: Rate::parse("1r/s").unwrap(),
-            burst: 5,
-            delay: DelayPolicy::After(0),
-        };
-        let b = LimitReq {
-            rate: Rate::parse("2r/s").unwrap(),
-            burst: 5,
-            delay: DelayPolicy::After(0),
-        };
-        let sa = BucketState {
-            level: 2.0,
-            last_us: T0,
-        };
+        let a = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 5, delay: DelayPolicy::After(0) };
+        let b = LimitReq { rate: Rate::parse("2r/s").unwrap(), burst: 5, delay: DelayPolicy::After(0) };
+        let sa = BucketState { level: 2.0, last_us: T0 };
         let v = decide_all(
-            &[
-                ZoneInput {
-                    limit: &a,
-                    state: Some(sa),
-                    cost: 1,
-                },
-                ZoneInput {
-                    limit: &b,
-                    state: Some(sa),
-                    cost: 1,
-                },
-            ],
+            &[ZoneInput { limit: &a, state: Some(sa), cost: 1 }, ZoneInput { limit: &b, state: Some(sa), cost: 1 }],
             T0,
         );
         assert!(v.admitted);

@@ -5,15 +5,23 @@
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
+use super::limiting::LimitStatus;
 use super::RequestCtx;
+
+/// nginx's `$limit_conn_status`: REJECTED if a zone rejected, else PASSED once a zone had a key.
+fn conn_status(ctx: &RequestCtx) -> &'static str {
+    let worst = ctx.conn_statuses.iter().map(|(_, s)| *s).max_by_key(|s| match s {
+        LimitStatus::Rejected => 2,
+        LimitStatus::RejectedDryRun => 1,
+        _ => 0,
+    });
+    worst.map_or("-", LimitStatus::as_str)
+}
 
 pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: &str, status: u16) {
     let req = session.req_header();
-    let zones: Vec<String> = ctx
-        .zone_statuses
-        .iter()
-        .map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str()))
-        .collect();
+    let zones: Vec<String> =
+        ctx.zone_statuses.iter().map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str())).collect();
     tracing::info!(
         target: "weir::access",
         route,
@@ -22,6 +30,7 @@ pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: 
         path = %req.uri.path(),
         status,
         limit_req = ctx.limit_status.map_or("-", |s| s.as_str()),
+        limit_conn = conn_status(ctx),
         zones = %zones.join(","),
         delay_ms = ctx.delay.as_millis() as u64,
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),

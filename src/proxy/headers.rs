@@ -27,12 +27,7 @@ pub fn policy(zones: &[ZoneInfo<'_>]) -> String {
         .map(|z| {
             let quota = z.limit.burst + 1;
             let window_us = z.limit.rate.time_for_us(quota as f64).ceil() as u64;
-            format!(
-                "\"{}\";q={};w={}",
-                z.name,
-                quota,
-                ceil_secs(window_us).max(1)
-            )
+            format!("\"{}\";q={};w={}", z.name, quota, ceil_secs(window_us).max(1))
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -74,11 +69,8 @@ pub fn legacy(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> Vec<(&'static str, S
     let Some((zone, out)) = tightest else {
         return Vec::new();
     };
-    let (r, t_us) = if out.admitted {
-        (out.remaining, out.reset_us)
-    } else {
-        (0, out.retry_after_us.unwrap_or(out.reset_us))
-    };
+    let (r, t_us) =
+        if out.admitted { (out.remaining, out.reset_us) } else { (0, out.retry_after_us.unwrap_or(out.reset_us)) };
     vec![
         ("X-RateLimit-Limit", (zone.limit.burst + 1).to_string()),
         ("X-RateLimit-Remaining", r.to_string()),
@@ -105,9 +97,9 @@ pub fn rejecting_zone<'a>(zones: &[ZoneInfo<'a>], verdict: &Verdict) -> Option<&
 /// to `[A-Za-z0-9_.-]` by config validation, so they need no JSON escaping.
 pub fn rejection_body(route: &str, zone: &str, retry_after: Option<u64>) -> String {
     match retry_after {
-        Some(secs) => format!(
-            "{{\"error\":\"rate_limited\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":{secs}}}\n"
-        ),
+        Some(secs) => {
+            format!("{{\"error\":\"rate_limited\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":{secs}}}\n")
+        }
         None => format!(
             "{{\"error\":\"request_too_costly\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":null,\
              \"detail\":\"the request costs more than the zone's burst + 1 and can never pass\"}}\n"
@@ -129,56 +121,19 @@ mod tests {
 
     #[test]
     fn formats_draft_10_fields() {
-        let limit = LimitReq {
-            rate: Rate::parse("10r/s").unwrap(),
-            burst: 20,
-            delay: DelayPolicy::NoDelay,
-        };
-        let zones = [ZoneInfo {
-            name: "per_ip",
-            limit: &limit,
-            cost: 1,
-        }];
+        let limit = LimitReq { rate: Rate::parse("10r/s").unwrap(), burst: 20, delay: DelayPolicy::NoDelay };
+        let zones = [ZoneInfo { name: "per_ip", limit: &limit, cost: 1 }];
         assert_eq!(policy(&zones), "\"per_ip\";q=21;w=3");
-        let v = decide_all(
-            &[ZoneInput {
-                limit: &limit,
-                state: None,
-                cost: 1,
-            }],
-            T0,
-        );
+        let v = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
         assert_eq!(remaining(&zones, &v), "\"per_ip\";r=20;t=1");
     }
 
     #[test]
     fn rejected_zone_reports_zero_and_retry() {
-        let limit = LimitReq {
-            rate: Rate::parse("1r/m").unwrap(),
-            burst: 0,
-            delay: DelayPolicy::NoDelay,
-        };
-        let first = decide_all(
-            &[ZoneInput {
-                limit: &limit,
-                state: None,
-                cost: 1,
-            }],
-            T0,
-        );
-        let v = decide_all(
-            &[ZoneInput {
-                limit: &limit,
-                state: Some(first.zones[0].next),
-                cost: 1,
-            }],
-            T0 + 1,
-        );
-        let zones = [ZoneInfo {
-            name: "slow",
-            limit: &limit,
-            cost: 1,
-        }];
+        let limit = LimitReq { rate: Rate::parse("1r/m").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
+        let first = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
+        let v = decide_all(&[ZoneInput { limit: &limit, state: Some(first.zones[0].next), cost: 1 }], T0 + 1);
+        let zones = [ZoneInfo { name: "slow", limit: &limit, cost: 1 }];
         assert!(!v.admitted);
         assert_eq!(remaining(&zones, &v), "\"slow\";r=0;t=60");
         assert_eq!(retry_after_secs(v.retry_after_us.unwrap()), 60);
@@ -188,41 +143,12 @@ mod tests {
 
     #[test]
     fn legacy_fields_name_the_tightest_zone() {
-        let loose = LimitReq {
-            rate: Rate::parse("10r/s").unwrap(),
-            burst: 20,
-            delay: DelayPolicy::NoDelay,
-        };
-        let tight = LimitReq {
-            rate: Rate::parse("1r/s").unwrap(),
-            burst: 2,
-            delay: DelayPolicy::NoDelay,
-        };
-        let zones = [
-            ZoneInfo {
-                name: "loose",
-                limit: &loose,
-                cost: 1,
-            },
-            ZoneInfo {
-                name: "tight",
-                limit: &tight,
-                cost: 1,
-            },
-        ];
+        let loose = LimitReq { rate: Rate::parse("10r/s").unwrap(), burst: 20, delay: DelayPolicy::NoDelay };
+        let tight = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 2, delay: DelayPolicy::NoDelay };
+        let zones =
+            [ZoneInfo { name: "loose", limit: &loose, cost: 1 }, ZoneInfo { name: "tight", limit: &tight, cost: 1 }];
         let v = decide_all(
-            &[
-                ZoneInput {
-                    limit: &loose,
-                    state: None,
-                    cost: 1,
-                },
-                ZoneInput {
-                    limit: &tight,
-                    state: None,
-                    cost: 1,
-                },
-            ],
+            &[ZoneInput { limit: &loose, state: None, cost: 1 }, ZoneInput { limit: &tight, state: None, cost: 1 }],
             T0,
         );
         assert_eq!(
@@ -244,11 +170,9 @@ mod tests {
 
     #[test]
     fn bodies_are_json() {
-        let v: serde_json::Value =
-            serde_json::from_str(&rejection_body("api", "per_ip", Some(3))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&rejection_body("api", "per_ip", Some(3))).unwrap();
         assert_eq!(v["retry_after"], 3);
-        let v: serde_json::Value =
-            serde_json::from_str(&rejection_body("api", "per_ip", None)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&rejection_body("api", "per_ip", None)).unwrap();
         assert_eq!(v["error"], "request_too_costly");
     }
 }

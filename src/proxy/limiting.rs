@@ -96,29 +96,17 @@ pub struct Stores {
     pub local: MemoryStore,
 }
 
-pub async fn enforce(
-    rt: &Runtime,
-    route: &Route,
-    keyed: &[KeyedZone],
-    stores: &Stores,
-) -> Enforcement {
+pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &Stores) -> Enforcement {
     let store = stores.primary.as_ref();
     let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
         keyed.iter().partition(|k| route.limits[k.limit].dry_run);
     let enforced_checks = checks(rt, route, &enforced);
     let shadow_checks = checks(rt, route, &shadow);
-    let (enforced_verdict, shadow_verdict) = tokio::join!(
-        timed_decide(store, &enforced_checks),
-        timed_decide(store, &shadow_checks)
-    );
+    let (enforced_verdict, shadow_verdict) =
+        tokio::join!(timed_decide(store, &enforced_checks), timed_decide(store, &shadow_checks));
 
-    let mut result = Enforcement {
-        action: Action::Forward,
-        headers: Vec::new(),
-        status: None,
-        zones: Vec::new(),
-        fallback: None,
-    };
+    let mut result =
+        Enforcement { action: Action::Forward, headers: Vec::new(), status: None, zones: Vec::new(), fallback: None };
     // A failed shadow decision only costs the report; a failed enforced one goes to the policy.
     let shadow_verdict = match shadow_verdict {
         Some(Err(e)) => {
@@ -132,30 +120,21 @@ pub async fn enforce(
             report_store_error(store.kind(), &route.name, &e);
             let policy = failure_policy(rt, route);
             result.fallback = Some(policy);
-            METRICS
-                .store_fallbacks
-                .with_label_values(&[policy.as_str()])
-                .inc();
+            METRICS.store_fallbacks.with_label_values(&[policy.as_str()]).inc();
             match policy {
                 FailurePolicy::Allow => None,
                 FailurePolicy::Deny => {
                     result.status = Some(LimitStatus::Rejected);
                     result.headers.push(("Retry-After", "1".to_string()));
                     let body = headers::unavailable_body(&route.name);
-                    result.action = Action::Reject {
-                        status: route.status,
-                        body,
-                    };
+                    result.action = Action::Reject { status: route.status, body };
                     return result;
                 }
                 FailurePolicy::Local => {
                     let share = fleet_size(rt);
                     let local_checks: Vec<ZoneCheck<'_>> = enforced_checks
                         .iter()
-                        .map(|c| ZoneCheck {
-                            limit: fleet_share(&c.limit, share),
-                            ..*c
-                        })
+                        .map(|c| ZoneCheck { limit: fleet_share(&c.limit, share), ..*c })
                         .collect();
                     Some(stores.local.decide_now(&local_checks))
                 }
@@ -171,19 +150,12 @@ pub async fn enforce(
     }
 
     if let Some(verdict) = &enforced_verdict {
-        let infos: Vec<ZoneInfo<'_>> = enforced_checks
-            .iter()
-            .map(|c| ZoneInfo {
-                name: c.zone,
-                limit: &c.limit,
-                cost: c.cost,
-            })
-            .collect();
+        let infos: Vec<ZoneInfo<'_>> =
+            enforced_checks.iter().map(|c| ZoneInfo { name: c.zone, limit: &c.limit, cost: c.cost }).collect();
         result.headers = match route.headers {
-            HeaderMode::Draft => vec![
-                ("RateLimit-Policy", headers::policy(&infos)),
-                ("RateLimit", headers::remaining(&infos, verdict)),
-            ],
+            HeaderMode::Draft => {
+                vec![("RateLimit-Policy", headers::policy(&infos)), ("RateLimit", headers::remaining(&infos, verdict))]
+            }
             HeaderMode::Legacy => headers::legacy(&infos, verdict),
             HeaderMode::None => Vec::new(),
         };
@@ -193,10 +165,7 @@ pub async fn enforce(
             if let Some(secs) = retry {
                 result.headers.push(("Retry-After", secs.to_string()));
             }
-            Action::Reject {
-                status: route.status,
-                body: headers::rejection_body(&route.name, zone, retry),
-            }
+            Action::Reject { status: route.status, body: headers::rejection_body(&route.name, zone, retry) }
         } else if verdict.delay_us > 0 {
             Action::Delay(Duration::from_micros(verdict.delay_us))
         } else {
@@ -211,40 +180,23 @@ fn checks<'a>(rt: &'a Runtime, route: &'a Route, group: &[&'a KeyedZone]) -> Vec
         .iter()
         .map(|k| {
             let zl = &route.limits[k.limit];
-            ZoneCheck {
-                zone: &rt.zones[zl.zone].name,
-                key: &k.key,
-                limit: zl.limit,
-                cost: COST,
-            }
+            ZoneCheck { zone: &rt.zones[zl.zone].name, key: &k.key, limit: zl.limit, cost: COST }
         })
         .collect()
 }
 
 /// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
-async fn timed_decide(
-    store: &dyn LimitStore,
-    checks: &[ZoneCheck<'_>],
-) -> Option<Result<Verdict, StoreError>> {
+async fn timed_decide(store: &dyn LimitStore, checks: &[ZoneCheck<'_>]) -> Option<Result<Verdict, StoreError>> {
     if checks.is_empty() {
         return None;
     }
     let started = Instant::now();
     let verdict = store.decide(checks).await;
-    METRICS
-        .store_duration
-        .with_label_values(&[store.kind()])
-        .observe(started.elapsed().as_secs_f64());
+    METRICS.store_duration.with_label_values(&[store.kind()]).observe(started.elapsed().as_secs_f64());
     Some(verdict)
 }
 
-fn record_statuses(
-    result: &mut Enforcement,
-    route: &Route,
-    group: &[&KeyedZone],
-    verdict: &Verdict,
-    dry_run: bool,
-) {
+fn record_statuses(result: &mut Enforcement, route: &Route, group: &[&KeyedZone], verdict: &Verdict, dry_run: bool) {
     for (k, out) in group.iter().zip(&verdict.zones) {
         let status = match (verdict.admitted, out.admitted, out.delay_us > 0, dry_run) {
             (_, false, _, false) => LimitStatus::Rejected,
@@ -256,10 +208,7 @@ fn record_statuses(
             (true, true, false, _) => LimitStatus::Passed,
         };
         result.zones.push((route.limits[k.limit].zone, status));
-        if result
-            .status
-            .is_none_or(|s| status.severity() > s.severity())
-        {
+        if result.status.is_none_or(|s| status.severity() > s.severity()) {
             result.status = Some(status);
         }
     }
@@ -268,7 +217,7 @@ fn record_statuses(
     }
 }
 
-fn failure_policy(rt: &Runtime, route: &Route) -> FailurePolicy {
+pub(super) fn failure_policy(rt: &Runtime, route: &Route) -> FailurePolicy {
     let default = match &rt.store {
         StoreSettings::Redis(_, resilience) => resilience.on_error,
         StoreSettings::Memory => FailurePolicy::Local,
@@ -276,7 +225,7 @@ fn failure_policy(rt: &Runtime, route: &Route) -> FailurePolicy {
     route.on_error.unwrap_or(default)
 }
 
-fn fleet_size(rt: &Runtime) -> u64 {
+pub(super) fn fleet_size(rt: &Runtime) -> u64 {
     match &rt.store {
         StoreSettings::Redis(_, resilience) => resilience.fleet_size,
         StoreSettings::Memory => 1,
@@ -289,10 +238,7 @@ fn fleet_size(rt: &Runtime) -> u64 {
 fn fleet_share(limit: &LimitReq, fleet_size: u64) -> LimitReq {
     let n = fleet_size.max(1);
     LimitReq {
-        rate: Rate {
-            count: limit.rate.count,
-            period_us: limit.rate.period_us * n,
-        },
+        rate: Rate { count: limit.rate.count, period_us: limit.rate.period_us * n },
         burst: limit.burst / n,
         delay: match limit.delay {
             DelayPolicy::NoDelay => DelayPolicy::NoDelay,
@@ -302,21 +248,16 @@ fn fleet_share(limit: &LimitReq, fleet_size: u64) -> LimitReq {
 }
 
 /// Logs store failures at most once a second: a dead Redis must not flood the log.
-fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
+pub(super) fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
     let cause = match error {
         StoreError::Timeout(_) => "timeout",
         StoreError::Redis(_) => "redis",
         StoreError::Reply(_) => "reply",
         StoreError::CircuitOpen => "circuit_open",
     };
-    METRICS
-        .store_errors
-        .with_label_values(&[store, cause])
-        .inc();
+    METRICS.store_errors.with_label_values(&[store, cause]).inc();
     static LAST_LOG_SECS: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if LAST_LOG_SECS.swap(now, Ordering::Relaxed) != now {
         warn!(route, store, error = %error, "limit store failed; the failure policy decides");
     }

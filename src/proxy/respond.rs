@@ -24,8 +24,6 @@ pub async fn json(
     // so a client cannot tie up the proxy with a huge body it knows will be refused.
     session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
     session.write_response_header(Box::new(resp), false).await?;
-    session
-        .write_response_body(Some(Bytes::from(body)), true)
-        .await?;
+    session.write_response_body(Some(Bytes::from(body)), true).await?;
     Ok(true)
 }

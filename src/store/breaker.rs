@@ -21,11 +21,7 @@ pub enum Transition {
 
 impl Breaker {
     pub fn new(threshold: u32) -> Self {
-        Self {
-            threshold: threshold.max(1),
-            consecutive_failures: AtomicU32::new(0),
-            open: AtomicBool::new(false),
-        }
+        Self { threshold: threshold.max(1), consecutive_failures: AtomicU32::new(0), open: AtomicBool::new(false) }
     }
 
     pub fn is_open(&self) -> bool {

@@ -34,11 +34,7 @@ impl DenyCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            inner: Mutex::new(Inner {
-                entries: HashMap::new(),
-                by_recency: BTreeMap::new(),
-                next_stamp: 0,
-            }),
+            inner: Mutex::new(Inner { entries: HashMap::new(), by_recency: BTreeMap::new(), next_stamp: 0 }),
         }
     }
 
@@ -101,12 +97,7 @@ mod tests {
     use super::*;
 
     fn key(k: &str) -> DenyKey {
-        DenyKey {
-            zone: "z".into(),
-            key: k.as_bytes().into(),
-            burst: 0,
-            cost: 1,
-        }
+        DenyKey { zone: "z".into(), key: k.as_bytes().into(), burst: 0, cost: 1 }
     }
 
     #[test]
@@ -116,10 +107,7 @@ mod tests {
         assert_eq!(c.denied_until(&key("a"), 999), Some(1_000));
         assert_eq!(c.denied_until(&key("a"), 1_000), None);
         assert_eq!(c.len(), 0);
-        let other_burst = DenyKey {
-            burst: 5,
-            ..key("a")
-        };
+        let other_burst = DenyKey { burst: 5, ..key("a") };
         c.insert(key("a"), 2_000);
         assert_eq!(c.denied_until(&other_burst, 0), None);
     }

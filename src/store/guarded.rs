@@ -49,26 +49,16 @@ impl GuardedStore {
     /// Pings the store until it answers, then closes the circuit. Runs on the caller's runtime
     /// (the proxy's), like the store's own connection.
     fn start_probe(&self) {
-        let (inner, breaker, interval) = (
-            self.inner.clone(),
-            self.breaker.clone(),
-            self.probe_interval,
-        );
+        let (inner, breaker, interval) = (self.inner.clone(), self.breaker.clone(), self.probe_interval);
         METRICS.store_circuit_open.set(1);
-        warn!(
-            store = inner.kind(),
-            "limit store unreachable: circuit open, failure policy applies until it answers"
-        );
+        warn!(store = inner.kind(), "limit store unreachable: circuit open, failure policy applies until it answers");
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
                 if inner.ping().await.is_ok() {
                     breaker.close();
                     METRICS.store_circuit_open.set(0);
-                    info!(
-                        store = inner.kind(),
-                        "limit store answers again: circuit closed"
-                    );
+                    info!(store = inner.kind(), "limit store answers again: circuit closed");
                     return;
                 }
             }
@@ -76,12 +66,7 @@ impl GuardedStore {
     }
 
     fn deny_key(check: &ZoneCheck<'_>) -> DenyKey {
-        DenyKey {
-            zone: check.zone.into(),
-            key: check.key.into(),
-            burst: check.limit.burst,
-            cost: check.cost,
-        }
+        DenyKey { zone: check.zone.into(), key: check.key.into(), burst: check.limit.burst, cost: check.cost }
     }
 }
 
@@ -93,10 +78,8 @@ impl LimitStore for GuardedStore {
         }
         let now_us = self.clock.now_us();
         if self.deny_cache.is_enabled() {
-            let denied: Vec<Option<u64>> = checks
-                .iter()
-                .map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us))
-                .collect();
+            let denied: Vec<Option<u64>> =
+                checks.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
             if denied.iter().any(Option::is_some) {
                 METRICS.deny_cache_hits.inc();
                 return Ok(cached_rejection(checks, &denied, now_us));
@@ -110,8 +93,7 @@ impl LimitStore for GuardedStore {
                         if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
                             // `now_us` was read before the store's own clock: the entry expires
                             // slightly early, never late.
-                            self.deny_cache
-                                .insert(Self::deny_key(check), now_us + retry);
+                            self.deny_cache.insert(Self::deny_key(check), now_us + retry);
                         }
                     }
                 }
@@ -146,10 +128,7 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
         .iter()
         .zip(denied)
         .map(|(check, until)| {
-            let unknown_state = BucketState {
-                level: 0.0,
-                last_us: now_us,
-            };
+            let unknown_state = BucketState { level: 0.0, last_us: now_us };
             match until {
                 Some(until) => ZoneOutcome {
                     admitted: false,
@@ -173,12 +152,7 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
         })
         .collect();
     let retry = denied.iter().flatten().max().map(|until| until - now_us);
-    Verdict {
-        admitted: false,
-        delay_us: 0,
-        retry_after_us: retry,
-        zones,
-    }
+    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones }
 }
 
 #[cfg(test)]
@@ -228,28 +202,13 @@ mod tests {
             calls: AtomicUsize::new(0),
             failing: false.into(),
         });
-        let guarded = GuardedStore::new(
-            counting.clone(),
-            clock.clone(),
-            3,
-            deny_cache,
-            Duration::from_millis(10),
-        );
+        let guarded = GuardedStore::new(counting.clone(), clock.clone(), 3, deny_cache, Duration::from_millis(10));
         (clock, counting, guarded)
     }
 
     fn check(key: &[u8]) -> ZoneCheck<'_> {
-        let limit = LimitReq {
-            rate: Rate::parse("1r/s").unwrap(),
-            burst: 0,
-            delay: DelayPolicy::NoDelay,
-        };
-        ZoneCheck {
-            zone: "z",
-            key,
-            limit,
-            cost: 1,
-        }
+        let limit = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
+        ZoneCheck { zone: "z", key, limit, cost: 1 }
     }
 
     #[tokio::test]
@@ -268,11 +227,7 @@ mod tests {
         }
         assert_eq!(admitted.0, admitted.1);
         // One admitted + one rejected call per 1 s retry period, not 1000 calls.
-        assert!(
-            counting.calls.load(Ordering::SeqCst) <= 6,
-            "{}",
-            counting.calls.load(Ordering::SeqCst)
-        );
+        assert!(counting.calls.load(Ordering::SeqCst) <= 6, "{}", counting.calls.load(Ordering::SeqCst));
     }
 
     #[tokio::test]
@@ -284,15 +239,8 @@ mod tests {
         }
         assert!(guarded.circuit_open());
         let calls = counting.calls.load(Ordering::SeqCst);
-        assert!(matches!(
-            guarded.decide(&[check(b"k")]).await,
-            Err(StoreError::CircuitOpen)
-        ));
-        assert_eq!(
-            counting.calls.load(Ordering::SeqCst),
-            calls,
-            "an open circuit does not call the store"
-        );
+        assert!(matches!(guarded.decide(&[check(b"k")]).await, Err(StoreError::CircuitOpen)));
+        assert_eq!(counting.calls.load(Ordering::SeqCst), calls, "an open circuit does not call the store");
         counting.failing.store(false, Ordering::SeqCst);
         for _ in 0..200 {
             if !guarded.circuit_open() {

@@ -42,14 +42,8 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let shards = (0..SHARDS)
-            .map(|_| {
-                Mutex::new(Shard {
-                    entries: HashMap::new(),
-                    sweep_at_len: MIN_SWEEP_LEN,
-                })
-            })
-            .collect();
+        let shards =
+            (0..SHARDS).map(|_| Mutex::new(Shard { entries: HashMap::new(), sweep_at_len: MIN_SWEEP_LEN })).collect();
         Self { shards, clock }
     }
 
@@ -75,24 +69,15 @@ impl MemoryStore {
                     .get(&(Box::from(c.zone), Box::from(c.key)))
                     .filter(|e| e.expires_us > now_us)
                     .map(|e| e.state);
-                ZoneInput {
-                    limit: &c.limit,
-                    state,
-                    cost: c.cost,
-                }
+                ZoneInput { limit: &c.limit, state, cost: c.cost }
             })
             .collect();
         let verdict = decide_all(&inputs, now_us);
         if verdict.admitted {
             for ((check, &s), zone) in checks.iter().zip(&shard_ids).zip(&verdict.zones) {
                 let shard = &mut guards[guard_index(s)].1;
-                let entry = Entry {
-                    state: zone.next,
-                    expires_us: zone.next.last_us + zone.reset_us,
-                };
-                shard
-                    .entries
-                    .insert((Box::from(check.zone), Box::from(check.key)), entry);
+                let entry = Entry { state: zone.next, expires_us: zone.next.last_us + zone.reset_us };
+                shard.entries.insert((Box::from(check.zone), Box::from(check.key)), entry);
                 shard.sweep_if_grown(now_us);
             }
         }
@@ -103,11 +88,7 @@ impl MemoryStore {
     pub fn state(&self, zone: &str, key: &[u8]) -> Option<BucketState> {
         let now_us = self.clock.now_us();
         let shard = lock(&self.shards[shard_of(zone, key)]);
-        shard
-            .entries
-            .get(&(Box::from(zone), Box::from(key)))
-            .filter(|e| e.expires_us > now_us)
-            .map(|e| e.state)
+        shard.entries.get(&(Box::from(zone), Box::from(key))).filter(|e| e.expires_us > now_us).map(|e| e.state)
     }
 
     /// Number of keys held, expired or not (memory accounting).
@@ -139,9 +120,7 @@ fn shard_of(zone: &str, key: &[u8]) -> usize {
 
 /// A poisoned shard only means another request panicked mid-update of plain numbers: keep serving.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]
@@ -167,17 +146,8 @@ mod tests {
     const T0: u64 = 1_700_000_000_000_000;
 
     fn check<'a>(zone: &'a str, key: &'a [u8], burst: u64) -> ZoneCheck<'a> {
-        let limit = LimitReq {
-            rate: Rate::parse("1r/s").unwrap(),
-            burst,
-            delay: DelayPolicy::NoDelay,
-        };
-        ZoneCheck {
-            zone,
-            key,
-            limit,
-            cost: 1,
-        }
+        let limit = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst, delay: DelayPolicy::NoDelay };
+        ZoneCheck { zone, key, limit, cost: 1 }
     }
 
     #[test]
@@ -212,10 +182,6 @@ mod tests {
             store.decide_now(&[check("z2", &i.to_be_bytes(), 0)]);
         }
         // Every shard crossed its sweep threshold again and dropped the drained "z" keys.
-        assert!(
-            store.len() < 2 * SHARDS * MIN_SWEEP_LEN,
-            "len {}",
-            store.len()
-        );
+        assert!(store.len() < 2 * SHARDS * MIN_SWEEP_LEN, "len {}", store.len());
     }
 }

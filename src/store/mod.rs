@@ -2,6 +2,7 @@
 //! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing.
 
 mod breaker;
+mod conn;
 mod deny_cache;
 mod guarded;
 mod memory;
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 
 use crate::limit::{BucketState, LimitReq, Verdict};
 
+pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
 pub use self::guarded::GuardedStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};

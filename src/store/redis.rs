@@ -69,27 +69,17 @@ impl RedisStore {
 
     /// The stored state of one key, as the script left it (for tests and the admin API). `None`
     /// when absent, i.e. drained.
-    pub async fn raw_state(
-        &self,
-        zone: &str,
-        key: &[u8],
-    ) -> Result<Option<BucketState>, StoreError> {
+    pub async fn raw_state(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
         let redis_key = self.key_for(zone, key);
         let raw: Option<Vec<u8>> = self
             .bounded(async {
                 let mut conn = self.connection().await?;
-                Ok(::redis::cmd("GET")
-                    .arg(&redis_key)
-                    .query_async(&mut conn)
-                    .await?)
+                Ok(::redis::cmd("GET").arg(&redis_key).query_async(&mut conn).await?)
             })
             .await?;
         raw.map(|raw| {
             parse_state(&raw).ok_or_else(|| {
-                StoreError::Reply(format!(
-                    "state {:?} is not \"<level> <last_us>\"",
-                    String::from_utf8_lossy(&raw)
-                ))
+                StoreError::Reply(format!("state {:?} is not \"<level> <last_us>\"", String::from_utf8_lossy(&raw)))
             })
         })
         .transpose()
@@ -108,9 +98,7 @@ impl RedisStore {
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_millis(500))
                     .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(50))))
-                    .set_connection_timeout(Some(
-                        self.config.timeout.max(Duration::from_millis(200)),
-                    ));
+                    .set_connection_timeout(Some(self.config.timeout.max(Duration::from_millis(200))));
                 ConnectionManager::new_with_config(self.client.clone(), cfg).await
             })
             .await?;
@@ -121,9 +109,7 @@ impl RedisStore {
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.config.timeout, work)
-            .await
-            .map_err(|_| StoreError::Timeout(self.config.timeout))?
+        tokio::time::timeout(self.config.timeout, work).await.map_err(|_| StoreError::Timeout(self.config.timeout))?
     }
 }
 
@@ -144,9 +130,7 @@ impl LimitStore for RedisStore {
         };
         for check in checks {
             let limit = &check.limit;
-            call.arg(limit.rate.count)
-                .arg(limit.rate.period_us)
-                .arg(limit.burst);
+            call.arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
             match limit.delay {
                 DelayPolicy::NoDelay => call.arg(-1i64),
                 DelayPolicy::After(threshold) => call.arg(threshold),
@@ -173,10 +157,7 @@ impl LimitStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(async {
             let mut conn = self.connection().await?;
-            ::redis::cmd("PING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(StoreError::from)
+            ::redis::cmd("PING").query_async::<()>(&mut conn).await.map_err(StoreError::from)
         })
         .await
     }
@@ -212,20 +193,14 @@ pub fn redis_key(prefix: &str, zone: &str, key: &[u8]) -> Vec<u8> {
 fn parse_state(raw: &[u8]) -> Option<BucketState> {
     let text = std::str::from_utf8(raw).ok()?;
     let (level, last_us) = text.split_once(' ')?;
-    Some(BucketState {
-        level: level.parse().ok()?,
-        last_us: last_us.parse().ok()?,
-    })
+    Some(BucketState { level: level.parse().ok()?, last_us: last_us.parse().ok()? })
 }
 
 /// Turns the script's reply (layout in the header of `lua/limit_req.lua`) into a `Verdict`.
 fn parse_reply(reply: &[Value], zones: usize) -> Result<Verdict, StoreError> {
     let expected = REPLY_HEAD + REPLY_PER_ZONE * zones;
     if reply.len() != expected {
-        return Err(StoreError::Reply(format!(
-            "{} values for {zones} zones, expected {expected}",
-            reply.len()
-        )));
+        return Err(StoreError::Reply(format!("{} values for {zones} zones, expected {expected}", reply.len())));
     }
     let zones = reply[REPLY_HEAD..]
         .chunks_exact(REPLY_PER_ZONE)
@@ -237,10 +212,7 @@ fn parse_reply(reply: &[Value], zones: usize) -> Result<Verdict, StoreError> {
                 retry_after_us: optional_micros(&z[3])?,
                 remaining: micros(&z[4])?,
                 reset_us: micros(&z[5])?,
-                next: BucketState {
-                    level: float(&z[6])?,
-                    last_us: micros(&z[7])?,
-                },
+                next: BucketState { level: float(&z[6])?, last_us: micros(&z[7])? },
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
@@ -255,9 +227,7 @@ fn parse_reply(reply: &[Value], zones: usize) -> Result<Verdict, StoreError> {
 fn int(value: &Value) -> Result<i64, StoreError> {
     match value {
         Value::Int(n) => Ok(*n),
-        other => Err(StoreError::Reply(format!(
-            "expected an integer, got {other:?}"
-        ))),
+        other => Err(StoreError::Reply(format!("expected an integer, got {other:?}"))),
     }
 }
 
@@ -300,10 +270,7 @@ mod tests {
 
     #[test]
     fn short_keys_are_kept_verbatim() {
-        assert_eq!(
-            redis_key("weir:", "per_ip", b"203.0.113.7"),
-            b"weir:per_ip:{203.0.113.7}".to_vec()
-        );
+        assert_eq!(redis_key("weir:", "per_ip", b"203.0.113.7"), b"weir:per_ip:{203.0.113.7}".to_vec());
     }
 
     #[test]
@@ -312,10 +279,7 @@ mod tests {
         let k = redis_key("weir:", "z", &long);
         assert_eq!(k.len(), "weir:z:{#}".len() + 64);
         assert!(k.starts_with(b"weir:z:{#"));
-        assert_eq!(
-            redis_key("weir:", "z", &[b'a'; 200]).len(),
-            "weir:z:{}".len() + 200
-        );
+        assert_eq!(redis_key("weir:", "z", &[b'a'; 200]).len(), "weir:z:{}".len() + 200);
         // A raw key that looks like a hashed one is hashed too, so the two never meet.
         let hashed_name = &k["weir:z:{".len()..k.len() - 1];
         assert_ne!(redis_key("weir:", "z", hashed_name), k);

@@ -1,0 +1,113 @@
+//! The concurrency step of one request (nginx `limit_conn`, after `limit_req`): take a lease in
+//! every conn zone of the route, all or none, or reject with `limit_conn_status`. Dry-run zones
+//! are asked apart: a would-be rejection passes without a lease, as in nginx.
+
+use std::sync::Arc;
+
+use super::lease::{new_lease_id, Lease};
+use super::limiting::{failure_policy, fleet_size, report_store_error, LimitStatus};
+use crate::config::{FailurePolicy, Route, Runtime};
+use crate::metrics::METRICS;
+use crate::store::{ConnCheck, ConnStore, LeaseKey, MemoryConnStore};
+
+/// A conn zone of the route whose key for this request is not empty.
+pub struct KeyedConn {
+    /// Index into `route.conn_limits`.
+    pub limit: usize,
+    pub key: Vec<u8>,
+}
+
+pub struct ConnStores {
+    pub primary: Arc<dyn ConnStore>,
+    /// The `local` failure policy's in-process counters.
+    pub local: Arc<MemoryConnStore>,
+}
+
+pub struct ConnOutcome {
+    /// Leases to hold until the request ends (one per group of zones asked together).
+    pub leases: Vec<Lease>,
+    /// `Some((status, body, headers))` when the request must be rejected.
+    pub reject: Option<(u16, String, Vec<(&'static str, String)>)>,
+    /// Per conn zone: (conn zone index, status).
+    pub zones: Vec<(usize, LimitStatus)>,
+    pub fallback: Option<FailurePolicy>,
+}
+
+pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &ConnStores) -> ConnOutcome {
+    let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, zones: Vec::new(), fallback: None };
+    let (shadow, enforced): (Vec<&KeyedConn>, Vec<&KeyedConn>) =
+        keyed.iter().partition(|k| route.conn_limits[k.limit].dry_run);
+    for (group, dry_run) in [(enforced, false), (shadow, true)] {
+        if group.is_empty() {
+            continue;
+        }
+        let checks: Vec<ConnCheck<'_>> = group
+            .iter()
+            .map(|k| {
+                let limit = &route.conn_limits[k.limit];
+                ConnCheck { zone: &rt.conn_zones[limit.zone].name, key: &k.key, max: limit.max }
+            })
+            .collect();
+        let lease_id = new_lease_id();
+        let mut store: Arc<dyn ConnStore> = stores.primary.clone();
+        let verdict = match stores.primary.acquire(&checks, &lease_id).await {
+            Ok(v) => v,
+            Err(e) => {
+                report_store_error("redis", &route.name, &e);
+                if dry_run {
+                    continue;
+                }
+                let policy = failure_policy(rt, route);
+                outcome.fallback = Some(policy);
+                METRICS.store_fallbacks.with_label_values(&[policy.as_str()]).inc();
+                match policy {
+                    FailurePolicy::Allow => continue,
+                    FailurePolicy::Deny => {
+                        let body = super::headers::unavailable_body(&route.name);
+                        outcome.reject = Some((route.conn_status, body, vec![("Retry-After", "1".to_string())]));
+                        return outcome;
+                    }
+                    FailurePolicy::Local => {
+                        // This instance's share of each cap, at least one request.
+                        let n = fleet_size(rt);
+                        let local: Vec<ConnCheck<'_>> =
+                            checks.iter().map(|c| ConnCheck { max: (c.max as u64 / n).max(1) as u32, ..*c }).collect();
+                        store = stores.local.clone();
+                        stores.local.acquire_now(&local)
+                    }
+                }
+            }
+        };
+        for (i, (k, c)) in group.iter().zip(&checks).enumerate() {
+            let status = match (verdict.admitted, verdict.rejected == Some(i), dry_run) {
+                (true, _, _) => LimitStatus::Passed,
+                (false, true, false) => LimitStatus::Rejected,
+                (false, true, true) => LimitStatus::RejectedDryRun,
+                // Another zone was full: this one took nothing and had no say.
+                (false, false, _) => continue,
+            };
+            outcome.zones.push((route.conn_limits[k.limit].zone, status));
+            if !verdict.admitted && !dry_run {
+                let body = format!(
+                    "{{\"error\":\"too_many_concurrent_requests\",\"route\":\"{}\",\"zone\":\"{}\",\"max\":{},\"retry_after\":1}}\n",
+                    route.name, c.zone, c.max
+                );
+                let headers = vec![
+                    ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", c.zone, c.max)),
+                    ("RateLimit", format!("\"{}\";r=0", c.zone)),
+                    // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
+                    ("Retry-After", "1".to_string()),
+                ];
+                outcome.reject = Some((route.conn_status, body, headers));
+            }
+        }
+        if outcome.reject.is_some() {
+            return outcome;
+        }
+        if verdict.admitted {
+            let keys = checks.iter().map(|c| LeaseKey { zone: c.zone.to_string(), key: c.key.to_vec() }).collect();
+            outcome.leases.push(Lease::hold(store, keys, lease_id));
+        }
+    }
+    outcome
+}
