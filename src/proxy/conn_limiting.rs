@@ -23,11 +23,18 @@ pub struct ConnStores {
     pub local: Arc<MemoryConnStore>,
 }
 
+/// A response to send instead of forwarding: status, JSON body, headers.
+pub struct Rejection {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+}
+
 pub struct ConnOutcome {
     /// Leases to hold until the request ends (one per group of zones asked together).
     pub leases: Vec<Lease>,
-    /// `Some((status, body, headers))` when the request must be rejected.
-    pub reject: Option<(u16, String, Vec<(&'static str, String)>)>,
+    /// Set when the request must be rejected.
+    pub reject: Option<Rejection>,
     /// Per conn zone: (conn zone index, status).
     pub zones: Vec<(usize, LimitStatus)>,
     pub fallback: Option<FailurePolicy>,
@@ -64,7 +71,11 @@ pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &
                     FailurePolicy::Allow => continue,
                     FailurePolicy::Deny => {
                         let body = super::headers::unavailable_body(&route.name);
-                        outcome.reject = Some((route.conn_status, body, vec![("Retry-After", "1".to_string())]));
+                        outcome.reject = Some(Rejection {
+                            status: route.conn_status,
+                            body,
+                            headers: vec![("Retry-After", "1".to_string())],
+                        });
                         return outcome;
                     }
                     FailurePolicy::Local => {
@@ -98,7 +109,7 @@ pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &
                     // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
                     ("Retry-After", "1".to_string()),
                 ];
-                outcome.reject = Some((route.conn_status, body, headers));
+                outcome.reject = Some(Rejection { status: route.conn_status, body, headers });
             }
         }
         if outcome.reject.is_some() {

@@ -169,12 +169,12 @@ impl ProxyHttp for WeirProxy {
             let conn = conn_limiting::acquire(&rt, route, &keyed_conns, &self.conn_stores).await;
             ctx.leases = conn.leases;
             ctx.conn_statuses = conn.zones;
-            if let Some((status, body, headers)) = conn.reject {
+            if let Some(reject) = conn.reject {
                 ctx.outcome = match conn.fallback {
                     Some(FailurePolicy::Deny) => "fail_closed",
                     _ => "conn_rejected",
                 };
-                return respond::json(session, status, &headers, body).await;
+                return respond::json(session, reject.status, &reject.headers, reject.body).await;
             }
         }
 
