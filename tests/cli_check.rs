@@ -1,0 +1,255 @@
+//! `weir check -c FILE`, `weir -c BAD`, `--help`: exit codes and error messages that name the
+//! file, the line and the offending field or name.
+
+mod support;
+
+use std::time::Duration;
+
+use support::weir::{run, ConfigDir, RunOutput};
+
+const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A valid config using every section. Line numbers in the tests are computed from the text,
+/// not hard-coded.
+const GOOD: &str = r#"[server]
+listen = ["127.0.0.1:8080"]
+threads = 2
+
+[store]
+kind = "memory"
+
+[real_ip]
+trusted = ["10.0.0.0/8", "127.0.0.1/32", "::1/128"]
+header = "X-Forwarded-For"
+
+[[upstream]]
+name = "app"
+servers = ["127.0.0.1:9000", "127.0.0.1:9001"]
+
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "10r/s"
+
+[[limit_req_zone]]
+name = "per_key"
+key = ["ip", "header:X-Api-Key"]
+rate = "100r/m"
+
+[[limit_req_zone]]
+name = "hourly"
+key = "query:token"
+rate = "500r/h"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 20, nodelay = true } ]
+limit_req_status = 429
+dry_run = false
+
+[[route]]
+name = "versioned"
+path_regex = "^/v[0-9]+/"
+methods = ["GET", "HEAD"]
+upstream = "app"
+limit_req = [ { zone = "per_key", burst = 5, delay = 2 }, { zone = "hourly", burst = 0 } ]
+
+[[route]]
+name = "health"
+path = "/health"
+host = "example.com"
+upstream = "app"
+"#;
+
+fn good() -> String {
+    GOOD.to_string()
+}
+
+/// 1-based number of the line containing `needle` (the `nth` occurrence, 0-based).
+fn line_of(text: &str, needle: &str, nth: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .nth(nth)
+        .unwrap_or_else(|| panic!("{needle:?} (#{nth}) not in config"))
+        .0
+        + 1
+}
+
+/// Replace exactly one occurrence of `from` (the `nth`) by `to`.
+fn mutate(text: &str, from: &str, nth: usize, to: &str) -> String {
+    let idx = text.match_indices(from).nth(nth).unwrap_or_else(|| panic!("{from:?} (#{nth}) not in config")).0;
+    format!("{}{}{}", &text[..idx], to, &text[idx + from.len()..])
+}
+
+fn check(dir: &ConfigDir, name: &str, text: &str) -> RunOutput {
+    let p = dir.write(name, text);
+    run(["check".as_ref(), "-c".as_ref(), p.as_os_str()], TIMEOUT)
+}
+
+/// Does `stderr` mention line `n` (as `:N` like `file.toml:N:`, or `line N`)?
+fn mentions_line(stderr: &str, n: usize) -> bool {
+    let re = regex::Regex::new(&format!(r"(?i)(?::|\bline\s+){n}\b")).unwrap();
+    re.is_match(stderr)
+}
+
+/// `weir check` must fail with exit 1 and a message naming the file, one of `lines` and one
+/// of `names`.
+fn expect_error(case: &str, text: &str, lines: &[usize], names: &[&str]) {
+    let dir = ConfigDir::new();
+    let file = format!("{case}.toml");
+    let out = check(&dir, &file, text);
+    let ctx = format!("case {case}: expected line {lines:?} naming one of {names:?}\n{}", out.describe());
+    assert!(!out.timed_out, "{ctx}");
+    assert_eq!(out.code, Some(1), "exit code 1 for an invalid config: {ctx}");
+    assert!(!out.stderr.trim().is_empty(), "error on stderr: {ctx}");
+    assert!(out.stderr.contains(&file), "stderr names the file: {ctx}");
+    assert!(lines.iter().any(|&l| mentions_line(&out.stderr, l)), "stderr names the line: {ctx}");
+    if !names.is_empty() {
+        assert!(names.iter().any(|n| out.stderr.contains(n)), "stderr names the offending field/name: {ctx}");
+    }
+}
+
+#[test]
+fn good_file_is_ok() {
+    let dir = ConfigDir::new();
+    let out = check(&dir, "good.toml", &good());
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.to_lowercase().contains("ok"), "stdout says ok: {}", out.describe());
+}
+
+#[test]
+fn minimal_file_is_ok() {
+    let dir = ConfigDir::new();
+    let text = r#"[server]
+listen = ["127.0.0.1:8080"]
+
+[[upstream]]
+name = "app"
+servers = ["127.0.0.1:9000"]
+
+[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#;
+    let out = check(&dir, "minimal.toml", text);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+}
+
+#[test]
+fn syntax_error() {
+    let t = mutate(&good(), "threads = 2", 0, "threads = = 2");
+    expect_error("syntax", &t, &[line_of(&t, "threads = = 2", 0)], &[]);
+}
+
+#[test]
+fn unknown_field_in_route() {
+    let t = mutate(&good(), "dry_run = false", 0, "dry_runn = false");
+    expect_error("unknown_field", &t, &[line_of(&t, "dry_runn", 0)], &["dry_runn"]);
+}
+
+#[test]
+fn unknown_field_in_section() {
+    let t = mutate(&good(), r#"kind = "memory""#, 0, "kind = \"memory\"\nkindd = 1");
+    expect_error("unknown_store_field", &t, &[line_of(&t, "kindd", 0)], &["kindd"]);
+}
+
+#[test]
+fn unknown_field_in_limit_req_entry() {
+    let t = mutate(&good(), "nodelay = true }", 0, "nodelay = true, bursts = 3 }");
+    expect_error("unknown_limit_field", &t, &[line_of(&t, "bursts", 0)], &["bursts"]);
+}
+
+#[test]
+fn unknown_zone() {
+    let t = mutate(&good(), r#"zone = "per_ip""#, 0, r#"zone = "nope""#);
+    expect_error("unknown_zone", &t, &[line_of(&t, r#""nope""#, 0)], &["nope"]);
+}
+
+#[test]
+fn unknown_upstream() {
+    // The third route's upstream.
+    let t = mutate(&good(), r#"upstream = "app""#, 2, r#"upstream = "ghost-free""#);
+    expect_error("unknown_upstream", &t, &[line_of(&t, "ghost-free", 0)], &["ghost-free"]);
+}
+
+#[test]
+fn bad_rate() {
+    let t = mutate(&good(), r#"rate = "10r/s""#, 0, r#"rate = "10/s""#);
+    expect_error("bad_rate", &t, &[line_of(&t, r#""10/s""#, 0)], &["rate", "10/s"]);
+}
+
+#[test]
+fn negative_burst() {
+    let t = mutate(&good(), "burst = 20", 0, "burst = -1");
+    expect_error("negative_burst", &t, &[line_of(&t, "burst = -1", 0)], &["burst"]);
+}
+
+#[test]
+fn bad_regex() {
+    let t = mutate(&good(), r#""^/v[0-9]+/""#, 0, r#""^/v[0-9+/""#);
+    expect_error("bad_regex", &t, &[line_of(&t, "path_regex", 0)], &["path_regex", "^/v[0-9+/"]);
+}
+
+#[test]
+fn bad_cidr() {
+    let t = mutate(&good(), r#""10.0.0.0/8""#, 0, r#""10.0.0.0/33""#);
+    expect_error("bad_cidr", &t, &[line_of(&t, "10.0.0.0/33", 0)], &["trusted", "10.0.0.0/33"]);
+}
+
+#[test]
+fn duplicate_route_name() {
+    let t = mutate(&good(), r#"name = "health""#, 0, r#"name = "api""#);
+    // The duplicate is the second route named "api": its name line (or its [[route]] line).
+    let name_line = line_of(&t, r#"name = "api""#, 1);
+    expect_error("dup_route", &t, &[name_line, name_line - 1], &["api"]);
+}
+
+#[test]
+fn duplicate_zone_name() {
+    let t = mutate(&good(), r#"name = "per_key""#, 0, r#"name = "per_ip""#);
+    let t = mutate(&t, r#"zone = "per_key""#, 0, r#"zone = "per_ip""#);
+    let name_line = line_of(&t, r#"name = "per_ip""#, 1);
+    expect_error("dup_zone", &t, &[name_line, name_line - 1], &["per_ip"]);
+}
+
+#[test]
+fn missing_file() {
+    let dir = ConfigDir::new();
+    let p = dir.path().join("does_not_exist.toml");
+    let out = run(["check".as_ref(), "-c".as_ref(), p.as_os_str()], TIMEOUT);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(out.stderr.contains("does_not_exist.toml"), "{}", out.describe());
+}
+
+#[test]
+fn run_with_bad_config_exits_1() {
+    let dir = ConfigDir::new();
+    let t = mutate(&good(), r#"zone = "per_ip""#, 0, r#"zone = "nope""#);
+    let p = dir.write("bad_run.toml", &t);
+    for args in [vec!["-c"], vec!["run", "-c"]] {
+        let mut a: Vec<&std::ffi::OsStr> = args.iter().map(|s| s.as_ref()).collect();
+        a.push(p.as_os_str());
+        let out = run(a, TIMEOUT);
+        assert!(!out.timed_out, "weir {args:?} with a bad config must exit: {}", out.describe());
+        assert_eq!(out.code, Some(1), "weir {args:?}: {}", out.describe());
+        assert!(out.stderr.contains("bad_run.toml"), "names the file: {}", out.describe());
+        assert!(out.stderr.contains("nope"), "names the zone: {}", out.describe());
+    }
+}
+
+#[test]
+fn help() {
+    let out = run(["--help"], TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(all.contains("check"), "weir --help mentions check: {}", out.describe());
+
+    let out = run(["check", "--help"], TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(all.contains("-c"), "weir check --help mentions -c: {}", out.describe());
+}

@@ -1,0 +1,299 @@
+//! Spawn the `weir` binary for tests.
+//!
+//! [`Weir::start`] writes a config into a temp dir, substituting `$LISTEN` (and `$LISTEN2`)
+//! with free loopback addresses, starts `weir -c FILE`, and waits (bounded) until every
+//! listen address accepts TCP connections. Stdout and stderr go to files in the temp dir so
+//! that a failure can show them. Dropping a [`Weir`] sends SIGTERM, waits a bounded time,
+//! then SIGKILLs and reaps.
+//!
+//! [`run`] runs a short-lived command (`weir check …`, `weir --help`) with a timeout.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long to wait for weir to accept connections.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long Drop waits after SIGTERM before SIGKILL.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
+
+/// Path of the binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_weir")
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().unwrap().port()
+}
+
+/// A running weir process.
+pub struct Weir {
+    child: Option<Child>,
+    /// The address that replaced `$LISTEN`.
+    pub addr: SocketAddr,
+    /// Every listen address substituted (`$LISTEN`, then `$LISTEN2` if used).
+    pub addrs: Vec<SocketAddr>,
+    pub config_path: PathBuf,
+    stdout_path: PathBuf,
+    stderr_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Weir {
+    /// `weir -c FILE` with `config` (see module docs for placeholders). Panics, with weir's
+    /// stderr, if it does not become ready.
+    pub fn start(config: &str) -> Weir {
+        Weir::start_with_args(&[], config)
+    }
+
+    /// Like [`Weir::start`] with `args` before `-c FILE` (e.g. `["run"]`).
+    pub fn start_with_args(args: &[&str], config: &str) -> Weir {
+        let mut last_err = String::new();
+        // A port picked free may be taken before weir binds it: retry a few times.
+        for _ in 0..3 {
+            match Weir::try_start(args, config) {
+                Ok(w) => return w,
+                Err((msg, retry)) => {
+                    if !retry {
+                        panic!("{msg}");
+                    }
+                    last_err = msg;
+                }
+            }
+        }
+        panic!("{last_err}");
+    }
+
+    fn try_start(args: &[&str], config: &str) -> Result<Weir, (String, bool)> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut addrs = Vec::new();
+        let mut text = config.to_string();
+        // $LISTEN2 first: "$LISTEN" is a prefix of it.
+        let mut second = None;
+        if text.contains("$LISTEN2") {
+            let a: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            text = text.replace("$LISTEN2", &a.to_string());
+            second = Some(a);
+        }
+        let first: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        text = text.replace("$LISTEN", &first.to_string());
+        addrs.push(first);
+        addrs.extend(second);
+
+        let config_path = dir.path().join("weir.toml");
+        fs::write(&config_path, &text).expect("write config");
+        let stdout_path = dir.path().join("stdout.log");
+        let stderr_path = dir.path().join("stderr.log");
+        let child = Command::new(bin())
+            .args(args)
+            .arg("-c")
+            .arg(&config_path)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout_path).unwrap())
+            .stderr(fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin()));
+
+        let mut w = Weir { child: Some(child), addr: first, addrs, config_path, stdout_path, stderr_path, _dir: dir };
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut pending: Vec<SocketAddr> = w.addrs.clone();
+        loop {
+            pending.retain(|a| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err());
+            if pending.is_empty() {
+                return Ok(w);
+            }
+            if let Some(status) = w.try_wait() {
+                let err = w.stderr();
+                let retry = err.contains("in use") || err.contains("AddrInUse");
+                return Err((
+                    format!(
+                        "weir exited ({status}) before listening on {pending:?}\nconfig:\n{text}\n--- stderr ---\n{err}\n--- stdout ---\n{}",
+                        w.stdout()
+                    ),
+                    retry,
+                ));
+            }
+            if Instant::now() >= deadline {
+                let msg = format!(
+                    "weir not listening on {pending:?} after {READY_TIMEOUT:?}\nconfig:\n{text}\n--- stderr ---\n{}\n--- stdout ---\n{}",
+                    w.stderr(),
+                    w.stdout()
+                );
+                return Err((msg, false));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Everything weir wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        fs::read(&self.stderr_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    }
+
+    /// Everything weir wrote on stdout so far.
+    pub fn stdout(&self) -> String {
+        fs::read(&self.stdout_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    }
+
+    /// The exit status if the process has exited (reaps it).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        self.child.is_some() && self.try_wait().is_none()
+    }
+
+    /// Panic with weir's stderr unless the process is still running.
+    pub fn assert_alive(&mut self, context: &str) {
+        if let Some(st) = self.try_wait() {
+            panic!("weir died ({st}) {context}\n--- stderr ---\n{}", self.stderr());
+        }
+    }
+
+    /// Send `sig` to the process.
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            }
+        }
+    }
+
+    /// SIGTERM, then wait up to `timeout` for exit. Returns the status and how long the exit
+    /// took, or None if it was still running at the deadline (it is then left running).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<(ExitStatus, Duration)> {
+        if let Some(st) = self.try_wait() {
+            return Some((st, Duration::ZERO));
+        }
+        let t0 = Instant::now();
+        self.signal(libc::SIGTERM);
+        let deadline = t0 + timeout;
+        loop {
+            if let Some(st) = self.try_wait() {
+                return Some((st, t0.elapsed()));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            if self.terminate(TERM_GRACE).is_none() {
+                self.kill();
+            }
+            // Reap (already exited: returns at once).
+            if let Some(mut c) = self.child.take() {
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Result of a short-lived command.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// Exit code; None when killed by a signal or by the timeout.
+    pub code: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl RunOutput {
+    pub fn describe(&self) -> String {
+        format!(
+            "code={:?} timed_out={}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.timed_out, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Run `weir ARGS…` to completion, killing it after `timeout`.
+pub fn run<I, S>(args: I, timeout: Duration) -> RunOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_p = dir.path().join("stdout");
+    let err_p = dir.path().join("stderr");
+    let mut child = Command::new(bin())
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out_p).unwrap())
+        .stderr(fs::File::create(&err_p).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin()));
+    let deadline = Instant::now() + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break Some(st);
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    RunOutput { code: status.and_then(|s| s.code()), timed_out, stdout: read(&out_p), stderr: read(&err_p) }
+}
+
+/// A temp dir to write config files into.
+pub struct ConfigDir {
+    dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    pub fn new() -> ConfigDir {
+        ConfigDir { dir: tempfile::tempdir().expect("tempdir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write `text` to `name` inside the dir; returns the full path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        fs::write(&p, text).expect("write config");
+        p
+    }
+}
+
+impl Default for ConfigDir {
+    fn default() -> Self {
+        ConfigDir::new()
+    }
+}
