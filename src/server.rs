@@ -17,27 +17,29 @@ const GRACE_SECONDS: u64 = 1;
 /// How often an open circuit breaker pings the store to see whether it is back.
 const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
-pub fn build_store(settings: &StoreSettings) -> Result<Arc<dyn LimitStore>, String> {
+/// The stores of a process: rate limits and concurrency leases. On Redis both share one
+/// connection, one circuit breaker and the deny cache.
+pub fn build_stores(settings: &StoreSettings) -> Result<(Arc<dyn LimitStore>, Arc<dyn ConnStore>), String> {
     Ok(match settings {
-        StoreSettings::Memory => Arc::new(MemoryStore::default()),
+        StoreSettings::Memory => (Arc::new(MemoryStore::default()), Arc::new(MemoryConnStore::default())),
         StoreSettings::Redis(cfg, resilience) => {
-            let redis = RedisStore::new(cfg.clone(), Arc::new(SystemClock)).map_err(|e| format!("store: {e}"))?;
-            Arc::new(GuardedStore::new(
-                Arc::new(redis),
-                Arc::new(SystemClock),
-                resilience.breaker_failures,
-                resilience.deny_cache_size,
-                PROBE_INTERVAL,
-            ))
+            let redis = Arc::new(
+                RedisStore::new(cfg.clone(), Arc::new(SystemClock))
+                    .map_err(|e| format!("store: {e}"))?
+                    .with_lease_ttl(resilience.lease_ttl),
+            );
+            let guarded = Arc::new(
+                GuardedStore::new(
+                    redis.clone(),
+                    Arc::new(SystemClock),
+                    resilience.breaker_failures,
+                    resilience.deny_cache_size,
+                    PROBE_INTERVAL,
+                )
+                .with_conn(redis),
+            );
+            (guarded.clone(), guarded)
         }
-    })
-}
-
-pub fn build_conn_store(settings: &StoreSettings) -> Result<Arc<dyn ConnStore>, String> {
-    Ok(match settings {
-        StoreSettings::Memory => Arc::new(MemoryConnStore::default()),
-        // Fleet-wide leases in Redis come with the conn scripts; until then caps are per instance.
-        StoreSettings::Redis(..) => Arc::new(MemoryConnStore::default()),
     })
 }
 
@@ -45,7 +47,7 @@ pub fn build_conn_store(settings: &StoreSettings) -> Result<Arc<dyn ConnStore>, 
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
     // The store (and its Redis connection) is made once and outlives every reload.
-    let store = build_store(&runtime.store)?;
+    let (store, conn_store) = build_stores(&runtime.store)?;
     let listen = runtime.server.listen.clone();
     reloader.reload_on_sighup()?;
     reloader.watch()?;
@@ -64,7 +66,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(reloader.runtime(), store.clone(), build_conn_store(&runtime.store)?);
+    let proxy = WeirProxy::new(reloader.runtime(), store.clone(), conn_store);
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
     for addr in &listen {
         service.add_tcp(&addr.to_string());

@@ -13,12 +13,14 @@ use tracing::{info, warn};
 
 use super::breaker::{Breaker, Transition};
 use super::deny_cache::{DenyCache, DenyKey};
-use super::{LimitStore, StoreError, ZoneCheck};
+use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, ZoneCheck};
 use crate::limit::{BucketState, Clock, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,
+    /// The same store's concurrency leases, behind the same breaker.
+    conn: Option<Arc<dyn ConnStore>>,
     breaker: Arc<Breaker>,
     deny_cache: DenyCache,
     clock: Arc<dyn Clock>,
@@ -35,10 +37,33 @@ impl GuardedStore {
     ) -> Self {
         Self {
             inner,
+            conn: None,
             breaker: Arc::new(Breaker::new(breaker_failures)),
             deny_cache: DenyCache::new(deny_cache_size),
             clock,
             probe_interval,
+        }
+    }
+
+    /// Also guards `conn`, the concurrency side of the same store.
+    pub fn with_conn(mut self, conn: Arc<dyn ConnStore>) -> Self {
+        self.conn = Some(conn);
+        self
+    }
+
+    fn conn(&self) -> Result<&Arc<dyn ConnStore>, StoreError> {
+        self.conn.as_ref().ok_or_else(|| StoreError::Reply("this store keeps no concurrency leases".into()))
+    }
+
+    /// Counts the outcome of a call for the breaker, starting the probe when it opens.
+    fn observe<T>(&self, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.breaker.record_success(),
+            Err(_) => {
+                if self.breaker.record_failure() == Transition::Opened {
+                    self.start_probe();
+                }
+            }
         }
     }
 
@@ -85,9 +110,10 @@ impl LimitStore for GuardedStore {
                 return Ok(cached_rejection(checks, &denied, now_us));
             }
         }
-        match self.inner.decide(checks).await {
+        let result = self.inner.decide(checks).await;
+        self.observe(&result);
+        match result {
             Ok(verdict) => {
-                self.breaker.record_success();
                 if !verdict.admitted {
                     for (check, zone) in checks.iter().zip(&verdict.zones) {
                         if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
@@ -99,12 +125,7 @@ impl LimitStore for GuardedStore {
                 }
                 Ok(verdict)
             }
-            Err(e) => {
-                if self.breaker.record_failure() == Transition::Opened {
-                    self.start_probe();
-                }
-                Err(e)
-            }
+            Err(e) => Err(e),
         }
     }
 
@@ -118,6 +139,36 @@ impl LimitStore for GuardedStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+}
+
+#[async_trait]
+impl ConnStore for GuardedStore {
+    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = self.conn()?.acquire(checks, lease).await;
+        self.observe(&result);
+        result
+    }
+
+    // Renewals and releases are attempted even while the circuit is open: a lease given back late
+    // only holds a slot until its TTL, but one never given back would hold it that long for sure.
+    async fn renew(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError> {
+        self.conn()?.renew(keys, lease).await
+    }
+
+    async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError> {
+        self.conn()?.release(keys, lease).await
+    }
+
+    fn renew_every(&self) -> Option<Duration> {
+        self.conn.as_ref().and_then(|c| c.renew_every())
+    }
+
+    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+        self.conn()?.held(zone, key).await
     }
 }
 

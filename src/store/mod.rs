@@ -7,6 +7,7 @@ mod deny_cache;
 mod guarded;
 mod memory;
 mod redis;
+mod redis_conn;
 
 use std::time::Duration;
 

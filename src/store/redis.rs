@@ -41,6 +41,9 @@ pub struct RedisStore {
     client: Client,
     conn: OnceCell<ConnectionManager>,
     script: Script,
+    /// `lua/limit_conn.lua` and the lease TTL it is called with (see `redis_conn.rs`).
+    pub(super) conn_script: Script,
+    pub(super) lease_ttl: Duration,
 }
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
@@ -59,7 +62,23 @@ impl RedisStore {
             client,
             conn: OnceCell::new(),
             script: Script::new(include_str!("../../lua/limit_req.lua")),
+            conn_script: Script::new(include_str!("../../lua/limit_conn.lua")),
+            lease_ttl: Duration::from_secs(30),
         })
+    }
+
+    /// Sets how long a concurrency lease lives without renewal.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    pub(super) fn config(&self) -> &RedisStoreConfig {
+        &self.config
+    }
+
+    pub(super) fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
     }
 
     /// The Redis key of one zone's state for one client key.
@@ -87,7 +106,7 @@ impl RedisStore {
 
     /// The shared connection, made on first use. A failed connect is not cached: the next call
     /// tries again.
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+    pub(super) async fn connection(&self) -> Result<ConnectionManager, StoreError> {
         let conn = self
             .conn
             .get_or_try_init(|| async {
@@ -105,7 +124,7 @@ impl RedisStore {
         Ok(conn.clone())
     }
 
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
