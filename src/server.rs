@@ -19,9 +19,16 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250
 
 /// The stores of a process: rate limits and concurrency leases. On Redis both share one
 /// connection, one circuit breaker and the deny cache.
-pub fn build_stores(settings: &StoreSettings) -> Result<(Arc<dyn LimitStore>, Arc<dyn ConnStore>), String> {
+pub struct Stores {
+    pub limits: Arc<dyn LimitStore>,
+    pub conns: Arc<dyn ConnStore>,
+}
+
+pub fn build_stores(settings: &StoreSettings) -> Result<Stores, String> {
     Ok(match settings {
-        StoreSettings::Memory => (Arc::new(MemoryStore::default()), Arc::new(MemoryConnStore::default())),
+        StoreSettings::Memory => {
+            Stores { limits: Arc::new(MemoryStore::default()), conns: Arc::new(MemoryConnStore::default()) }
+        }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
                 RedisStore::new(cfg.clone(), Arc::new(SystemClock))
@@ -38,7 +45,7 @@ pub fn build_stores(settings: &StoreSettings) -> Result<(Arc<dyn LimitStore>, Ar
                 )
                 .with_conn(redis),
             );
-            (guarded.clone(), guarded)
+            Stores { limits: guarded.clone(), conns: guarded }
         }
     })
 }
@@ -47,7 +54,7 @@ pub fn build_stores(settings: &StoreSettings) -> Result<(Arc<dyn LimitStore>, Ar
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
     // The store (and its Redis connection) is made once and outlives every reload.
-    let (store, conn_store) = build_stores(&runtime.store)?;
+    let stores = build_stores(&runtime.store)?;
     let listen = runtime.server.listen.clone();
     reloader.reload_on_sighup()?;
     reloader.watch()?;
@@ -66,7 +73,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(reloader.runtime(), store.clone(), conn_store);
+    let proxy = WeirProxy::new(reloader.runtime(), stores.limits.clone(), stores.conns);
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
     for addr in &listen {
         service.add_tcp(&addr.to_string());
@@ -75,7 +82,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone(), store.clone()),
+            AdminApp::new(reloader.clone(), stores.limits),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());
