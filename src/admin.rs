@@ -13,7 +13,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::{json, Value};
 
-use crate::limit::evaluate;
+use crate::limit::{evaluate, State};
 use crate::metrics::METRICS;
 use crate::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
@@ -125,7 +125,7 @@ impl AdminApp {
             .flat_map(|r| r.limits.iter().filter(|l| l.zone == zone_index).map(move |l| (r, l)))
             .map(|(route, l)| {
                 // A cost-0 evaluation drains the bucket to now without charging anything.
-                let now = evaluate(&l.limit, state, now_us, 0);
+                let now = evaluate(&l.limit, state.as_ref(), now_us, 0);
                 json!({ "route": route.name, "burst": l.limit.burst, "remaining": now.remaining,
                         "empty_in_seconds": now.reset_us as f64 / 1e6, "dry_run": l.dry_run })
             })
@@ -134,10 +134,25 @@ impl AdminApp {
             StatusCode::OK,
             Body::Json(json!({
                 "zone": zone.name, "key": String::from_utf8_lossy(&key), "rate": zone.rate.to_string(),
-                "state": state.map(|s| json!({ "level": s.level, "last_us": s.last_us })),
+                "algorithm": zone.algorithm.as_str(),
+                "state": state.as_ref().map(state_json),
                 "routes": routes,
             })),
         )
+    }
+}
+
+fn state_json(state: &State) -> Value {
+    match state {
+        State::Bucket(b) => json!({ "level": b.level, "last_us": b.last_us }),
+        State::Tokens { tokens, last_us } => json!({ "tokens": tokens, "last_us": last_us }),
+        State::Window { start_us, count } => json!({ "window_start_us": start_us, "count": count }),
+        State::Sliding { start_us, prev, curr } => {
+            json!({ "window_start_us": start_us, "previous": prev, "current": curr })
+        }
+        State::Log(entries) => {
+            json!({ "entries": entries.len(), "oldest_us": entries.first(), "newest_us": entries.last() })
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use notify::{RecursiveMode, Watcher};
@@ -14,12 +14,14 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Runtime};
+use crate::config::{self, Runtime, ServerSettings};
 use crate::metrics::METRICS;
 
 /// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 const FILE_CHANGE: &str = "file change";
+/// A directory that never stops changing must not postpone a reload forever.
+const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// What `GET /config` reports about the running config.
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +60,14 @@ pub struct Reloader {
     path: PathBuf,
     runtime: Arc<ArcSwap<Runtime>>,
     status: Mutex<ConfigStatus>,
+    /// What the process really runs with for settings read once at start-up: later files are
+    /// compared with this, not with the previous file, to report what awaits a restart.
+    started: Startup,
+}
+
+struct Startup {
+    server: ServerSettings,
+    store: String,
 }
 
 impl Reloader {
@@ -74,7 +84,13 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        Self { path: path.to_path_buf(), runtime: Arc::new(ArcSwap::from_pointee(runtime)), status: Mutex::new(status) }
+        let started = Startup { server: runtime.server.clone(), store: format!("{:?}", runtime.store) };
+        Self {
+            path: path.to_path_buf(),
+            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
+            status: Mutex::new(status),
+            started,
+        }
     }
 
     /// The live config, shared with the proxy.
@@ -114,8 +130,7 @@ impl Reloader {
             }
             return ReloadOutcome::Unchanged { generation: status.generation };
         }
-        let current = self.runtime.load();
-        status.pending_restart = restart_only_changes(&current, &next);
+        status.pending_restart = restart_only_changes(&self.started, &next);
         for change in &status.pending_restart {
             warn!(trigger, "{change}: restart Weir to apply it; everything else is applied now");
         }
@@ -143,9 +158,16 @@ impl Reloader {
             _ => PathBuf::from("."),
         };
         let (tx, rx) = mpsc::channel::<()>();
+        let file_name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Reads (our own included) must not trigger reloads, or every reload would cause the next.
-            if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+            // Only writes that can change the config count: reads (our own included) would make
+            // every reload cause the next, and unrelated files in the same directory (logs) would
+            // hold the reload back forever.
+            let relevant = event.is_ok_and(|e| {
+                !matches!(e.kind, notify::EventKind::Access(_))
+                    && e.paths.iter().any(|p| concerns_config(p, &file_name))
+            });
+            if relevant {
                 let _ = tx.send(());
             }
         })
@@ -159,7 +181,14 @@ impl Reloader {
                 // Any event in the directory may concern us (renames, symlink swaps); the content
                 // hash tells whether the config really changed.
                 while rx.recv().is_ok() {
-                    while rx.recv_timeout(DEBOUNCE).is_ok() {}
+                    // Wait for quiet, but never more than MAX_DEBOUNCE after the first event.
+                    let deadline = Instant::now() + MAX_DEBOUNCE;
+                    loop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() || rx.recv_timeout(DEBOUNCE.min(left)).is_err() {
+                            break;
+                        }
+                    }
                     reloader.reload(FILE_CHANGE);
                 }
             })
@@ -185,20 +214,31 @@ impl Reloader {
 }
 
 /// Settings read once at start-up; a change is reported, not silently ignored.
-fn restart_only_changes(current: &Runtime, next: &Runtime) -> Vec<String> {
+/// The config file itself, or a Kubernetes ConfigMap's `..data` / `..data_tmp` / `..<timestamp>`
+/// entries through which the mounted file is swapped.
+fn concerns_config(path: &Path, file_name: &std::ffi::OsStr) -> bool {
+    path.file_name().is_some_and(|name| name == file_name || name.to_string_lossy().starts_with(".."))
+}
+
+fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
     let mut changes = Vec::new();
     if current.server.listen != next.server.listen {
-        changes.push(format!("server.listen changed from {:?} to {:?}", current.server.listen, next.server.listen));
+        changes.push(format!(
+            "server.listen: running {:?}, the file says {:?}",
+            current.server.listen, next.server.listen
+        ));
     }
     if current.server.threads != next.server.threads {
-        changes.push(format!("server.threads changed from {} to {}", current.server.threads, next.server.threads));
+        changes
+            .push(format!("server.threads: running {}, the file says {}", current.server.threads, next.server.threads));
     }
     if current.server.admin != next.server.admin {
-        changes.push(format!("server.admin changed from {:?} to {:?}", current.server.admin, next.server.admin));
+        changes
+            .push(format!("server.admin: running {:?}, the file says {:?}", current.server.admin, next.server.admin));
     }
     // Debug output covers every store field; compared only, never logged (the URL may hold a password).
-    if format!("{:?}", current.store) != format!("{:?}", next.store) {
-        changes.push("store settings changed".to_string());
+    if current.store != format!("{:?}", next.store) {
+        changes.push("store: the file changes the store settings".to_string());
     }
     changes
 }

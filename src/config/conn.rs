@@ -7,9 +7,10 @@ use std::ops::Range;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::compile::{key_spec, Zone};
+use super::compile::key_spec;
 use super::error::{ConfigError, Source};
 use super::schema;
+use super::zones::Zone;
 use crate::keys::KeySpec;
 
 /// Largest `max` of a `limit_conn` reference (nginx: 65535).

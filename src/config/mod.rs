@@ -6,15 +6,17 @@ mod compile;
 mod conn;
 mod error;
 mod schema;
+mod zones;
 
 use std::path::Path;
 
 pub use compile::{
-    parse_duration, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime, ServerSettings, StoreSettings,
-    Zone, ZoneLimit,
+    parse_duration, Cost, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime, ServerSettings,
+    StoreSettings, ZoneLimit,
 };
 pub use conn::{allowed, AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
+pub use zones::{Override, OverrideMatch, Zone};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.
 pub fn load(path: &Path) -> Result<Runtime, ConfigError> {

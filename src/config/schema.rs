@@ -77,7 +77,21 @@ pub struct Upstream {
 pub struct LimitReqZone {
     pub name: Spanned<String>,
     pub key: Spanned<OneOrMany>,
-    pub rate: Spanned<String>,
+    pub algorithm: Option<Spanned<String>>,
+    pub rate: Option<Spanned<String>>,
+    pub window: Option<Spanned<String>>,
+    pub limit: Option<Spanned<i64>>,
+    #[serde(default, rename = "override")]
+    pub overrides: Vec<Spanned<ZoneOverride>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneOverride {
+    #[serde(rename = "match")]
+    pub matches: Spanned<String>,
+    pub rate: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -116,6 +130,9 @@ pub struct Route {
     #[serde(default)]
     pub limit_conn: Vec<Spanned<LimitConnRef>>,
     pub limit_conn_status: Option<Spanned<i64>>,
+    pub cost: Option<Spanned<i64>>,
+    pub cost_header: Option<Spanned<String>>,
+    pub max_cost: Option<Spanned<i64>>,
     #[serde(default)]
     pub allow: Vec<Spanned<String>>,
     #[serde(default)]

@@ -15,51 +15,16 @@
 //! delay  = max(0, excess - delay) / rate    # 0 with nodelay
 //! ```
 
-use super::Rate;
+use super::state::ceil_us;
+use super::{DelayPolicy, LimitReq, State, ZoneOutcome};
 
-/// The parameters of one `limit_req` reference: the zone's rate plus the reference's burst and delay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitReq {
-    pub rate: Rate,
-    pub burst: u64,
-    pub delay: DelayPolicy,
-}
-
-/// Which excess requests wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DelayPolicy {
-    /// `nodelay`: everything within the burst is forwarded at once.
-    NoDelay,
-    /// `delay = N`: the first N excess requests go at once, later ones wait (N = 0: `burst` alone).
-    After(u64),
-}
-
-/// The state kept per (zone, key).
+/// The state of a leaky bucket per (zone, key).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
     /// Requests in the bucket at `last_us` (nginx's `excess`, plus one).
     pub level: f64,
     /// When `level` was measured, in µs since the epoch. Never moves backwards.
     pub last_us: u64,
-}
-
-/// What one zone says about one request.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ZoneOutcome {
-    pub admitted: bool,
-    /// nginx's `excess` for this request (how far ahead of the ideal pace), before any rejection.
-    pub excess: f64,
-    /// How long an admitted request waits before it is forwarded.
-    pub delay_us: u64,
-    /// For a rejected request: how long until the same request would be admitted; `None` if it never
-    /// can (its cost exceeds `burst + 1`).
-    pub retry_after_us: Option<u64>,
-    /// Requests of cost 1 that could still be admitted right now (the `r` of the RateLimit header).
-    pub remaining: u64,
-    /// Time until the bucket is empty again, i.e. until the state can be forgotten (TTL).
-    pub reset_us: u64,
-    /// The state to store if the whole request is admitted.
-    pub next: BucketState,
 }
 
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
@@ -88,7 +53,8 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
             retry_after_us: (cost as f64 <= capacity).then(|| ceil_us(limit.rate.time_for_us(room_needed))),
             remaining: 0,
             reset_us: ceil_us(limit.rate.time_for_us(level_now)),
-            next: BucketState { level: level_now, last_us: anchor_us },
+            expires_us: anchor_us + ceil_us(limit.rate.time_for_us(level_now)),
+            next: State::Bucket(BucketState { level: level_now, last_us: anchor_us }),
         };
     }
 
@@ -106,27 +72,33 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
         retry_after_us: None,
         remaining: if room > 0.0 { room as u64 } else { 0 },
         reset_us: ceil_us(limit.rate.time_for_us(level_new)),
-        next: BucketState { level: level_new, last_us: anchor_us },
-    }
-}
-
-fn ceil_us(us: f64) -> u64 {
-    if us > 0.0 {
-        us.ceil() as u64
-    } else {
-        0
+        expires_us: anchor_us + ceil_us(limit.rate.time_for_us(level_new)),
+        next: State::Bucket(BucketState { level: level_new, last_us: anchor_us }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::{Algorithm, Rate};
+
+    trait Next {
+        fn b(&self) -> BucketState;
+    }
+    impl Next for ZoneOutcome {
+        fn b(&self) -> BucketState {
+            match &self.next {
+                State::Bucket(b) => *b,
+                other => panic!("not a bucket: {other:?}"),
+            }
+        }
+    }
 
     const SEC: u64 = 1_000_000;
     const T0: u64 = 1_700_000_000 * SEC;
 
     fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
-        LimitReq { rate: Rate::parse(rate).unwrap(), burst, delay }
+        LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay }
     }
 
     /// Sends `n` requests at the same instant, storing state after each admitted one.
@@ -136,7 +108,7 @@ mod tests {
             .map(|_| {
                 let out = evaluate(limit, state, now, 1);
                 if out.admitted {
-                    state = Some(out.next);
+                    state = Some(out.b());
                 }
                 out
             })
@@ -191,26 +163,26 @@ mod tests {
     fn rejected_requests_are_free() {
         let l = limit("1r/s", 0, DelayPolicy::NoDelay);
         let first = evaluate(&l, None, T0, 1);
-        let mut state = first.next;
+        let mut state = first.b();
         for i in 1..100 {
             let out = evaluate(&l, Some(state), T0 + i * 1000, 1);
             assert!(!out.admitted);
             // The would-be state after a rejection is only drained, never charged.
-            assert!(out.next.level <= state.level);
-            state = out.next;
+            assert!(out.b().level <= state.level);
+            state = out.b();
         }
-        assert!(evaluate(&l, Some(first.next), T0 + SEC, 1).admitted);
+        assert!(evaluate(&l, Some(first.b()), T0 + SEC, 1).admitted);
     }
 
     #[test]
     fn per_minute_and_per_hour_rates_are_exact() {
         let per_min = limit("1r/m", 0, DelayPolicy::NoDelay);
-        let s = evaluate(&per_min, None, T0, 1).next;
+        let s = evaluate(&per_min, None, T0, 1).b();
         assert!(!evaluate(&per_min, Some(s), T0 + 60 * SEC - 1, 1).admitted);
         assert!(evaluate(&per_min, Some(s), T0 + 60 * SEC, 1).admitted);
 
         let per_hour = limit("5r/h", 0, DelayPolicy::NoDelay);
-        let s = evaluate(&per_hour, None, T0, 1).next;
+        let s = evaluate(&per_hour, None, T0, 1).b();
         assert!(!evaluate(&per_hour, Some(s), T0 + 720 * SEC - 1, 1).admitted);
         assert!(evaluate(&per_hour, Some(s), T0 + 720 * SEC, 1).admitted);
     }
@@ -219,21 +191,21 @@ mod tests {
     fn long_idle_gap_drains_fully() {
         let l = limit("10r/s", 20, DelayPolicy::NoDelay);
         let outs = burst_at(&l, T0, 21);
-        let full = outs[20].next;
+        let full = outs[20].b();
         assert_eq!(full.level, 21.0);
         let later = evaluate(&l, Some(full), T0 + 365 * 24 * 3600 * SEC, 1);
         assert!(later.admitted);
-        assert_eq!(later.next.level, 1.0);
+        assert_eq!(later.b().level, 1.0);
         assert_eq!(later.remaining, 20);
     }
 
     #[test]
     fn clock_going_backwards_never_drains_or_rewinds() {
         let l = limit("1r/s", 1, DelayPolicy::NoDelay);
-        let s = evaluate(&l, None, T0, 1).next;
+        let s = evaluate(&l, None, T0, 1).b();
         let out = evaluate(&l, Some(s), T0 - 10 * SEC, 1);
         assert!(out.admitted);
-        assert_eq!(out.next, BucketState { level: 2.0, last_us: T0 });
+        assert_eq!(out.b(), BucketState { level: 2.0, last_us: T0 });
     }
 
     #[test]
@@ -242,7 +214,7 @@ mod tests {
         let a = evaluate(&l, None, T0, 6);
         assert!(a.admitted);
         assert_eq!(a.remaining, 4);
-        let b = evaluate(&l, Some(a.next), T0, 5);
+        let b = evaluate(&l, Some(a.b()), T0, 5);
         assert!(!b.admitted);
         // 1 request must drain at 10r/s: 100 ms.
         assert_eq!(b.retry_after_us, Some(100_000));

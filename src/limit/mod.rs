@@ -5,11 +5,19 @@
 //! `lua/` are tested against (see `tests/lua_differential.rs`).
 
 mod clock;
+mod fixed_window;
 mod leaky_bucket;
+mod params;
 mod rate;
+mod sliding_log;
+mod sliding_window;
+mod state;
+mod token_bucket;
 mod verdict;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use leaky_bucket::{evaluate, BucketState, DelayPolicy, LimitReq, ZoneOutcome};
+pub use leaky_bucket::BucketState;
+pub use params::{Algorithm, DelayPolicy, LimitReq};
 pub use rate::{Rate, RateError};
+pub use state::{evaluate, State, ZoneOutcome};
 pub use verdict::{decide_all, Verdict, ZoneInput};

@@ -66,12 +66,13 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let unit = match self.period_us / SECOND_US {
-            1 => "s",
-            60 => "m",
-            _ => "h",
-        };
-        write!(f, "{}r/{}", self.count, unit)
+        match self.period_us {
+            SECOND_US => write!(f, "{}r/s", self.count),
+            p if p == 60 * SECOND_US => write!(f, "{}r/m", self.count),
+            p if p == 3600 * SECOND_US => write!(f, "{}r/h", self.count),
+            // A window given as `window` + `limit`.
+            p => write!(f, "{} per {}ms", self.count, p / 1000),
+        }
     }
 }
 

@@ -1,13 +1,13 @@
 //! Several `limit_req` zones on one request, decided all-or-nothing like nginx: if any zone rejects,
 //! no zone is charged; otherwise every zone is charged and the largest delay wins.
 
-use super::{evaluate, BucketState, LimitReq, ZoneOutcome};
+use super::{evaluate, LimitReq, State, ZoneOutcome};
 
 /// One zone's part of a request: its parameters, the key's current state and the request's cost.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ZoneInput<'a> {
     pub limit: &'a LimitReq,
-    pub state: Option<BucketState>,
+    pub state: Option<State>,
     pub cost: u64,
 }
 
@@ -26,13 +26,13 @@ pub struct Verdict {
 
 impl Verdict {
     /// The states to store: `Some` only when the request was admitted (rejections are free).
-    pub fn states_to_store(&self) -> Option<impl Iterator<Item = &BucketState>> {
+    pub fn states_to_store(&self) -> Option<impl Iterator<Item = &State>> {
         self.admitted.then(|| self.zones.iter().map(|z| &z.next))
     }
 }
 
 pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
-    let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state, now_us, z.cost)).collect();
+    let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state.as_ref(), now_us, z.cost)).collect();
     let admitted = zones.iter().all(|z| z.admitted);
     let (delay_us, retry_after_us) = if admitted {
         (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
@@ -52,24 +52,34 @@ pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{DelayPolicy, Rate};
+    use crate::limit::{Algorithm, BucketState, DelayPolicy, Rate};
 
     const T0: u64 = 1_700_000_000_000_000;
 
     #[test]
     fn a_rejection_in_one_zone_charges_none() {
-        let loose = LimitReq { rate: Rate::parse("100r/s").unwrap(), burst: 100, delay: DelayPolicy::NoDelay };
-        let tight = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
+        let loose = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("100r/s").unwrap(),
+            burst: 100,
+            delay: DelayPolicy::NoDelay,
+        };
+        let tight = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 0,
+            delay: DelayPolicy::NoDelay,
+        };
         let first = decide_all(
             &[ZoneInput { limit: &loose, state: None, cost: 1 }, ZoneInput { limit: &tight, state: None, cost: 1 }],
             T0,
         );
         assert!(first.admitted);
-        let loose_state = first.zones[0].next;
+        let loose_state = first.zones[0].next.clone();
         let second = decide_all(
             &[
-                ZoneInput { limit: &loose, state: Some(loose_state), cost: 1 },
-                ZoneInput { limit: &tight, state: Some(first.zones[1].next), cost: 1 },
+                ZoneInput { limit: &loose, state: Some(loose_state.clone()), cost: 1 },
+                ZoneInput { limit: &tight, state: Some(first.zones[1].next.clone()), cost: 1 },
             ],
             T0,
         );
@@ -81,11 +91,24 @@ mod tests {
 
     #[test]
     fn the_largest_delay_wins() {
-        let a = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 5, delay: DelayPolicy::After(0) };
-        let b = LimitReq { rate: Rate::parse("2r/s").unwrap(), burst: 5, delay: DelayPolicy::After(0) };
-        let sa = BucketState { level: 2.0, last_us: T0 };
+        let a = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 5,
+            delay: DelayPolicy::After(0),
+        };
+        let b = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("2r/s").unwrap(),
+            burst: 5,
+            delay: DelayPolicy::After(0),
+        };
+        let sa = State::Bucket(BucketState { level: 2.0, last_us: T0 });
         let v = decide_all(
-            &[ZoneInput { limit: &a, state: Some(sa), cost: 1 }, ZoneInput { limit: &b, state: Some(sa), cost: 1 }],
+            &[
+                ZoneInput { limit: &a, state: Some(sa.clone()), cost: 1 },
+                ZoneInput { limit: &b, state: Some(sa), cost: 1 },
+            ],
             T0,
         );
         assert!(v.admitted);

@@ -1,9 +1,10 @@
 //! What a client is told about its limits: IETF draft-ietf-httpapi-ratelimit-headers-10
 //! `RateLimit-Policy` / `RateLimit` fields, `Retry-After`, and the short JSON rejection body.
 //!
-//! For a leaky bucket the quota `q` is the bucket capacity (`burst + 1` requests), `w` the seconds
-//! an empty bucket needs to refill it, `r` the requests that could pass right now and `t` the seconds
-//! until the bucket is empty again (or, when rejected, until the request would pass).
+//! For a bucket the quota `q` is its capacity (`burst + 1` requests) and `w` the seconds an empty
+//! bucket needs to refill it; for a window algorithm `q` is the count per window and `w` the
+//! window. `r` is what could pass right now and `t` the seconds until the quota is whole again (or,
+//! when rejected, until the request would pass).
 
 use crate::limit::{LimitReq, Verdict};
 
@@ -25,8 +26,13 @@ pub fn policy(zones: &[ZoneInfo<'_>]) -> String {
     zones
         .iter()
         .map(|z| {
-            let quota = z.limit.burst + 1;
-            let window_us = z.limit.rate.time_for_us(quota as f64).ceil() as u64;
+            let quota = z.limit.capacity();
+            // A window's length, or the time an empty bucket takes to refill.
+            let window_us = if z.limit.algorithm.is_window() {
+                z.limit.rate.period_us
+            } else {
+                z.limit.rate.time_for_us(quota as f64).ceil() as u64
+            };
             format!("\"{}\";q={};w={}", z.name, quota, ceil_secs(window_us).max(1))
         })
         .collect::<Vec<_>>()
@@ -72,7 +78,7 @@ pub fn legacy(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> Vec<(&'static str, S
     let (r, t_us) =
         if out.admitted { (out.remaining, out.reset_us) } else { (0, out.retry_after_us.unwrap_or(out.reset_us)) };
     vec![
-        ("X-RateLimit-Limit", (zone.limit.burst + 1).to_string()),
+        ("X-RateLimit-Limit", zone.limit.capacity().to_string()),
         ("X-RateLimit-Remaining", r.to_string()),
         ("X-RateLimit-Reset", ceil_secs(t_us).to_string()),
     ]
@@ -115,13 +121,18 @@ pub fn unavailable_body(route: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{decide_all, DelayPolicy, Rate, ZoneInput};
+    use crate::limit::{decide_all, Algorithm, DelayPolicy, Rate, ZoneInput};
 
     const T0: u64 = 1_700_000_000_000_000;
 
     #[test]
     fn formats_draft_10_fields() {
-        let limit = LimitReq { rate: Rate::parse("10r/s").unwrap(), burst: 20, delay: DelayPolicy::NoDelay };
+        let limit = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("10r/s").unwrap(),
+            burst: 20,
+            delay: DelayPolicy::NoDelay,
+        };
         let zones = [ZoneInfo { name: "per_ip", limit: &limit, cost: 1 }];
         assert_eq!(policy(&zones), "\"per_ip\";q=21;w=3");
         let v = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
@@ -130,9 +141,14 @@ mod tests {
 
     #[test]
     fn rejected_zone_reports_zero_and_retry() {
-        let limit = LimitReq { rate: Rate::parse("1r/m").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
+        let limit = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/m").unwrap(),
+            burst: 0,
+            delay: DelayPolicy::NoDelay,
+        };
         let first = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
-        let v = decide_all(&[ZoneInput { limit: &limit, state: Some(first.zones[0].next), cost: 1 }], T0 + 1);
+        let v = decide_all(&[ZoneInput { limit: &limit, state: Some(first.zones[0].next.clone()), cost: 1 }], T0 + 1);
         let zones = [ZoneInfo { name: "slow", limit: &limit, cost: 1 }];
         assert!(!v.admitted);
         assert_eq!(remaining(&zones, &v), "\"slow\";r=0;t=60");
@@ -143,8 +159,18 @@ mod tests {
 
     #[test]
     fn legacy_fields_name_the_tightest_zone() {
-        let loose = LimitReq { rate: Rate::parse("10r/s").unwrap(), burst: 20, delay: DelayPolicy::NoDelay };
-        let tight = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 2, delay: DelayPolicy::NoDelay };
+        let loose = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("10r/s").unwrap(),
+            burst: 20,
+            delay: DelayPolicy::NoDelay,
+        };
+        let tight = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 2,
+            delay: DelayPolicy::NoDelay,
+        };
         let zones =
             [ZoneInfo { name: "loose", limit: &loose, cost: 1 }, ZoneInfo { name: "tight", limit: &tight, cost: 1 }];
         let v = decide_all(

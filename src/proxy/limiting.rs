@@ -16,14 +16,14 @@ use crate::limit::{DelayPolicy, LimitReq, Rate, Verdict};
 use crate::metrics::METRICS;
 use crate::store::{LimitStore, MemoryStore, StoreError, ZoneCheck};
 
-/// The cost of one request; per-route and per-header costs come with the algorithms work.
-const COST: u64 = 1;
-
 /// A zone of the route whose key for this request is not empty.
 pub struct KeyedZone {
     /// Index into `route.limits`.
     pub limit: usize,
     pub key: Vec<u8>,
+    /// The reference's limit, or a matching per-key override of it.
+    pub params: LimitReq,
+    pub cost: u64,
 }
 
 /// nginx's `$limit_req_status` words.
@@ -180,7 +180,7 @@ fn checks<'a>(rt: &'a Runtime, route: &'a Route, group: &[&'a KeyedZone]) -> Vec
         .iter()
         .map(|k| {
             let zl = &route.limits[k.limit];
-            ZoneCheck { zone: &rt.zones[zl.zone].name, key: &k.key, limit: zl.limit, cost: COST }
+            ZoneCheck { zone: &rt.zones[zl.zone].name, key: &k.key, limit: k.params, cost: k.cost }
         })
         .collect()
 }
@@ -232,13 +232,20 @@ pub(super) fn fleet_size(rt: &Runtime) -> u64 {
     }
 }
 
-/// This instance's share of a fleet-wide limit: the rate divided exactly (the period stretched N
-/// times), burst and delay divided and rounded down. Approximate by nature: traffic is rarely
-/// spread evenly over the fleet.
+/// This instance's share of a fleet-wide limit: a bucket's rate divided exactly (the period
+/// stretched N times), a window's count divided (rounded down, at least 1) over the same window,
+/// burst and delay divided and rounded down. Approximate by nature: traffic is rarely spread
+/// evenly over the fleet.
 fn fleet_share(limit: &LimitReq, fleet_size: u64) -> LimitReq {
     let n = fleet_size.max(1);
+    let rate = if limit.algorithm.is_window() {
+        Rate { count: (limit.rate.count / n).max(1), period_us: limit.rate.period_us }
+    } else {
+        Rate { count: limit.rate.count, period_us: limit.rate.period_us * n }
+    };
     LimitReq {
-        rate: Rate { count: limit.rate.count, period_us: limit.rate.period_us * n },
+        algorithm: limit.algorithm,
+        rate,
         burst: limit.burst / n,
         delay: match limit.delay {
             DelayPolicy::NoDelay => DelayPolicy::NoDelay,

@@ -20,8 +20,9 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
-use crate::config::{allowed, FailurePolicy, Runtime};
+use crate::config::{allowed, Cost, FailurePolicy, Runtime};
 use crate::keys::{self, RequestFacts};
+use crate::limit::DelayPolicy;
 use crate::metrics::METRICS;
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore};
@@ -116,17 +117,39 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
+        let cost = match request_cost(&route.cost, &req.headers) {
+            Ok(cost) => cost,
+            Err(detail) => {
+                ctx.outcome = "bad_request";
+                let body = format!("{{\"error\":\"bad_cost\",\"route\":\"{}\",\"detail\":\"{detail}\"}}\n", route.name);
+                return respond::json(session, 400, &[], body).await;
+            }
+        };
+
         // Every key is extracted up front: the request header is not borrowed across awaits.
         let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
-        // Empty keys are not limited (nginx's allow-list idiom), so only keyed zones take part.
+        // Empty keys are not limited (nginx's allow-list idiom), so only keyed zones take part;
+        // so do keys an override exempts (`rate = "unlimited"`).
         let mut keyed = Vec::with_capacity(route.limits.len());
         for (i, zl) in route.limits.iter().enumerate() {
-            let key = rt.zones[zl.zone].key.extract(&facts);
+            let zone = &rt.zones[zl.zone];
+            let key = zone.key.extract(&facts);
             if key.is_empty() {
-                METRICS.empty_keys.with_label_values(&[&rt.zones[zl.zone].name]).inc();
-            } else {
-                keyed.push(KeyedZone { limit: i, key });
+                METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
+                continue;
             }
+            let mut params = zl.limit;
+            if let Some(o) = zone.override_for(&facts) {
+                let Some(rate) = o.rate else { continue };
+                params.rate = rate;
+                if let Some(burst) = o.burst {
+                    params.burst = burst;
+                    if let DelayPolicy::After(d) = params.delay {
+                        params.delay = DelayPolicy::After(d.min(burst));
+                    }
+                }
+            }
+            keyed.push(KeyedZone { limit: i, key, params, cost });
         }
         let mut keyed_conns = Vec::with_capacity(route.conn_limits.len());
         for (i, cl) in route.conn_limits.iter().enumerate() {
@@ -242,5 +265,40 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
+    }
+}
+
+/// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
+/// `max_cost`. A header that is not a non-negative integer is the client's error (400).
+fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
+    let Some(name) = &cost.header else { return Ok(cost.default) };
+    let Some(value) = headers.get(name) else { return Ok(cost.default) };
+    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{name} is not a number"))?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{name} must be a non-negative integer"));
+    }
+    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
+    Ok(text.parse::<u64>().unwrap_or(u64::MAX).min(cost.max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_from_header_is_validated_and_clamped() {
+        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10 };
+        let mut h = http::HeaderMap::new();
+        assert_eq!(request_cost(&cost, &h), Ok(2));
+        h.insert("x-cost", http::HeaderValue::from_static("7"));
+        assert_eq!(request_cost(&cost, &h), Ok(7));
+        h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
+        assert_eq!(request_cost(&cost, &h), Ok(10));
+        for bad in ["-1", "1.5", "abc", "", " "] {
+            h.insert("x-cost", http::HeaderValue::from_static(bad));
+            assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
+        }
+        let fixed = Cost { default: 5, header: None, max: 100 };
+        assert_eq!(request_cost(&fixed, &h), Ok(5));
     }
 }

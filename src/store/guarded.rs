@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::breaker::{Breaker, Transition};
 use super::deny_cache::{DenyCache, DenyKey};
 use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, ZoneCheck};
-use crate::limit::{BucketState, Clock, Verdict, ZoneOutcome};
+use crate::limit::{BucketState, Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 
 pub struct GuardedStore {
@@ -133,7 +133,7 @@ impl LimitStore for GuardedStore {
         self.inner.kind()
     }
 
-    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
         self.inner.inspect(zone, key).await
     }
 
@@ -179,7 +179,7 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
         .iter()
         .zip(denied)
         .map(|(check, until)| {
-            let unknown_state = BucketState { level: 0.0, last_us: now_us };
+            let unknown_state = State::Bucket(BucketState { level: 0.0, last_us: now_us });
             match until {
                 Some(until) => ZoneOutcome {
                     admitted: false,
@@ -188,7 +188,8 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
                     retry_after_us: Some(until - now_us),
                     remaining: 0,
                     reset_us: until - now_us,
-                    next: unknown_state,
+                    expires_us: *until,
+                    next: unknown_state.clone(),
                 },
                 None => ZoneOutcome {
                     admitted: true,
@@ -197,6 +198,7 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
                     retry_after_us: None,
                     remaining: check.limit.burst,
                     reset_us: 0,
+                    expires_us: now_us,
                     next: unknown_state,
                 },
             }
@@ -209,7 +211,7 @@ fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{DelayPolicy, LimitReq, ManualClock, Rate};
+    use crate::limit::{Algorithm, DelayPolicy, LimitReq, ManualClock, Rate};
     use crate::store::MemoryStore;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -234,7 +236,7 @@ mod tests {
         fn kind(&self) -> &'static str {
             "counting"
         }
-        async fn inspect(&self, _: &str, _: &[u8]) -> Result<Option<BucketState>, StoreError> {
+        async fn inspect(&self, _: &str, _: &[u8]) -> Result<Option<State>, StoreError> {
             Ok(None)
         }
         async fn ping(&self) -> Result<(), StoreError> {
@@ -258,7 +260,12 @@ mod tests {
     }
 
     fn check(key: &[u8]) -> ZoneCheck<'_> {
-        let limit = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst: 0, delay: DelayPolicy::NoDelay };
+        let limit = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/s").unwrap(),
+            burst: 0,
+            delay: DelayPolicy::NoDelay,
+        };
         ZoneCheck { zone: "z", key, limit, cost: 1 }
     }
 

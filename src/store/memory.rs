@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{LimitStore, StoreError, ZoneCheck};
-use crate::limit::{decide_all, BucketState, Clock, SystemClock, Verdict, ZoneInput};
+use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput};
 
 const SHARDS: usize = 64;
 /// A shard is swept for expired state once it has grown to this size, then again at twice the
@@ -19,7 +19,7 @@ const MIN_SWEEP_LEN: usize = 1024;
 type StateKey = (Box<str>, Box<[u8]>);
 
 struct Entry {
-    state: BucketState,
+    state: State,
     expires_us: u64,
 }
 
@@ -68,7 +68,7 @@ impl MemoryStore {
                     .entries
                     .get(&(Box::from(c.zone), Box::from(c.key)))
                     .filter(|e| e.expires_us > now_us)
-                    .map(|e| e.state);
+                    .map(|e| e.state.clone());
                 ZoneInput { limit: &c.limit, state, cost: c.cost }
             })
             .collect();
@@ -76,7 +76,7 @@ impl MemoryStore {
         if verdict.admitted {
             for ((check, &s), zone) in checks.iter().zip(&shard_ids).zip(&verdict.zones) {
                 let shard = &mut guards[guard_index(s)].1;
-                let entry = Entry { state: zone.next, expires_us: zone.next.last_us + zone.reset_us };
+                let entry = Entry { state: zone.next.clone(), expires_us: zone.expires_us };
                 shard.entries.insert((Box::from(check.zone), Box::from(check.key)), entry);
                 shard.sweep_if_grown(now_us);
             }
@@ -85,10 +85,10 @@ impl MemoryStore {
     }
 
     /// The live state of one key, for tests and the admin API.
-    pub fn state(&self, zone: &str, key: &[u8]) -> Option<BucketState> {
+    pub fn state(&self, zone: &str, key: &[u8]) -> Option<State> {
         let now_us = self.clock.now_us();
         let shard = lock(&self.shards[shard_of(zone, key)]);
-        shard.entries.get(&(Box::from(zone), Box::from(key))).filter(|e| e.expires_us > now_us).map(|e| e.state)
+        shard.entries.get(&(Box::from(zone), Box::from(key))).filter(|e| e.expires_us > now_us).map(|e| e.state.clone())
     }
 
     /// Number of keys held, expired or not (memory accounting).
@@ -133,7 +133,7 @@ impl LimitStore for MemoryStore {
         "memory"
     }
 
-    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
         Ok(self.state(zone, key))
     }
 }
@@ -141,12 +141,17 @@ impl LimitStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{DelayPolicy, LimitReq, ManualClock, Rate};
+    use crate::limit::{Algorithm, DelayPolicy, LimitReq, ManualClock, Rate};
 
     const T0: u64 = 1_700_000_000_000_000;
 
     fn check<'a>(zone: &'a str, key: &'a [u8], burst: u64) -> ZoneCheck<'a> {
-        let limit = LimitReq { rate: Rate::parse("1r/s").unwrap(), burst, delay: DelayPolicy::NoDelay };
+        let limit = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("1r/s").unwrap(),
+            burst,
+            delay: DelayPolicy::NoDelay,
+        };
         ZoneCheck { zone, key, limit, cost: 1 }
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::limit::{BucketState, LimitReq, Verdict};
+use crate::limit::{LimitReq, State, Verdict};
 
 pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
 pub use self::guarded::GuardedStore;
@@ -52,7 +52,7 @@ pub trait LimitStore: Send + Sync {
     fn kind(&self) -> &'static str;
 
     /// The stored state of one key (for the admin API); `None` when absent, i.e. fully drained.
-    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError>;
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError>;
 
     /// Whether the store answers now (for readiness).
     async fn ping(&self) -> Result<(), StoreError> {

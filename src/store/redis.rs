@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use super::{LimitStore, StoreError, ZoneCheck};
-use crate::limit::{decide_all, BucketState, Clock, DelayPolicy, Verdict, ZoneOutcome};
+use crate::limit::{decide_all, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,8 +169,8 @@ impl LimitStore for RedisStore {
         "redis"
     }
 
-    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
-        self.raw_state(zone, key).await
+    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
+        Ok(self.raw_state(zone, key).await?.map(State::Bucket))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -231,7 +231,8 @@ fn parse_reply(reply: &[Value], zones: usize) -> Result<Verdict, StoreError> {
                 retry_after_us: optional_micros(&z[3])?,
                 remaining: micros(&z[4])?,
                 reset_us: micros(&z[5])?,
-                next: BucketState { level: float(&z[6])?, last_us: micros(&z[7])? },
+                expires_us: micros(&z[7])? + micros(&z[5])?,
+                next: State::Bucket(BucketState { level: float(&z[6])?, last_us: micros(&z[7])? }),
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
@@ -338,7 +339,7 @@ mod tests {
         assert_eq!(v.retry_after_us, Some(250_000));
         assert_eq!(v.zones[0].excess, 2.5);
         assert_eq!(v.zones[0].retry_after_us, Some(250_000));
-        assert_eq!(v.zones[0].next.level, 1.75);
+        assert!(matches!(v.zones[0].next, State::Bucket(b) if b.level == 1.75));
         assert!(parse_reply(&reply, 2).is_err());
         let mut bad = reply.clone();
         bad[1] = Value::Int(-3);

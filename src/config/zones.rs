@@ -1,0 +1,176 @@
+//! Compilation of `[[limit_req_zone]]`: key, algorithm, rate (or `window` + `limit`), and per-key
+//! overrides (`[[limit_req_zone.override]]`: a partner's own rate, or `rate = "unlimited"`).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::compile::{check_name, key_spec, parse_duration, unique, MAX_BURST};
+use super::error::{ConfigError, Source};
+use super::schema;
+use crate::keys::{KeyPart, KeySpec, RequestFacts};
+use crate::limit::{Algorithm, Rate};
+
+/// A named space of `limit_req` state (nginx `limit_req_zone`).
+#[derive(Debug, Clone)]
+pub struct Zone {
+    pub name: String,
+    pub key: KeySpec,
+    pub algorithm: Algorithm,
+    /// Buckets: the sustained rate. Windows: `count` per `period_us`.
+    pub rate: Rate,
+    /// Checked in file order; the first that matches the request applies.
+    pub overrides: Vec<Override>,
+}
+
+/// Different limits for some keys (hot keys, premium tenants), like Envoy's descriptor values.
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub matcher: OverrideMatch,
+    /// `None`: `rate = "unlimited"`, the key is not limited by this zone.
+    pub rate: Option<Rate>,
+    /// Replaces the burst of every route's reference to the zone, for this key.
+    pub burst: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub enum OverrideMatch {
+    /// `match = "203.0.113.0/24"` (zones keyed on `ip`).
+    ClientIp(IpNet),
+    /// `match = "header:X-Api-Key=partner-123"` (also `query:` and `cookie:`): that part of the
+    /// key equals the value.
+    Part(KeyPart, Vec<u8>),
+}
+
+impl Zone {
+    /// The override for this request, if one matches.
+    pub fn override_for(&self, facts: &RequestFacts<'_>) -> Option<&Override> {
+        self.overrides.iter().find(|o| match &o.matcher {
+            OverrideMatch::ClientIp(net) => facts.client_ip.is_some_and(|ip| net.contains(&ip)),
+            OverrideMatch::Part(part, value) => KeySpec(vec![part.clone()]).extract(facts) == *value,
+        })
+    }
+}
+
+pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>) -> Result<Vec<Zone>, ConfigError> {
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for zone in list {
+        let span = zone.span();
+        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, overrides } = zone.into_inner();
+        check_name(src, &name, "limit_req_zone.name")?;
+        unique(src, &mut seen, &name, "limit_req_zone")?;
+        let zname = name.get_ref().clone();
+        let key = key_spec(src, &key, "limit_req_zone", &zname)?;
+        let algorithm = match &algorithm {
+            None => Algorithm::LeakyBucket,
+            Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {
+                src.error_at(
+                    &a.span(),
+                    format!(
+                "limit_req_zone {zname:?}: algorithm: expected leaky_bucket, token_bucket, fixed_window, sliding_log \
+                 or sliding_window, got {:?}", a.get_ref()),
+                )
+            })?,
+        };
+        let rate = match (rate, window, limit) {
+            (Some(r), None, None) => parse_rate(src, &r, &zname)?,
+            (None, Some(w), Some(l)) if algorithm.is_window() => {
+                let period = parse_duration(w.get_ref())
+                    .filter(|d| d.as_millis() >= 1 && d.as_secs() <= 86_400)
+                    .ok_or_else(|| src.error_at(&w.span(), format!(
+                        "limit_req_zone {zname:?}: window: expected a duration from \"1ms\" to \"24h\" like \"10s\", got {:?}", w.get_ref())))?;
+                if !(1..=MAX_BURST).contains(l.get_ref()) {
+                    return Err(src.error_at(&l.span(), format!(
+                        "limit_req_zone {zname:?}: limit must be 1..={MAX_BURST}, got {}", l.get_ref())));
+                }
+                Rate { count: *l.get_ref() as u64, period_us: period.as_micros() as u64 }
+            }
+            (None, w, l) if !algorithm.is_window() && (w.is_some() || l.is_some()) => {
+                let at = w.map_or_else(|| span.clone(), |w| w.span());
+                return Err(src.error_at(&at, format!(
+                    "limit_req_zone {zname:?}: window and limit apply to window algorithms; {} takes rate", algorithm.as_str())));
+            }
+            _ => {
+                return Err(src.error_at(&span, format!(
+                    "limit_req_zone {zname:?}: give rate = \"10r/s\" (or, for window algorithms, window = \"10s\" and limit = 50)")))
+            }
+        };
+        if algorithm == Algorithm::SlidingLog && rate.count > 10_000 {
+            return Err(src.error_at(
+                &span,
+                format!(
+                "limit_req_zone {zname:?}: sliding_log keeps one entry per admitted request; a limit of {} per window \
+                 would cost too much memory per key (at most 10000): use sliding_window", rate.count),
+            ));
+        }
+        let overrides =
+            overrides.iter().map(|o| compile_override(src, o.get_ref(), &key, &zname)).collect::<Result<_, _>>()?;
+        out.push(Zone { name: zname, key, algorithm, rate, overrides });
+    }
+    Ok(out)
+}
+
+fn parse_rate(src: &Source<'_>, rate: &Spanned<String>, zone: &str) -> Result<Rate, ConfigError> {
+    Rate::parse(rate.get_ref()).map_err(|e| src.error_at(&rate.span(), format!("limit_req_zone {zone:?}: rate: {e}")))
+}
+
+fn compile_override(
+    src: &Source<'_>,
+    o: &schema::ZoneOverride,
+    key: &KeySpec,
+    zone: &str,
+) -> Result<Override, ConfigError> {
+    let text = o.matches.get_ref();
+    let at = o.matches.span();
+    let matcher = if let Some(net) = text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+    {
+        if !key.0.contains(&KeyPart::ClientIp) {
+            return Err(src.error_at(
+                &at,
+                format!(
+                    "limit_req_zone {zone:?}: override match {text:?} is an address, but the zone's key has no \"ip\""
+                ),
+            ));
+        }
+        OverrideMatch::ClientIp(net)
+    } else {
+        let (part, value) = text.split_once('=').ok_or_else(|| {
+            src.error_at(
+                &at,
+                format!(
+            "limit_req_zone {zone:?}: override match: expected an IP/CIDR or \"header:NAME=value\", got {text:?}"),
+            )
+        })?;
+        let part = KeyPart::parse(part)
+            .map_err(|e| src.error_at(&at, format!("limit_req_zone {zone:?}: override match: {e}")))?;
+        if !key.0.contains(&part) {
+            return Err(src.error_at(
+                &at,
+                format!("limit_req_zone {zone:?}: override match {text:?} names a part that is not in the zone's key"),
+            ));
+        }
+        OverrideMatch::Part(part, value.as_bytes().to_vec())
+    };
+    let rate = match &o.rate {
+        Some(r) if r.get_ref() == "unlimited" => None,
+        Some(r) => Some(parse_rate(src, r, zone)?),
+        None => {
+            return Err(
+                src.error_at(&at, format!("limit_req_zone {zone:?}: override: give rate (or rate = \"unlimited\")"))
+            )
+        }
+    };
+    let burst = match &o.burst {
+        None => None,
+        Some(b) if (0..=MAX_BURST).contains(b.get_ref()) => Some(*b.get_ref() as u64),
+        Some(b) => {
+            return Err(
+                src.error_at(&b.span(), format!("limit_req_zone {zone:?}: override burst must be 0..={MAX_BURST}"))
+            )
+        }
+    };
+    Ok(Override { matcher, rate, burst })
+}

@@ -1,0 +1,88 @@
+//! What a zone limits with: the algorithm and its parameters, as one `limit_req` reference sees them.
+
+use super::Rate;
+
+/// The rate-limiting algorithm of a zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// nginx `limit_req` (GCRA): `rate`, `burst`, `delay`/`nodelay`. The default.
+    LeakyBucket,
+    /// Refills `rate`, holds `burst + 1` tokens, a request spends `cost`; never delays.
+    TokenBucket,
+    /// `rate.count` per epoch-aligned window of `rate.period_us` (INCR + PEXPIRE).
+    FixedWindow,
+    /// At most `rate.count` admissions in any window of `rate.period_us` ending now (exact).
+    SlidingLog,
+    /// The two-counter estimate of a sliding window: previous window weighted by its overlap.
+    SlidingWindow,
+}
+
+impl Algorithm {
+    pub fn parse(text: &str) -> Option<Algorithm> {
+        Some(match text {
+            "leaky_bucket" => Algorithm::LeakyBucket,
+            "token_bucket" => Algorithm::TokenBucket,
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_log" => Algorithm::SlidingLog,
+            "sliding_window" => Algorithm::SlidingWindow,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+
+    /// The number the Lua script dispatches on.
+    pub fn id(self) -> u8 {
+        match self {
+            Algorithm::LeakyBucket => 0,
+            Algorithm::TokenBucket => 1,
+            Algorithm::FixedWindow => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::SlidingWindow => 4,
+        }
+    }
+
+    /// Window algorithms count per window and know no burst or delay.
+    pub fn is_window(self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow)
+    }
+}
+
+/// The parameters of one `limit_req` reference: the zone's algorithm and rate plus the reference's
+/// burst and delay (bucket algorithms only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReq {
+    pub algorithm: Algorithm,
+    /// Bucket algorithms: the sustained rate. Window algorithms: `count` per window of `period_us`.
+    pub rate: Rate,
+    pub burst: u64,
+    pub delay: DelayPolicy,
+}
+
+impl LimitReq {
+    /// What one window or bucket holds: `burst + 1` for buckets, the count for windows.
+    pub fn capacity(&self) -> u64 {
+        if self.algorithm.is_window() {
+            self.rate.count
+        } else {
+            self.burst + 1
+        }
+    }
+}
+
+/// Which excess requests wait (leaky bucket only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayPolicy {
+    /// `nodelay`: everything within the burst is forwarded at once.
+    NoDelay,
+    /// `delay = N`: the first N excess requests go at once, later ones wait (N = 0: `burst` alone).
+    After(u64),
+}
