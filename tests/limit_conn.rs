@@ -1,0 +1,931 @@
+//! End-to-end `limit_conn`, `allow`/`deny` and upstream `max_conns` of the `weir` binary: real weir
+//! processes, a real redis-server, a real upstream that measures its own concurrency, real sockets
+//! on loopback.
+//!
+//! The upstream of this file (`Gauge`) counts requests in flight (from the end of the request head
+//! to just before the response is written) and remembers the largest count, so a cap that lets one
+//! request too many through shows as a number, not as a timing guess. A request whose path
+//! contains `/sleep/<ms>/` is held that long before it is answered.
+
+mod support;
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::http::{self, Conn, Request, Response};
+use support::redis_server::RedisServer;
+use support::weir::{free_port, Weir};
+
+/// How long metrics and access-log lines may take to appear after a response was read.
+const SETTLE: Duration = Duration::from_secs(5);
+/// The Redis key of zone `conn_per_ip` for a client on 127.0.0.1 (default prefix `weir:`).
+const LOCAL_KEY: &str = "weir:conn:conn_per_ip:{127.0.0.1}";
+
+// ---------------------------------------------------------------------------------------------
+// An upstream that measures its concurrency
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct GaugeInner {
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    hits: AtomicUsize,
+    stop: AtomicBool,
+}
+
+struct Gauge {
+    addr: SocketAddr,
+    inner: Arc<GaugeInner>,
+}
+
+impl Gauge {
+    fn start() -> Gauge {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind gauge upstream");
+        let addr = listener.local_addr().unwrap();
+        let inner = Arc::new(GaugeInner::default());
+        let acc = inner.clone();
+        thread::Builder::new()
+            .name("gauge-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if acc.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let inner = acc.clone();
+                    let _ = thread::Builder::new().name("gauge-conn".into()).spawn(move || {
+                        let _ = gauge_serve(conn, &inner);
+                    });
+                }
+            })
+            .expect("spawn gauge accept thread");
+        Gauge { addr, inner }
+    }
+
+    fn addr_str(&self) -> String {
+        self.addr.to_string()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    fn hits(&self) -> usize {
+        self.inner.hits.load(Ordering::SeqCst)
+    }
+
+    /// Start a new measurement of the largest concurrency.
+    fn reset_max(&self) {
+        self.inner.max_in_flight.store(self.in_flight(), Ordering::SeqCst);
+    }
+
+    /// Wait (bounded) until exactly `n` requests are in flight.
+    fn wait_in_flight(&self, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || self.in_flight() == n).is_some()
+    }
+}
+
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500));
+    }
+}
+
+/// `/…/sleep/<ms>/…` → ms.
+fn sleep_of(path: &str) -> u64 {
+    let segments: Vec<&str> = path.split('/').collect();
+    segments.windows(2).find(|w| w[0] == "sleep").and_then(|w| w[1].parse().ok()).unwrap_or(0)
+}
+
+fn gauge_serve(stream: TcpStream, inner: &GaugeInner) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(15)))?;
+    stream.set_nodelay(true)?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line)? == 0 {
+                return Ok(());
+            }
+            if !String::from_utf8_lossy(&line).trim().is_empty() {
+                break;
+            }
+        }
+        let request_line = String::from_utf8_lossy(&line).trim().to_string();
+        let path = request_line.split(' ').nth(1).unwrap_or("").to_string();
+        let mut content_length = 0u64;
+        let mut close = false;
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line)? == 0 {
+                return Ok(());
+            }
+            let l = String::from_utf8_lossy(&line).trim().to_ascii_lowercase();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.strip_prefix("content-length:") {
+                content_length = v.trim().parse().unwrap_or(0);
+            }
+            if l.starts_with("connection:") && l.contains("close") {
+                close = true;
+            }
+        }
+        io::copy(&mut (&mut reader).take(content_length), &mut io::sink())?;
+
+        inner.hits.fetch_add(1, Ordering::SeqCst);
+        let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        inner.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let until = Instant::now() + Duration::from_millis(sleep_of(&path));
+        while Instant::now() < until && !inner.stop.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(10).min(until.saturating_duration_since(Instant::now())));
+        }
+        // Out of flight before the first response byte: weir cannot finish (and release) a request
+        // before this, so `max_in_flight` never over-counts a cap that holds.
+        inner.in_flight.fetch_sub(1, Ordering::SeqCst);
+
+        let mut out = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n",
+            path.len(),
+            if close { "Connection: close\r\n" } else { "" }
+        )
+        .into_bytes();
+        out.extend_from_slice(path.as_bytes());
+        writer.write_all(&out)?;
+        writer.flush()?;
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Polls `f` every 20 ms until it holds or `timeout` passes; how long it took, if it held.
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() >= timeout {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends every request at once (connections opened first, then a barrier), returns the responses
+/// in order. Panics on any I/O error.
+fn fire(reqs: Vec<(SocketAddr, Request)>) -> Vec<Response> {
+    let barrier = Arc::new(Barrier::new(reqs.len()));
+    let handles: Vec<_> = reqs
+        .into_iter()
+        .map(|(addr, req)| {
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                let conn = Conn::connect(addr);
+                barrier.wait();
+                let r = conn.and_then(|mut c| c.send(&req));
+                r.unwrap_or_else(|e| panic!("{} {} to {addr}: {e}", req.method, req.target))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+}
+
+/// `n` copies of `GET path` to `addr`.
+fn many(addr: SocketAddr, path: &str, n: usize) -> Vec<(SocketAddr, Request)> {
+    (0..n).map(|_| (addr, Request::get(path))).collect()
+}
+
+fn statuses(rs: &[Response]) -> Vec<u16> {
+    let mut s: Vec<u16> = rs.iter().map(|r| r.status).collect();
+    s.sort_unstable();
+    s
+}
+
+fn summaries(rs: &[Response]) -> String {
+    rs.iter().map(|r| format!("  {}\n", r.summary())).collect()
+}
+
+fn json(r: &Response) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", r.summary()))
+}
+
+/// A limit_conn rejection: status, `Retry-After: 1`, the concurrency policy, the JSON error.
+fn assert_conn_rejection(r: &Response, status: u16, zone: &str, max: u32) {
+    let ctx = r.summary();
+    assert_eq!(r.status, status, "rejection status: {ctx}");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"), "Retry-After: 1: {ctx}");
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some(format!("\"{zone}\";q={max};qu=\"concurrent-requests\"")),
+        "RateLimit-Policy of a concurrency cap: {ctx}"
+    );
+    let ct = r.header("content-type").unwrap_or_default();
+    assert!(ct.starts_with("application/json"), "content-type application/json: {ctx}");
+    let body = json(r);
+    assert_eq!(body["error"], "too_many_concurrent_requests", "JSON error: {ctx}");
+    assert_eq!(body["zone"], zone, "JSON zone: {ctx}");
+}
+
+fn zcard(conn: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("ZCARD").arg(key).query(conn).expect("ZCARD")
+}
+
+fn exists(conn: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<u64>(conn).expect("EXISTS") == 1
+}
+
+fn conn_keys(conn: &mut redis::Connection) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("weir:conn:*").query(conn).expect("KEYS");
+    keys.sort();
+    keys
+}
+
+/// Redis' clock in ms.
+fn redis_now_ms(conn: &mut redis::Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// The access-log lines (JSON, target `weir::access`) of `w`; other stderr lines are skipped.
+fn access(w: &Weir) -> Vec<Value> {
+    w.stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "weir::access")
+        .collect()
+}
+
+/// Waits (bounded) until `w` logged at least `n` access lines.
+fn access_n(w: &Weir, n: usize) -> Vec<Value> {
+    let mut lines = Vec::new();
+    wait_until(SETTLE, || {
+        lines = access(w);
+        lines.len() >= n
+    });
+    lines
+}
+
+fn count_conn(lines: &[Value], status: &str) -> usize {
+    lines.iter().filter(|l| l["limit_conn"] == status).count()
+}
+
+/// The value of one series of the Prometheus text `text`, if present.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, lbl) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let has = |k: &str, v: &str| lbl.split(',').any(|p| p == format!("{k}=\"{v}\""));
+        (n == name && labels.iter().all(|(k, v)| has(k, v))).then(|| value.parse().ok()).flatten()
+    })
+}
+
+fn scrape(admin: SocketAddr) -> String {
+    let r = http::get(admin, "/metrics");
+    assert_eq!(r.status, 200, "GET /metrics: {}", r.summary());
+    r.text()
+}
+
+/// Waits (bounded) until the metric has `want`; returns the last scrape for messages.
+fn wait_metric(admin: SocketAddr, name: &str, labels: &[(&str, &str)], want: f64) -> Result<(), String> {
+    let mut last = String::new();
+    let ok = wait_until(SETTLE, || {
+        last = scrape(admin);
+        // A counter never touched has no series yet: that is a 0.
+        metric(&last, name, labels).unwrap_or(0.0) == want
+    });
+    match ok {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "{name}{labels:?}: want {want}, got {:?}\n{}",
+            metric(&last, name, labels),
+            last.lines().filter(|l| l.contains("limit_conn")).collect::<Vec<_>>().join("\n")
+        )),
+    }
+}
+
+/// A config on the shared Redis with zone `conn_per_ip` (key = ip), an admin listener ($LISTEN2),
+/// JSON logs, followed by `rest`.
+fn redis_config(redis: &RedisServer, up: &str, lease_ttl: &str, rest: &str) -> String {
+    format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+admin = "$LISTEN2"
+
+[log]
+format = "json"
+
+[store]
+kind = "redis"
+url = "{url}"
+timeout = "2s"
+lease_ttl = "{lease_ttl}"
+
+[[upstream]]
+name = "app"
+servers = ["{up}"]
+
+[[limit_conn_zone]]
+name = "conn_per_ip"
+key = "ip"
+
+{rest}"#,
+        url = redis.url()
+    )
+}
+
+/// The same on the memory store, with an `[[upstream]]` and zones written by the caller.
+fn memory_config(rest: &str) -> String {
+    format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+admin = "$LISTEN2"
+
+[log]
+format = "json"
+
+[store]
+kind = "memory"
+
+{rest}"#
+    )
+}
+
+fn admin(w: &Weir) -> SocketAddr {
+    w.addrs[1]
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. One cap for the fleet
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn redis_two_instances_share_one_cap_and_the_lease_set_drains() {
+    let redis = RedisServer::start();
+    let up = Gauge::start();
+    let route = r#"
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ { zone = "conn_per_ip", max = 3 } ]
+"#;
+    let a = Weir::start(&redis_config(&redis, &up.addr_str(), "30s", route));
+    let b = Weir::start(&redis_config(&redis, &up.addr_str(), "30s", route));
+    let mut rc = redis.connection();
+
+    // 10 concurrent requests on one key (127.0.0.1), 5 on each instance, each held 1.5 s upstream.
+    let reqs: Vec<(SocketAddr, Request)> =
+        (0..10).map(|i| (if i % 2 == 0 { a.addr } else { b.addr }, Request::get("/api/sleep/1500/x"))).collect();
+    let t0 = Instant::now();
+    let burst = thread::spawn(move || fire(reqs));
+
+    // While the admitted ones are held: exactly 3 leases in the one fleet-wide set.
+    assert!(
+        up.wait_in_flight(3, Duration::from_secs(5)),
+        "3 requests reach the upstream; in flight {}",
+        up.in_flight()
+    );
+    let keys = conn_keys(&mut rc);
+    assert_eq!(keys, vec![LOCAL_KEY.to_string()], "one lease set, named <prefix>conn:<zone>:{{<key>}}");
+    assert_eq!(zcard(&mut rc, LOCAL_KEY), 3, "3 leases held");
+    let now = redis_now_ms(&mut rc);
+    let scores: Vec<(String, f64)> =
+        redis::cmd("ZRANGE").arg(LOCAL_KEY).arg(0).arg(-1).arg("WITHSCORES").query(&mut rc).unwrap();
+    for (member, score) in &scores {
+        let s = *score as u64;
+        assert!(s > now && s <= now + 30_000 + 1000, "lease {member} expires within lease_ttl: {s} vs now {now}");
+        assert!(member.contains(':'), "lease id <instance>:<counter>: {member}");
+    }
+
+    let rs = burst.join().expect("burst thread");
+    let took = t0.elapsed();
+    assert_eq!(
+        statuses(&rs),
+        vec![200, 200, 200, 503, 503, 503, 503, 503, 503, 503],
+        "max = 3 across both instances: 3 pass, 7 rejected; responses:\n{}",
+        summaries(&rs)
+    );
+    for r in rs.iter().filter(|r| r.status == 200) {
+        assert_eq!(r.text(), "/api/sleep/1500/x", "proxied: {}", r.summary());
+    }
+    for r in rs.iter().filter(|r| r.status != 200) {
+        assert_conn_rejection(r, 503, "conn_per_ip", 3);
+    }
+    assert_eq!(up.hits(), 3, "only the admitted requests reached the upstream");
+    assert_eq!(up.max_in_flight(), 3, "the upstream never had more than 3 in flight");
+    assert!(took >= Duration::from_millis(1500), "the admitted requests were held 1.5 s: {took:?}");
+
+    // Both instances logged their share: 3 PASSED, 7 REJECTED in all.
+    let (la, lb) = (access_n(&a, 5), access_n(&b, 5));
+    let all: Vec<Value> = la.iter().chain(&lb).cloned().collect();
+    assert_eq!(count_conn(&all, "PASSED"), 3, "access log PASSED: {all:#?}");
+    assert_eq!(count_conn(&all, "REJECTED"), 7, "access log REJECTED: {all:#?}");
+    for w in [&a, &b] {
+        let l = access(w);
+        let passed = count_conn(&l, "PASSED") as f64;
+        let rejected = count_conn(&l, "REJECTED") as f64;
+        let labels = |s| [("zone", "conn_per_ip"), ("status", s)];
+        wait_metric(admin(w), "weir_limit_conn_decisions_total", &labels("passed"), passed).unwrap();
+        wait_metric(admin(w), "weir_limit_conn_decisions_total", &labels("rejected"), rejected).unwrap();
+        wait_metric(admin(w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+    }
+
+    // The set drains: every lease was released when its request ended.
+    let drained = wait_until(Duration::from_secs(3), || zcard(&mut rc, LOCAL_KEY) == 0);
+    assert!(drained.is_some(), "ZCARD {LOCAL_KEY} back to 0; members: {:?}", {
+        let m: Vec<String> = redis::cmd("ZRANGE").arg(LOCAL_KEY).arg(0).arg(-1).query(&mut rc).unwrap();
+        m
+    });
+    assert!(!exists(&mut rc, LOCAL_KEY), "an empty lease set is gone");
+
+    // The slots are free again: 3 new concurrent requests over both instances all pass.
+    up.reset_max();
+    let again = fire(vec![
+        (a.addr, Request::get("/api/sleep/300/again")),
+        (b.addr, Request::get("/api/sleep/300/again")),
+        (a.addr, Request::get("/api/sleep/300/again")),
+    ]);
+    assert_eq!(statuses(&again), vec![200, 200, 200], "after the burst: \n{}", summaries(&again));
+    assert_eq!(up.max_in_flight(), 3, "3 in flight together upstream, never more");
+    assert!(wait_until(Duration::from_secs(3), || zcard(&mut rc, LOCAL_KEY) == 0).is_some(), "the set drains again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A crashed instance loses its leases after lease_ttl, not before, not never
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn redis_sigkilled_instance_leases_are_renewed_while_alive_and_expire_after_ttl() {
+    let redis = RedisServer::start();
+    let up = Gauge::start();
+    let route = r#"
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ { zone = "conn_per_ip", max = 3 } ]
+"#;
+    let mut a = Weir::start(&redis_config(&redis, &up.addr_str(), "3s", route));
+    let b = Weir::start(&redis_config(&redis, &up.addr_str(), "3s", route));
+    let mut rc = redis.connection();
+
+    // A holds all 3 slots on requests the upstream holds for 20 s.
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = a.addr;
+            thread::spawn(move || http::send(addr, &Request::get("/api/sleep/20000/held")))
+        })
+        .collect();
+    assert!(up.wait_in_flight(3, Duration::from_secs(5)), "A's 3 requests in flight; got {}", up.in_flight());
+    assert_eq!(zcard(&mut rc, LOCAL_KEY), 3, "A holds 3 leases");
+    let acquired = Instant::now();
+    let r = http::get(b.addr, "/api/fast/before");
+    assert_conn_rejection(&r, 503, "conn_per_ip", 3);
+
+    // Past one lease_ttl the leases are still there: A renews them (every ttl/3).
+    thread::sleep(Duration::from_millis(4500).saturating_sub(acquired.elapsed()));
+    let now = redis_now_ms(&mut rc);
+    let live: u64 = redis::cmd("ZCOUNT").arg(LOCAL_KEY).arg(format!("({now}")).arg("+inf").query(&mut rc).unwrap();
+    assert_eq!(live, 3, "4.5 s after acquisition (lease_ttl 3 s) A's leases are renewed and live");
+    let r = http::get(b.addr, "/api/fast/renewed");
+    assert_conn_rejection(&r, 503, "conn_per_ip", 3);
+    a.assert_alive("while holding leases");
+
+    // SIGKILL: no release, no more renewals.
+    let killed = Instant::now();
+    a.kill();
+    let r = http::get(b.addr, "/api/fast/right-after-kill");
+    assert_conn_rejection(&r, 503, "conn_per_ip", 3);
+    for h in held {
+        // The client side of A's requests ends with A (reset or EOF), not after 20 s.
+        let res = h.join().expect("held request thread");
+        assert!(
+            res.as_ref().map_or(true, |r| r.status != 200),
+            "a request of the killed A got {:?}",
+            res.map(|r| r.summary())
+        );
+    }
+
+    // B polls until a slot is back.
+    let mut rejected_after_kill = 1;
+    let back = loop {
+        let r = http::get(b.addr, "/api/fast/poll");
+        if r.status == 200 {
+            break killed.elapsed();
+        }
+        assert_conn_rejection(&r, 503, "conn_per_ip", 3);
+        rejected_after_kill += 1;
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "no slot back on B 10 s after A was killed (lease_ttl 3 s)"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    println!("slot back on B {back:?} after SIGKILL of A ({rejected_after_kill} rejections meanwhile)");
+    // Leases were renewed at most ttl/3 = 1 s before the kill, so they live at least 2 s more.
+    assert!(back >= Duration::from_millis(1800), "a slot came back {back:?} after the kill: before lease_ttl - ttl/3");
+
+    // All three of A's slots are back: B now takes 3 (and only 3) at once.
+    thread::sleep(Duration::from_millis(500));
+    up.reset_max();
+    let rs = fire(many(b.addr, "/api/sleep/1000/b", 4));
+    assert_eq!(statuses(&rs), vec![200, 200, 200, 503], "B alone holds the 3 slots:\n{}", summaries(&rs));
+    let gone = wait_until(Duration::from_secs(5), || !exists(&mut rc, LOCAL_KEY));
+    assert!(gone.is_some(), "the lease set vanishes once its leases are released or expired");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A request that ends early gives its lease back at once
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn redis_client_abort_releases_the_lease_long_before_ttl() {
+    let redis = RedisServer::start();
+    let up = Gauge::start();
+    let route = r#"
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ { zone = "conn_per_ip", max = 1 } ]
+"#;
+    let w = Weir::start(&redis_config(&redis, &up.addr_str(), "30s", route));
+    let mut rc = redis.connection();
+
+    // The upstream holds this one 10 s; the client goes away after 0.3 s in flight.
+    let mut c = Conn::connect(w.addr).unwrap();
+    c.send_raw(&Request::get("/api/sleep/10000/abort").to_bytes()).unwrap();
+    assert!(up.wait_in_flight(1, Duration::from_secs(5)), "request in flight");
+    assert_eq!(zcard(&mut rc, LOCAL_KEY), 1, "one lease held");
+    let r = http::get(w.addr, "/api/fast/while-held");
+    assert_conn_rejection(&r, 503, "conn_per_ip", 1);
+    thread::sleep(Duration::from_millis(300));
+    let closed = Instant::now();
+    c.stream().shutdown(Shutdown::Both).unwrap();
+    drop(c);
+
+    let released = wait_until(Duration::from_secs(3), || zcard(&mut rc, LOCAL_KEY) == 0);
+    assert!(
+        released.is_some(),
+        "lease still held {:?} after the client closed (lease_ttl 30 s, upstream answers after 10 s); ZCARD {}",
+        closed.elapsed(),
+        zcard(&mut rc, LOCAL_KEY)
+    );
+    println!("client abort: lease released {:?} after the client closed", released.unwrap());
+    let r = http::get(w.addr, "/api/fast/after-abort");
+    assert_eq!(r.status, 200, "the slot is free again: {}", r.summary());
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+}
+
+#[test]
+fn redis_upstream_refusing_connections_releases_the_lease() {
+    let redis = RedisServer::start();
+    // Nothing listens there.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let route = r#"
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ { zone = "conn_per_ip", max = 1 } ]
+"#;
+    let w = Weir::start(&redis_config(&redis, &dead, "30s", route));
+    let mut rc = redis.connection();
+    for i in 0..3 {
+        let r = http::get(w.addr, &format!("/api/refused/{i}"));
+        assert_eq!(
+            r.status,
+            502,
+            "request {i}: upstream refuses, so 502 — not a 503 from a leaked lease: {}",
+            r.summary()
+        );
+        let released = wait_until(Duration::from_secs(2), || zcard(&mut rc, LOCAL_KEY) == 0);
+        assert!(released.is_some(), "request {i}: lease released after the 502; ZCARD {}", zcard(&mut rc, LOCAL_KEY));
+    }
+    let lines = access_n(&w, 3);
+    assert_eq!(count_conn(&lines, "PASSED"), 3, "each 502 had taken (and given back) a lease: {lines:#?}");
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Dry run
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn dry_run_limit_conn_passes_everything_and_logs_rejected_dry_run() {
+    let up = Gauge::start();
+    let w = Weir::start(&memory_config(&format!(
+        r#"
+[[upstream]]
+name = "app"
+servers = ["{}"]
+
+[[limit_conn_zone]]
+name = "shadow"
+key = "ip"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ {{ zone = "shadow", max = 1, dry_run = true }} ]
+"#,
+        up.addr_str()
+    )));
+    let rs = fire(many(w.addr, "/api/sleep/1000/dry", 3));
+    assert_eq!(statuses(&rs), vec![200, 200, 200], "dry run rejects nothing:\n{}", summaries(&rs));
+    for r in &rs {
+        assert!(!r.has_header("ratelimit-policy"), "a shadow limit adds no headers: {}", r.summary());
+        assert!(!r.has_header("retry-after"), "a shadow limit adds no headers: {}", r.summary());
+    }
+    assert_eq!(up.max_in_flight(), 3, "all 3 were in flight together upstream");
+    let lines = access_n(&w, 3);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert_eq!(count_conn(&lines, "PASSED"), 1, "one took the lease: {lines:#?}");
+    assert_eq!(count_conn(&lines, "REJECTED_DRY_RUN"), 2, "two would have been rejected: {lines:#?}");
+    let labels = |s| [("zone", "shadow"), ("status", s)];
+    wait_metric(admin(&w), "weir_limit_conn_decisions_total", &labels("rejected_dry_run"), 2.0).unwrap();
+    wait_metric(admin(&w), "weir_limit_conn_decisions_total", &labels("passed"), 1.0).unwrap();
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. allow / deny, real IP, upstream max_conns
+// ---------------------------------------------------------------------------------------------
+
+/// A loopback IPv6 port free a moment ago, or None when ::1 cannot be bound here.
+fn free_port_v6() -> Option<u16> {
+    TcpListener::bind("[::1]:0").ok().and_then(|l| l.local_addr().ok()).map(|a| a.port())
+}
+
+#[test]
+fn allow_deny_first_match_in_file_order_v4_and_v6() {
+    let up = Gauge::start();
+    let v6 = free_port_v6();
+    let listen = match v6 {
+        Some(p) => format!("\"$LISTEN\", \"[::1]:{p}\""),
+        None => "\"$LISTEN\"".to_string(),
+    };
+    let config = format!(
+        r#"[server]
+listen = [{listen}]
+threads = 2
+
+[log]
+format = "json"
+
+[[upstream]]
+name = "app"
+servers = ["{up}"]
+
+[[limit_req_zone]]
+name = "once"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "deny_first"
+path_prefix = "/df/"
+upstream = "app"
+limit_req = [ {{ zone = "once", burst = 0, nodelay = true }} ]
+deny = ["127.0.0.1"]
+allow = ["all"]
+
+[[route]]
+name = "allow_first"
+path_prefix = "/af/"
+upstream = "app"
+allow = ["all"]
+deny = ["127.0.0.1"]
+
+[[route]]
+name = "v4_only"
+path_prefix = "/v4/"
+upstream = "app"
+allow = ["127.0.0.0/8"]
+deny = ["all"]
+
+[[route]]
+name = "no_v6_loopback"
+path_prefix = "/v6/"
+upstream = "app"
+deny = ["::1"]
+"#,
+        up = up.addr_str()
+    );
+    let w = Weir::start(&config);
+
+    // deny before allow: 403, before limit_req (three denials, never a 429, nothing charged).
+    for i in 0..3 {
+        let r = http::get(w.addr, &format!("/df/{i}"));
+        assert_eq!(r.status, 403, "deny 127.0.0.1 written first wins: {}", r.summary());
+        let body = json(&r);
+        assert_eq!(body["error"], "forbidden", "{}", r.summary());
+        assert_eq!(body["route"], "deny_first", "{}", r.summary());
+    }
+    // allow before deny: passes.
+    for i in 0..3 {
+        let r = http::get(w.addr, &format!("/af/{i}"));
+        assert_eq!(r.status, 200, "allow all written first wins: {}", r.summary());
+    }
+    assert_eq!(http::get(w.addr, "/v4/x").status, 200, "127.0.0.1 in 127.0.0.0/8");
+    assert_eq!(http::get(w.addr, "/v6/x").status, 200, "no rule matches 127.0.0.1: allowed");
+    assert_eq!(up.hits(), 5, "denied requests never reach the upstream");
+
+    let Some(p) = v6 else {
+        println!("skipping the IPv6 part: cannot bind [::1]");
+        return;
+    };
+    let v6addr: SocketAddr = format!("[::1]:{p}").parse().unwrap();
+    let listening =
+        wait_until(Duration::from_secs(10), || TcpStream::connect_timeout(&v6addr, Duration::from_millis(200)).is_ok());
+    assert!(listening.is_some(), "weir listens on {v6addr}\n{}", w.stderr());
+    let r = http::get(v6addr, "/v6/x");
+    assert_eq!(r.status, 403, "deny ::1 from ::1: {}", r.summary());
+    assert_eq!(json(&r)["error"], "forbidden");
+    let r = http::get(v6addr, "/v4/x");
+    assert_eq!(r.status, 403, "::1 matches only deny all on the v4-only route: {}", r.summary());
+    let r = http::get(v6addr, "/af/x");
+    assert_eq!(r.status, 200, "allow all covers IPv6: {}", r.summary());
+    let r = http::get(v6addr, "/df/x");
+    assert_eq!(r.status, 200, "deny 127.0.0.1 does not match ::1; the later allow all does: {}", r.summary());
+}
+
+#[test]
+fn allow_deny_and_limit_conn_use_the_real_ip_behind_trusted_proxies() {
+    let up = Gauge::start();
+    let w = Weir::start(&memory_config(&format!(
+        r#"
+[real_ip]
+trusted = ["127.0.0.1/32"]
+
+[[upstream]]
+name = "app"
+servers = ["{}"]
+
+[[limit_conn_zone]]
+name = "conn_real"
+key = "ip"
+
+[[route]]
+name = "partners"
+path_prefix = "/p/"
+upstream = "app"
+limit_conn = [ {{ zone = "conn_real", max = 2 }} ]
+allow = ["203.0.113.0/24"]
+deny = ["all"]
+"#,
+        up.addr_str()
+    )));
+    let xff = |ip: &str, path: &str| Request::get(path).header("X-Forwarded-For", ip);
+
+    let r = http::must_send(w.addr, &xff("203.0.113.5", "/p/ok"));
+    assert_eq!(r.status, 200, "real IP 203.0.113.5 is allowed: {}", r.summary());
+    let r = http::must_send(w.addr, &xff("198.51.100.1", "/p/no"));
+    assert_eq!(r.status, 403, "real IP 198.51.100.1 is denied: {}", r.summary());
+    assert_eq!(json(&r)["error"], "forbidden");
+    let r = http::get(w.addr, "/p/no-header");
+    assert_eq!(r.status, 403, "without the header the real IP is the peer 127.0.0.1: denied: {}", r.summary());
+    // Right to left: the first untrusted hop is the client; what it claims before is ignored.
+    let r = http::must_send(w.addr, &xff("203.0.113.5, 198.51.100.1", "/p/spoof"));
+    assert_eq!(r.status, 403, "198.51.100.1 is the real client: {}", r.summary());
+    let r = http::must_send(w.addr, &xff("198.51.100.1, 203.0.113.5", "/p/chain"));
+    assert_eq!(r.status, 200, "203.0.113.5 is the real client: {}", r.summary());
+
+    // limit_conn keyed on the real IP: each client has its own max = 2.
+    let mut reqs = Vec::new();
+    for _ in 0..3 {
+        reqs.push((w.addr, xff("203.0.113.5", "/p/sleep/1000/five")));
+        reqs.push((w.addr, xff("203.0.113.6", "/p/sleep/1000/six")));
+    }
+    up.reset_max();
+    let rs = fire(reqs);
+    let five: Vec<Response> = rs.iter().step_by(2).cloned().collect();
+    let six: Vec<Response> = rs.iter().skip(1).step_by(2).cloned().collect();
+    assert_eq!(statuses(&five), vec![200, 200, 503], "client 203.0.113.5, max 2:\n{}", summaries(&five));
+    assert_eq!(statuses(&six), vec![200, 200, 503], "client 203.0.113.6, max 2:\n{}", summaries(&six));
+    for r in rs.iter().filter(|r| r.status == 503) {
+        assert_conn_rejection(r, 503, "conn_real", 2);
+    }
+    assert_eq!(up.max_in_flight(), 4, "2 per client in flight upstream");
+}
+
+#[test]
+fn upstream_max_conns_full_gives_503_upstream_busy() {
+    let up = Gauge::start();
+    let w = Weir::start(&memory_config(&format!(
+        r#"
+[[upstream]]
+name = "app"
+servers = ["{}"]
+max_conns = 2
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+"#,
+        up.addr_str()
+    )));
+    let rs = fire(many(w.addr, "/api/sleep/1000/busy", 4));
+    assert_eq!(statuses(&rs), vec![200, 200, 503, 503], "max_conns = 2:\n{}", summaries(&rs));
+    for r in rs.iter().filter(|r| r.status == 503) {
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"), "Retry-After: 1: {}", r.summary());
+        assert_eq!(json(r)["error"], "upstream_busy", "{}", r.summary());
+    }
+    assert_eq!(up.max_in_flight(), 2, "never more than max_conns in flight upstream");
+    assert_eq!(up.hits(), 2);
+    // The places come back when the requests end.
+    let rs = fire(many(w.addr, "/api/sleep/200/again", 2));
+    assert_eq!(statuses(&rs), vec![200, 200], "after the busy period:\n{}", summaries(&rs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Memory store
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn memory_store_caps_concurrency_and_frees_slots() {
+    let up = Gauge::start();
+    let w = Weir::start(&memory_config(&format!(
+        r#"
+[[upstream]]
+name = "app"
+servers = ["{}"]
+
+[[limit_conn_zone]]
+name = "conn_mem"
+key = "ip"
+
+[[limit_conn_zone]]
+name = "conn_429"
+key = "ip"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_conn = [ {{ zone = "conn_mem", max = 2 }} ]
+
+[[route]]
+name = "custom"
+path_prefix = "/custom/"
+upstream = "app"
+limit_conn = [ {{ zone = "conn_429", max = 1 }} ]
+limit_conn_status = 429
+"#,
+        up.addr_str()
+    )));
+    let reqs = many(w.addr, "/api/sleep/1500/mem", 4);
+    let burst = thread::spawn(move || fire(reqs));
+    assert!(up.wait_in_flight(2, Duration::from_secs(5)), "2 in flight");
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 2.0).unwrap();
+    let rs = burst.join().unwrap();
+    assert_eq!(statuses(&rs), vec![200, 200, 503, 503], "max = 2:\n{}", summaries(&rs));
+    for r in rs.iter().filter(|r| r.status != 200) {
+        assert_conn_rejection(r, 503, "conn_mem", 2);
+    }
+    assert_eq!(up.max_in_flight(), 2, "never more than 2 in flight upstream");
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+    let labels = |s| [("zone", "conn_mem"), ("status", s)];
+    wait_metric(admin(&w), "weir_limit_conn_decisions_total", &labels("passed"), 2.0).unwrap();
+    wait_metric(admin(&w), "weir_limit_conn_decisions_total", &labels("rejected"), 2.0).unwrap();
+    let lines = access_n(&w, 4);
+    assert_eq!(count_conn(&lines, "PASSED"), 2, "{lines:#?}");
+    assert_eq!(count_conn(&lines, "REJECTED"), 2, "{lines:#?}");
+
+    // Free again.
+    up.reset_max();
+    let rs = fire(many(w.addr, "/api/sleep/300/again", 2));
+    assert_eq!(statuses(&rs), vec![200, 200], "slots are back:\n{}", summaries(&rs));
+
+    // limit_conn_status.
+    let rs = fire(many(w.addr, "/custom/sleep/1000/c", 2));
+    assert_eq!(statuses(&rs), vec![200, 429], "limit_conn_status = 429:\n{}", summaries(&rs));
+    assert_conn_rejection(rs.iter().find(|r| r.status == 429).unwrap(), 429, "conn_429", 1);
+    wait_metric(admin(&w), "weir_limit_conn_active_leases", &[], 0.0).unwrap();
+}
