@@ -125,7 +125,7 @@ fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
 
 /// Replaces an over-long key by `#` + hex SHA-256, so a huge header can neither bypass the limit
 /// nor bloat the store.
-fn bound(key: Vec<u8>) -> Vec<u8> {
+pub fn bound(key: Vec<u8>) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         return key;
     }

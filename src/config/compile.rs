@@ -178,17 +178,6 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = compile_upstreams(&src, upstream)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
-    if let StoreSettings::Redis(..) = store {
-        // The Redis scripts for the other algorithms are not written yet: refuse rather than
-        // silently decide them with the wrong rule.
-        if let Some(z) = zones.iter().find(|z| z.algorithm != Algorithm::LeakyBucket) {
-            return Err(src.error(format!(
-                "limit_req_zone {:?}: algorithm {} is not available with store kind = \"redis\" yet (use leaky_bucket)",
-                z.name,
-                z.algorithm.as_str()
-            )));
-        }
-    }
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
     Ok(Runtime { server, store, real_ip, upstreams, zones, conn_zones, routes, matchers, log: compile_log(&src, log)? })
@@ -733,7 +722,7 @@ fn list_or_none(names: &[&str]) -> String {
     }
 }
 
-/// `"25ms"`, `"1s"`, `"500us"`, `"2m"`: a number and a unit.
+/// `"25ms"`, `"1s"`, `"500us"`, `"2m"`, `"1h"`: a number and a unit.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit())?;
@@ -744,6 +733,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
         _ => None,
     }
 }

@@ -107,7 +107,7 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             ));
         }
         let overrides =
-            overrides.iter().map(|o| compile_override(src, o.get_ref(), &key, &zname)).collect::<Result<_, _>>()?;
+            overrides.iter().map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname)).collect::<Result<_, _>>()?;
         out.push(Zone { name: zname, key, algorithm, rate, overrides });
     }
     Ok(out)
@@ -121,6 +121,7 @@ fn compile_override(
     src: &Source<'_>,
     o: &schema::ZoneOverride,
     key: &KeySpec,
+    algorithm: Algorithm,
     zone: &str,
 ) -> Result<Override, ConfigError> {
     let text = o.matches.get_ref();
@@ -152,7 +153,8 @@ fn compile_override(
                 format!("limit_req_zone {zone:?}: override match {text:?} names a part that is not in the zone's key"),
             ));
         }
-        OverrideMatch::Part(part, value.as_bytes().to_vec())
+        // Compared with the extracted key, which is bounded the same way (long values hashed).
+        OverrideMatch::Part(part, crate::keys::bound(value.as_bytes().to_vec()))
     };
     let rate = match &o.rate {
         Some(r) if r.get_ref() == "unlimited" => None,
@@ -165,6 +167,11 @@ fn compile_override(
     };
     let burst = match &o.burst {
         None => None,
+        Some(b) if algorithm.is_window() => {
+            return Err(src.error_at(&b.span(), format!(
+                "limit_req_zone {zone:?}: {} has no burst; an override changes its rate (the count per window)",
+                algorithm.as_str())))
+        }
         Some(b) if (0..=MAX_BURST).contains(b.get_ref()) => Some(*b.get_ref() as u64),
         Some(b) => {
             return Err(

@@ -108,7 +108,7 @@ pub fn rejection_body(route: &str, zone: &str, retry_after: Option<u64>) -> Stri
         }
         None => format!(
             "{{\"error\":\"request_too_costly\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":null,\
-             \"detail\":\"the request costs more than the zone's burst + 1 and can never pass\"}}\n"
+             \"detail\":\"the request costs more than the zone can ever admit at once, so it can never pass\"}}\n"
         ),
     }
 }

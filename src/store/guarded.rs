@@ -98,9 +98,7 @@ impl GuardedStore {
 #[async_trait]
 impl LimitStore for GuardedStore {
     async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        // A known rejection holds whatever Redis's health: ask the deny cache before the breaker.
         let now_us = self.clock.now_us();
         if self.deny_cache.is_enabled() {
             let denied: Vec<Option<u64>> =
@@ -109,6 +107,9 @@ impl LimitStore for GuardedStore {
                 METRICS.deny_cache_hits.inc();
                 return Ok(cached_rejection(checks, &denied, now_us));
             }
+        }
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
         }
         let result = self.inner.decide(checks).await;
         self.observe(&result);
@@ -286,6 +287,21 @@ mod tests {
         assert_eq!(admitted.0, admitted.1);
         // One admitted + one rejected call per 1 s retry period, not 1000 calls.
         assert!(counting.calls.load(Ordering::SeqCst) <= 6, "{}", counting.calls.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_cached_rejection_holds_while_the_circuit_is_open() {
+        let (_, counting, guarded) = setup(100);
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+        assert!(!guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+        counting.failing.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert!(guarded.decide(&[check(b"other")]).await.is_err());
+        }
+        assert!(guarded.circuit_open());
+        let v = guarded.decide(&[check(b"k")]).await.unwrap();
+        assert!(!v.admitted, "the deny cache still rejects k");
+        assert!(matches!(guarded.decide(&[check(b"new")]).await, Err(StoreError::CircuitOpen)));
     }
 
     #[tokio::test]
