@@ -5,17 +5,18 @@
 mod compile;
 mod conn;
 mod error;
+mod route;
 mod schema;
+mod store;
 mod zones;
 
 use std::path::Path;
 
-pub use compile::{
-    parse_duration, Cost, FailurePolicy, HeaderMode, LogSettings, Resilience, Route, Runtime, ServerSettings,
-    StoreSettings, ZoneLimit,
-};
+pub use compile::{parse_duration, LogSettings, Runtime, ServerSettings};
 pub use conn::{allowed, AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
+pub use route::{Cost, HeaderMode, Route, ZoneLimit};
+pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
 pub use zones::{Override, OverrideMatch, Zone};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

@@ -106,8 +106,10 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
                  would cost too much memory per key (at most 10000): use sliding_window", rate.count),
             ));
         }
-        let overrides =
-            overrides.iter().map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname)).collect::<Result<_, _>>()?;
+        let overrides = overrides
+            .iter()
+            .map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname))
+            .collect::<Result<_, _>>()?;
         out.push(Zone { name: zname, key, algorithm, rate, overrides });
     }
     Ok(out)
@@ -168,9 +170,13 @@ fn compile_override(
     let burst = match &o.burst {
         None => None,
         Some(b) if algorithm.is_window() => {
-            return Err(src.error_at(&b.span(), format!(
-                "limit_req_zone {zone:?}: {} has no burst; an override changes its rate (the count per window)",
-                algorithm.as_str())))
+            return Err(src.error_at(
+                &b.span(),
+                format!(
+                    "limit_req_zone {zone:?}: {} has no burst; an override changes its rate (the count per window)",
+                    algorithm.as_str()
+                ),
+            ))
         }
         Some(b) if (0..=MAX_BURST).contains(b.get_ref()) => Some(*b.get_ref() as u64),
         Some(b) => {

@@ -1,6 +1,9 @@
 //! One case per config error: the message must name the line and the field to fix.
 
 use super::*;
+use crate::config::{FailurePolicy, StoreSettings};
+use crate::limit::DelayPolicy;
+use crate::store::RedisClock;
 
 const GOOD: &str = r#"
 [server]

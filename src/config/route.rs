@@ -1,0 +1,305 @@
+//! `[[route]]`: matching, limit references (`limit_req`, `limit_conn`), statuses, access rules,
+//! cost and headers, compiled against the zones and upstreams already compiled.
+
+use std::collections::HashMap;
+
+use http::header::HeaderName;
+use http::Method;
+use regex::Regex;
+use toml::Spanned;
+
+use super::compile::{check_name, list_or_none, unique, MAX_BURST};
+use super::conn::{self, AccessRule, ConnLimit, ConnZone};
+use super::error::{ConfigError, Source};
+use super::schema;
+use super::store::FailurePolicy;
+use super::zones::Zone;
+use crate::limit::{Algorithm, DelayPolicy, LimitReq};
+use crate::routes::{HostMatch, PathMatch, RouteMatcher};
+use crate::upstream::Upstream;
+
+/// Which rate-limit fields responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// IETF draft-10 `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` of the tightest zone.
+    Legacy,
+    /// Neither (`Retry-After` is still sent on rejections).
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub upstream: usize,
+    pub limits: Vec<ZoneLimit>,
+    pub status: u16,
+    pub headers: HeaderMode,
+    /// Overrides the store's failure policy.
+    pub on_error: Option<FailurePolicy>,
+    /// `limit_conn` references, decided after `limit_req` like nginx.
+    pub conn_limits: Vec<ConnLimit>,
+    pub conn_status: u16,
+    /// allow/deny rules in file order; the first match wins; no match allows.
+    pub access: Vec<AccessRule>,
+    pub cost: Cost,
+}
+
+/// What one request of a route counts as in its rate limits.
+#[derive(Debug, Clone)]
+pub struct Cost {
+    /// `cost = N` (default 1); also the cost when `header` is absent from a request.
+    pub default: u64,
+    /// `cost_header = "X-Cost"`: the request says its own cost (a non-integer is a 400).
+    pub header: Option<HeaderName>,
+    /// `max_cost`: a larger header value is clamped to it.
+    pub max: u64,
+}
+
+/// The largest `cost` and `max_cost`.
+const MAX_COST: i64 = 1_000_000;
+
+/// One `limit_req` reference of a route: a zone plus this route's burst and delay.
+#[derive(Debug, Clone, Copy)]
+pub struct ZoneLimit {
+    pub zone: usize,
+    pub limit: LimitReq,
+    /// Shadow mode (the route's `dry_run` or the reference's own): decided and reported, never
+    /// enforced, and decided apart from enforced zones so it cannot affect them.
+    pub dry_run: bool,
+}
+
+pub(super) fn compile_routes(
+    src: &Source<'_>,
+    list: Vec<Spanned<schema::Route>>,
+    upstreams: &[Upstream],
+    zones: &[Zone],
+    conn_zones: &[ConnZone],
+) -> Result<(Vec<Route>, Vec<RouteMatcher>), ConfigError> {
+    let mut seen = HashMap::new();
+    let mut routes = Vec::new();
+    let mut matchers = Vec::new();
+    for route in list {
+        let route_span = route.span();
+        let schema::Route {
+            name,
+            path,
+            path_prefix,
+            path_regex,
+            host,
+            methods,
+            upstream,
+            limit_req,
+            limit_req_status,
+            dry_run,
+            rate_limit_headers,
+            on_error,
+            limit_conn,
+            limit_conn_status,
+            cost,
+            cost_header,
+            max_cost,
+            allow,
+            deny,
+        } = route.into_inner();
+        check_name(src, &name, "route.name")?;
+        unique(src, &mut seen, &name, "route")?;
+        let rname = name.get_ref().clone();
+        let here = |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("route {rname:?}: {msg}"));
+
+        let path = match (path, path_prefix, path_regex) {
+            (Some(p), None, None) => PathMatch::Exact(checked_path(p, &here)?),
+            (None, Some(p), None) => PathMatch::Prefix(checked_path(p, &here)?),
+            (None, None, Some(r)) => PathMatch::Regex(
+                Regex::new(r.get_ref()).map_err(|e| here(&r.span(), format!("path_regex: invalid regex: {e}")))?,
+            ),
+            _ => return Err(here(&route_span, "give exactly one of path, path_prefix or path_regex".into())),
+        };
+        let host = host
+            .map(|h| {
+                let valid = !h.get_ref().is_empty()
+                    && h.get_ref().bytes().all(|b| b.is_ascii_alphanumeric() || b"-.*:[]".contains(&b));
+                if valid {
+                    Ok(HostMatch::parse(h.get_ref()))
+                } else {
+                    Err(here(&h.span(), format!("host: {:?} is not a host name", h.get_ref())))
+                }
+            })
+            .transpose()?;
+        let methods = methods
+            .map(|list| {
+                list.iter()
+                    .map(|m| {
+                        Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
+                            .map_err(|_| here(&m.span(), format!("methods: {:?} is not an HTTP method", m.get_ref())))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        let upstream_index = upstreams.iter().position(|u| u.name == *upstream.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            here(
+                &upstream.span(),
+                format!("upstream: unknown upstream {:?} (defined: {})", upstream.get_ref(), list_or_none(&known)),
+            )
+        })?;
+
+        let mut limits: Vec<ZoneLimit> = Vec::new();
+        for reference in &limit_req {
+            let mut zl = compile_limit_ref(reference.get_ref(), zones, &here)?;
+            zl.dry_run |= dry_run;
+            if limits.iter().any(|l| l.zone == zl.zone) {
+                return Err(here(
+                    &reference.get_ref().zone.span(),
+                    format!("limit_req: zone {:?} is referenced twice", reference.get_ref().zone.get_ref()),
+                ));
+            }
+            limits.push(zl);
+        }
+        let status = conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
+        let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
+            None | Some("draft") => HeaderMode::Draft,
+            Some("legacy") => HeaderMode::Legacy,
+            Some("none") => HeaderMode::None,
+            Some(other) => {
+                let span = rate_limit_headers.as_ref().map(|h| h.span()).unwrap_or_default();
+                return Err(here(
+                    &span,
+                    format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}"),
+                ));
+            }
+        };
+        let on_error = on_error
+            .map(|p| {
+                FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
+                    here(
+                        &p.span(),
+                        format!("on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
+                    )
+                })
+            })
+            .transpose()?;
+        let conn_limits = conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
+        let conn_status = conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
+        let access = conn::access_rules(&allow, &deny, &here)?;
+        let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), max_cost.as_ref(), &here)?;
+        routes.push(Route {
+            name: name.into_inner(),
+            upstream: upstream_index,
+            limits,
+            status,
+            headers,
+            on_error,
+            conn_limits,
+            conn_status,
+            access,
+            cost,
+        });
+        matchers.push(RouteMatcher { path, host, methods });
+    }
+    Ok((routes, matchers))
+}
+
+fn compile_limit_ref(
+    r: &schema::LimitReqRef,
+    zones: &[Zone],
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<ZoneLimit, ConfigError> {
+    let zone = zones.iter().position(|z| z.name == *r.zone.get_ref()).ok_or_else(|| {
+        let known: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+        here(
+            &r.zone.span(),
+            format!("limit_req: unknown zone {:?} (defined: {})", r.zone.get_ref(), list_or_none(&known)),
+        )
+    })?;
+    let in_range = |v: &Spanned<i64>, field: &str| {
+        if (0..=MAX_BURST).contains(v.get_ref()) {
+            Ok(*v.get_ref() as u64)
+        } else {
+            Err(here(&v.span(), format!("limit_req: {field} must be 0..={MAX_BURST}, got {}", v.get_ref())))
+        }
+    };
+    let algorithm = zones[zone].algorithm;
+    // Window algorithms count per window: a burst or delay there would silently mean nothing.
+    if algorithm.is_window() {
+        let bucket_only = [
+            r.burst.as_ref().map(|b| b.span()),
+            r.delay.as_ref().map(|d| d.span()),
+            r.nodelay.as_ref().map(|n| n.span()),
+        ];
+        if let Some(span) = bucket_only.into_iter().flatten().next() {
+            return Err(here(&span, format!(
+                "limit_req: zone {:?} uses {}, which has no burst, delay or nodelay (its limit is the count per window)",
+                r.zone.get_ref(), algorithm.as_str())));
+        }
+    }
+    if algorithm == Algorithm::TokenBucket {
+        if let Some(d) = &r.delay {
+            return Err(here(
+                &d.span(),
+                format!(
+                    "limit_req: zone {:?} uses token_bucket, which never delays; use leaky_bucket for delay",
+                    r.zone.get_ref()
+                ),
+            ));
+        }
+    }
+    let burst = r.burst.as_ref().map(|b| in_range(b, "burst")).transpose()?.unwrap_or(0);
+    let nodelay = r.nodelay.as_ref().is_some_and(|n| *n.get_ref()) || algorithm != Algorithm::LeakyBucket;
+    let delay = match (&r.delay, nodelay) {
+        (Some(d), true) => {
+            return Err(here(&d.span(), "limit_req: give either delay or nodelay = true, not both".into()));
+        }
+        (Some(d), false) => {
+            let value = in_range(d, "delay")?;
+            if value > burst {
+                return Err(here(&d.span(), format!(
+                    "limit_req: delay = {value} exceeds burst = {burst}; requests beyond the burst are rejected, so use nodelay = true")));
+            }
+            DelayPolicy::After(value)
+        }
+        (None, true) => DelayPolicy::NoDelay,
+        (None, false) => DelayPolicy::After(0),
+    };
+    Ok(ZoneLimit { zone, limit: LimitReq { algorithm, rate: zones[zone].rate, burst, delay }, dry_run: r.dry_run })
+}
+
+fn compile_cost(
+    cost: Option<&Spanned<i64>>,
+    header: Option<&Spanned<String>>,
+    max: Option<&Spanned<i64>>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<Cost, ConfigError> {
+    let in_range = |v: &Spanned<i64>, field: &str, min: i64| {
+        if (min..=MAX_COST).contains(v.get_ref()) {
+            Ok(*v.get_ref() as u64)
+        } else {
+            Err(here(&v.span(), format!("{field} must be {min}..={MAX_COST}, got {}", v.get_ref())))
+        }
+    };
+    let default = cost.map(|c| in_range(c, "cost", 0)).transpose()?.unwrap_or(1);
+    let header = header
+        .map(|h| {
+            HeaderName::from_bytes(h.get_ref().as_bytes())
+                .map_err(|_| here(&h.span(), format!("cost_header: {:?} is not a header name", h.get_ref())))
+        })
+        .transpose()?;
+    let max = match (max, &header) {
+        (Some(m), Some(_)) => in_range(m, "max_cost", 1)?,
+        (Some(m), None) => return Err(here(&m.span(), "max_cost: only applies with cost_header".into())),
+        (None, _) => 100,
+    };
+    Ok(Cost { default, header, max })
+}
+
+fn checked_path(
+    p: Spanned<String>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<String, ConfigError> {
+    if p.get_ref().starts_with('/') {
+        Ok(p.into_inner())
+    } else {
+        Err(here(&p.span(), format!("path must start with '/', got {:?}", p.get_ref())))
+    }
+}

@@ -1,0 +1,183 @@
+//! The `[store]` section: where limit state lives and what happens when that store fails.
+
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::compile::parse_duration;
+use super::error::{ConfigError, Source};
+use super::schema;
+use crate::store::{RedisClock, RedisStoreConfig};
+
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    Memory,
+    Redis(RedisStoreConfig, Resilience),
+}
+
+/// What happens when the shared store fails, and how to fail less often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resilience {
+    /// The default failure policy; routes may override it.
+    pub on_error: FailurePolicy,
+    /// Instances sharing the limits: the `local` policy gives each 1/N of every limit.
+    pub fleet_size: u64,
+    /// Entries of the deny cache; 0 turns it off.
+    pub deny_cache_size: usize,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long a concurrency lease lives without renewal: a crashed proxy's slots come back
+    /// after this. Leases are renewed every third of it while their request runs.
+    pub lease_ttl: Duration,
+}
+
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// What a request gets when its limits cannot be decided by the shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Fail open: forward the request.
+    Allow,
+    /// Fail closed: reject with the route's status.
+    Deny,
+    /// Decide in-process with this instance's share (1/fleet_size) of each limit.
+    Local,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+
+    pub(super) fn parse(text: &str) -> Option<FailurePolicy> {
+        match text {
+            "allow" => Some(FailurePolicy::Allow),
+            "deny" => Some(FailurePolicy::Deny),
+            "local" => Some(FailurePolicy::Local),
+            _ => None,
+        }
+    }
+}
+
+pub(super) fn compile_store(
+    src: &Source<'_>,
+    store: Option<Spanned<schema::Store>>,
+) -> Result<StoreSettings, ConfigError> {
+    let Some(store) = store else {
+        return Ok(StoreSettings::Memory);
+    };
+    let schema::Store {
+        kind,
+        url,
+        timeout,
+        clock,
+        key_prefix,
+        on_error,
+        fleet_size,
+        deny_cache_size,
+        circuit_breaker_failures,
+        lease_ttl,
+    } = store.into_inner();
+    match kind.get_ref().as_str() {
+        "memory" => {
+            let redis_only = [
+                ("url", url.map(|u| u.span())),
+                ("timeout", timeout.map(|t| t.span())),
+                ("clock", clock.map(|c| c.span())),
+                ("key_prefix", key_prefix.map(|k| k.span())),
+                ("on_error", on_error.map(|k| k.span())),
+                ("fleet_size", fleet_size.map(|k| k.span())),
+                ("deny_cache_size", deny_cache_size.map(|k| k.span())),
+                ("circuit_breaker_failures", circuit_breaker_failures.map(|k| k.span())),
+                ("lease_ttl", lease_ttl.map(|k| k.span())),
+            ];
+            if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(src.error_at(&span, format!("store.{field}: only applies to kind = \"redis\"")));
+            }
+            Ok(StoreSettings::Memory)
+        }
+        "redis" => {
+            let url = url.ok_or_else(|| {
+                src.error_at(
+                    &kind.span(),
+                    "store.url: required with kind = \"redis\", e.g. \"redis://127.0.0.1:6379/0\"",
+                )
+            })?;
+            let valid_scheme = ["redis://", "rediss://"].iter().any(|s| url.get_ref().starts_with(s));
+            if !valid_scheme || ::redis::Client::open(url.get_ref().as_str()).is_err() {
+                return Err(src.error_at(
+                    &url.span(),
+                    format!("store.url: {:?} is not a redis:// or rediss:// URL", url.get_ref()),
+                ));
+            }
+            let timeout = match timeout {
+                None => Duration::from_millis(25),
+                Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
+                    src.error_at(
+                        &t.span(),
+                        format!(
+                            "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}",
+                            t.get_ref()
+                        ),
+                    )
+                })?,
+            };
+            let clock = match clock.as_ref().map(|c| c.get_ref().as_str()) {
+                None | Some("redis") => RedisClock::Redis,
+                Some("local") => RedisClock::Local,
+                Some(other) => {
+                    let span = clock.as_ref().map(|c| c.span()).unwrap_or_default();
+                    return Err(
+                        src.error_at(&span, format!("store.clock: expected \"redis\" or \"local\", got {other:?}"))
+                    );
+                }
+            };
+            let key_prefix = key_prefix.map_or_else(|| "weir:".to_string(), |k| k.into_inner());
+            let int_in =
+                |v: &Option<Spanned<i64>>, field: &str, range: std::ops::RangeInclusive<i64>, default: i64| match v {
+                    None => Ok(default),
+                    Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
+                    Some(v) => Err(src.error_at(
+                        &v.span(),
+                        format!("store.{field}: must be {}..={}, got {}", range.start(), range.end(), v.get_ref()),
+                    )),
+                };
+            let resilience = Resilience {
+                on_error: match &on_error {
+                    None => FailurePolicy::Local,
+                    Some(p) => FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
+                        src.error_at(
+                            &p.span(),
+                            format!("store.on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
+                        )
+                    })?,
+                },
+                fleet_size: int_in(&fleet_size, "fleet_size", 1..=10_000, 1)? as u64,
+                deny_cache_size: int_in(&deny_cache_size, "deny_cache_size", 0..=10_000_000, 10_000)? as usize,
+                lease_ttl: match &lease_ttl {
+                    None => DEFAULT_LEASE_TTL,
+                    Some(t) => parse_duration(t.get_ref())
+                        .filter(|d| *d >= Duration::from_secs(1) && *d <= Duration::from_secs(3600))
+                        .ok_or_else(|| {
+                            src.error_at(
+                                &t.span(),
+                                format!(
+                                    "store.lease_ttl: expected a duration from \"1s\" to \"60m\", got {:?}",
+                                    t.get_ref()
+                                ),
+                            )
+                        })?,
+                },
+                breaker_failures: int_in(&circuit_breaker_failures, "circuit_breaker_failures", 1..=1_000, 3)? as u32,
+            };
+            Ok(StoreSettings::Redis(RedisStoreConfig { url: url.into_inner(), timeout, clock, key_prefix }, resilience))
+        }
+        other => {
+            Err(src.error_at(&kind.span(), format!("store.kind: expected \"memory\" or \"redis\", got {other:?}")))
+        }
+    }
+}

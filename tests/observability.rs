@@ -1,0 +1,1083 @@
+//! What Weir tells its operators and clients: Prometheus metrics (exact counts for known traffic),
+//! the JSON access log, dry run (per route and per limit), the rate-limit header modes and the admin
+//! API with its bearer token. Real weir process, real upstream, real sockets on loopback.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::http::{self, Request, Response};
+use support::upstream::Upstream;
+use support::weir::Weir;
+
+/// How long metrics and access-log lines may take to appear after the responses were read
+/// (both are written in the `logging` phase, after the response).
+const SETTLE: Duration = Duration::from_secs(10);
+
+const TOKEN: &str = "0123456789abcdef-token";
+
+/// `[server]` with the admin listener on `$LISTEN2`, `server_extra` lines, one upstream "app"
+/// pointing at `up`, then `rest`.
+fn config(up: &Upstream, server_extra: &str, rest: &str) -> String {
+    format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+admin = "$LISTEN2"
+{server_extra}
+
+[[upstream]]
+name = "app"
+servers = ["{}"]
+
+{rest}"#,
+        up.addr_str()
+    )
+}
+
+/// The admin listener of a weir started with [`config`].
+fn admin(w: &Weir) -> SocketAddr {
+    w.addrs[1]
+}
+
+fn summaries(rs: &[Response]) -> Vec<String> {
+    rs.iter().map(Response::summary).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus text format
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// One scrape of `/metrics`, parsed.
+#[derive(Debug)]
+struct Scrape {
+    samples: Vec<Sample>,
+    /// `# TYPE name kind`
+    types: HashMap<String, String>,
+    text: String,
+}
+
+impl Scrape {
+    /// The value of the series `name` whose label set is exactly `labels` (any order).
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let found: Vec<&Sample> = self.samples.iter().filter(|s| s.name == name && s.labels == want).collect();
+        assert!(found.len() <= 1, "series {name}{want:?} appears {} times:\n{}", found.len(), self.text);
+        found.first().map(|s| s.value)
+    }
+
+    /// Like [`Scrape::value`], panicking with the whole scrape when the series is absent.
+    fn must(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.value(name, labels)
+            .unwrap_or_else(|| panic!("no series {name}{labels:?} in /metrics:\n{}", self.filtered()))
+    }
+
+    /// Every series of `name`: label set → value.
+    fn series(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
+        self.samples.iter().filter(|s| s.name == name).map(|s| (s.labels.clone(), s.value)).collect()
+    }
+
+    fn sum(&self, name: &str) -> f64 {
+        self.series(name).values().sum()
+    }
+
+    /// The scrape without comments and histogram buckets, for assertion messages.
+    fn filtered(&self) -> String {
+        self.text.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket{")).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Expected series of one metric: [(labels, value)].
+fn expect_series(scrape: &Scrape, name: &str, expected: &[(&[(&str, &str)], f64)]) -> Result<(), String> {
+    let want: BTreeMap<BTreeMap<String, String>, f64> = expected
+        .iter()
+        .map(|(labels, v)| (labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), *v))
+        .collect();
+    let got = scrape.series(name);
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{name}: expected {want:?}\n got {got:?}"))
+    }
+}
+
+/// Parses the Prometheus text exposition format (version 0.0.4): `# HELP`/`# TYPE` comments and
+/// `name{label="value",...} value [timestamp]` lines, with `\\`, `\"` and `\n` escapes in values.
+fn parse_metrics(text: &str) -> Scrape {
+    let mut samples = Vec::new();
+    let mut types = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix('#') {
+            let words: Vec<&str> = comment.split_whitespace().collect();
+            if words.first() == Some(&"TYPE") {
+                assert_eq!(words.len(), 3, "line {}: bad TYPE line {line:?}", n + 1);
+                types.insert(words[1].to_string(), words[2].to_string());
+            }
+            continue;
+        }
+        samples.push(parse_sample(line).unwrap_or_else(|e| panic!("line {}: {e}: {line:?}", n + 1)));
+    }
+    Scrape { samples, types, text: text.to_string() }
+}
+
+fn parse_sample(line: &str) -> Result<Sample, String> {
+    let name_end = line.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(line.len());
+    let name = &line[..name_end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err("bad metric name".into());
+    }
+    let mut rest = &line[name_end..];
+    let mut labels = BTreeMap::new();
+    if let Some(after) = rest.strip_prefix('{') {
+        let mut chars = after.char_indices().peekable();
+        let consumed = loop {
+            // Skip separators and spaces; `}` ends the set.
+            while let Some(&(_, c)) = chars.peek() {
+                if c == ',' || c == ' ' {
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            match chars.next() {
+                Some((i, '}')) => break i + 1,
+                Some((start, c)) if c.is_ascii_alphabetic() || c == '_' => {
+                    let mut end = start + c.len_utf8();
+                    while let Some(&(i, c)) = chars.peek() {
+                        if c.is_ascii_alphanumeric() || c == '_' {
+                            chars.next();
+                            end = i + 1;
+                        } else {
+                            break;
+                        }
+                    }
+                    let key = after[start..end].to_string();
+                    if chars.next().map(|(_, c)| c) != Some('=') {
+                        return Err(format!("label {key}: expected '='"));
+                    }
+                    if chars.next().map(|(_, c)| c) != Some('"') {
+                        return Err(format!("label {key}: expected '\"'"));
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next() {
+                            None => return Err(format!("label {key}: unterminated value")),
+                            Some((_, '"')) => break,
+                            Some((_, '\\')) => match chars.next() {
+                                Some((_, 'n')) => value.push('\n'),
+                                Some((_, '\\')) => value.push('\\'),
+                                Some((_, '"')) => value.push('"'),
+                                other => return Err(format!("label {key}: bad escape {other:?}")),
+                            },
+                            Some((_, c)) => value.push(c),
+                        }
+                    }
+                    if labels.insert(key.clone(), value).is_some() {
+                        return Err(format!("label {key} repeated"));
+                    }
+                }
+                None => return Err("unterminated label set".into()),
+                other => return Err(format!("unexpected {other:?} in labels")),
+            }
+        };
+        rest = &after[consumed..];
+    }
+    let mut fields = rest.split_whitespace();
+    let raw = fields.next().ok_or("no value")?;
+    let value = match raw {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        "NaN" => f64::NAN,
+        v => v.parse().map_err(|_| format!("bad value {v:?}"))?,
+    };
+    if let Some(ts) = fields.next() {
+        ts.parse::<i64>().map_err(|_| format!("bad timestamp {ts:?}"))?;
+    }
+    if fields.next().is_some() {
+        return Err("trailing fields".into());
+    }
+    Ok(Sample { name: name.to_string(), labels, value })
+}
+
+#[test]
+fn metrics_parser_reads_the_text_format() {
+    let s = parse_metrics(
+        "# HELP a_total An \"example\".\n# TYPE a_total counter\n\
+         a_total{b=\"x\",a=\"y\\\"z\\\\\"} 3\na_total{ a=\"1\" , b=\"2\" } 4 1700000000\n\
+         h_bucket{le=\"+Inf\"} 2\nplain 1.5e-3\n",
+    );
+    assert_eq!(s.types["a_total"], "counter");
+    assert_eq!(s.value("a_total", &[("a", "y\"z\\"), ("b", "x")]), Some(3.0));
+    assert_eq!(s.value("a_total", &[("b", "2"), ("a", "1")]), Some(4.0));
+    assert_eq!(s.value("h_bucket", &[("le", "+Inf")]), Some(2.0));
+    assert_eq!(s.value("plain", &[]), Some(0.0015));
+    assert_eq!(s.value("a_total", &[("a", "1")]), None, "label sets match exactly");
+    assert!(parse_sample("x{a=\"1\" 2").is_err());
+    assert!(parse_sample("x{a=1} 2").is_err());
+}
+
+/// `GET /metrics` (with the bearer token when `token` is set), parsed.
+fn scrape(admin: SocketAddr, token: Option<&str>) -> Scrape {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer.as_deref().map(|b| vec![("Authorization", b)]).unwrap_or_default();
+    let r = http::get_with(admin, "/metrics", &headers);
+    assert_eq!(r.status, 200, "GET /metrics: {}", r.summary());
+    parse_metrics(&r.text())
+}
+
+/// Scrapes until `weir_requests_total` adds up to at least `requests` (bounded by [`SETTLE`]).
+fn scrape_after(admin: SocketAddr, token: Option<&str>, requests: f64) -> Scrape {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let s = scrape(admin, token);
+        if s.sum("weir_requests_total") >= requests || Instant::now() >= deadline {
+            return s;
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// What one metric must show: all of its series, exactly (no more, no less).
+struct Expect<'a> {
+    name: &'a str,
+    series: &'a [(&'a [(&'a str, &'a str)], f64)],
+}
+
+fn mismatches(s: &Scrape, expect: &[Expect<'_>]) -> Vec<String> {
+    expect.iter().filter_map(|e| expect_series(s, e.name, e.series).err()).collect()
+}
+
+/// Scrapes until every expectation holds, bounded by [`SETTLE`]: one request's metrics are
+/// recorded one after the other in its `logging` phase, after its response was sent. Counters only
+/// grow, so a count above the expected one never settles and fails here.
+fn settle(admin: SocketAddr, token: Option<&str>, expect: &[Expect<'_>]) -> Scrape {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let s = scrape(admin, token);
+        let errors = mismatches(&s, expect);
+        if errors.is_empty() {
+            return s;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "metrics differ from the traffic sent (after {SETTLE:?}):\n{}\n--- scrape ---\n{}",
+                errors.join("\n"),
+                s.filtered()
+            );
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Metrics: exact values for known traffic
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn metrics_count_exactly_the_traffic_sent() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[real_ip]
+trusted = ["127.0.0.1/32"]
+
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "per_k"
+key = "header:X-K"
+rate = "2r/s"
+
+[[route]]
+name = "limited"
+path_prefix = "/limited/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 2, nodelay = true } ]
+
+[[route]]
+name = "open"
+path_prefix = "/open/"
+upstream = "app"
+
+[[route]]
+name = "slow"
+path_prefix = "/slow/"
+upstream = "app"
+limit_req = [ { zone = "per_k", burst = 3 } ]
+"#,
+    ));
+    let admin = admin(&w);
+
+    // Before any traffic: the gauge is set, no request was counted.
+    let before = scrape(admin, None);
+    assert_eq!(before.must("weir_config_generation", &[]), 1.0);
+    assert_eq!(before.sum("weir_requests_total"), 0.0, "{}", before.text);
+
+    // limited: 1r/m, burst 2, nodelay → 3 pass, 2 rejected; another client (X-Forwarded-For from
+    // a trusted peer) has its own bucket and passes.
+    let limited: Vec<Response> = (0..5).map(|i| http::get(w.addr, &format!("/limited/{i}"))).collect();
+    assert_eq!(
+        limited.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![200, 200, 200, 429, 429],
+        "{:#?}",
+        summaries(&limited)
+    );
+    let other = http::get_with(w.addr, "/limited/other", &[("X-Forwarded-For", "203.0.113.9")]);
+    assert_eq!(other.status, 200, "{}", other.summary());
+    // open: no limit.
+    for i in 0..2 {
+        let r = http::get(w.addr, &format!("/open/{i}"));
+        assert_eq!(r.status, 200, "{}", r.summary());
+    }
+    // No route: 404.
+    let r = http::get(w.addr, "/nowhere");
+    assert_eq!(r.status, 404, "{}", r.summary());
+    // slow: 2r/s, burst 3, no nodelay → the second back-to-back request waits ~500 ms.
+    let r = http::get_with(w.addr, "/slow/1", &[("X-K", "a")]);
+    assert_eq!(r.status, 200, "{}", r.summary());
+    let t = Instant::now();
+    let r = http::get_with(w.addr, "/slow/2", &[("X-K", "a")]);
+    let waited = t.elapsed();
+    assert_eq!(r.status, 200, "{}", r.summary());
+    assert!(
+        waited >= Duration::from_millis(250),
+        "second request of the same key at 2r/s is delayed (~500 ms), took {waited:?}"
+    );
+    // slow without X-K: the key is empty, so per_k does not limit it.
+    let r = http::get(w.addr, "/slow/3");
+    assert_eq!(r.status, 200, "{}", r.summary());
+
+    let expect = [
+        Expect {
+            name: "weir_requests_total",
+            series: &[
+                (&[("route", "limited"), ("outcome", "passed")], 4.0),
+                (&[("route", "limited"), ("outcome", "rejected")], 2.0),
+                (&[("route", "open"), ("outcome", "unlimited")], 2.0),
+                (&[("route", "-"), ("outcome", "no_route")], 1.0),
+                (&[("route", "slow"), ("outcome", "passed")], 1.0),
+                (&[("route", "slow"), ("outcome", "delayed")], 1.0),
+                (&[("route", "slow"), ("outcome", "unlimited")], 1.0),
+            ],
+        },
+        Expect {
+            name: "weir_limit_req_decisions_total",
+            series: &[
+                (&[("zone", "per_ip"), ("status", "passed")], 4.0),
+                (&[("zone", "per_ip"), ("status", "rejected")], 2.0),
+                (&[("zone", "per_k"), ("status", "passed")], 1.0),
+                (&[("zone", "per_k"), ("status", "delayed")], 1.0),
+            ],
+        },
+        Expect { name: "weir_limit_req_empty_key_total", series: &[(&[("zone", "per_k")], 1.0)] },
+        Expect {
+            name: "weir_upstream_responses_total",
+            series: &[
+                (&[("route", "limited"), ("code", "200")], 4.0),
+                (&[("route", "open"), ("code", "200")], 2.0),
+                (&[("route", "slow"), ("code", "200")], 3.0),
+            ],
+        },
+        Expect {
+            name: "weir_upstream_response_duration_seconds_count",
+            series: &[(&[("route", "limited")], 4.0), (&[("route", "open")], 2.0), (&[("route", "slow")], 3.0)],
+        },
+        Expect { name: "weir_limit_req_delay_seconds_count", series: &[(&[("route", "slow")], 1.0)] },
+        // Store calls: the 6 limited requests and the 2 keyed slow ones; an empty key needs none.
+        Expect { name: "weir_store_request_duration_seconds_count", series: &[(&[("store", "memory")], 8.0)] },
+        Expect { name: "weir_store_errors_total", series: &[] },
+        Expect { name: "weir_config_generation", series: &[(&[], 1.0)] },
+        Expect { name: "weir_config_reloads_total", series: &[(&[], 0.0)] },
+        Expect { name: "weir_config_reload_failures_total", series: &[(&[], 0.0)] },
+    ];
+    let s = settle(admin, None, &expect);
+
+    // The one delay, ~0.5 s minus the gap between the two requests, in the right bucket.
+    let delay_sum = s.must("weir_limit_req_delay_seconds_sum", &[("route", "slow")]);
+    assert!((0.2..=0.5).contains(&delay_sum), "delay sum {delay_sum} s for one ~0.5 s delay");
+    assert_eq!(s.must("weir_limit_req_delay_seconds_bucket", &[("route", "slow"), ("le", "0.5")]), 1.0);
+    assert_eq!(s.must("weir_limit_req_delay_seconds_bucket", &[("route", "slow"), ("le", "+Inf")]), 1.0);
+    assert_eq!(s.must("weir_limit_req_delay_seconds_bucket", &[("route", "slow"), ("le", "0.1")]), 0.0);
+    for (name, kind) in [
+        ("weir_requests_total", "counter"),
+        ("weir_limit_req_decisions_total", "counter"),
+        ("weir_limit_req_empty_key_total", "counter"),
+        ("weir_upstream_responses_total", "counter"),
+        ("weir_limit_req_delay_seconds", "histogram"),
+        ("weir_store_request_duration_seconds", "histogram"),
+        ("weir_upstream_response_duration_seconds", "histogram"),
+        ("weir_config_generation", "gauge"),
+    ] {
+        assert_eq!(s.types.get(name).map(String::as_str), Some(kind), "# TYPE of {name}");
+    }
+    // No client key ever becomes a label value.
+    for sample in &s.samples {
+        for v in sample.labels.values() {
+            assert!(
+                !v.contains("127.0.0.1") && !v.contains("203.0.113.9") && v != "a",
+                "client key in a label: {sample:?}"
+            );
+        }
+    }
+
+    // Nothing is counted twice or late: a second scrape a little later still agrees.
+    thread::sleep(Duration::from_millis(200));
+    let again = scrape(admin, None);
+    let late = mismatches(&again, &expect);
+    assert!(late.is_empty(), "metrics changed after settling:\n{}\n{}", late.join("\n"), again.filtered());
+    assert_eq!(up.hits(), 9, "upstream saw the 4 + 2 + 3 forwarded requests");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Access log
+// ---------------------------------------------------------------------------------------------
+
+/// Every stderr line as JSON (panics on a line that is not), and the access lines among them.
+fn json_lines(w: &Weir) -> (Vec<Value>, Vec<Value>) {
+    let stderr = w.stderr();
+    let all: Vec<Value> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("stderr line is not JSON with format = \"json\" ({e}): {l:?}"))
+        })
+        .collect();
+    let access = all.iter().filter(|v| v["target"] == "weir::access").cloned().collect();
+    (all, access)
+}
+
+/// Waits (bounded) until at least `n` access lines were written.
+fn access_lines(w: &Weir, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let (_, access) = json_lines(w);
+        if access.len() >= n || Instant::now() >= deadline {
+            return access;
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The single access line for `path`.
+fn line_for<'a>(lines: &'a [Value], path: &str) -> &'a Value {
+    let found: Vec<&Value> = lines.iter().filter(|l| l["path"] == path).collect();
+    assert_eq!(found.len(), 1, "exactly one access line for {path}, got {found:#?}");
+    found[0]
+}
+
+/// The `zones` field as a set of `zone=STATUS` items.
+fn zone_set(line: &Value) -> BTreeSet<String> {
+    line["zones"]
+        .as_str()
+        .unwrap_or_else(|| panic!("zones is a string: {line}"))
+        .split(',')
+        .filter(|z| !z.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn num(line: &Value, field: &str) -> f64 {
+    line[field].as_f64().unwrap_or_else(|| panic!("{field} is a number: {line}"))
+}
+
+#[test]
+fn json_access_log_has_one_line_per_request_with_the_limit_outcome() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[log]
+format = "json"
+
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "per_k"
+key = "header:X-K"
+rate = "2r/s"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 1, nodelay = true } ]
+
+[[route]]
+name = "open"
+path_prefix = "/open/"
+upstream = "app"
+
+[[route]]
+name = "slow"
+path_prefix = "/slow/"
+upstream = "app"
+limit_req = [ { zone = "per_k", burst = 3 } ]
+"#,
+    ));
+
+    // (method, path, X-K, expected status)
+    let sequence: [(&str, &str, Option<&str>, u16); 8] = [
+        ("GET", "/api/1", None, 200),
+        ("POST", "/api/2", None, 200),
+        ("GET", "/api/3", None, 429),
+        ("GET", "/open/4", None, 200),
+        ("GET", "/missing/5", None, 404),
+        ("GET", "/slow/6", Some("k"), 200),
+        ("GET", "/slow/7", Some("k"), 200),
+        ("GET", "/slow/8", None, 200),
+    ];
+    for (method, path, key, status) in sequence {
+        let mut req = Request::new(method, path);
+        if method == "POST" {
+            req = req.body(b"payload");
+        }
+        if let Some(k) = key {
+            req = req.header("X-K", k);
+        }
+        let r = http::must_send(w.addr, &req);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.summary());
+    }
+
+    let lines = access_lines(&w, sequence.len());
+    assert_eq!(lines.len(), sequence.len(), "one access line per request:\n{}", w.stderr());
+    let (all, _) = json_lines(&w);
+    for line in &all {
+        assert_ne!(line["level"], "ERROR", "no ERROR line for normal traffic (429s included): {line}");
+    }
+    for line in &lines {
+        assert_eq!(line["level"], "INFO", "access lines are INFO: {line}");
+        assert_eq!(line["message"], "request", "{line}");
+        assert_eq!(line["client"], "127.0.0.1", "{line}");
+        assert!(num(line, "duration_ms") >= 0.0, "{line}");
+        assert!(line["delay_ms"].is_u64(), "delay_ms is an integer: {line}");
+        assert!(line["status"].is_u64(), "status is an integer: {line}");
+        assert!(line["timestamp"].is_string(), "{line}");
+    }
+
+    // (path, method, route, status, limit_req, zones, proxied, delayed)
+    /// (path, method, route, status, limit_req, zones, proxied, delayed)
+    type Expected<'a> = (&'a str, &'a str, &'a str, u64, &'a str, &'a [&'a str], bool, bool);
+    let expected: [Expected<'_>; 8] = [
+        ("/api/1", "GET", "api", 200, "PASSED", &["per_ip=PASSED"], true, false),
+        ("/api/2", "POST", "api", 200, "PASSED", &["per_ip=PASSED"], true, false),
+        ("/api/3", "GET", "api", 429, "REJECTED", &["per_ip=REJECTED"], false, false),
+        ("/open/4", "GET", "open", 200, "-", &[], true, false),
+        ("/missing/5", "GET", "-", 404, "-", &[], false, false),
+        ("/slow/6", "GET", "slow", 200, "PASSED", &["per_k=PASSED"], true, false),
+        ("/slow/7", "GET", "slow", 200, "DELAYED", &["per_k=DELAYED"], true, true),
+        ("/slow/8", "GET", "slow", 200, "-", &[], true, false),
+    ];
+    for (path, method, route, status, limit_req, zones, proxied, delayed) in expected {
+        let line = line_for(&lines, path);
+        assert_eq!(line["method"], method, "{line}");
+        assert_eq!(line["route"], route, "{line}");
+        assert_eq!(line["status"], status, "{line}");
+        assert_eq!(line["limit_req"], limit_req, "{line}");
+        assert_eq!(zone_set(line), set(zones), "{line}");
+        let upstream_ms = num(line, "upstream_ms");
+        if proxied {
+            assert!(upstream_ms >= 0.0, "proxied: upstream_ms >= 0: {line}");
+        } else {
+            assert_eq!(upstream_ms, -1.0, "not proxied: upstream_ms = -1: {line}");
+        }
+        let delay_ms = num(line, "delay_ms");
+        if delayed {
+            assert!((200.0..=500.0).contains(&delay_ms), "2r/s back to back: delay ~500 ms: {line}");
+            assert!(num(line, "duration_ms") >= delay_ms, "the duration includes the delay: {line}");
+        } else {
+            assert_eq!(delay_ms, 0.0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn access_log_can_be_switched_off() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[log]
+format = "json"
+access_log = false
+
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
+"#,
+    ));
+    let statuses: Vec<u16> = ["/api/1", "/api/2", "/nothing"].iter().map(|p| http::get(w.addr, p).status).collect();
+    assert_eq!(statuses, vec![200, 429, 404]);
+    // Once the metrics show the three requests, their logging phase has run.
+    let s = scrape_after(admin(&w), None, 3.0);
+    assert_eq!(s.sum("weir_requests_total"), 3.0, "{}", s.filtered());
+    thread::sleep(Duration::from_millis(100));
+    let (all, access) = json_lines(&w);
+    assert!(access.is_empty(), "access_log = false: no access lines, got {access:#?}");
+    assert!(all.iter().any(|l| l["target"] == "weir::server"), "other logs still go to stderr:\n{}", w.stderr());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Dry run
+// ---------------------------------------------------------------------------------------------
+
+/// The integer `r` of zone `zone`'s item in a `RateLimit` field value.
+fn ratelimit_r(value: &str, zone: &str) -> Option<i64> {
+    let item = value.split(',').map(str::trim).find(|i| i.starts_with(&format!("\"{zone}\";")))?;
+    item.split(';').find_map(|p| p.trim().strip_prefix("r=")).and_then(|r| r.parse().ok())
+}
+
+#[test]
+fn route_dry_run_decides_and_reports_but_never_rejects() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[log]
+format = "json"
+
+[[limit_req_zone]]
+name = "tight"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "shadow"
+path_prefix = "/shadow/"
+upstream = "app"
+dry_run = true
+limit_req = [ { zone = "tight", burst = 0 } ]
+"#,
+    ));
+    let rs: Vec<Response> = (0..5).map(|i| http::get(w.addr, &format!("/shadow/{i}"))).collect();
+    for (i, r) in rs.iter().enumerate() {
+        assert_eq!(r.status, 200, "dry run never rejects: {}", r.summary());
+        assert_eq!(r.text(), format!("/shadow/{i}"), "{}", r.summary());
+        assert!(
+            !r.has_header("retry-after") && !r.has_header("ratelimit"),
+            "shadow limits add no headers: {}",
+            r.summary()
+        );
+    }
+    assert_eq!(up.hits_with_prefix("/shadow/"), 5, "upstream saw all 5");
+
+    let lines = access_lines(&w, 5);
+    for i in 0..5 {
+        let line = line_for(&lines, &format!("/shadow/{i}"));
+        let (status, zone) =
+            if i == 0 { ("PASSED", "tight=PASSED") } else { ("REJECTED_DRY_RUN", "tight=REJECTED_DRY_RUN") };
+        assert_eq!(line["limit_req"], status, "{line}");
+        assert_eq!(zone_set(line), set(&[zone]), "{line}");
+        assert_eq!(line["status"], 200, "{line}");
+        assert_eq!(line["delay_ms"], 0, "{line}");
+    }
+
+    settle(
+        admin(&w),
+        None,
+        &[
+            Expect {
+                name: "weir_requests_total",
+                series: &[
+                    (&[("route", "shadow"), ("outcome", "passed")], 1.0),
+                    (&[("route", "shadow"), ("outcome", "rejected_dry_run")], 4.0),
+                ],
+            },
+            Expect {
+                name: "weir_limit_req_decisions_total",
+                series: &[
+                    (&[("zone", "tight"), ("status", "passed")], 1.0),
+                    (&[("zone", "tight"), ("status", "rejected_dry_run")], 4.0),
+                ],
+            },
+        ],
+    );
+}
+
+#[test]
+fn a_dry_run_limit_never_blocks_nor_shields_an_enforced_one() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[log]
+format = "json"
+
+[[limit_req_zone]]
+name = "generous"
+key = "ip"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "tight"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "mixed"
+path_prefix = "/mixed/"
+upstream = "app"
+limit_req = [
+  { zone = "generous", burst = 10, nodelay = true },
+  { zone = "tight", burst = 0, nodelay = true, dry_run = true },
+]
+"#,
+    ));
+    // generous admits 11 (burst 10 + 1); tight alone would admit 1.
+    let rs: Vec<Response> = (0..12).map(|i| http::get(w.addr, &format!("/mixed/{i}"))).collect();
+    let statuses: Vec<u16> = rs.iter().map(|r| r.status).collect();
+    let mut want = vec![200; 11];
+    want.push(429);
+    assert_eq!(statuses, want, "{:#?}", summaries(&rs));
+    // Every passed request charged the enforced zone, although the shadow zone "rejected" 10 of
+    // them: its r= counts down 10, 9, …, 0.
+    let remaining: Vec<Option<i64>> =
+        rs[..11].iter().map(|r| ratelimit_r(&r.header("ratelimit").unwrap_or_default(), "generous")).collect();
+    let expected: Vec<Option<i64>> = (0..=10).rev().map(Some).collect();
+    assert_eq!(remaining, expected, "{:#?}", summaries(&rs));
+    for r in &rs {
+        let fields = format!("{:?} {:?}", r.header("ratelimit"), r.header("ratelimit-policy"));
+        assert!(!fields.contains("tight"), "the shadow zone adds no header items: {}", r.summary());
+    }
+    let rejected: Value = serde_json::from_slice(&rs[11].body).expect("JSON rejection body");
+    assert_eq!(rejected["zone"], "generous", "{}", rs[11].summary());
+    assert_eq!(ratelimit_r(&rs[11].header("ratelimit").unwrap_or_default(), "generous"), Some(0));
+    assert_eq!(up.hits_with_prefix("/mixed/"), 11);
+
+    let lines = access_lines(&w, 12);
+    let first = line_for(&lines, "/mixed/0");
+    assert_eq!(first["limit_req"], "PASSED", "{first}");
+    assert_eq!(zone_set(first), set(&["generous=PASSED", "tight=PASSED"]), "{first}");
+    for i in 1..11 {
+        let line = line_for(&lines, &format!("/mixed/{i}"));
+        assert_eq!(line["limit_req"], "REJECTED_DRY_RUN", "{line}");
+        assert_eq!(zone_set(line), set(&["generous=PASSED", "tight=REJECTED_DRY_RUN"]), "{line}");
+        assert_eq!(line["status"], 200, "{line}");
+    }
+    let last = line_for(&lines, "/mixed/11");
+    assert_eq!(last["limit_req"], "REJECTED", "{last}");
+    assert_eq!(last["status"], 429, "{last}");
+    assert!(zone_set(last).contains("generous=REJECTED"), "the enforced zone rejected: {last}");
+
+    // Every passed request charged "generous"; "tight" (dry run) "rejected" 11 and never counts as
+    // an enforced rejection.
+    settle(
+        admin(&w),
+        None,
+        &[
+            Expect {
+                name: "weir_requests_total",
+                series: &[
+                    (&[("route", "mixed"), ("outcome", "passed")], 1.0),
+                    (&[("route", "mixed"), ("outcome", "rejected_dry_run")], 10.0),
+                    (&[("route", "mixed"), ("outcome", "rejected")], 1.0),
+                ],
+            },
+            Expect {
+                name: "weir_limit_req_decisions_total",
+                series: &[
+                    (&[("zone", "generous"), ("status", "passed")], 11.0),
+                    (&[("zone", "generous"), ("status", "rejected")], 1.0),
+                    (&[("zone", "tight"), ("status", "passed")], 1.0),
+                    (&[("zone", "tight"), ("status", "rejected_dry_run")], 11.0),
+                ],
+            },
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Header modes
+// ---------------------------------------------------------------------------------------------
+
+const DRAFT_FIELDS: [&str; 2] = ["ratelimit", "ratelimit-policy"];
+const LEGACY_FIELDS: [&str; 3] = ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"];
+
+fn int_header(r: &Response, name: &str) -> i64 {
+    r.header(name).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("integer {name}: {}", r.summary()))
+}
+
+#[test]
+fn rate_limit_header_modes_draft_legacy_none() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[[limit_req_zone]]
+name = "zl"
+key = "ip"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "zq"
+key = "ip"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "zd"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "legacy"
+path_prefix = "/legacy/"
+upstream = "app"
+rate_limit_headers = "legacy"
+limit_req = [ { zone = "zl", burst = 1, nodelay = true } ]
+
+[[route]]
+name = "quiet"
+path_prefix = "/quiet/"
+upstream = "app"
+rate_limit_headers = "none"
+limit_req = [ { zone = "zq", burst = 0, nodelay = true } ]
+
+[[route]]
+name = "draft"
+path_prefix = "/draft/"
+upstream = "app"
+rate_limit_headers = "draft"
+limit_req = [ { zone = "zd", burst = 0, nodelay = true } ]
+"#,
+    ));
+
+    // legacy: X-RateLimit-* of the zone, no draft fields.
+    let rs: Vec<Response> = (0..3).map(|i| http::get(w.addr, &format!("/legacy/{i}"))).collect();
+    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 429], "{:#?}", summaries(&rs));
+    for r in &rs {
+        for f in DRAFT_FIELDS {
+            assert!(!r.has_header(f), "legacy mode: no {f}: {}", r.summary());
+        }
+        assert_eq!(int_header(r, "x-ratelimit-limit"), 2, "burst + 1");
+    }
+    assert_eq!(int_header(&rs[0], "x-ratelimit-remaining"), 1);
+    assert_eq!(int_header(&rs[1], "x-ratelimit-remaining"), 0);
+    assert_eq!(int_header(&rs[2], "x-ratelimit-remaining"), 0);
+    // 1r/m: one request in the bucket drains in 60 s, two in 120 s.
+    assert_eq!(int_header(&rs[0], "x-ratelimit-reset"), 60, "{}", rs[0].summary());
+    assert_eq!(int_header(&rs[1], "x-ratelimit-reset"), 120, "{}", rs[1].summary());
+    let reset = int_header(&rs[2], "x-ratelimit-reset");
+    assert!((59..=60).contains(&reset), "{}", rs[2].summary());
+    let retry = int_header(&rs[2], "retry-after");
+    assert!((59..=60).contains(&retry), "{}", rs[2].summary());
+
+    // none: no rate-limit fields at all, but a rejection still says when to retry.
+    let rs: Vec<Response> = (0..2).map(|i| http::get(w.addr, &format!("/quiet/{i}"))).collect();
+    assert_eq!(rs[0].status, 200, "{}", rs[0].summary());
+    assert_eq!(rs[1].status, 429, "{}", rs[1].summary());
+    for r in &rs {
+        for f in DRAFT_FIELDS.iter().chain(&LEGACY_FIELDS) {
+            assert!(!r.has_header(f), "none mode: no {f}: {}", r.summary());
+        }
+    }
+    assert!(!rs[0].has_header("retry-after"), "{}", rs[0].summary());
+    let retry = int_header(&rs[1], "retry-after");
+    assert!((59..=60).contains(&retry), "{}", rs[1].summary());
+    let body: Value = serde_json::from_slice(&rs[1].body).expect("JSON rejection body");
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["zone"], "zq");
+
+    // draft: RateLimit-Policy and RateLimit, no X-RateLimit-*.
+    let rs: Vec<Response> = (0..2).map(|i| http::get(w.addr, &format!("/draft/{i}"))).collect();
+    assert_eq!(rs[0].status, 200, "{}", rs[0].summary());
+    assert_eq!(rs[1].status, 429, "{}", rs[1].summary());
+    for r in &rs {
+        for f in DRAFT_FIELDS {
+            assert!(r.has_header(f), "draft mode: {f}: {}", r.summary());
+        }
+        for f in LEGACY_FIELDS {
+            assert!(!r.has_header(f), "draft mode: no {f}: {}", r.summary());
+        }
+    }
+    assert_eq!(rs[0].header("ratelimit-policy").as_deref(), Some("\"zd\";q=1;w=60"));
+    assert_eq!(rs[1].header("ratelimit").and_then(|v| ratelimit_r(&v, "zd")), Some(0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Admin API
+// ---------------------------------------------------------------------------------------------
+
+fn admin_request(admin: SocketAddr, method: &str, target: &str, auth: Option<&str>) -> Response {
+    let mut req = Request::new(method, target);
+    if let Some(a) = auth {
+        req = req.header("Authorization", a);
+    }
+    http::must_send(admin, &req)
+}
+
+fn json_body(r: &Response) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("JSON body ({e}): {}", r.summary()))
+}
+
+#[test]
+fn admin_api_needs_the_token_except_for_probes() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        &format!("admin_token = \"{TOKEN}\""),
+        r#"
+[[limit_req_zone]]
+name = "z"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "z", burst = 5, nodelay = true } ]
+
+[[route]]
+name = "shadow"
+path_prefix = "/shadow/"
+upstream = "app"
+limit_req = [ { zone = "z", burst = 2, dry_run = true } ]
+"#,
+    ));
+    let admin = admin(&w);
+    for i in 0..3 {
+        let r = http::get(w.addr, &format!("/api/{i}"));
+        assert_eq!(r.status, 200, "{}", r.summary());
+    }
+    let good = format!("Bearer {TOKEN}");
+    let wrong_auth = [
+        None,
+        Some("Bearer wrong-token-0123456789".to_string()),
+        Some(format!("Bearer {TOKEN}x")),
+        Some(format!("Bearer {}", &TOKEN[..TOKEN.len() - 1])),
+        Some(format!("bearer{TOKEN}")),
+        Some(TOKEN.to_string()),
+        Some(format!("Basic {TOKEN}")),
+    ];
+    let protected =
+        [("GET", "/metrics"), ("GET", "/config"), ("GET", "/limits?zone=z&key=127.0.0.1"), ("POST", "/reload")];
+    for (method, target) in protected {
+        for auth in &wrong_auth {
+            let r = admin_request(admin, method, target, auth.as_deref());
+            assert_eq!(r.status, 401, "{method} {target} with Authorization {auth:?}: {}", r.summary());
+            assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"), "{}", r.summary());
+            assert!(
+                !r.text().contains("weir_requests_total") && !r.text().contains("generation"),
+                "a 401 leaks nothing: {}",
+                r.summary()
+            );
+        }
+        let r = admin_request(admin, method, target, Some(&good));
+        assert_eq!(r.status, 200, "{method} {target} with the token: {}", r.summary());
+    }
+    // The probes need no token (kubelet sends none), and a wrong one does not hurt.
+    for path in ["/healthz", "/readyz"] {
+        for auth in [None, Some("Bearer nope-nope-nope-nope")] {
+            let r = admin_request(admin, "GET", path, auth);
+            assert_eq!(r.status, 200, "{path} with {auth:?}: {}", r.summary());
+        }
+    }
+    let ready = json_body(&admin_request(admin, "GET", "/readyz", None));
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["store"], "memory", "{ready}");
+
+    let r = admin_request(admin, "GET", "/metrics", Some(&good));
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/plain")), "{}", r.summary());
+    let config = json_body(&admin_request(admin, "GET", "/config", Some(&good)));
+    assert_eq!(config["generation"], 1, "{config}");
+    assert!(config["last_error"].is_null(), "{config}");
+    let reload = json_body(&admin_request(admin, "POST", "/reload", Some(&good)));
+    assert_eq!(reload["result"], "unchanged", "{reload}");
+    assert_eq!(reload["generation"], 1, "{reload}");
+
+    // One key's state after 3 requests at 1r/m, burst 5: level ~3, 3 more could pass on "api";
+    // the shadow reference (burst 2) reads the same bucket.
+    let r = admin_request(admin, "GET", "/limits?zone=z&key=127.0.0.1", Some(&good));
+    let limits = json_body(&r);
+    assert_eq!(limits["zone"], "z", "{limits}");
+    assert_eq!(limits["key"], "127.0.0.1", "{limits}");
+    assert_eq!(limits["rate"], "1r/m", "{limits}");
+    let level = limits["state"]["level"].as_f64().unwrap_or_else(|| panic!("state.level: {limits}"));
+    assert!((2.9..=3.0).contains(&level), "level ~3: {limits}");
+    assert!(limits["state"]["last_us"].as_u64().is_some_and(|t| t > 0), "{limits}");
+    let routes = limits["routes"].as_array().unwrap_or_else(|| panic!("routes: {limits}"));
+    let by_route: BTreeMap<&str, &Value> = routes.iter().map(|r| (r["route"].as_str().unwrap_or(""), r)).collect();
+    assert_eq!(by_route.len(), 2, "both routes use zone z: {limits}");
+    assert_eq!(by_route["api"]["remaining"], 3, "{limits}");
+    assert_eq!(by_route["api"]["burst"], 5, "{limits}");
+    assert_eq!(by_route["api"]["dry_run"], false, "{limits}");
+    assert_eq!(by_route["shadow"]["remaining"], 0, "{limits}");
+    assert_eq!(by_route["shadow"]["dry_run"], true, "{limits}");
+
+    // A key never seen: no state, the whole burst + 1 available.
+    let fresh = json_body(&admin_request(admin, "GET", "/limits?zone=z&key=198.51.100.1", Some(&good)));
+    assert!(fresh["state"].is_null(), "{fresh}");
+    assert_eq!(fresh["routes"][0]["remaining"], 6, "{fresh}");
+
+    let r = admin_request(admin, "GET", "/limits?zone=nope&key=x", Some(&good));
+    assert_eq!(r.status, 404, "unknown zone: {}", r.summary());
+    let r = admin_request(admin, "GET", "/limits", Some(&good));
+    assert_eq!(r.status, 400, "no parameters: {}", r.summary());
+    let r = admin_request(admin, "GET", "/nope", Some(&good));
+    assert_eq!(r.status, 404, "unknown admin path: {}", r.summary());
+    let r = admin_request(admin, "GET", "/reload", Some(&good));
+    assert_eq!(r.status, 405, "GET /reload: {}", r.summary());
+}
+
+#[test]
+fn admin_without_token_is_open() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        r#"
+[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#,
+    ));
+    let admin = admin(&w);
+    for (method, target) in
+        [("GET", "/metrics"), ("GET", "/config"), ("GET", "/healthz"), ("GET", "/readyz"), ("POST", "/reload")]
+    {
+        let r = admin_request(admin, method, target, None);
+        assert_eq!(r.status, 200, "{method} {target}: {}", r.summary());
+    }
+    let r = admin_request(admin, "GET", "/nope", None);
+    assert_eq!(r.status, 404, "{}", r.summary());
+}
