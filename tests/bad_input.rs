@@ -167,7 +167,7 @@ fn malformed_requests_are_refused_and_weir_survives() {
 
     // A head far over any sane limit (2 MiB header value).
     let mut huge = b"GET /free/huge HTTP/1.1\r\nHost: a\r\nX-Big: ".to_vec();
-    huge.extend(std::iter::repeat(b'a').take(2 << 20));
+    huge.extend(std::iter::repeat_n(b'a', 2 << 20));
     huge.extend_from_slice(b"\r\n\r\n");
     assert_refused(&mut w, &up, "2 MiB header", &huge);
 
@@ -325,7 +325,7 @@ fn garbage_forwarded_for_values() {
         "unknown, 10.0.0.1".into(),
         "2001:db8::1%eth0".into(),
         "{}".into(),
-        std::iter::repeat("10.0.0.1").take(3000).collect::<Vec<_>>().join(", "),
+        std::iter::repeat_n("10.0.0.1", 3000).collect::<Vec<_>>().join(", "),
     ];
     for v in &values {
         let r = http::get_with(w.addr, "/ip/x", &[("X-Forwarded-For", v)]);
