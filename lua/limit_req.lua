@@ -1,37 +1,70 @@
--- limit_req.lua: nginx `limit_req` for every zone of one request, decided atomically.
+-- limit_req.lua: every `limit_req` zone of one request, decided atomically, each zone with its own
+-- algorithm.
 --
--- This is `limit::decide_all` (src/limit/verdict.rs over src/limit/leaky_bucket.rs) in Lua. Every
--- expression keeps the Rust operand order, so both round identically and agree bit for bit
--- (tests/lua_differential.rs). Change one, change the other.
+-- This is `limit::decide_all` (src/limit/verdict.rs, dispatching like src/limit/state.rs to
+-- leaky_bucket.rs, token_bucket.rs, fixed_window.rs, sliding_log.rs and sliding_window.rs) in Lua.
+-- Every expression keeps the Rust operand order, so both round identically and agree bit for bit
+-- (tests/lua_differential.rs). Change one, change the other. Lua numbers are doubles: every integer
+-- here (µs since the epoch, counts, costs) stays below 2^53, where double arithmetic is exact, and
+-- `a % b` (Lua 5.1: a - floor(a/b)*b) is exact for 0 <= a < 2^53.
 --
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
--- then 5 values per zone i, at ARGV[2 + 5*(i-1)] ...:
---   count      rate numerator: `count` requests ...
---   period_us  ... per `period_us` µs (1e6, 6e7 or 3.6e9: r/s, r/m, r/h)
---   burst      nginx `burst`, requests
---   delay      nginx `delay=`, requests; -1 = `nodelay`
+-- ARGV[2]  "1": reply with the sliding log's entry times (O(entries) per zone); else "0".
+-- then 6 values per zone i, at ARGV[3 + 6*(i-1)] ...:
+--   algorithm  Algorithm::id(): 0 leaky_bucket, 1 token_bucket, 2 fixed_window, 3 sliding_log,
+--              4 sliding_window
+--   count      rate numerator: `count` requests (windows: the limit per window) ...
+--   period_us  ... per `period_us` µs (buckets: 1e6, 6e7 or 3.6e9; windows: the window)
+--   burst      nginx `burst`, requests (buckets; 0 for windows)
+--   delay      nginx `delay=`, requests; -1 = `nodelay` (leaky bucket only)
 --   cost       requests this request counts as
 --
--- State per key: the string "<level> <last_us>": `level` requests in the bucket at `last_us` µs.
--- `level` is written with %.17g so it parses back to the same double (in Lua and in Rust).
--- It is set with a TTL that ends when the bucket has drained, so an absent key is a drained one.
--- A rejected request writes nothing (nginx: rejected requests are free). Only KEYS[] are touched.
+-- State per key, by algorithm (a wrong type or another algorithm's value counts as no state, like
+-- `limit::evaluate`; an admitted request overwrites it, so a reload that changes a zone's algorithm
+-- never breaks a key):
+--   leaky bucket    string "<level> <last_us>"             (untagged: the format of earlier versions)
+--   token bucket    string "t <tokens> <last_us>"
+--   fixed window    string "f <start_us> <count>"
+--   sliding window  string "s <start_us> <prev> <curr>"
+--   sliding log     sorted set, one member per admitted cost unit: score = admission time (µs),
+--                   member "<time>" for the first entry of that time, then "<time>:1", "<time>:2",
+--                   ... (members of one time expire together, so the next n is their count; an
+--                   integer member takes 8 bytes in a listpack instead of a string's 19).
+-- Fractions are written with %.17g so they parse back to the same double (in Lua and in Rust).
+-- Each key gets a TTL of ceil((expires_us - now) / 1 ms) + 1 ms, from the model's `expires_us`,
+-- after which its state equals no state: the key outlives its state by 1 to 2 ms, so an absent key
+-- is always an expired one (the memory store forgets at `expires_us`). A key holding another type
+-- is read with redis.pcall, which Redis counts in its error stats (only after such a reload).
+-- A rejected request writes nothing, not even the trim of expired log entries (nginx: rejected
+-- requests are free; a flood of rejections costs no writes, replication or AOF). Expired log
+-- entries are trimmed (ZREMRANGEBYSCORE) by the next admitted request of the key; until then they
+-- are skipped when counting. Only KEYS[] are touched.
 --
 -- Reply (integers unless noted; -1 = "none"):
 --   [1] admitted 0|1   [2] delay_us   [3] retry_after_us (rejected: largest retry of the rejecting
 --   zones, -1 if one of them never admits; admitted: -1)   [4] now_us used
---   then 8 values per zone, from [5 + 8*(i-1)]:
---   admitted 0|1, excess (string), delay_us, retry_us (-1: admitted, or never), remaining,
---   reset_us, next level (string), next last_us
---   "next" is the state the zone stores if the whole request is admitted (when rejected: the
---   state drained to now, which is not stored).
+--   [4 + i] zone i, an array:
+--     [1] algorithm id   [2] admitted 0|1   [3] excess (string)   [4] delay_us
+--     [5] retry_us (-1: admitted, or never)   [6] remaining   [7] reset_us   [8] expires_us
+--     [9...] next, the state the zone stores if the whole request is admitted (when rejected:
+--       the current state, which is not stored), by algorithm:
+--       leaky bucket    level (string), last_us
+--       token bucket    tokens (string), last_us
+--       fixed window    start_us, count
+--       sliding log     number of entries, array of the entry times oldest first (empty unless
+--                       ARGV[2] is "1")
+--       sliding window  start_us, prev, curr
 -- Fractions travel as %.17g strings because Redis truncates Lua numbers to integers.
 
-local ZONE_ARGS = 5
+local HEAD_ARGS = 2
+local ZONE_ARGS = 6
+local LEAKY, TOKEN, FIXED, LOG, SLIDING = 0, 1, 2, 3, 4
+-- ZADD members per call: unpack() is limited by the Lua C stack (8000 values).
+local ZADD_BATCH = 1000
 
-if #ARGV ~= 1 + ZONE_ARGS * #KEYS then
-  return redis.error_reply('limit_req: expected ' .. (1 + ZONE_ARGS * #KEYS) .. ' ARGV for '
+if #ARGV ~= HEAD_ARGS + ZONE_ARGS * #KEYS then
+  return redis.error_reply('limit_req: expected ' .. (HEAD_ARGS + ZONE_ARGS * #KEYS) .. ' ARGV for '
     .. #KEYS .. ' keys, got ' .. #ARGV)
 end
 
@@ -50,9 +83,15 @@ else
     return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
   end
 end
+local want_log = ARGV[2] == '1'
 
 local function fmt(x)
   return string.format('%.17g', x)
+end
+
+-- An integer as digits: tostring() of a Lua number switches to exponent notation above 1e14.
+local function int(x)
+  return string.format('%d', x)
 end
 
 -- Rate::time_for_us: `requests * period_us / count`, left to right.
@@ -60,7 +99,12 @@ local function time_for_us(requests, count, period_us)
   return requests * period_us / count
 end
 
--- leaky_bucket::ceil_us
+-- Rate::drained_in: `(elapsed_us * count) / period_us`.
+local function drained_in(elapsed_us, count, period_us)
+  return (elapsed_us * count) / period_us
+end
+
+-- state::ceil_us
 local function ceil_us(us)
   if us > 0 then
     return math.ceil(us)
@@ -68,43 +112,66 @@ local function ceil_us(us)
   return 0
 end
 
--- "<level> <last_us>" -> level, last_us; nil for anything else (an unknown value is treated as
--- no state, and is overwritten by the next admitted request).
-local function parse_state(raw)
+-- u64::saturating_sub
+local function sat_sub(a, b)
+  if a > b then
+    return a - b
+  end
+  return 0
+end
+
+-- The string value of a key; nil when absent or not a string (a sorted set of the sliding log).
+local function get_string(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'string' then
+    return raw
+  end
+  return nil
+end
+
+-- `n` numbers from a stored string, after `tag` (nil: untagged); nil for anything else, so another
+-- algorithm's value (or garbage) counts as no state.
+local function parse_state(raw, tag, n)
   if not raw then
     return nil
   end
-  local sp = string.find(raw, ' ', 1, true)
-  if not sp then
+  local words = {}
+  for word in string.gmatch(raw, '[^ ]+') do
+    words[#words + 1] = word
+  end
+  local first = 1
+  if tag then
+    if words[1] ~= tag then
+      return nil
+    end
+    first = 2
+  end
+  if #words ~= first - 1 + n then
     return nil
   end
-  local level = tonumber(string.sub(raw, 1, sp - 1))
-  local last_us = tonumber(string.sub(raw, sp + 1))
-  if not level or not last_us then
-    return nil
+  local out = {}
+  for j = 1, n do
+    local x = tonumber(words[first - 1 + j])
+    if not x then
+      return nil
+    end
+    out[j] = x
   end
-  return level, last_us
+  return out
 end
 
--- leaky_bucket::evaluate for zone i.
-local function evaluate(i)
-  local base = 1 + ZONE_ARGS * (i - 1)
-  local count = tonumber(ARGV[base + 1])
-  local period_us = tonumber(ARGV[base + 2])
-  local burst = tonumber(ARGV[base + 3])
-  local delay = tonumber(ARGV[base + 4])
-  local cost = tonumber(ARGV[base + 5])
-
+-- leaky_bucket::evaluate
+local function leaky_bucket(key, p)
+  local count, period_us, burst, delay, cost = p.count, p.period_us, p.burst, p.delay, p.cost
+  local s = parse_state(get_string(key), nil, 2)
   local level_now, anchor_us
-  local level, last_us = parse_state(redis.call('GET', KEYS[i]))
-  if not level then
+  if not s then
     level_now, anchor_us = 0, now
-  elseif now <= last_us then
+  elseif now <= s[2] then
     -- The clock went backwards: keep the stored time and drain nothing.
-    level_now, anchor_us = level, last_us
+    level_now, anchor_us = s[1], s[2]
   else
-    -- Rate::drained_in: `(elapsed_us * count) / period_us`.
-    local l = level - ((now - last_us) * count) / period_us
+    local l = s[1] - drained_in(now - s[2], count, period_us)
     if l > 0 then
       level_now = l
     else
@@ -116,45 +183,301 @@ local function evaluate(i)
   local capacity = burst + 1
   local level_new = level_now + cost
   local excess = level_new - 1
-  local z = { excess = excess, anchor_us = anchor_us }
+  local z = { excess = excess, delay_us = 0, retry_us = -1, remaining = 0 }
 
+  local level
   if excess > burst then
     local room_needed = level_now - (capacity - cost)
     z.admitted = false
-    z.delay_us = 0
     if cost <= capacity then
       z.retry_us = ceil_us(time_for_us(room_needed, count, period_us))
-    else
-      z.retry_us = -1
     end
-    z.remaining = 0
-    z.reset_us = ceil_us(time_for_us(level_now, count, period_us))
-    z.level = level_now
-    return z
-  end
-
-  z.admitted = true
-  z.delay_us = 0
-  if delay >= 0 and excess > delay then
-    z.delay_us = ceil_us(time_for_us(excess - delay, count, period_us))
-  end
-  z.retry_us = -1
-  local room = math.floor(capacity - level_new)
-  if room > 0 then
-    z.remaining = room
+    level = level_now
   else
-    z.remaining = 0
+    z.admitted = true
+    if delay >= 0 and excess > delay then
+      z.delay_us = ceil_us(time_for_us(excess - delay, count, period_us))
+    end
+    local room = math.floor(capacity - level_new)
+    if room > 0 then
+      z.remaining = room
+    end
+    level = level_new
   end
-  z.reset_us = ceil_us(time_for_us(level_new, count, period_us))
-  z.level = level_new
+  z.reset_us = ceil_us(time_for_us(level, count, period_us))
+  z.expires_us = anchor_us + z.reset_us
+  z.next = { fmt(level), anchor_us }
+  z.value = fmt(level) .. ' ' .. int(anchor_us)
   return z
 end
 
+-- token_bucket::evaluate
+local function token_bucket(key, p)
+  local count, period_us, cost = p.count, p.period_us, p.cost
+  local capacity = p.burst + 1
+  local s = parse_state(get_string(key), 't', 2)
+  local tokens_now, anchor_us
+  if not s then
+    tokens_now, anchor_us = capacity, now
+  elseif now <= s[2] then
+    -- Time never runs backwards for a key: a late clock refills nothing.
+    tokens_now, anchor_us = s[1], s[2]
+  else
+    local refilled = s[1] + drained_in(now - s[2], count, period_us)
+    if refilled < capacity then
+      tokens_now = refilled
+    else
+      tokens_now = capacity
+    end
+    anchor_us = now
+  end
+
+  local z = { delay_us = 0, retry_us = -1, remaining = 0 }
+  local tokens
+  if cost > tokens_now then
+    z.admitted = false
+    z.excess = cost - tokens_now
+    if cost <= capacity then
+      z.retry_us = ceil_us(time_for_us(cost - tokens_now, count, period_us))
+    end
+    tokens = tokens_now
+  else
+    z.admitted = true
+    z.excess = 0
+    tokens = tokens_now - cost
+    z.remaining = math.floor(tokens)
+  end
+  z.reset_us = ceil_us(time_for_us(capacity - tokens, count, period_us))
+  z.expires_us = anchor_us + z.reset_us
+  z.next = { fmt(tokens), anchor_us }
+  z.value = 't ' .. fmt(tokens) .. ' ' .. int(anchor_us)
+  return z
+end
+
+-- fixed_window::evaluate
+local function fixed_window(key, p)
+  local window, limit_count, cost = p.period_us, p.count, p.cost
+  local aligned = now - now % window
+  local s = parse_state(get_string(key), 'f', 2)
+  local start_us, used
+  -- A late clock never moves a key back to an earlier window (start > aligned).
+  if s and s[1] >= aligned then
+    start_us, used = s[1], s[2]
+  else
+    start_us, used = aligned, 0
+  end
+  local end_us = start_us + window
+  local z = { delay_us = 0, retry_us = -1, remaining = 0, reset_us = sat_sub(end_us, now), expires_us = end_us }
+  local stored
+  if used + cost > limit_count then
+    z.admitted = false
+    z.excess = used + cost - limit_count
+    if cost <= limit_count then
+      z.retry_us = z.reset_us
+    end
+    stored = used
+  else
+    z.admitted = true
+    z.excess = 0
+    stored = used + cost
+    z.remaining = limit_count - stored
+  end
+  z.next = { start_us, stored }
+  z.value = 'f ' .. int(start_us) .. ' ' .. int(stored)
+  return z
+end
+
+-- sliding_window::retry_us
+local function sliding_retry_us(allowed, prev, curr, elapsed, window)
+  local window_f = window
+  if curr <= allowed and prev > 0 then
+    local t = window_f - (allowed - curr) * window_f / prev
+    return ceil_us(t - elapsed)
+  end
+  local t = 0
+  if curr > 0 then
+    t = window_f - allowed * window_f / curr
+  end
+  return ceil_us((window - elapsed) + t)
+end
+
+-- sliding_window::evaluate
+local function sliding_window(key, p)
+  local window, cost = p.period_us, p.cost
+  local aligned = now - now % window
+  local s = parse_state(get_string(key), 's', 3)
+  local start_us, prev, curr
+  if s and s[1] == aligned then
+    start_us, prev, curr = s[1], s[2], s[3]
+  elseif s and s[1] + window == aligned then
+    start_us, prev, curr = aligned, s[3], 0
+  elseif s and s[1] > aligned then
+    -- A late clock keeps the key in its newer window.
+    start_us, prev, curr = s[1], s[2], s[3]
+  else
+    start_us, prev, curr = aligned, 0, 0
+  end
+  local elapsed = sat_sub(now, start_us)
+  local window_f = window
+  local estimate = prev * (window - elapsed) / window_f + curr
+  local limit_f = p.count
+  local expires_us = start_us + 2 * window
+  local z = { delay_us = 0, retry_us = -1, remaining = 0, reset_us = sat_sub(expires_us, now), expires_us = expires_us }
+  local stored
+  if estimate + cost > limit_f then
+    z.admitted = false
+    z.excess = estimate + cost - limit_f
+    if cost <= p.count then
+      z.retry_us = sliding_retry_us(limit_f - cost, prev, curr, elapsed, window)
+    end
+    stored = curr
+  else
+    z.admitted = true
+    z.excess = 0
+    local room = math.floor(limit_f - estimate - cost)
+    if room > 0 then
+      z.remaining = room
+    end
+    stored = curr + cost
+  end
+  z.next = { start_us, prev, stored }
+  z.value = 's ' .. int(start_us) .. ' ' .. int(prev) .. ' ' .. int(stored)
+  return z
+end
+
+-- The score of the member at `rank` (0 = oldest, -1 = newest).
+local function score_at(key, rank)
+  local r = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  return tonumber(r[2])
+end
+
+-- sliding_log::evaluate. Entries t with t + window <= now have expired: they are counted out with
+-- ZCOUNT (O(log n)) and trimmed when an admitted request writes.
+local function sliding_log(key, p)
+  local window, limit_count, cost = p.period_us, p.count, p.cost
+  local card = redis.pcall('ZCARD', key)
+  local z = { delay_us = 0, retry_us = -1, remaining = 0, log = true, wrong_type = false }
+  local expired, newest = 0, nil
+  if type(card) ~= 'number' then
+    -- Another algorithm's string: no state; an admitted request replaces it.
+    z.wrong_type, card = true, 0
+  elseif card > 0 then
+    expired = redis.call('ZCOUNT', key, '-inf', int(now - window))
+    newest = score_at(key, -1)
+  end
+  -- Entries are sorted; a late clock stamps new entries at the newest time, keeping them sorted.
+  -- (An expired newest entry is older than now, so counting it here changes nothing.)
+  local anchor_us = now
+  if newest and newest > now then
+    anchor_us = newest
+  end
+  local used = card - expired
+  z.anchor_us, z.newest, z.expired = anchor_us, newest, expired
+
+  local live = {}
+  if want_log and used > 0 then
+    local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - window), '+inf', 'WITHSCORES')
+    for j = 2, #r, 2 do
+      live[#live + 1] = tonumber(r[j])
+    end
+  end
+
+  if used + cost > limit_count then
+    z.admitted = false
+    z.excess = used + cost - limit_count
+    if cost <= limit_count then
+      -- Making room for `cost` needs the `used + cost - limit` oldest live entries to expire.
+      local k = used + cost - limit_count
+      z.retry_us = sat_sub(score_at(key, expired + k - 1) + window, now)
+    end
+    if used > 0 then
+      z.expires_us = newest + window
+    else
+      z.expires_us = now
+    end
+    z.reset_us = sat_sub(z.expires_us, now)
+    z.next = { used, live }
+    return z
+  end
+  z.admitted = true
+  z.excess = 0
+  z.remaining = limit_count - used - cost
+  z.expires_us = anchor_us + window
+  z.reset_us = z.expires_us - now
+  if want_log then
+    for _ = 1, cost do
+      live[#live + 1] = anchor_us
+    end
+  end
+  z.next = { used + cost, live }
+  return z
+end
+
+-- Stores an admitted sliding log: trims the expired entries, adds `cost` entries at `anchor_us`.
+local function write_log(key, z, p, ttl_ms)
+  if z.wrong_type then
+    redis.call('DEL', key)
+  elseif z.expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.period_us))
+  end
+  local cost = p.cost
+  if cost > 0 then
+    local anchor = int(z.anchor_us)
+    local n = 0
+    if z.newest == z.anchor_us then
+      -- Members of this time already exist (the newest is live: it is not before now).
+      n = redis.call('ZCOUNT', key, anchor, anchor)
+    end
+    local j = 0
+    while j < cost do
+      local args = {}
+      local upto = math.min(cost, j + ZADD_BATCH)
+      while j < upto do
+        args[#args + 1] = anchor
+        if n + j == 0 then
+          args[#args + 1] = anchor
+        else
+          args[#args + 1] = anchor .. ':' .. int(n + j)
+        end
+        j = j + 1
+      end
+      redis.call('ZADD', key, unpack(args))
+    end
+  end
+  -- A no-op when the log is empty (nothing live, nothing added): the key is gone, as it should be.
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+
+local EVALUATE = {
+  [LEAKY] = leaky_bucket,
+  [TOKEN] = token_bucket,
+  [FIXED] = fixed_window,
+  [LOG] = sliding_log,
+  [SLIDING] = sliding_window,
+}
+
 -- verdict::decide_all: evaluate every zone, then write all or none.
-local zones = {}
+local params, zones = {}, {}
 local admitted = true
 for i = 1, #KEYS do
-  zones[i] = evaluate(i)
+  local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
+  local p = {
+    algorithm = tonumber(ARGV[base + 1]),
+    count = tonumber(ARGV[base + 2]),
+    period_us = tonumber(ARGV[base + 3]),
+    burst = tonumber(ARGV[base + 4]),
+    delay = tonumber(ARGV[base + 5]),
+    cost = tonumber(ARGV[base + 6]),
+  }
+  local evaluate = p.algorithm and EVALUATE[p.algorithm]
+  if not evaluate then
+    return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(ARGV[base + 1]))
+  end
+  if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
+    return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
+  end
+  params[i] = p
+  zones[i] = evaluate(KEYS[i], p)
   if not zones[i].admitted then
     admitted = false
   end
@@ -167,12 +490,23 @@ if admitted then
     if z.delay_us > delay_us then
       delay_us = z.delay_us
     end
-    -- Keep the key until its bucket is empty: `reset_us` after `anchor_us`, which is later than
-    -- now if the clock went backwards (the memory store expires at the same instant).
-    local ttl_ms = math.ceil((z.reset_us + (z.anchor_us - now)) / 1000) + 1
-    -- %d: tostring() of a Lua number switches to exponent notation above 1e14.
-    redis.call('SET', KEYS[i], fmt(z.level) .. string.format(' %d', z.anchor_us),
-      'PX', string.format('%d', ttl_ms))
+    -- A key given twice (one zone referenced twice) stores the last zone's state, as the memory
+    -- store does.
+    local last = true
+    for j = i + 1, #KEYS do
+      if KEYS[j] == KEYS[i] then
+        last = false
+      end
+    end
+    if last then
+      -- Keep the key until its state expires: `expires_us`, rounded up to ms, plus 1 ms.
+      local ttl_ms = int(math.ceil((z.expires_us - now) / 1000) + 1)
+      if z.log then
+        write_log(KEYS[i], z, params[i], ttl_ms)
+      else
+        redis.call('SET', KEYS[i], z.value, 'PX', ttl_ms)
+      end
+    end
   end
 else
   local never = false
@@ -195,14 +529,13 @@ end
 local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
 for i = 1, #KEYS do
   local z = zones[i]
-  local n = #reply
-  reply[n + 1] = z.admitted and 1 or 0
-  reply[n + 2] = fmt(z.excess)
-  reply[n + 3] = z.delay_us
-  reply[n + 4] = z.retry_us
-  reply[n + 5] = z.remaining
-  reply[n + 6] = z.reset_us
-  reply[n + 7] = fmt(z.level)
-  reply[n + 8] = z.anchor_us
+  local out = {
+    params[i].algorithm, z.admitted and 1 or 0, fmt(z.excess), z.delay_us, z.retry_us, z.remaining,
+    z.reset_us, z.expires_us,
+  }
+  for _, v in ipairs(z.next) do
+    out[#out + 1] = v
+  end
+  reply[#reply + 1] = out
 end
 return reply

@@ -1,13 +1,18 @@
-//! `lua/limit_req.lua` against the Rust model, bit for bit.
+//! `lua/limit_req.lua` against the Rust model, bit for bit, for every algorithm.
 //!
-//! Random request traces run through `limit::decide_all` (with a state map kept here) and through
-//! `RedisStore` with `RedisClock::Local`, both fed the same `ManualClock`. Every verdict field,
-//! every stored state (exact f64) and every TTL must agree.
+//! Random request traces run through `limit::decide_all` (with a state map kept here, a copy of
+//! what Redis holds) and through `RedisStore` with `RedisClock::Local`, both fed the same
+//! `ManualClock`. Each trace has zones of random algorithms (a request usually checks several, of
+//! different algorithms, all-or-nothing), random costs (0, small, the capacity, beyond it), gaps
+//! aimed at window boundaries and at the instants the previous verdict named, backwards clock
+//! steps, and "reloads" that change a zone's algorithm under the same name, so keys hold another
+//! algorithm's state. Every verdict field, every stored state (exact f64, the exact set of log
+//! entries) and every TTL must agree.
 //!
 //! Redis expires keys on its own wall clock while the trace's clock jumps by hours, so after each
 //! decision the test PERSISTs the keys and expires them itself, on the trace's "real" time, at the
 //! instant Redis would have (write time + the TTL the script set). Both sides then forget a key at
-//! the same moment, and the test checks that forgetting it changes no decision (absent == drained).
+//! the same moment, and the test checks that forgetting it changes no decision (absent == expired).
 //!
 //! Reproduce a failure with `WEIR_DIFF_SEED=<seed printed in the output>`.
 
@@ -22,17 +27,27 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use redis::Value;
 use support::redis_server::RedisServer;
-use weir::limit::{decide_all, evaluate, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, Verdict, ZoneInput};
+use weir::limit::{
+    decide_all, evaluate, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, State, Verdict, ZoneInput,
+};
 use weir::store::{redis_key, LimitStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
 
 const PREFIX: &str = "weir:";
-const DEFAULT_SEED: u64 = 0x5EED_0003;
-const TRACES: usize = 240;
+const DEFAULT_SEED: u64 = 0x5EED_0004;
+const TRACES: usize = 2000;
 const T0: u64 = 1_700_000_000_000_000;
-/// PTTL is read right after the write; this much may have elapsed in between on a loaded machine
-/// (`exact_pttl` below still catches a TTL short by 1 ms).
-const PTTL_SLACK_MS: i64 = 250;
+const SEC: u64 = 1_000_000;
+/// A key with a TTL this short may expire on Redis' own clock before the test reads it back.
+const SHORT_TTL_MS: i64 = 250;
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::LeakyBucket,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingLog,
+    Algorithm::SlidingWindow,
+];
 
+#[derive(Clone)]
 struct Zone {
     name: String,
     limit: LimitReq,
@@ -40,28 +55,55 @@ struct Zone {
 
 /// The model's copy of one Redis key.
 struct Stored {
-    state: BucketState,
+    state: State,
+    /// The limit that wrote it.
     limit: LimitReq,
-    /// When the bucket is empty, on the trace's clock.
-    drained_at_us: u64,
+    /// When the state can be forgotten, on the trace's clock.
+    expires_us: u64,
     /// When Redis would drop the key, on the trace's real time.
     expires_real_us: u64,
+}
+
+/// Cases seen per algorithm: the traces must reach every branch, or agreement proves little.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    zone_decisions: usize,
+    admitted: usize,
+    rejected: usize,
+    never: usize,
+    /// Admitted zones whose key held this zone's state (not a fresh or foreign one).
+    with_state: usize,
+    /// Zones whose key held another algorithm's state (a reload changed the zone's algorithm).
+    foreign_state: usize,
+    expired: usize,
+    /// Writes whose TTL is known to the millisecond (Redis' clock did not tick during the call):
+    /// these catch a TTL short or long by 1 ms.
+    exact_ttl: usize,
+    /// Decisions made right at (±1 µs) a window boundary or a time the previous verdict named.
+    boundary: usize,
+    /// Decisions whose clock was behind the key's state (backwards step).
+    behind: usize,
+    /// Admitted with cost 0.
+    zero_cost: usize,
+    /// Leaky and token buckets: fractional stored levels/tokens. Windows: a retry time > 0.
+    special: usize,
 }
 
 #[derive(Default)]
 struct Stats {
     decisions: usize,
     rejected: usize,
-    never: usize,
+    partial_reject: usize,
     delayed: usize,
     multi_zone: usize,
-    partial_reject: usize,
+    mixed_algorithms: usize,
+    duplicate_keys: usize,
     backwards: usize,
-    expired: usize,
-    fractional_levels: usize,
-    /// Writes whose PTTL read back equals the TTL the model expects: proves the TTL is not short
-    /// by a millisecond or two, which the slack alone would hide.
-    exact_pttl: usize,
+    reloads: usize,
+    log_entries_max: usize,
+    /// Keys with a TTL of a few ms that Redis expired on its own clock before the test read them.
+    wall_expired: usize,
+    per_algorithm: [Counts; 5],
 }
 
 fn seed() -> u64 {
@@ -78,7 +120,11 @@ fn seed() -> u64 {
     }
 }
 
-fn random_rate(rng: &mut StdRng) -> Rate {
+fn algo_index(a: Algorithm) -> usize {
+    a.id() as usize
+}
+
+fn random_bucket_rate(rng: &mut StdRng) -> Rate {
     let text = match rng.gen_range(0..3) {
         0 => format!("{}r/s", rng.gen_range(1..=50)),
         1 => format!("{}r/m", rng.gen_range(1..=600)),
@@ -87,16 +133,51 @@ fn random_rate(rng: &mut StdRng) -> Rate {
     Rate::parse(&text).unwrap()
 }
 
-fn random_zone(rng: &mut StdRng, name: String) -> Zone {
-    // Small bursts half the time, so that buckets fill within a trace.
-    let burst = if rng.gen_bool(0.5) { rng.gen_range(0..=5) } else { rng.gen_range(0..=50) };
-    let delay = match rng.gen_range(0..10) {
-        0..=3 => DelayPolicy::NoDelay,
-        // Sometimes beyond the burst, where it acts like nodelay.
-        4 => DelayPolicy::After(rng.gen_range(0..=burst + 3)),
-        _ => DelayPolicy::After(rng.gen_range(0..=burst)),
+/// A window algorithm's `count` per `period_us`: the nginx units, and the odd windows that
+/// `window = "..."` allows.
+fn random_window_rate(rng: &mut StdRng, algorithm: Algorithm) -> Rate {
+    let period_us = match rng.gen_range(0..12) {
+        0 | 1 => SEC,
+        2 | 3 => 60 * SEC,
+        4 => 3600 * SEC,
+        5 | 6 => 10 * SEC,
+        7 => 250_000,
+        8 => 1000,
+        9 => 1_500_000,
+        10 => 86_400 * SEC,
+        _ => rng.gen_range(1..=20_000) * 1000 + rng.gen_range(0..1000),
     };
-    Zone { name, limit: LimitReq { rate: random_rate(rng), burst, delay } }
+    let small = rng.gen_bool(0.6);
+    let count = match algorithm {
+        // One entry per admitted unit: keep the logs small enough for thousands of traces.
+        Algorithm::SlidingLog if !small => rng.gen_range(11..=150),
+        _ if small => rng.gen_range(1..=10),
+        _ => rng.gen_range(11..=1000),
+    };
+    Rate { count, period_us }
+}
+
+fn random_zone(rng: &mut StdRng, name: String) -> Zone {
+    let algorithm = *ALGORITHMS.choose(rng).unwrap();
+    let limit = match algorithm {
+        Algorithm::LeakyBucket => {
+            // Small bursts half the time, so that buckets fill within a trace.
+            let burst = if rng.gen_bool(0.5) { rng.gen_range(0..=5) } else { rng.gen_range(0..=50) };
+            let delay = match rng.gen_range(0..10) {
+                0..=3 => DelayPolicy::NoDelay,
+                // Sometimes beyond the burst, where it acts like nodelay.
+                4 => DelayPolicy::After(rng.gen_range(0..=burst + 3)),
+                _ => DelayPolicy::After(rng.gen_range(0..=burst)),
+            };
+            LimitReq { algorithm, rate: random_bucket_rate(rng), burst, delay }
+        }
+        Algorithm::TokenBucket => {
+            let burst = if rng.gen_bool(0.5) { rng.gen_range(0..=5) } else { rng.gen_range(0..=50) };
+            LimitReq { algorithm, rate: random_bucket_rate(rng), burst, delay: DelayPolicy::NoDelay }
+        }
+        _ => LimitReq { algorithm, rate: random_window_rate(rng, algorithm), burst: 0, delay: DelayPolicy::NoDelay },
+    };
+    Zone { name, limit }
 }
 
 fn random_client_keys(rng: &mut StdRng) -> Vec<Vec<u8>> {
@@ -113,50 +194,110 @@ fn random_client_keys(rng: &mut StdRng) -> Vec<Vec<u8>> {
 }
 
 fn random_cost(rng: &mut StdRng, limit: &LimitReq) -> u64 {
-    match rng.gen_range(0..40) {
-        0..=29 => 1,
-        30..=36 => rng.gen_range(2..=5),
-        // Around the capacity: exactly burst + 1 still fits an empty bucket, more never does.
-        37 | 38 => limit.burst + 1,
-        _ => limit.burst + rng.gen_range(2..=5),
+    let capacity = limit.capacity();
+    match rng.gen_range(0..50) {
+        0..=33 => 1,
+        34..=41 => rng.gen_range(2..=5),
+        42 | 43 => 0,
+        // Around the capacity: exactly the capacity still fits an empty zone, more never does.
+        44..=46 => capacity,
+        47 => rng.gen_range(1..=capacity),
+        _ => capacity + rng.gen_range(1..=5),
     }
 }
 
-/// µs the clock moves before the next request. Negative: the clock steps back (another
-/// instance's clock, an NTP correction).
-fn random_gap(rng: &mut StdRng, zones: &[Zone], last: Option<&Verdict>) -> i64 {
-    let rate = zones.choose(rng).unwrap().limit.rate;
-    let emission = (rate.period_us / rate.count) as i64;
+/// µs the clock moves before the next request, and whether it aims at a boundary. Negative: the
+/// clock steps back (another instance's clock, an NTP correction).
+fn random_gap(rng: &mut StdRng, zones: &[Zone], last: Option<&Verdict>, now_us: u64) -> (i64, bool) {
+    let zone = zones.choose(rng).unwrap();
+    let rate = zone.limit.rate;
+    let window = rate.period_us as i64;
+    // The time one request "takes" at the zone's rate (windows: the average spacing).
+    let emission = ((rate.period_us / rate.count) as i64).max(1);
     if let Some(v) = last {
         // Probe the exact instants the previous verdict named.
         if rng.gen_bool(0.15) {
-            let at = if v.admitted {
-                v.zones.iter().map(|z| z.reset_us).max().unwrap_or(0)
-            } else {
-                v.retry_after_us.unwrap_or(0)
+            let z = v.zones.choose(rng).unwrap();
+            let at = match rng.gen_range(0..3) {
+                0 => z.retry_after_us.unwrap_or(z.reset_us),
+                1 => z.reset_us,
+                _ => z.expires_us.saturating_sub(now_us),
             } as i64;
-            return at + rng.gen_range(-1..=1);
+            return (at + rng.gen_range(-1..=1), true);
         }
     }
-    match rng.gen_range(0..100) {
-        0..=39 => 0,
-        40..=59 => rng.gen_range(0..=emission),
-        60..=79 => rng.gen_range(0..=3 * emission),
-        80..=86 => rng.gen_range(0..=3 * rate.period_us as i64),
+    if zone.limit.algorithm.is_window() && rng.gen_bool(0.2) {
+        // The next (or the one after the next) window boundary, ±1 µs.
+        let to_boundary = window - (now_us % rate.period_us) as i64;
+        let windows = if rng.gen_bool(0.8) { 0 } else { 1 };
+        return (to_boundary + windows * window + rng.gen_range(-1..=1), true);
+    }
+    let gap = match rng.gen_range(0..100) {
+        0..=34 => 0,
+        35..=54 => rng.gen_range(0..=emission),
+        55..=74 => rng.gen_range(0..=3 * emission),
+        75..=82 => rng.gen_range(0..=3 * window),
         // A whole number of emission intervals: exact drains.
-        87..=94 => rng.gen_range(1..=3) * rate.period_us as i64 / rate.count as i64,
-        _ => -rng.gen_range(1..=2 * emission),
+        83..=89 => rng.gen_range(1..=3) * emission,
+        90..=93 => rng.gen_range(0..=window.min(10 * SEC as i64)),
+        _ => -rng.gen_range(1..=(2 * emission).min(window).max(2)),
+    };
+    (gap, false)
+}
+
+/// Redis' clock, in ms.
+fn redis_ms(conn: &mut redis::Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
+    (secs * 1_000_000 + micros) / 1000
+}
+
+fn ttl_ms(now_us: u64, expires_us: u64) -> u64 {
+    (expires_us - now_us).div_ceil(1000) + 1
+}
+
+/// The stored value as the script documents it, parsed independently of `RedisStore`.
+fn parse_string_state(ctx: &str, raw: &[u8]) -> State {
+    let text = std::str::from_utf8(raw).expect("state is text");
+    let words: Vec<&str> = text.split(' ').collect();
+    let n = |w: &str| -> u64 { w.parse().unwrap_or_else(|_| panic!("{ctx}: {w:?} in {text:?} is not an integer")) };
+    let f = |w: &str| -> f64 { w.parse().unwrap_or_else(|_| panic!("{ctx}: {w:?} in {text:?} is not a number")) };
+    match words.as_slice() {
+        ["t", tokens, last] => State::Tokens { tokens: f(tokens), last_us: n(last) },
+        ["f", start, count] => State::Window { start_us: n(start), count: n(count) },
+        ["s", start, prev, curr] => State::Sliding { start_us: n(start), prev: n(prev), curr: n(curr) },
+        [level, last] => State::Bucket(BucketState { level: f(level), last_us: n(last) }),
+        _ => panic!("{ctx}: unknown state {text:?}"),
     }
 }
 
-fn ttl_ms(now_us: u64, next: &BucketState, reset_us: u64) -> u64 {
-    (reset_us + (next.last_us - now_us)).div_ceil(1000) + 1
+/// A sorted set's entries, checking the member names: "<time>", then "<time>:<n>", n = 1.. per time.
+fn parse_log(ctx: &str, members: &[(String, String)]) -> State {
+    let mut per_time: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut times = Vec::with_capacity(members.len());
+    for (member, score) in members {
+        let time: u64 = score.parse().unwrap_or_else(|_| panic!("{ctx}: score {score:?}"));
+        let (t, n) = match member.split_once(':') {
+            Some((_, "0")) => panic!("{ctx}: member {member:?}: the first of a time has no number"),
+            Some(split) => split,
+            None => (member.as_str(), "0"),
+        };
+        assert_eq!(t.parse::<u64>().ok(), Some(time), "{ctx}: member {member:?} has score {score}");
+        per_time.entry(time).or_default().push(n.parse().unwrap_or_else(|_| panic!("{ctx}: member {member:?}")));
+        times.push(time);
+    }
+    for (time, mut ns) in per_time {
+        ns.sort_unstable();
+        assert!(ns.iter().copied().eq(0..ns.len() as u64), "{ctx}: members of {time} are numbered {ns:?}");
+    }
+    State::Log(times)
 }
 
-fn parse_state(raw: &[u8]) -> BucketState {
-    let text = std::str::from_utf8(raw).expect("state is text");
-    let (level, last_us) = text.split_once(' ').expect("state is \"<level> <last_us>\"");
-    BucketState { level: level.parse().expect("level"), last_us: last_us.parse().expect("last_us") }
+/// An empty log is no state (Redis deletes an empty sorted set).
+fn normalized(state: Option<State>) -> Option<State> {
+    match state {
+        Some(State::Log(entries)) if entries.is_empty() => None,
+        other => other,
+    }
 }
 
 #[test]
@@ -177,23 +318,30 @@ fn lua_script_matches_the_model() {
         },
         clock.clone(),
     )
-    .unwrap();
+    .unwrap()
+    .with_log_entries(true);
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut stats = Stats::default();
     for trace in 0..TRACES {
-        let zones: Vec<Zone> =
-            (0..rng.gen_range(1..=3)).map(|i| random_zone(&mut rng, format!("t{trace}z{i}"))).collect();
+        let mut zones: Vec<Zone> =
+            (0..rng.gen_range(1..=4)).map(|i| random_zone(&mut rng, format!("t{trace}z{i}"))).collect();
         let client_keys = random_client_keys(&mut rng);
         let mut model: HashMap<Vec<u8>, Stored> = HashMap::new();
-        let mut real_us = T0 + rng.gen_range(0..1_000_000_000);
+        let mut real_us = T0 + rng.gen_range(0..1_000_000_000_000);
         // The trace's clock runs `skew` µs behind its real time; a backwards step grows it.
         let mut skew: u64 = 0;
         let mut last: Option<Verdict> = None;
 
-        for step in 0..rng.gen_range(5..=45) {
+        for step in 0..rng.gen_range(5..=30) {
             let ctx = format!("seed {seed:#x} trace {trace} step {step}");
-            let gap = random_gap(&mut rng, &zones, last.as_ref());
+            if rng.gen_bool(0.03) {
+                // A reload gives a zone another algorithm (or other parameters), same name.
+                let z = zones.choose_mut(&mut rng).unwrap();
+                *z = random_zone(&mut rng, z.name.clone());
+                stats.reloads += 1;
+            }
+            let (gap, boundary) = random_gap(&mut rng, &zones, last.as_ref(), real_us - skew);
             if gap >= 0 {
                 real_us += gap as u64;
             } else {
@@ -208,22 +356,25 @@ fn lua_script_matches_the_model() {
                 model.iter().filter(|(_, s)| s.expires_real_us <= real_us).map(|(k, _)| k.clone()).collect();
             for key in expired {
                 let s = model.remove(&key).unwrap();
-                // Unless the clock stepped back since the write, the bucket has drained by now.
-                if now_us >= s.drained_at_us + 1000 {
-                    assert_eq!(
-                        evaluate(&s.limit, Some(s.state), now_us, 1),
-                        evaluate(&s.limit, None, now_us, 1),
-                        "{ctx}: an expired key must behave like a drained one"
-                    );
+                // Unless the clock stepped back since the write, the state has expired by now.
+                if now_us >= s.expires_us + 1000 {
+                    for cost in [0, 1, s.limit.capacity()] {
+                        assert_eq!(
+                            evaluate(&s.limit, Some(&s.state), now_us, cost),
+                            evaluate(&s.limit, None, now_us, cost),
+                            "{ctx}: an expired key must behave like an absent one: {:?}",
+                            s.state
+                        );
+                    }
                 }
                 let _: () = redis::cmd("DEL").arg(&key).query(&mut inspect).unwrap();
-                stats.expired += 1;
+                stats.per_algorithm[algo_index(s.limit.algorithm)].expired += 1;
             }
 
             let mut picked: Vec<&Zone> = zones.iter().collect();
             picked.shuffle(&mut rng);
             picked.truncate(rng.gen_range(1..=zones.len()));
-            let checks: Vec<ZoneCheck<'_>> = picked
+            let mut checks: Vec<ZoneCheck<'_>> = picked
                 .iter()
                 .map(|z| ZoneCheck {
                     zone: &z.name,
@@ -232,110 +383,269 @@ fn lua_script_matches_the_model() {
                     cost: random_cost(&mut rng, &z.limit),
                 })
                 .collect();
+            if rng.gen_bool(0.02) {
+                // One zone twice (the config forbids it, the script copes): the last one's state is
+                // stored, as in the memory store.
+                let mut again = checks[rng.gen_range(0..checks.len())];
+                again.cost = random_cost(&mut rng, &again.limit);
+                let at = rng.gen_range(0..=checks.len());
+                checks.insert(at, again);
+                stats.duplicate_keys += 1;
+            }
             let keys: Vec<Vec<u8>> = checks.iter().map(|c| redis_key(PREFIX, c.zone, c.key)).collect();
 
             let inputs: Vec<ZoneInput<'_>> = checks
                 .iter()
                 .zip(&keys)
-                .map(|(c, k)| ZoneInput { limit: &c.limit, state: model.get(k).map(|s| s.state), cost: c.cost })
+                .map(|(c, k)| ZoneInput { limit: &c.limit, state: model.get(k).map(|s| s.state.clone()), cost: c.cost })
                 .collect();
             let expected = decide_all(&inputs, now_us);
+            let sent = Instant::now();
+            let before_ms = redis_ms(&mut inspect);
             let got = rt.block_on(store.decide(&checks)).unwrap_or_else(|e| panic!("{ctx}: redis decide failed: {e}"));
-            assert_eq!(got, expected, "{ctx}: verdicts differ; checks {checks:?}");
+            assert_eq!(got, expected, "{ctx}: verdicts differ at {now_us}; checks {checks:?}; states {inputs:?}");
 
-            // What the script stored: GET and PTTL, then PERSIST so that Redis' wall clock never
-            // expires a key the trace's clock still needs.
+            for (input, zone) in inputs.iter().zip(&expected.zones) {
+                let c = &mut stats.per_algorithm[algo_index(input.limit.algorithm)];
+                c.zone_decisions += 1;
+                c.boundary += usize::from(boundary);
+                let own = match (&input.state, input.limit.algorithm) {
+                    (None, _) => None,
+                    (Some(s @ State::Bucket(_)), Algorithm::LeakyBucket)
+                    | (Some(s @ State::Tokens { .. }), Algorithm::TokenBucket)
+                    | (Some(s @ State::Window { .. }), Algorithm::FixedWindow)
+                    | (Some(s @ State::Log(_)), Algorithm::SlidingLog)
+                    | (Some(s @ State::Sliding { .. }), Algorithm::SlidingWindow) => Some(s),
+                    (Some(_), _) => {
+                        c.foreign_state += 1;
+                        None
+                    }
+                };
+                c.behind += usize::from(match own {
+                    Some(State::Bucket(b)) => now_us < b.last_us,
+                    Some(State::Tokens { last_us, .. }) => now_us < *last_us,
+                    Some(State::Window { start_us, .. } | State::Sliding { start_us, .. }) => now_us < *start_us,
+                    Some(State::Log(e)) => e.last().is_some_and(|&t| now_us < t),
+                    None => false,
+                });
+                if zone.admitted {
+                    c.admitted += 1;
+                    c.with_state += usize::from(own.is_some());
+                    c.zero_cost += usize::from(input.cost == 0);
+                } else {
+                    c.rejected += 1;
+                    c.never += usize::from(zone.retry_after_us.is_none());
+                }
+                c.special += usize::from(match &zone.next {
+                    State::Bucket(b) => b.level.fract() != 0.0,
+                    State::Tokens { tokens, .. } => tokens.fract() != 0.0,
+                    _ => zone.retry_after_us.is_some_and(|r| r > 0),
+                });
+            }
+
+            // What the script stored: TYPE and the absolute expiry (PEXPIRETIME, ms on Redis'
+            // clock), then PERSIST so that Redis' wall clock never expires a key the trace's clock
+            // still needs; then the value by type. The script wrote between `before_ms` and
+            // `after_ms` on Redis' clock, so PEXPIRETIME - TTL must fall in between.
             let mut pipe = redis::pipe();
+            pipe.cmd("TIME");
             for k in &keys {
-                pipe.cmd("GET").arg(k).cmd("PTTL").arg(k).cmd("PERSIST").arg(k);
+                pipe.cmd("TYPE").arg(k).cmd("PEXPIRETIME").arg(k);
+            }
+            // (After all of them: a key may be given twice.)
+            for k in &keys {
+                pipe.cmd("PERSIST").arg(k).ignore();
             }
             let replies: Vec<Value> = pipe.query(&mut inspect).unwrap();
-            for (i, ((k, zone), check)) in keys.iter().zip(&expected.zones).zip(&checks).enumerate() {
-                let raw = match &replies[3 * i] {
-                    Value::BulkString(b) => Some(parse_state(b)),
-                    Value::Nil => None,
-                    other => panic!("{ctx}: GET gave {other:?}"),
+            let after_ms = {
+                let (secs, micros): (u64, u64) = redis::from_redis_value(replies[0].clone()).unwrap();
+                (secs * 1_000_000 + micros) / 1000
+            };
+            let expire_at = |i: usize| match replies[2 + 2 * i] {
+                Value::Int(n) => n,
+                ref other => panic!("{ctx}: PEXPIRETIME gave {other:?}"),
+            };
+            let mut stored: Vec<Option<State>> = Vec::with_capacity(keys.len());
+            for (i, k) in keys.iter().enumerate() {
+                let kind = match &replies[1 + 2 * i] {
+                    Value::SimpleString(s) => s.clone(),
+                    other => panic!("{ctx}: TYPE gave {other:?}"),
                 };
-                let pttl = match replies[3 * i + 1] {
-                    Value::Int(n) => n,
-                    ref other => panic!("{ctx}: PTTL gave {other:?}"),
-                };
+                stored.push(match kind.as_str() {
+                    "none" => None,
+                    "string" => {
+                        // (None: expired on Redis' clock since TYPE.)
+                        let raw: Option<Vec<u8>> = redis::cmd("GET").arg(k).query(&mut inspect).unwrap();
+                        raw.map(|raw| parse_string_state(&ctx, &raw))
+                    }
+                    "zset" => {
+                        let members: Vec<(String, String)> =
+                            redis::cmd("ZRANGE").arg(k).arg(0).arg(-1).arg("WITHSCORES").query(&mut inspect).unwrap();
+                        stats.log_entries_max = stats.log_entries_max.max(members.len());
+                        normalized(Some(parse_log(&ctx, &members)))
+                    }
+                    other => panic!("{ctx}: key of type {other}"),
+                });
+            }
+            // The store's own reader agrees (the admin API's view).
+            let i = rng.gen_range(0..keys.len());
+            let read = rt.block_on(store.raw_state(checks[i].zone, checks[i].key)).unwrap();
+            // (A key with a TTL of a few ms may have expired on Redis' own clock by now.)
+            let wall_expired = read.is_none() && expire_at(i) >= 0 && expire_at(i) - after_ms as i64 <= SHORT_TTL_MS;
+            assert!(
+                read == stored[i] || wall_expired,
+                "{ctx}: raw_state of zone {i}: {read:?}, stored {:?}",
+                stored[i]
+            );
+            // Writes may take this long to be read back: a shorter TTL can run out on Redis' clock.
+            let waited_ms = sent.elapsed().as_millis() as u64 + 1;
+
+            if expected.admitted {
+                // The last zone of a key decides what it stores.
+                for ((k, zone), check) in keys.iter().zip(&expected.zones).zip(&checks) {
+                    let ttl = ttl_ms(now_us, zone.expires_us);
+                    let entry = Stored {
+                        state: zone.next.clone(),
+                        limit: check.limit,
+                        expires_us: zone.expires_us,
+                        expires_real_us: real_us + ttl * 1000,
+                    };
+                    if normalized(Some(zone.next.clone())).is_some() {
+                        model.insert(k.clone(), entry);
+                    } else {
+                        model.remove(k);
+                    }
+                }
+            }
+            for (i, k) in keys.iter().enumerate() {
+                let expires_ms = expire_at(i);
+                if expected.admitted && stored[i].is_none() {
+                    if let Some(s) = model.get(k) {
+                        if ttl_ms(now_us, s.expires_us) <= waited_ms {
+                            // Redis dropped it on its own wall clock before the PERSIST: forget it
+                            // here too (the trace's clock has not reached `expires_us` yet).
+                            model.remove(k);
+                            stats.wall_expired += 1;
+                        }
+                    }
+                }
+                let want = model.get(k);
+                assert_eq!(
+                    stored[i],
+                    want.map(|s| s.state.clone()),
+                    "{ctx}: zone {i} ({}) stored state; admitted {}",
+                    checks[i].limit.algorithm.as_str(),
+                    expected.admitted
+                );
                 if expected.admitted {
-                    assert_eq!(raw, Some(zone.next), "{ctx}: zone {i} stored state");
-                    let ttl = ttl_ms(now_us, &zone.next, zone.reset_us);
-                    assert!(
-                        pttl <= ttl as i64 && pttl >= ttl as i64 - PTTL_SLACK_MS,
-                        "{ctx}: zone {i} PTTL {pttl}, expected about {ttl}"
-                    );
-                    stats.exact_pttl += usize::from(pttl == ttl as i64);
-                    model.insert(
-                        k.clone(),
-                        Stored {
-                            state: zone.next,
-                            limit: check.limit,
-                            drained_at_us: zone.next.last_us + zone.reset_us,
-                            expires_real_us: real_us + ttl * 1000,
-                        },
-                    );
-                    if zone.next.level.fract() != 0.0 {
-                        stats.fractional_levels += 1;
+                    match want {
+                        Some(s) => {
+                            let ttl = ttl_ms(now_us, s.expires_us) as i64;
+                            let written_ms = expires_ms - ttl;
+                            assert!(
+                                before_ms as i64 <= written_ms && written_ms <= after_ms as i64,
+                                "{ctx}: zone {i} ({:?}) expires at {expires_ms} ms on Redis' clock: a TTL of \
+                                 {} to {} ms, expected {ttl}",
+                                s.state,
+                                expires_ms - after_ms as i64,
+                                expires_ms - before_ms as i64
+                            );
+                            stats.per_algorithm[algo_index(s.limit.algorithm)].exact_ttl +=
+                                usize::from(before_ms == after_ms);
+                        }
+                        None => assert_eq!(expires_ms, -2, "{ctx}: zone {i}: an empty log is no key"),
                     }
                 } else {
-                    // Rejected: nothing written (the key keeps the value and the PERSIST of
-                    // an earlier step).
-                    assert_eq!(raw, model.get(k).map(|s| s.state), "{ctx}: zone {i} was written by a rejected request");
+                    // Rejected: nothing written (the key keeps the value and the PERSIST of an
+                    // earlier step).
                     assert!(
-                        pttl == -1 || (pttl == -2 && raw.is_none()),
-                        "{ctx}: zone {i} PTTL {pttl} after a rejection"
+                        expires_ms == -1 || (expires_ms == -2 && want.is_none()),
+                        "{ctx}: zone {i} PEXPIRETIME {expires_ms} after a rejection"
                     );
                 }
             }
 
             stats.decisions += 1;
             stats.multi_zone += usize::from(checks.len() > 1);
+            stats.mixed_algorithms +=
+                usize::from(checks.iter().any(|c| c.limit.algorithm != checks[0].limit.algorithm));
             if expected.admitted {
                 stats.delayed += usize::from(expected.delay_us > 0);
             } else {
                 stats.rejected += 1;
-                stats.never += usize::from(expected.retry_after_us.is_none());
                 stats.partial_reject += usize::from(expected.zones.iter().any(|z| z.admitted));
             }
             last = Some(expected);
         }
     }
 
-    let Stats {
-        decisions,
-        rejected,
-        never,
-        delayed,
-        multi_zone,
-        partial_reject,
-        backwards,
-        expired,
-        fractional_levels,
-        exact_pttl,
-    } = stats;
+    let elapsed = started.elapsed();
     println!(
-        "lua_differential: {decisions} decisions in {:?}: {rejected} rejected ({never} never, \
-         {partial_reject} by some zones only), {delayed} delayed, {multi_zone} multi-zone, \
-         {backwards} backwards steps, {expired} expirations, {fractional_levels} fractional levels, \
-         {exact_pttl} exact PTTLs",
-        started.elapsed()
+        "lua_differential: {} decisions in {TRACES} traces, {elapsed:?}: {} rejected ({} by some zones only), \
+         {} delayed, {} multi-zone ({} mixing algorithms), {} with a key twice, {} backwards steps, {} reloads, \
+         up to {} log entries per key, {} keys expired on Redis' clock",
+        stats.decisions,
+        stats.rejected,
+        stats.partial_reject,
+        stats.delayed,
+        stats.multi_zone,
+        stats.mixed_algorithms,
+        stats.duplicate_keys,
+        stats.backwards,
+        stats.reloads,
+        stats.log_entries_max,
+        stats.wall_expired,
     );
-    // The traces must reach every branch, or agreement proves little.
-    assert!(decisions >= 4000, "{decisions} decisions");
+    for algorithm in ALGORITHMS {
+        let c = stats.per_algorithm[algo_index(algorithm)];
+        println!(
+            "  {:<14} {:>6} zone decisions: {} admitted ({} with state, {} cost 0), {} rejected ({} never), \
+             {} foreign state, {} expirations, {} exact TTLs, {} at boundaries, {} behind, {} {}",
+            algorithm.as_str(),
+            c.zone_decisions,
+            c.admitted,
+            c.with_state,
+            c.zero_cost,
+            c.rejected,
+            c.never,
+            c.foreign_state,
+            c.expired,
+            c.exact_ttl,
+            c.boundary,
+            c.behind,
+            c.special,
+            if algorithm.is_window() { "retries > 0" } else { "fractional" },
+        );
+    }
+    assert!(stats.decisions >= 20_000, "{} decisions", stats.decisions);
     for (what, n) in [
-        ("rejected", rejected),
-        ("never", never),
-        ("partial_reject", partial_reject),
-        ("delayed", delayed),
-        ("multi_zone", multi_zone),
-        ("backwards", backwards),
-        ("expired", expired),
-        ("fractional_levels", fractional_levels),
-        ("exact_pttl", exact_pttl),
+        ("rejected", stats.rejected),
+        ("partial_reject", stats.partial_reject),
+        ("delayed", stats.delayed),
+        ("multi_zone", stats.multi_zone),
+        ("mixed_algorithms", stats.mixed_algorithms),
+        ("duplicate_keys", stats.duplicate_keys),
+        ("backwards", stats.backwards),
+        ("reloads", stats.reloads),
     ] {
-        assert!(n >= 20, "only {n} `{what}` cases in {decisions} decisions");
+        assert!(n >= 20, "only {n} `{what}` cases in {} decisions", stats.decisions);
+    }
+    for algorithm in ALGORITHMS {
+        let c = stats.per_algorithm[algo_index(algorithm)];
+        for (what, n) in [
+            ("admitted", c.admitted),
+            ("with_state", c.with_state),
+            ("zero_cost", c.zero_cost),
+            ("rejected", c.rejected),
+            ("never", c.never),
+            ("foreign_state", c.foreign_state),
+            ("expired", c.expired),
+            ("exact_ttl", c.exact_ttl),
+            ("boundary", c.boundary),
+            ("behind", c.behind),
+            ("special", c.special),
+        ] {
+            assert!(n >= 20, "{}: only {n} `{what}` cases in {} zone decisions", algorithm.as_str(), c.zone_decisions);
+        }
     }
 }

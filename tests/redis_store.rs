@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use support::redis_server::{free_port, RedisServer};
 use tokio::task::{block_in_place, JoinSet};
-use weir::limit::{DelayPolicy, LimitReq, ManualClock, Rate, SystemClock, Verdict};
+use weir::limit::{
+    decide_all, evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State, SystemClock, Verdict,
+    ZoneInput,
+};
 use weir::store::{LimitStore, RedisClock, RedisStore, RedisStoreConfig, StoreError, ZoneCheck};
 
 const PREFIX: &str = "weir:";
@@ -20,7 +23,7 @@ fn store(url: String, clock: RedisClock, timeout: Duration) -> Arc<RedisStore> {
 }
 
 fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
-    LimitReq { rate: Rate::parse(rate).unwrap(), burst, delay }
+    LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay }
 }
 
 fn check<'a>(zone: &'a str, key: &'a str, limit: LimitReq) -> ZoneCheck<'a> {
@@ -218,9 +221,10 @@ async fn redis_clock_is_redis_time() {
     let before = block_in_place(|| redis_time(&mut conn));
     let first = store.decide(&req).await.unwrap();
     let after = block_in_place(|| redis_time(&mut conn));
-    let stamped = first.zones[0].next.last_us;
+    let State::Bucket(bucket) = first.zones[0].next else { panic!("{first:?}") };
+    let stamped = bucket.last_us;
     assert!(before <= stamped && stamped <= after, "{before} <= {stamped} <= {after}");
-    assert_eq!(store.raw_state("per_ip", b"192.0.2.9").await.unwrap(), Some(first.zones[0].next));
+    assert_eq!(store.raw_state("per_ip", b"192.0.2.9").await.unwrap(), Some(first.zones[0].next.clone()));
 
     let second = store.decide(&req).await.unwrap();
     assert!(!second.admitted);
@@ -251,7 +255,7 @@ async fn concurrent_decisions_on_one_key_are_atomic() {
     assert_eq!(admitted, 10, "burst 9 admits exactly 10 at once");
     // Rejected requests charged no zone, not even the one that admitted them.
     // (10 requests, a few ms of real time drained.)
-    let global = store.raw_state("global", b"all").await.unwrap().unwrap();
+    let Some(State::Bucket(global)) = store.raw_state("global", b"all").await.unwrap() else { panic!("no bucket") };
     assert!(global.level > 9.9 && global.level <= 10.0, "{global:?}");
 }
 
@@ -261,10 +265,12 @@ async fn malformed_script_arguments_are_errors() {
     let mut conn = server.connection();
     let script = redis::Script::new(include_str!("../lua/limit_req.lua"));
     let err = script.key("weir:z:{k}").arg("1700000000000000").invoke::<redis::Value>(&mut conn).unwrap_err();
-    assert!(err.to_string().contains("expected 6 ARGV"), "{err}");
+    assert!(err.to_string().contains("expected 8 ARGV"), "{err}");
     let err = script
         .key("weir:z:{k}")
         .arg("soon")
+        .arg("0")
+        .arg(0)
         .arg(1)
         .arg(1_000_000)
         .arg(0)
@@ -273,6 +279,222 @@ async fn malformed_script_arguments_are_errors() {
         .invoke::<redis::Value>(&mut conn)
         .unwrap_err();
     assert!(err.to_string().contains("not a number"), "{err}");
+    let err = script
+        .key("weir:z:{k}")
+        .arg("1700000000000000")
+        .arg("0")
+        .arg(5)
+        .arg(1)
+        .arg(1_000_000)
+        .arg(0)
+        .arg(-1)
+        .arg(1)
+        .invoke::<redis::Value>(&mut conn)
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown algorithm 5"), "{err}");
+}
+
+/// A zone of a window algorithm: `count` per `window_ms`.
+fn window(algorithm: Algorithm, count: u64, window_ms: u64) -> LimitReq {
+    LimitReq { algorithm, rate: Rate { count, period_us: window_ms * 1000 }, burst: 0, delay: DelayPolicy::NoDelay }
+}
+
+fn token_bucket(rate: &str, burst: u64) -> LimitReq {
+    LimitReq { algorithm: Algorithm::TokenBucket, rate: Rate::parse(rate).unwrap(), burst, delay: DelayPolicy::NoDelay }
+}
+
+/// Sends `costs` to one key on Redis' clock, then checks that the key lives exactly as long as its
+/// state matters: its expiry (PEXPIRETIME) is after the model's `expires_us` of the last admitted
+/// request, by at most a few ms; the stored state is then no state; and the key is gone after it.
+async fn key_expires_when_its_state_can_be_forgotten(limit: LimitReq, costs: &[u64]) {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let config = RedisStoreConfig {
+        url: server.url(),
+        timeout: Duration::from_secs(2),
+        clock: RedisClock::Redis,
+        key_prefix: PREFIX.to_string(),
+    };
+    let store = RedisStore::new(config, Arc::new(SystemClock)).unwrap().with_log_entries(true);
+    let zone = limit.algorithm.as_str();
+    let key = format!("{PREFIX}{zone}:{{203.0.113.7}}");
+    let mut last_admitted = None;
+    for &cost in costs {
+        let v = store.decide(&[ZoneCheck { zone, key: b"203.0.113.7", limit, cost }]).await.unwrap();
+        if v.admitted {
+            last_admitted = Some(v.zones[0].clone());
+        }
+    }
+    let outcome = last_admitted.expect("at least one request admitted");
+    let state = store.raw_state(zone, b"203.0.113.7").await.unwrap().expect("a stored state");
+    assert_eq!(state, outcome.next, "{zone}: stored state");
+    let expire_ms: i64 = block_in_place(|| redis::cmd("PEXPIRETIME").arg(&key).query(&mut conn).unwrap());
+    let expire_us = expire_ms as u64 * 1000;
+    // Never before the state expires (absent must mean expired), and not much later.
+    assert!(
+        expire_us > outcome.expires_us && expire_us <= outcome.expires_us + 50_000,
+        "{zone}: key expires at {expire_us} µs, state at {} µs",
+        outcome.expires_us
+    );
+    // From the key's expiry on, the state it held is no state, for any request.
+    for cost in [0, 1, limit.capacity()] {
+        assert_eq!(
+            evaluate(&limit, Some(&state), expire_us, cost),
+            evaluate(&limit, None, expire_us, cost),
+            "{zone}: the state is forgettable when its key expires"
+        );
+    }
+    // Just before the state expires, the key is still there.
+    let redis_now_us = block_in_place(|| redis_time(&mut conn));
+    if outcome.expires_us > redis_now_us + 30_000 {
+        tokio::time::sleep(Duration::from_micros(outcome.expires_us - redis_now_us - 20_000)).await;
+        let exists: i64 = block_in_place(|| redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap());
+        assert_eq!(exists, 1, "{zone}: key gone before its state expired");
+    }
+    let redis_now_us = block_in_place(|| redis_time(&mut conn));
+    tokio::time::sleep(Duration::from_micros((expire_us + 2000).saturating_sub(redis_now_us))).await;
+    let exists: i64 = block_in_place(|| redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap());
+    assert_eq!(exists, 0, "{zone}: key still there after its TTL");
+    println!(
+        "{zone}: state {state:?} expires {} µs after the last request, its key {} µs after that",
+        outcome.reset_us,
+        expire_us - outcome.expires_us
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaky_bucket_key_expires_when_drained() {
+    // 3 requests at 10r/s: drained 300 ms after the last.
+    key_expires_when_its_state_can_be_forgotten(limit("10r/s", 5, DelayPolicy::NoDelay), &[1, 1, 1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_key_expires_when_full_again() {
+    key_expires_when_its_state_can_be_forgotten(token_bucket("10r/s", 4), &[2, 1, 9]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_key_expires_with_its_window() {
+    key_expires_when_its_state_can_be_forgotten(window(Algorithm::FixedWindow, 5, 300), &[1, 2, 9]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_key_expires_with_its_newest_entry() {
+    key_expires_when_its_state_can_be_forgotten(window(Algorithm::SlidingLog, 5, 300), &[1, 2, 9, 1]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_key_expires_after_two_windows() {
+    key_expires_when_its_state_can_be_forgotten(window(Algorithm::SlidingWindow, 5, 200), &[1, 2, 9]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_may_change_its_algorithm() {
+    // A reload changes the algorithm of a zone (same name, same keys): the key holds the other
+    // algorithm's value, a string or a sorted set. It counts as no state, is overwritten by an
+    // admitted request and left alone by a rejected one. Never an error.
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000));
+    let config = RedisStoreConfig {
+        url: server.url(),
+        timeout: Duration::from_secs(2),
+        clock: RedisClock::Local,
+        key_prefix: PREFIX.to_string(),
+    };
+    let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
+    let limits = [
+        limit("10r/s", 3, DelayPolicy::After(1)),
+        token_bucket("10r/s", 3),
+        window(Algorithm::FixedWindow, 4, 1000),
+        window(Algorithm::SlidingLog, 4, 1000),
+        window(Algorithm::SlidingWindow, 4, 1000),
+    ];
+    let mut switches = 0;
+    for (i, from) in limits.iter().enumerate() {
+        for (j, to) in limits.iter().enumerate() {
+            let key = format!("client{i}{j}");
+            let decide = |limit: LimitReq, cost: u64| {
+                let store = &store;
+                let key = key.clone();
+                async move { store.decide(&[ZoneCheck { zone: "switching", key: key.as_bytes(), limit, cost }]).await }
+            };
+            clock.advance_us(1000);
+            let first = decide(*from, 2).await.unwrap();
+            assert!(first.admitted);
+            let old = store.raw_state("switching", key.as_bytes()).await.unwrap();
+            assert_eq!(old.as_ref(), Some(&first.zones[0].next));
+
+            // A request the new algorithm rejects writes nothing: the old value stays.
+            clock.advance_us(1000);
+            let too_costly = decide(*to, to.capacity() + 1).await.unwrap();
+            assert!(!too_costly.admitted && too_costly.retry_after_us.is_none());
+            assert_eq!(store.raw_state("switching", key.as_bytes()).await.unwrap(), old);
+
+            // An admitted one replaces it; the new algorithm saw no state (unless it is the same).
+            let now = clock.now_us();
+            let same = i == j;
+            let expected =
+                decide_all(&[ZoneInput { limit: to, state: same.then(|| old.clone()).flatten(), cost: 1 }], now);
+            let got = decide(*to, 1)
+                .await
+                .unwrap_or_else(|e| panic!("{} -> {}: {e}", from.algorithm.as_str(), to.algorithm.as_str()));
+            assert_eq!(got, expected, "{} -> {}", from.algorithm.as_str(), to.algorithm.as_str());
+            assert_eq!(
+                store.raw_state("switching", key.as_bytes()).await.unwrap().as_ref(),
+                Some(&got.zones[0].next),
+                "{} -> {}",
+                from.algorithm.as_str(),
+                to.algorithm.as_str()
+            );
+            switches += usize::from(!same);
+        }
+    }
+    assert_eq!(switches, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_log_entries_a_verdict_carries_no_log() {
+    let server = RedisServer::start();
+    let store = store(server.url(), RedisClock::Redis, Duration::from_secs(2));
+    let log = window(Algorithm::SlidingLog, 10, 60_000);
+    let req = [ZoneCheck { zone: "log", key: b"k", limit: log, cost: 3 }];
+    let v = store.decide(&req).await.unwrap();
+    assert!(v.admitted);
+    assert_eq!(v.zones[0].remaining, 7);
+    assert_eq!(v.zones[0].next, State::Log(vec![]));
+    let Some(State::Log(entries)) = store.raw_state("log", b"k").await.unwrap() else { panic!("no log") };
+    assert_eq!(entries.len(), 3);
+    assert!(entries.iter().all(|&t| t == entries[0]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_costly_request_adds_all_its_log_entries() {
+    // More entries than one ZADD takes (the script adds them in batches of 1000).
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000));
+    let config = RedisStoreConfig {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        clock: RedisClock::Local,
+        key_prefix: PREFIX.to_string(),
+    };
+    let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
+    let log = window(Algorithm::SlidingLog, 10_000, 60_000);
+    let mut state = None;
+    for (cost, admitted) in [(2500, true), (7499, true), (2, false), (1, true), (1, false)] {
+        clock.advance_us(1000);
+        let now = clock.now_us();
+        let expected = decide_all(&[ZoneInput { limit: &log, state: state.clone(), cost }], now);
+        let got = store.decide(&[ZoneCheck { zone: "log", key: b"k", limit: log, cost }]).await.unwrap();
+        assert_eq!(got, expected, "cost {cost}");
+        assert_eq!(got.admitted, admitted, "cost {cost}");
+        if got.admitted {
+            state = Some(got.zones[0].next.clone());
+        }
+        assert_eq!(store.raw_state("log", b"k").await.unwrap(), state, "cost {cost}");
+    }
+    let Some(State::Log(entries)) = state else { panic!("no log") };
+    assert_eq!(entries.len(), 10_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,6 +514,48 @@ async fn memory_usage_of_one_key() {
     let fractional = measure(&mut conn, key);
     println!("MEMORY USAGE {key}: {whole} (whole level), {fractional} (fractional level)");
     assert!(fractional < 200, "{fractional} bytes per key");
+
+    // One key per algorithm, at its longest value.
+    let mut table = vec![("leaky_bucket".to_string(), fractional)];
+    // (Zone "per_ip" and client keys of the same length: key names as long as the one above.)
+    for (name, client, limit, costs) in [
+        ("token_bucket", "203.0.113.1", token_bucket("3r/s", 20), vec![1, 1]),
+        ("fixed_window", "203.0.113.2", window(Algorithm::FixedWindow, 1_000_000, 3_600_000), vec![999_999]),
+        ("sliding_window", "203.0.113.3", window(Algorithm::SlidingWindow, 1_000_000, 1000), vec![500_000]),
+    ] {
+        for cost in costs {
+            let check = ZoneCheck { zone: "per_ip", key: client.as_bytes(), limit, cost };
+            store.decide(&[check]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(77)).await;
+        }
+        let bytes = measure(&mut conn, &format!("weir:per_ip:{{{client}}}"));
+        assert!(bytes < 200, "{name}: {bytes} bytes per key");
+        table.push((name.to_string(), bytes));
+    }
+    // The sliding log: one entry per admitted request, each request at its own time (and once
+    // 10 entries of one time: a request of cost 10).
+    let log = window(Algorithm::SlidingLog, 10_000, 3_600_000);
+    for (client, entries, cost) in
+        [("203.0.113.4", 10, 1), ("203.0.113.5", 10, 10), ("203.0.113.6", 100, 1), ("203.0.113.8", 128, 1)]
+            .into_iter()
+            .chain([("203.0.113.9", 129, 1), ("203.0.11.10", 1000, 1)])
+    {
+        for _ in 0..entries / cost {
+            let check = ZoneCheck { zone: "per_ip", key: client.as_bytes(), limit: log, cost };
+            assert!(store.decide(&[check]).await.unwrap().admitted);
+        }
+        let bytes = measure(&mut conn, &format!("weir:per_ip:{{{client}}}"));
+        let what = if cost == 1 {
+            format!("sliding_log, {entries} entries")
+        } else {
+            format!("sliding_log, {entries} entries at once")
+        };
+        table.push((what, bytes));
+    }
+    println!("MEMORY USAGE per key (Redis {}):", redis_version(&mut conn));
+    for (what, bytes) in &table {
+        println!("  {what:<32} {bytes:>6} bytes");
+    }
 
     // MEMORY USAGE leaves out the expiry entry and the dictionaries' growth: count those too.
     let before = block_in_place(|| used_memory(&mut conn));
@@ -324,13 +588,26 @@ fn used_memory(conn: &mut redis::Connection) -> u64 {
     info.lines().find_map(|line| line.strip_prefix("used_memory:")).and_then(|n| n.trim().parse().ok()).unwrap()
 }
 
-/// `MEMORY USAGE` of a key, printing its value.
+fn redis_version(conn: &mut redis::Connection) -> String {
+    let info: String = block_in_place(|| redis::cmd("INFO").arg("server").query(conn).unwrap());
+    info.lines().find_map(|line| line.strip_prefix("redis_version:")).unwrap_or("?").trim().to_string()
+}
+
+/// `MEMORY USAGE` of a key, printing its value (strings) or its size (sorted sets).
 fn measure(conn: &mut redis::Connection, key: &str) -> u64 {
     block_in_place(|| {
-        let value: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+        let kind: String = redis::cmd("TYPE").arg(key).query(conn).unwrap();
+        let value = if kind == "zset" {
+            let n: u64 = redis::cmd("ZCARD").arg(key).query(conn).unwrap();
+            let newest: Vec<String> = redis::cmd("ZRANGE").arg(key).arg(-1).arg(-1).query(conn).unwrap();
+            format!("{n} entries, newest {newest:?}")
+        } else {
+            let value: String = redis::cmd("GET").arg(key).query(conn).unwrap();
+            format!("{value:?} ({} bytes)", value.len())
+        };
         let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0).query(conn).unwrap();
         let encoding: String = redis::cmd("OBJECT").arg("ENCODING").arg(key).query(conn).unwrap();
-        println!("{key} = {value:?} ({} bytes, {encoding}): {bytes} bytes", value.len());
+        println!("{key} = {value} ({encoding}): {bytes} bytes");
         bytes
     })
 }

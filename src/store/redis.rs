@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use super::{LimitStore, StoreError, ZoneCheck};
-use crate::limit::{decide_all, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
+use crate::limit::{decide_all, Algorithm, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +44,18 @@ pub struct RedisStore {
     /// `lua/limit_conn.lua` and the lease TTL it is called with (see `redis_conn.rs`).
     pub(super) conn_script: Script,
     pub(super) lease_ttl: Duration,
+    /// Whether verdicts carry the sliding log's entries (see `with_log_entries`).
+    log_entries: bool,
 }
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
 const MAX_RAW_KEY_LEN: usize = 200;
-/// Reply values before the per-zone ones, and per zone (see the header of `lua/limit_req.lua`).
+/// Reply values before the per-zone arrays, and the values every zone's array starts with (see the
+/// header of `lua/limit_req.lua`).
 const REPLY_HEAD: usize = 4;
-const REPLY_PER_ZONE: usize = 8;
+const REPLY_ZONE_COMMON: usize = 8;
+/// The largest integer a Lua number (a double) holds exactly.
+const MAX_EXACT: u64 = 1 << 53;
 
 impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
@@ -64,7 +69,17 @@ impl RedisStore {
             script: Script::new(include_str!("../../lua/limit_req.lua")),
             conn_script: Script::new(include_str!("../../lua/limit_conn.lua")),
             lease_ttl: Duration::from_secs(30),
+            log_entries: false,
         })
+    }
+
+    /// Makes every verdict carry a sliding-log zone's entries in `ZoneOutcome::next`, exactly as
+    /// the model's. That costs O(entries) per request instead of O(log entries), so it is off by
+    /// default, and then a sliding-log zone's `next` is `State::Log(vec![])` (nothing outside the
+    /// memory store reads `next`; `raw_state` reads a stored log). For tests and debugging.
+    pub fn with_log_entries(mut self, on: bool) -> Self {
+        self.log_entries = on;
+        self
     }
 
     /// Sets how long a concurrency lease lives without renewal.
@@ -86,22 +101,51 @@ impl RedisStore {
         redis_key(&self.config.key_prefix, zone, key)
     }
 
-    /// The stored state of one key, as the script left it (for tests and the admin API). `None`
-    /// when absent, i.e. drained.
-    pub async fn raw_state(&self, zone: &str, key: &[u8]) -> Result<Option<BucketState>, StoreError> {
+    /// The stored state of one key, as the script left it (for tests and the admin API), whatever
+    /// algorithm wrote it. `None` when absent, i.e. expired.
+    pub async fn raw_state(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
         let redis_key = self.key_for(zone, key);
-        let raw: Option<Vec<u8>> = self
+        let raw: Option<RawState> = self
             .bounded(async {
                 let mut conn = self.connection().await?;
-                Ok(::redis::cmd("GET").arg(&redis_key).query_async(&mut conn).await?)
+                let kind: String = ::redis::cmd("TYPE").arg(&redis_key).query_async(&mut conn).await?;
+                Ok(match kind.as_str() {
+                    "string" => {
+                        let value: Option<Vec<u8>> = ::redis::cmd("GET").arg(&redis_key).query_async(&mut conn).await?;
+                        value.map(RawState::Text)
+                    }
+                    "zset" => {
+                        let entries: Vec<(Vec<u8>, Vec<u8>)> = ::redis::cmd("ZRANGE")
+                            .arg(&redis_key)
+                            .arg(0)
+                            .arg(-1)
+                            .arg("WITHSCORES")
+                            .query_async(&mut conn)
+                            .await?;
+                        Some(RawState::Log(entries.into_iter().map(|(_, score)| score).collect()))
+                    }
+                    "none" => None,
+                    other => return Err(StoreError::Reply(format!("state key of type {other}"))),
+                })
             })
             .await?;
-        raw.map(|raw| {
-            parse_state(&raw).ok_or_else(|| {
-                StoreError::Reply(format!("state {:?} is not \"<level> <last_us>\"", String::from_utf8_lossy(&raw)))
-            })
-        })
-        .transpose()
+        match raw {
+            None => Ok(None),
+            Some(RawState::Text(text)) => parse_state(&text).map(Some).ok_or_else(|| {
+                StoreError::Reply(format!("state {:?} is in no known format", String::from_utf8_lossy(&text)))
+            }),
+            Some(RawState::Log(scores)) => {
+                let entries = scores
+                    .iter()
+                    .map(|score| {
+                        std::str::from_utf8(score).ok().and_then(parse_time).ok_or_else(|| {
+                            StoreError::Reply(format!("log entry {:?} is not µs", String::from_utf8_lossy(score)))
+                        })
+                    })
+                    .collect::<Result<Vec<u64>, StoreError>>()?;
+                Ok(Some(State::Log(entries)))
+            }
+        }
     }
 
     /// The shared connection, made on first use. A failed connect is not cached: the next call
@@ -147,9 +191,10 @@ impl LimitStore for RedisStore {
             RedisClock::Local => call.arg(self.clock.now_us()),
             RedisClock::Redis => call.arg(""),
         };
+        call.arg(if self.log_entries { "1" } else { "0" });
         for check in checks {
             let limit = &check.limit;
-            call.arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
+            call.arg(limit.algorithm.id()).arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
             match limit.delay {
                 DelayPolicy::NoDelay => call.arg(-1i64),
                 DelayPolicy::After(threshold) => call.arg(threshold),
@@ -162,7 +207,8 @@ impl LimitStore for RedisStore {
                 Ok(call.invoke_async(&mut conn).await?)
             })
             .await?;
-        parse_reply(&reply, checks.len())
+        let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
+        parse_reply(&reply, &algorithms, self.log_entries)
     }
 
     fn kind(&self) -> &'static str {
@@ -170,7 +216,7 @@ impl LimitStore for RedisStore {
     }
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
-        Ok(self.raw_state(zone, key).await?.map(State::Bucket))
+        self.raw_state(zone, key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -208,39 +254,115 @@ pub fn redis_key(prefix: &str, zone: &str, key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Parses a stored "<level> <last_us>".
-fn parse_state(raw: &[u8]) -> Option<BucketState> {
-    let text = std::str::from_utf8(raw).ok()?;
-    let (level, last_us) = text.split_once(' ')?;
-    Some(BucketState { level: level.parse().ok()?, last_us: last_us.parse().ok()? })
+/// A stored value before parsing: a string, or the scores of a sorted set.
+enum RawState {
+    Text(Vec<u8>),
+    Log(Vec<Vec<u8>>),
 }
 
-/// Turns the script's reply (layout in the header of `lua/limit_req.lua`) into a `Verdict`.
-fn parse_reply(reply: &[Value], zones: usize) -> Result<Verdict, StoreError> {
-    let expected = REPLY_HEAD + REPLY_PER_ZONE * zones;
+/// Parses a stored string (formats in the header of `lua/limit_req.lua`): "<level> <last_us>",
+/// "t <tokens> <last_us>", "f <start_us> <count>" or "s <start_us> <prev> <curr>".
+fn parse_state(raw: &[u8]) -> Option<State> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let words: Vec<&str> = text.split(' ').collect();
+    let float = |w: &str| w.parse::<f64>().ok().filter(|f| f.is_finite());
+    Some(match words.as_slice() {
+        ["t", tokens, last_us] => State::Tokens { tokens: float(tokens)?, last_us: parse_time(last_us)? },
+        ["f", start_us, count] => State::Window { start_us: parse_time(start_us)?, count: parse_time(count)? },
+        ["s", start_us, prev, curr] => {
+            State::Sliding { start_us: parse_time(start_us)?, prev: parse_time(prev)?, curr: parse_time(curr)? }
+        }
+        [level, last_us] => State::Bucket(BucketState { level: float(level)?, last_us: parse_time(last_us)? }),
+        _ => return None,
+    })
+}
+
+/// A non-negative integer as the script writes it (digits; a sorted-set score may also come as a
+/// float's text, e.g. "1.7e+15"), at most 2^53.
+fn parse_time(text: &str) -> Option<u64> {
+    if let Ok(n) = text.parse::<u64>() {
+        return (n <= MAX_EXACT).then_some(n);
+    }
+    let f = text.parse::<f64>().ok()?;
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= MAX_EXACT as f64).then_some(f as u64)
+}
+
+/// Turns the script's reply (layout in the header of `lua/limit_req.lua`) into a `Verdict`. The
+/// zones come in the order of `algorithms`, each zone's algorithm as sent; `log_entries`: whether
+/// the script was asked for the sliding log's entries.
+fn parse_reply(reply: &[Value], algorithms: &[Algorithm], log_entries: bool) -> Result<Verdict, StoreError> {
+    let expected = REPLY_HEAD + algorithms.len();
     if reply.len() != expected {
-        return Err(StoreError::Reply(format!("{} values for {zones} zones, expected {expected}", reply.len())));
+        return Err(StoreError::Reply(format!(
+            "{} values for {} zones, expected {expected}",
+            reply.len(),
+            algorithms.len()
+        )));
     }
     let zones = reply[REPLY_HEAD..]
-        .chunks_exact(REPLY_PER_ZONE)
-        .map(|z| {
-            Ok(ZoneOutcome {
-                admitted: flag(&z[0])?,
-                excess: float(&z[1])?,
-                delay_us: micros(&z[2])?,
-                retry_after_us: optional_micros(&z[3])?,
-                remaining: micros(&z[4])?,
-                reset_us: micros(&z[5])?,
-                expires_us: micros(&z[7])? + micros(&z[5])?,
-                next: State::Bucket(BucketState { level: float(&z[6])?, last_us: micros(&z[7])? }),
-            })
-        })
+        .iter()
+        .zip(algorithms)
+        .map(|(zone, &algorithm)| parse_zone(zone, algorithm, log_entries))
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(Verdict {
         admitted: flag(&reply[0])?,
         delay_us: micros(&reply[1])?,
         retry_after_us: optional_micros(&reply[2])?,
         zones,
+    })
+}
+
+/// One zone's array: the common values, then `next` in the algorithm's layout.
+fn parse_zone(value: &Value, algorithm: Algorithm, log_entries: bool) -> Result<ZoneOutcome, StoreError> {
+    let Value::Array(z) = value else {
+        return Err(StoreError::Reply(format!("expected a zone's array, got {value:?}")));
+    };
+    let state_len = match algorithm {
+        Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingLog => 2,
+        Algorithm::SlidingWindow => 3,
+    };
+    if z.len() != REPLY_ZONE_COMMON + state_len {
+        return Err(StoreError::Reply(format!(
+            "{} values for a {} zone, expected {}",
+            z.len(),
+            algorithm.as_str(),
+            REPLY_ZONE_COMMON + state_len
+        )));
+    }
+    let id = int(&z[0])?;
+    if id != i64::from(algorithm.id()) {
+        return Err(StoreError::Reply(format!("zone of algorithm {id}, expected {}", algorithm.id())));
+    }
+    let s = &z[REPLY_ZONE_COMMON..];
+    let next = match algorithm {
+        Algorithm::LeakyBucket => State::Bucket(BucketState { level: float(&s[0])?, last_us: micros(&s[1])? }),
+        Algorithm::TokenBucket => State::Tokens { tokens: float(&s[0])?, last_us: micros(&s[1])? },
+        Algorithm::FixedWindow => State::Window { start_us: micros(&s[0])?, count: micros(&s[1])? },
+        Algorithm::SlidingWindow => {
+            State::Sliding { start_us: micros(&s[0])?, prev: micros(&s[1])?, curr: micros(&s[2])? }
+        }
+        Algorithm::SlidingLog => {
+            let len = micros(&s[0])?;
+            let Value::Array(times) = &s[1] else {
+                return Err(StoreError::Reply(format!("expected the log's entries, got {:?}", s[1])));
+            };
+            // Empty unless the store asked for the entries.
+            let expected = if log_entries { len } else { 0 };
+            if times.len() as u64 != expected {
+                return Err(StoreError::Reply(format!("{} log entries, expected {expected}", times.len())));
+            }
+            State::Log(times.iter().map(micros).collect::<Result<_, _>>()?)
+        }
+    };
+    Ok(ZoneOutcome {
+        admitted: flag(&z[1])?,
+        excess: float(&z[2])?,
+        delay_us: micros(&z[3])?,
+        retry_after_us: optional_micros(&z[4])?,
+        remaining: micros(&z[5])?,
+        reset_us: micros(&z[6])?,
+        expires_us: micros(&z[7])?,
+        next,
     })
 }
 
@@ -307,44 +429,108 @@ mod tests {
 
     #[test]
     fn state_parses_exactly() {
-        let s = parse_state(b"0.10000000000000001 1700000000000000").unwrap();
-        assert_eq!(s.level, 0.1);
-        assert_eq!(s.last_us, 1_700_000_000_000_000);
-        assert_eq!(parse_state(b"garbage"), None);
-        assert_eq!(parse_state(b"1 -5"), None);
+        let leaky = State::Bucket(BucketState { level: 0.1, last_us: 1_700_000_000_000_000 });
+        assert_eq!(parse_state(b"0.10000000000000001 1700000000000000"), Some(leaky));
+        assert_eq!(
+            parse_state(b"t 2.5 1700000000000000"),
+            Some(State::Tokens { tokens: 2.5, last_us: 1_700_000_000_000_000 })
+        );
+        assert_eq!(
+            parse_state(b"f 1699999980000000 7"),
+            Some(State::Window { start_us: 1_699_999_980_000_000, count: 7 })
+        );
+        assert_eq!(
+            parse_state(b"s 1699999980000000 3 4"),
+            Some(State::Sliding { start_us: 1_699_999_980_000_000, prev: 3, curr: 4 })
+        );
+        for bad in ["garbage", "1 -5", "t 1", "f 1.5 2", "s 1 2", "x 1 2", "1 2 3", "inf 5", ""] {
+            assert_eq!(parse_state(bad.as_bytes()), None, "{bad:?}");
+        }
+        assert_eq!(parse_time("1700000000000000"), Some(1_700_000_000_000_000));
+        assert_eq!(parse_time("1.7e+15"), Some(1_700_000_000_000_000));
+        assert_eq!(parse_time("1.5"), None);
+        assert_eq!(parse_time("-1"), None);
+        assert_eq!(parse_time("18014398509481984"), None);
     }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
+    fn zone(algorithm: u8, outcome: [Value; 7], next: Vec<Value>) -> Value {
+        let mut z = vec![Value::Int(algorithm.into())];
+        z.extend(outcome);
+        z.extend(next);
+        Value::Array(z)
+    }
+
     #[test]
     fn reply_becomes_a_verdict() {
-        let reply = vec![
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(250_000),
-            Value::Int(1_700_000_000_000_000),
-            Value::Int(0),
-            bulk("2.5"),
-            Value::Int(0),
-            Value::Int(250_000),
-            Value::Int(0),
-            Value::Int(1_750_000),
-            bulk("1.75"),
-            Value::Int(1_700_000_000_000_000),
+        let t0: u64 = 1_700_000_000_000_000;
+        let t0i = t0 as i64;
+        let rejected = || {
+            [
+                Value::Int(0),
+                bulk("2.5"),
+                Value::Int(0),
+                Value::Int(250_000),
+                Value::Int(0),
+                Value::Int(1_750_000),
+                Value::Int(t0i + 1_750_000),
+            ]
+        };
+        let admitted = || {
+            [Value::Int(1), bulk("0"), Value::Int(0), Value::Int(-1), Value::Int(3), Value::Int(9), Value::Int(t0i + 9)]
+        };
+        let head = || vec![Value::Int(0), Value::Int(0), Value::Int(250_000), Value::Int(t0i)];
+        let mut reply = head();
+        reply.push(zone(0, rejected(), vec![bulk("1.75"), Value::Int(t0i)]));
+        reply.push(zone(1, admitted(), vec![bulk("0.5"), Value::Int(t0i)]));
+        reply.push(zone(2, admitted(), vec![Value::Int(t0i - 5), Value::Int(2)]));
+        reply.push(zone(3, admitted(), vec![Value::Int(2), Value::Array(vec![Value::Int(t0i - 1), Value::Int(t0i)])]));
+        reply.push(zone(4, admitted(), vec![Value::Int(t0i - 5), Value::Int(4), Value::Int(1)]));
+        let algorithms = [
+            Algorithm::LeakyBucket,
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
         ];
-        let v = parse_reply(&reply, 1).unwrap();
+        let v = parse_reply(&reply, &algorithms, true).unwrap();
         assert!(!v.admitted);
         assert_eq!(v.retry_after_us, Some(250_000));
         assert_eq!(v.zones[0].excess, 2.5);
         assert_eq!(v.zones[0].retry_after_us, Some(250_000));
-        assert!(matches!(v.zones[0].next, State::Bucket(b) if b.level == 1.75));
-        assert!(parse_reply(&reply, 2).is_err());
+        assert_eq!(v.zones[0].expires_us, t0 + 1_750_000);
+        assert_eq!(v.zones[0].next, State::Bucket(BucketState { level: 1.75, last_us: t0 }));
+        assert_eq!(v.zones[1].next, State::Tokens { tokens: 0.5, last_us: t0 });
+        assert_eq!(v.zones[1].remaining, 3);
+        assert_eq!(v.zones[2].next, State::Window { start_us: t0 - 5, count: 2 });
+        assert_eq!(v.zones[3].next, State::Log(vec![t0 - 1, t0]));
+        assert_eq!(v.zones[4].next, State::Sliding { start_us: t0 - 5, prev: 4, curr: 1 });
+        // Entries sent although not asked for, or missing although asked for.
+        assert!(parse_reply(&reply, &algorithms, false).is_err());
+        let mut no_entries = head();
+        no_entries.push(zone(3, admitted(), vec![Value::Int(2), Value::Array(vec![])]));
+        assert_eq!(parse_reply(&no_entries, &algorithms[3..4], false).unwrap().zones[0].next, State::Log(vec![]));
+        assert!(parse_reply(&no_entries, &algorithms[3..4], true).is_err());
+
+        // Wrong zone count, wrong algorithm, wrong shapes.
+        assert!(parse_reply(&reply, &algorithms[..4], true).is_err());
+        let mut swapped = algorithms;
+        swapped.swap(0, 1);
+        assert!(parse_reply(&reply, &swapped, true).is_err());
         let mut bad = reply.clone();
         bad[1] = Value::Int(-3);
-        assert!(parse_reply(&bad, 1).is_err());
+        assert!(parse_reply(&bad, &algorithms, true).is_err());
         bad[1] = bulk("x");
-        assert!(parse_reply(&bad, 1).is_err());
+        assert!(parse_reply(&bad, &algorithms, true).is_err());
+        let mut bad = reply.clone();
+        bad[4] = zone(0, rejected(), vec![bulk("nan"), Value::Int(t0i)]);
+        assert!(parse_reply(&bad, &algorithms, true).is_err());
+        bad[4] = zone(0, rejected(), vec![bulk("1.75")]);
+        assert!(parse_reply(&bad, &algorithms, true).is_err());
+        bad[4] = Value::Int(0);
+        assert!(parse_reply(&bad, &algorithms, true).is_err());
     }
 }
