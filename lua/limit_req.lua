@@ -170,6 +170,9 @@ local function leaky_bucket(key, p)
   elseif now <= s[2] then
     -- The clock went backwards: keep the stored time and drain nothing.
     level_now, anchor_us = s[1], s[2]
+  elseif now >= s[2] + ceil_us(time_for_us(s[1], count, period_us)) then
+    -- Drained (the state's expiry): exactly no state, whatever the float residue.
+    level_now, anchor_us = 0, now
   else
     local l = s[1] - drained_in(now - s[2], count, period_us)
     if l > 0 then
@@ -222,6 +225,9 @@ local function token_bucket(key, p)
   elseif now <= s[2] then
     -- Time never runs backwards for a key: a late clock refills nothing.
     tokens_now, anchor_us = s[1], s[2]
+  elseif now >= s[2] + ceil_us(time_for_us(capacity - s[1], count, period_us)) then
+    -- Full again (the state's expiry): exactly no state, whatever the float residue.
+    tokens_now, anchor_us = capacity, now
   else
     local refilled = s[1] + drained_in(now - s[2], count, period_us)
     if refilled < capacity then

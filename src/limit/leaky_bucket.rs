@@ -35,6 +35,8 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
         // The clock went backwards (another instance's clock, a Redis failover): keep the stored
         // time and drain nothing, so time never runs backwards for a key.
         Some(s) if now_us <= s.last_us => (s.level, s.last_us),
+        // Drained (the state's expiry): exactly no state, whatever the float residue.
+        Some(s) if now_us >= s.last_us + ceil_us(limit.rate.time_for_us(s.level)) => (0.0, now_us),
         Some(s) => {
             let level = s.level - limit.rate.drained_in(now_us - s.last_us);
             (if level > 0.0 { level } else { 0.0 }, now_us)
@@ -206,6 +208,19 @@ mod tests {
         let out = evaluate(&l, Some(s), T0 - 10 * SEC, 1);
         assert!(out.admitted);
         assert_eq!(out.b(), BucketState { level: 2.0, last_us: T0 });
+    }
+
+    #[test]
+    fn at_its_expiry_a_state_equals_no_state_despite_float_residue() {
+        let l = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate { count: 125, period_us: 60_000_000 },
+            burst: 5,
+            delay: DelayPolicy::NoDelay,
+        };
+        let s = BucketState { level: 2.6361375000000002, last_us: T0 };
+        let expires = T0 + ceil_us(l.rate.time_for_us(s.level));
+        assert_eq!(evaluate(&l, Some(s), expires, 0), evaluate(&l, None, expires, 0));
     }
 
     #[test]

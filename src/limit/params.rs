@@ -9,7 +9,7 @@ pub enum Algorithm {
     LeakyBucket,
     /// Refills `rate`, holds `burst + 1` tokens, a request spends `cost`; never delays.
     TokenBucket,
-    /// `rate.count` per epoch-aligned window of `rate.period_us` (INCR + PEXPIRE).
+    /// `rate.count` per epoch-aligned window of `rate.period_us`.
     FixedWindow,
     /// At most `rate.count` admissions in any window of `rate.period_us` ending now (exact).
     SlidingLog,

@@ -17,6 +17,10 @@ pub fn evaluate(limit: &LimitReq, state: Option<(f64, u64)>, now_us: u64, cost: 
         None => (capacity, now_us),
         // Time never runs backwards for a key: a late clock refills nothing.
         Some((tokens, last_us)) if now_us <= last_us => (tokens, last_us),
+        // Full again (the state's expiry): exactly no state, whatever the float residue.
+        Some((tokens, last_us)) if now_us >= last_us + ceil_us(limit.rate.time_for_us(capacity - tokens)) => {
+            (capacity, now_us)
+        }
         Some((tokens, last_us)) => {
             let refilled = tokens + limit.rate.drained_in(now_us - last_us);
             (if refilled < capacity { refilled } else { capacity }, now_us)
@@ -92,6 +96,21 @@ mod tests {
         // A long idle gap refills to capacity, not beyond.
         let out = evaluate(&l, state, T0 + 3600 * SEC, 1);
         assert_eq!(out.remaining, 3);
+    }
+
+    #[test]
+    fn at_its_expiry_a_state_equals_no_state_despite_float_residue() {
+        let l = LimitReq {
+            algorithm: Algorithm::TokenBucket,
+            rate: Rate { count: 44, period_us: 60_000_000 },
+            burst: 7,
+            delay: DelayPolicy::NoDelay,
+        };
+        let last_us = 1_700_870_204_949_505;
+        let expires = last_us + ceil_us(l.rate.time_for_us(8.0 - 3.210200333333333));
+        let out = evaluate(&l, Some((3.210200333333333, last_us)), expires, 8);
+        assert_eq!(out, evaluate(&l, None, expires, 8));
+        assert!(out.admitted);
     }
 
     #[test]
