@@ -7,7 +7,7 @@
 -- a slot is never lost forever (nginx's counters leak when a worker crashes).
 --
 -- KEYS[i]  lease set of zone i: `<prefix>conn:<zone>:{<client key>}`.
--- ARGV[1]  mode: "acquire" | "renew" | "release"
+-- ARGV[1]  mode: "acquire" | "renew" | "release" | "held"
 -- ARGV[2]  now, integer ms since the Unix epoch; "" = use Redis TIME (one clock for the fleet)
 -- ARGV[3]  lease TTL, ms
 -- ARGV[4]  lease id
@@ -19,6 +19,10 @@
 --          then per zone the number of leases held before this request.
 -- renew:   extends the lease in every zone where it still exists. Reply: zones where it was found.
 -- release: removes the lease from every zone. Reply: zones it was removed from.
+-- held:    writes nothing; per zone the number of unexpired leases (what "acquire" would report
+--   as held). On a Redis Cluster, zones in different hash slots are acquired one slot per call;
+--   once one slot rejects, the leases taken in earlier slots are released and the remaining slots
+--   are only counted with "held", to report what one call would have (src/store/redis_conn.rs).
 -- Every write sets the set's TTL to the lease TTL, so an idle key vanishes with its last lease.
 -- Only KEYS[] are touched.
 
@@ -76,6 +80,12 @@ elseif mode == 'renew' then
     end
   end
   return found
+elseif mode == 'held' then
+  local reply = {}
+  for i = 1, #KEYS do
+    reply[i] = redis.call('ZCOUNT', KEYS[i], '(' .. string.format('%d', now), '+inf')
+  end
+  return reply
 elseif mode == 'release' then
   local removed = 0
   for i = 1, #KEYS do

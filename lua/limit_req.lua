@@ -10,7 +10,13 @@
 --
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
--- ARGV[2]  "1": reply with the sliding log's entry times (O(entries) per zone); else "0".
+-- ARGV[2]  flags. First character "1": reply with the sliding log's entry times (O(entries) per
+--          zone); "0": don't. Then, optionally (Redis Cluster, zones of one request spread over
+--          several hash slots, one call per slot; see src/store/redis.rs):
+--            "u"  undo: append to the reply, for every key written, what lua/restore.lua needs to
+--                 put the key's previous value back (the reply's last element, see below);
+--            "n"  evaluate only: write nothing, even if every zone admits (the request was already
+--                 rejected in another slot; this call only completes the verdict).
 -- then 6 values per zone i, at ARGV[3 + 6*(i-1)] ...:
 --   algorithm  Algorithm::id(): 0 leaky_bucket, 1 token_bucket, 2 fixed_window, 3 sliding_log,
 --              4 sliding_window
@@ -30,7 +36,9 @@
 --   sliding log     sorted set, one member per admitted cost unit: score = admission time (µs),
 --                   member "<time>" for the first entry of that time, then "<time>:1", "<time>:2",
 --                   ... (members of one time expire together, so the next n is their count; an
---                   integer member takes 8 bytes in a listpack instead of a string's 19).
+--                   integer member takes 8 bytes in a listpack instead of a string's 19). After a
+--                   rollback (lua/restore.lua) removed one from the middle, a taken name is
+--                   skipped (ZADD NX), so each entry keeps a member of its own.
 -- Fractions are written with %.17g so they parse back to the same double (in Lua and in Rust).
 -- Each key gets a TTL of ceil((expires_us - now) / 1 ms) + 1 ms, from the model's `expires_us`,
 -- after which its state equals no state: the key outlives its state by 1 to 2 ms, so an absent key
@@ -55,6 +63,10 @@
 --       sliding log     number of entries, array of the entry times oldest first (empty unless
 --                       ARGV[2] is "1")
 --       sliding window  start_us, prev, curr
+--   With flag "u", one more element: an array with one undo record per key written (none if
+--   nothing was written), each an array: the key's index in KEYS, then the ARGV of that key for
+--   lua/restore.lua (kind, written, anchor, prev_kind, prev, prev_pttl, m, members...; layout in
+--   its header).
 -- Fractions travel as %.17g strings because Redis truncates Lua numbers to integers.
 
 local HEAD_ARGS = 2
@@ -83,7 +95,10 @@ else
     return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
   end
 end
-local want_log = ARGV[2] == '1'
+local flags = ARGV[2]
+local want_log = string.sub(flags, 1, 1) == '1'
+local want_undo = string.find(flags, 'u', 2, true) ~= nil
+local dry_run = string.find(flags, 'n', 2, true) ~= nil
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -420,13 +435,15 @@ local function sliding_log(key, p)
 end
 
 -- Stores an admitted sliding log: trims the expired entries, adds `cost` entries at `anchor_us`.
-local function write_log(key, z, p, ttl_ms)
+-- Returns the member names added when `record` is set (for an undo record), else an empty table.
+local function write_log(key, z, p, ttl_ms, record)
   if z.wrong_type then
     redis.call('DEL', key)
   elseif z.expired > 0 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.period_us))
   end
   local cost = p.cost
+  local added = {}
   if cost > 0 then
     local anchor = int(z.anchor_us)
     local n = 0
@@ -434,24 +451,64 @@ local function write_log(key, z, p, ttl_ms)
       -- Members of this time already exist (the newest is live: it is not before now).
       n = redis.call('ZCOUNT', key, anchor, anchor)
     end
-    local j = 0
-    while j < cost do
-      local args = {}
-      local upto = math.min(cost, j + ZADD_BATCH)
-      while j < upto do
-        args[#args + 1] = anchor
-        if n + j == 0 then
+    if n == 0 then
+      local j = 0
+      while j < cost do
+        local args = {}
+        local upto = math.min(cost, j + ZADD_BATCH)
+        while j < upto do
+          local member = anchor
+          if j > 0 then
+            member = anchor .. ':' .. int(j)
+          end
           args[#args + 1] = anchor
-        else
-          args[#args + 1] = anchor .. ':' .. int(n + j)
+          args[#args + 1] = member
+          if record then
+            added[#added + 1] = member
+          end
+          j = j + 1
         end
-        j = j + 1
+        redis.call('ZADD', key, unpack(args))
       end
-      redis.call('ZADD', key, unpack(args))
+    else
+      -- The next free name is usually "<time>:<n>"; but a rollback (lua/restore.lua) may have
+      -- removed a member from the middle, so a name may be taken: add one at a time, NX, and skip
+      -- the taken ones.
+      local idx, j = n, 0
+      while j < cost do
+        local member = anchor .. ':' .. int(idx)
+        if redis.call('ZADD', key, 'NX', anchor, member) == 1 then
+          j = j + 1
+          if record then
+            added[#added + 1] = member
+          end
+        end
+        idx = idx + 1
+      end
     end
   end
   -- A no-op when the log is empty (nothing live, nothing added): the key is gone, as it should be.
   redis.call('PEXPIRE', key, ttl_ms)
+  return added
+end
+
+-- What a key holds before this call writes it (flag "u"), for lua/restore.lua: prev_kind, prev,
+-- prev_pttl. `kind` is what the call writes: 's' a string, 'z' sliding-log entries (which are
+-- added to a sorted set already there, so that one is not copied).
+local function snapshot(key, kind)
+  local t = redis.call('TYPE', key)
+  t = t.ok or t
+  if t == 'none' then
+    return 'n', '', -1
+  end
+  local pttl = redis.call('PTTL', key)
+  if t == 'string' then
+    return 's', redis.call('GET', key), pttl
+  end
+  if t == 'zset' and kind == 'z' then
+    return 'z', '', pttl
+  end
+  return 'd', redis.call('DUMP', key), pttl
 end
 
 local EVALUATE = {
@@ -490,6 +547,7 @@ for i = 1, #KEYS do
 end
 
 local delay_us, retry_after_us = 0, -1
+local undo = {}
 if admitted then
   for i = 1, #KEYS do
     local z = zones[i]
@@ -504,13 +562,32 @@ if admitted then
         last = false
       end
     end
-    if last then
+    if last and not dry_run then
       -- Keep the key until its state expires: `expires_us`, rounded up to ms, plus 1 ms.
       local ttl_ms = int(math.ceil((z.expires_us - now) / 1000) + 1)
+      local kind = z.log and 'z' or 's'
+      local record
+      if want_undo then
+        local prev_kind, prev, prev_pttl = snapshot(KEYS[i], kind)
+        record = { i, kind, '', '', prev_kind, prev, prev_pttl, 0 }
+      end
       if z.log then
-        write_log(KEYS[i], z, params[i], ttl_ms)
+        local added = write_log(KEYS[i], z, params[i], ttl_ms, want_undo)
+        if record then
+          record[4] = int(z.anchor_us)
+          record[8] = #added
+          for _, member in ipairs(added) do
+            record[#record + 1] = member
+          end
+        end
       else
         redis.call('SET', KEYS[i], z.value, 'PX', ttl_ms)
+        if record then
+          record[3] = z.value
+        end
+      end
+      if record then
+        undo[#undo + 1] = record
       end
     end
   end
@@ -543,5 +620,8 @@ for i = 1, #KEYS do
     out[#out + 1] = v
   end
   reply[#reply + 1] = out
+end
+if want_undo then
+  reply[#reply + 1] = undo
 end
 return reply

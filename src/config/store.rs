@@ -7,7 +7,7 @@ use toml::Spanned;
 use super::compile::parse_duration;
 use super::error::{ConfigError, Source};
 use super::schema;
-use crate::store::{RedisClock, RedisStoreConfig};
+use crate::store::{parse_redis_url, RedisClock, RedisStoreConfig};
 
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
@@ -104,15 +104,13 @@ pub(super) fn compile_store(
             let url = url.ok_or_else(|| {
                 src.error_at(
                     &kind.span(),
-                    "store.url: required with kind = \"redis\", e.g. \"redis://127.0.0.1:6379/0\"",
+                    "store.url: required with kind = \"redis\", e.g. \"redis://127.0.0.1:6379/0\", \
+                     \"redis+cluster://10.0.0.1:7000,10.0.0.2:7001\" or \"redis+sentinel://10.0.0.1:26379/mymaster\"",
                 )
             })?;
-            let valid_scheme = ["redis://", "rediss://"].iter().any(|s| url.get_ref().starts_with(s));
-            if !valid_scheme || ::redis::Client::open(url.get_ref().as_str()).is_err() {
-                return Err(src.error_at(
-                    &url.span(),
-                    format!("store.url: {:?} is not a redis:// or rediss:// URL", url.get_ref()),
-                ));
+            // redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+sentinel://.
+            if let Err(e) = parse_redis_url(url.get_ref()) {
+                return Err(src.error_at(&url.span(), format!("store.url: {e}")));
             }
             let timeout = match timeout {
                 None => Duration::from_millis(25),
@@ -178,6 +176,70 @@ pub(super) fn compile_store(
         }
         other => {
             Err(src.error_at(&kind.span(), format!("store.kind: expected \"memory\" or \"redis\", got {other:?}")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Wrapper {
+        store: Option<Spanned<schema::Store>>,
+    }
+
+    fn compile(text: &str) -> Result<StoreSettings, ConfigError> {
+        let wrapper: Wrapper = toml::from_str(text).expect("valid TOML");
+        compile_store(&Source { file: "t.toml", text }, wrapper.store)
+    }
+
+    fn url_of(text: &str) -> String {
+        match compile(text) {
+            Ok(StoreSettings::Redis(cfg, _)) => cfg.url,
+            other => panic!("expected redis, got {other:?}"),
+        }
+    }
+
+    fn with_url(url: &str) -> String {
+        format!("# weir\n[store]\nkind = \"redis\"\ntimeout = \"50ms\"\nurl = \"{url}\"\n")
+    }
+
+    #[test]
+    fn cluster_and_sentinel_urls() {
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+            "redis+cluster://:secret@10.0.0.1:7000",
+            "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster",
+            "redis+sentinel://:secret@127.0.0.1:26379/mymaster/3",
+        ] {
+            assert_eq!(url_of(&with_url(url)), url);
+        }
+    }
+
+    #[test]
+    fn malformed_urls_name_the_line() {
+        for (url, needle) in [
+            ("redis+cluster://", "lists no host"),
+            ("redis+cluster://h1:7000,h2:notaport", "host 2"),
+            ("redis+cluster://h1:7000,,h2:7001", "empty host"),
+            ("redis+cluster://h1:7000/2", "takes no path"),
+            ("redis+sentinel://127.0.0.1:26379", "names no master"),
+            ("redis+sentinel://127.0.0.1:26379/mymaster/zero", "db after the master name"),
+            ("redis+sentinel://:hunter2@127.0.0.1:99999/m", r#"port "99999""#),
+            ("redis+cluster://h1:7000?protocol=3", "query"),
+            ("http://h1:7000", "unknown scheme"),
+            ("h1:7000", "not a redis://"),
+        ] {
+            let err = compile(&with_url(url)).expect_err(url);
+            assert_eq!(err.line, Some(5), "{url}: {err}");
+            assert!(err.message.starts_with("store.url: "), "{url}: {err}");
+            assert!(err.message.contains(needle), "{url}: {needle:?} not in {err}");
+            assert!(!err.to_string().contains("hunter2"), "password shown: {err}");
+            assert!(err.to_string().starts_with("t.toml:5: "), "{err}");
         }
     }
 }

@@ -8,6 +8,10 @@ mod guarded;
 mod memory;
 mod redis;
 mod redis_conn;
+mod redis_conn_kind;
+mod redis_rollback;
+mod redis_slots;
+mod redis_url;
 
 use std::time::Duration;
 
@@ -19,6 +23,8 @@ pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStor
 pub use self::guarded::GuardedStore;
 pub use self::memory::MemoryStore;
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
+pub use self::redis_slots::key_slot;
+pub use self::redis_url::{parse_redis_url, RedisTopology};
 
 /// One zone of one request, as the store sees it.
 #[derive(Debug, Clone, Copy)]

@@ -1,21 +1,37 @@
-//! The Redis store: every `limit_req` zone of a request decided by one call of `lua/limit_req.lua`,
-//! the limit model in Lua, so a fleet of proxies shares one exact state.
+//! The Redis store: every `limit_req` zone of a request decided by `lua/limit_req.lua`, the limit
+//! model in Lua, so a fleet of proxies shares one exact state.
 //!
-//! One `ConnectionManager` per store, created on the first decision so that its driver task lives
-//! on the proxy's runtime (not on whatever runtime built the config); its clones pipeline
-//! concurrent decisions over one socket and it reconnects by itself. Every decision is bounded by
-//! `RedisStoreConfig::timeout`: the caller chooses what a failed decision means.
+//! The connection (one server, a Redis Cluster or a Sentinel-watched master; `redis_conn_kind.rs`)
+//! is created on the first decision so that its driver tasks live on the proxy's runtime (not on
+//! whatever runtime built the config); it pipelines concurrent decisions and reconnects (and
+//! follows failovers) by itself. Every decision is bounded by `RedisStoreConfig::timeout`: the
+//! caller chooses what a failed decision means.
+//!
+//! **One call per hash slot.** On one server (or a Sentinel master) all zones of a request are
+//! decided by one script call. On a Redis Cluster a script may only touch keys of one slot, and a
+//! request's keys share a slot only when they share a client key (`<prefix><zone>:{<client key>}`).
+//! So zones are grouped by slot (one group, one call, in the common case) and the groups are
+//! decided one call each, in order, all with the same `now` (the proxy's, or the first call's
+//! Redis `TIME`, passed on). Each call charges its zones if they all admit and returns what the
+//! keys held before (flag "u"). Once a group rejects, the later groups are only evaluated (flag
+//! "n"), and the earlier groups' charges are taken back by `lua/restore.lua` (its header states
+//! the race window). The verdict is combined exactly like `limit::decide_all`, so when nothing
+//! else touches the keys meanwhile it equals what one call over all zones would give. (With
+//! `clock = "redis"`, the later slots are thus decided on the first slot's node clock; cluster
+//! nodes' clocks differ by little, and the script never runs a key's time backwards, so a skew can
+//! only make a limit stricter.)
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Script, Value};
+use ::redis::Value;
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
 
+use super::redis_conn_kind::{Connector, LuaScript, RedisConn, ScriptCall};
+use super::redis_rollback::Rollback;
+use super::redis_slots::group_by_slot;
 use super::{LimitStore, StoreError, ZoneCheck};
 use crate::limit::{decide_all, Algorithm, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
 
@@ -28,6 +44,7 @@ pub enum RedisClock {
 
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
+    /// `redis://…`, `redis+cluster://…` or `redis+sentinel://…` (see `redis_url.rs`).
     pub url: String,
     /// Upper bound of one decision, connecting included.
     pub timeout: Duration,
@@ -35,14 +52,17 @@ pub struct RedisStoreConfig {
     pub key_prefix: String,
 }
 
+static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../lua/limit_req.lua")));
+static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../lua/restore.lua")));
+/// `lua/limit_conn.lua` (see `redis_conn.rs`).
+pub(super) static LIMIT_CONN: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../lua/limit_conn.lua")));
+
 pub struct RedisStore {
     config: RedisStoreConfig,
     clock: Arc<dyn Clock>,
-    client: Client,
-    conn: OnceCell<ConnectionManager>,
-    script: Script,
-    /// `lua/limit_conn.lua` and the lease TTL it is called with (see `redis_conn.rs`).
-    pub(super) conn_script: Script,
+    conns: Connector,
+    /// How long a concurrency lease lives without renewal (see `redis_conn.rs`).
     pub(super) lease_ttl: Duration,
     /// Whether verdicts carry the sliding log's entries (see `with_log_entries`).
     log_entries: bool,
@@ -60,17 +80,8 @@ const MAX_EXACT: u64 = 1 << 53;
 impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let client = Client::open(config.url.as_str())?;
-        Ok(Self {
-            config,
-            clock,
-            client,
-            conn: OnceCell::new(),
-            script: Script::new(include_str!("../../lua/limit_req.lua")),
-            conn_script: Script::new(include_str!("../../lua/limit_conn.lua")),
-            lease_ttl: Duration::from_secs(30),
-            log_entries: false,
-        })
+        let conns = Connector::new(&config.url, config.timeout)?;
+        Ok(Self { config, clock, conns, lease_ttl: Duration::from_secs(30), log_entries: false })
     }
 
     /// Makes every verdict carry a sliding-log zone's entries in `ZoneOutcome::next`, exactly as
@@ -88,12 +99,22 @@ impl RedisStore {
         self
     }
 
+    /// "single", "cluster" or "sentinel": the deployment the URL names.
+    pub fn topology(&self) -> &'static str {
+        self.conns.kind()
+    }
+
     pub(super) fn config(&self) -> &RedisStoreConfig {
         &self.config
     }
 
     pub(super) fn clock(&self) -> &dyn Clock {
         self.clock.as_ref()
+    }
+
+    /// Whether keys of different hash slots need separate calls.
+    pub(super) fn is_cluster(&self) -> bool {
+        self.conns.is_cluster()
     }
 
     /// The Redis key of one zone's state for one client key.
@@ -150,29 +171,114 @@ impl RedisStore {
 
     /// The shared connection, made on first use. A failed connect is not cached: the next call
     /// tries again.
-    pub(super) async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                // Short redis-side bounds and few retries: a decision waits at most
-                // `config.timeout` anyway, and a backlog of reconnect attempts only delays recovery.
-                let cfg = ConnectionManagerConfig::new()
-                    .set_number_of_retries(2)
-                    .set_min_delay(Duration::from_millis(50))
-                    .set_max_delay(Duration::from_millis(500))
-                    .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(50))))
-                    .set_connection_timeout(Some(self.config.timeout.max(Duration::from_millis(200))));
-                ConnectionManager::new_with_config(self.client.clone(), cfg).await
-            })
-            .await?;
-        Ok(conn.clone())
+    pub(super) async fn connection(&self) -> Result<RedisConn, StoreError> {
+        self.conns.get().await
     }
 
     pub(super) async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.config.timeout, work).await.map_err(|_| StoreError::Timeout(self.config.timeout))?
+        match tokio::time::timeout(self.config.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.conns.note_timeout();
+                Err(StoreError::Timeout(self.config.timeout))
+            }
+        }
+    }
+
+    /// `now` as the scripts take it: the proxy's clock, or `None` for Redis `TIME`.
+    pub(super) fn now_arg(&self, local_now: impl FnOnce(&dyn Clock) -> u64) -> Option<u64> {
+        match self.config.clock {
+            RedisClock::Local => Some(local_now(self.clock.as_ref())),
+            RedisClock::Redis => None,
+        }
+    }
+
+    /// One call of `lua/limit_req.lua` for the zones `indices` of `checks` (whose keys are `keys`).
+    fn limit_call(
+        &self,
+        checks: &[ZoneCheck<'_>],
+        keys: &[Vec<u8>],
+        indices: &[usize],
+        now_us: Option<u64>,
+        flags: &str,
+    ) -> ScriptCall {
+        let mut call = LIMIT_REQ.call();
+        for &i in indices {
+            call.key(&keys[i]);
+        }
+        match now_us {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        call.arg(flags);
+        for &i in indices {
+            let check = &checks[i];
+            let limit = &check.limit;
+            call.arg(limit.algorithm.id()).arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
+            match limit.delay {
+                DelayPolicy::NoDelay => call.arg(-1i64),
+                DelayPolicy::After(threshold) => call.arg(threshold),
+            };
+            call.arg(check.cost);
+        }
+        call
+    }
+
+    fn log_flag(&self) -> &'static str {
+        if self.log_entries {
+            "1"
+        } else {
+            "0"
+        }
+    }
+
+    /// The zones of one request over several hash slots: one call per slot (module docs).
+    async fn decide_per_slot(
+        &self,
+        checks: &[ZoneCheck<'_>],
+        keys: &[Vec<u8>],
+        groups: &[Vec<usize>],
+    ) -> Result<Verdict, StoreError> {
+        let mut conn = self.connection().await?;
+        let mut rollback = Rollback::new(conn.clone(), self.config.timeout);
+        let mut now_us = self.now_arg(|c| c.now_us());
+        let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
+        let mut rejected = false;
+        for group in groups {
+            // Charge (and say how to take it back) until a slot rejects; after that only evaluate.
+            let charging = !rejected;
+            let flags = format!("{}{}", self.log_flag(), if charging { "u" } else { "n" });
+            let mut reply: Vec<Value> = self.limit_call(checks, keys, group, now_us, &flags).invoke(&mut conn).await?;
+            let undo = if charging { reply.pop() } else { None };
+            let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
+            let verdict = parse_reply(&reply, &algorithms, self.log_entries)?;
+            if now_us.is_none() {
+                now_us = Some(micros(&reply[3])?);
+            }
+            if charging && verdict.admitted {
+                if let Some(call) = restore_call(keys, group, undo)? {
+                    rollback.push(call);
+                }
+            }
+            rejected |= !verdict.admitted;
+            for (&i, zone) in group.iter().zip(verdict.zones) {
+                outcomes[i] = Some(zone);
+            }
+        }
+        let zones = outcomes
+            .into_iter()
+            .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let verdict = combine(zones);
+        if verdict.admitted {
+            rollback.disarm();
+        } else {
+            rollback.run().await;
+        }
+        Ok(verdict)
     }
 }
 
@@ -183,28 +289,19 @@ impl LimitStore for RedisStore {
             // Nothing to limit: no round trip.
             return Ok(decide_all(&[], self.clock.now_us()));
         }
-        let mut call = self.script.prepare_invoke();
-        for check in checks {
-            call.key(self.key_for(check.zone, check.key));
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, c.key)).collect();
+        if self.is_cluster() {
+            let groups = group_by_slot(&keys);
+            if groups.len() > 1 {
+                return self.bounded(self.decide_per_slot(checks, &keys, &groups)).await;
+            }
         }
-        match self.config.clock {
-            RedisClock::Local => call.arg(self.clock.now_us()),
-            RedisClock::Redis => call.arg(""),
-        };
-        call.arg(if self.log_entries { "1" } else { "0" });
-        for check in checks {
-            let limit = &check.limit;
-            call.arg(limit.algorithm.id()).arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
-            match limit.delay {
-                DelayPolicy::NoDelay => call.arg(-1i64),
-                DelayPolicy::After(threshold) => call.arg(threshold),
-            };
-            call.arg(check.cost);
-        }
+        let all: Vec<usize> = (0..checks.len()).collect();
+        let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.log_flag());
         let reply: Vec<Value> = self
             .bounded(async {
                 let mut conn = self.connection().await?;
-                Ok(call.invoke_async(&mut conn).await?)
+                Ok(call.invoke(&mut conn).await?)
             })
             .await?;
         let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
@@ -220,12 +317,63 @@ impl LimitStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            ::redis::cmd("PING").query_async::<()>(&mut conn).await.map_err(StoreError::from)
-        })
-        .await
+        self.bounded(self.conns.ping()).await
     }
+}
+
+/// The verdict of zones decided in several calls, combined as `limit::decide_all` (and the
+/// script) combine them.
+fn combine(zones: Vec<ZoneOutcome>) -> Verdict {
+    let admitted = zones.iter().all(|z| z.admitted);
+    let (delay_us, retry_after_us) = if admitted {
+        (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
+    } else {
+        let mut retry = Some(0);
+        for z in zones.iter().filter(|z| !z.admitted) {
+            retry = match (retry, z.retry_after_us) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        (0, retry)
+    };
+    Verdict { admitted, delay_us, retry_after_us, zones }
+}
+
+/// The `lua/restore.lua` call that takes back one charging call (of the zones `group`), from the
+/// undo records it returned; `None` when it wrote nothing.
+fn restore_call(keys: &[Vec<u8>], group: &[usize], undo: Option<Value>) -> Result<Option<ScriptCall>, StoreError> {
+    let Some(Value::Array(records)) = undo else {
+        return Err(StoreError::Reply(format!("expected the undo records, got {undo:?}")));
+    };
+    if records.is_empty() {
+        return Ok(None);
+    }
+    let mut call = RESTORE.call();
+    for record in &records {
+        let Value::Array(fields) = record else {
+            return Err(StoreError::Reply(format!("expected an undo record, got {record:?}")));
+        };
+        let Some((index, args)) = fields.split_first() else {
+            return Err(StoreError::Reply("empty undo record".into()));
+        };
+        let index = int(index)?;
+        let key = usize::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| group.get(i))
+            .ok_or_else(|| StoreError::Reply(format!("undo record of key {index}, of {} keys", group.len())))?;
+        call.key(&keys[*key]);
+        for arg in args {
+            match arg {
+                Value::BulkString(bytes) => call.arg(bytes.as_slice()),
+                Value::SimpleString(text) => call.arg(text.as_str()),
+                Value::Int(n) => call.arg(*n),
+                other => return Err(StoreError::Reply(format!("unexpected value in an undo record: {other:?}"))),
+            };
+        }
+    }
+    Ok(Some(call))
 }
 
 /// `<prefix><zone>:{<key>}`: the client key is the hash tag, so one client's zones share a slot.

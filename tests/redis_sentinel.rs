@@ -1,0 +1,120 @@
+//! `weir` on a Sentinel-watched master (`url = "redis+sentinel://…/mymaster"`): one master, one
+//! replica, one Sentinel, real weir processes, real upstream, real sockets. Weir finds the master
+//! through the Sentinel, enforces its limits there, and after the master is killed (SIGKILL) and
+//! the Sentinel promotes the replica, decides on the new master by itself.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::config::with_app;
+use support::http::{self, summaries, Response};
+use support::redis_topology::{connect, SentinelSetup};
+use support::upstream::Upstream;
+use support::weir::Weir;
+
+fn member(setup: &SentinelSetup, up: &Upstream) -> Weir {
+    let sections = format!(
+        r#"[log]
+access_log = false
+
+[store]
+kind = "redis"
+url = "{url}"
+timeout = "500ms"
+on_error = "allow"
+deny_cache_size = 0"#,
+        url = setup.url()
+    );
+    let rest = r#"[[limit_req_zone]]
+name = "fleet"
+key = "header:X-Key"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "fleet", burst = 4, nodelay = true } ]
+"#;
+    Weir::start(&with_app("", &sections, up.addr(), rest))
+}
+
+/// Six requests with `X-Key: key`, alternating between the instances.
+fn six(addrs: [SocketAddr; 2], key: &str) -> Vec<Response> {
+    (0..6).map(|i| http::get_with(addrs[i % 2], "/api/", &[("X-Key", key)])).collect()
+}
+
+fn statuses(rs: &[Response]) -> Vec<u16> {
+    rs.iter().map(|r| r.status).collect()
+}
+
+fn exists_on(port: u16, key: &str) -> bool {
+    let mut conn = connect(port).unwrap_or_else(|e| panic!("connect to {port}: {e}"));
+    redis::cmd("EXISTS").arg(key).query::<u64>(&mut conn).expect("EXISTS") == 1
+}
+
+const ENFORCED: [u16; 6] = [200, 200, 200, 200, 200, 429];
+
+#[test]
+fn weir_follows_a_sentinel_failover() {
+    let started = Instant::now();
+    let mut setup = SentinelSetup::start();
+    println!("master, replica and sentinel ready after {:?}", started.elapsed());
+    let up = Upstream::start();
+    let (w1, w2) = (member(&setup, &up), member(&setup, &up));
+    let addrs = [w1.addr, w2.addr];
+    let (old_master, replica) = (setup.master.port, setup.replica.port);
+
+    // One limit for both instances, kept on the master the Sentinel names.
+    let rs = six(addrs, "before");
+    assert_eq!(statuses(&rs), ENFORCED, "{:#?}", summaries(&rs));
+    assert!(exists_on(old_master, "weir:fleet:{before}"));
+
+    setup.master.kill();
+    let killed = Instant::now();
+    let setup = &setup;
+    let (recovered, during, promoted) = thread::scope(|s| {
+        let promoted = s.spawn(|| setup.wait_master(replica, Duration::from_secs(20)));
+        let mut during = 0;
+        for i in 0.. {
+            if killed.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+            let key = format!("after-{i}");
+            let rs = six(addrs, &key);
+            for r in &rs {
+                assert!(r.status == 200 || r.status == 429, "not served per policy: {}", r.summary());
+            }
+            if statuses(&rs) == ENFORCED {
+                return (Some((killed.elapsed(), key)), during, promoted.join().expect("wait_master"));
+            }
+            during += rs.len();
+            thread::sleep(Duration::from_millis(100));
+        }
+        (None, during, promoted.join().expect("wait_master"))
+    });
+    let promoted = promoted.expect("the sentinel promotes the replica within 20 s");
+    let Some((took, key)) = recovered else {
+        let tail = |w: &Weir| w.stderr().lines().rev().take(30).collect::<Vec<_>>().join("\n");
+        panic!(
+            "weir does not decide on the new master within 30 s\n--- w1 ---\n{}\n--- w2 ---\n{}",
+            tail(&w1),
+            tail(&w2)
+        );
+    };
+    assert_eq!(setup.master_port(), Some(replica));
+    assert!(exists_on(replica, &format!("weir:fleet:{{{key}}}")), "decided on the new master");
+    assert!(connect(old_master).is_err(), "the old master is dead");
+    println!(
+        "sentinel failover: replica {replica} promoted {promoted:?} after SIGKILL of master {old_master}; \
+         weir decides there {took:?} after the kill, {during} requests served per policy meanwhile; test {:?}",
+        started.elapsed()
+    );
+
+    // Limits hold on the new master, for both instances.
+    let rs = six(addrs, "later");
+    assert_eq!(statuses(&rs), ENFORCED, "{:#?}", summaries(&rs));
+}
