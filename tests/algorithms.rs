@@ -9,36 +9,13 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::http::{self, Response};
+use support::config::{line_of, memory_with_app};
+use support::http::{self, statuses, summaries, Response};
+use support::ratelimit::{retry_after, sf_param};
 use support::upstream::Upstream;
-use support::weir::{run, ConfigDir, RunOutput, Weir};
+use support::weir::{check_config, Weir};
 
 const SEC_US: u64 = 1_000_000;
-
-/// `[server]`, `[store] kind = "memory"` and one upstream "app" pointing at `up`, then `rest`.
-fn config(up: &Upstream, rest: &str) -> String {
-    format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-
-[store]
-kind = "memory"
-
-[[upstream]]
-name = "app"
-servers = ["{}"]
-{}"#,
-        up.addr_str(),
-        rest
-    )
-}
-
-/// The integer value of `;name=INT` inside a structured-field header.
-fn sf_param(h: &str, name: &str) -> Option<i64> {
-    let re = regex::Regex::new(&format!(r"(?:^|;)\s*{name}=(-?[0-9]+)")).unwrap();
-    re.captures(h).map(|c| c[1].parse().unwrap())
-}
 
 /// `r=` of the `RateLimit` field (remaining right now).
 fn remaining(r: &Response) -> i64 {
@@ -54,21 +31,12 @@ fn policy(r: &Response) -> (i64, i64) {
     (q, w)
 }
 
-fn retry_after(r: &Response) -> u64 {
-    let ra = r.header("retry-after").unwrap_or_else(|| panic!("no Retry-After: {}", r.summary()));
-    ra.trim().parse().unwrap_or_else(|_| panic!("Retry-After not whole seconds: {}", r.summary()))
-}
-
-fn json(r: &Response) -> serde_json::Value {
-    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", r.summary()))
-}
-
 /// A 429 from a rate limit, with the contract's fields.
 fn assert_rate_limited(r: &Response, zone: &str) {
     let ctx = r.summary();
     assert_eq!(r.status, 429, "rejected: {ctx}");
     assert!(retry_after(r) >= 1, "Retry-After >= 1: {ctx}");
-    let body = json(r);
+    let body = r.json();
     assert_eq!(body["error"], "rate_limited", "{ctx}");
     assert_eq!(body["zone"], zone, "{ctx}");
     assert_eq!(body["retry_after"].as_u64(), Some(retry_after(r)), "body agrees with Retry-After: {ctx}");
@@ -81,10 +49,6 @@ fn get(w: &Weir, path: &str) -> Response {
 
 fn get_with(w: &Weir, path: &str, headers: &[(&str, &str)]) -> Response {
     http::get_with(w.addr, path, headers)
-}
-
-fn summaries(rs: &[Response]) -> Vec<String> {
-    rs.iter().map(Response::summary).collect()
 }
 
 fn now_us() -> u64 {
@@ -115,8 +79,8 @@ fn next_window_start(period: Duration, offset: Duration) -> u64 {
 #[test]
 fn fixed_window_counts_per_epoch_aligned_window_and_reopens_at_the_boundary() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "fw"
@@ -161,16 +125,15 @@ limit_req = [ { zone = "fw" } ]
     // The next window opens whole: 3 more right away (with the 3 just before: the double burst).
     sleep_until_us(start + 2 * SEC_US + 30_000);
     let rs: Vec<Response> = (0..4).map(|_| get(&w, "/fw/a")).collect();
-    let statuses: Vec<u16> = rs.iter().map(|r| r.status).collect();
-    assert_eq!(statuses, vec![200, 200, 200, 429], "a new window: {:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 200, 429], "a new window: {:#?}", summaries(&rs));
     assert_eq!(up.hits(), 6, "upstream saw exactly the admitted requests");
 }
 
 #[test]
 fn sliding_log_admits_the_limit_in_any_window_and_retries_when_the_oldest_leaves() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "log_m"
@@ -201,7 +164,7 @@ limit_req = [ { zone = "log_2s" } ]
 
     // rate = "3r/m": 3 per minute window ending now.
     let rs: Vec<Response> = (0..4).map(|_| get(&w, "/m/x")).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 200, 429], "{:#?}", summaries(&rs));
     assert_eq!(rs[..3].iter().map(remaining).collect::<Vec<_>>(), vec![2, 1, 0]);
     assert_rate_limited(&rs[3], "log_m");
     let ra = retry_after(&rs[3]);
@@ -235,8 +198,8 @@ limit_req = [ { zone = "log_2s" } ]
 #[test]
 fn token_bucket_holds_burst_plus_one_and_refills_at_the_rate() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "tokens"
@@ -276,7 +239,7 @@ limit_req = [ { zone = "fast_tokens", burst = 2 } ]
     ));
 
     let tb: Vec<Response> = (0..4).map(|_| get(&w, "/tb/x")).collect();
-    assert_eq!(tb.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 200, 429], "{:#?}", summaries(&tb));
+    assert_eq!(statuses(&tb), vec![200, 200, 200, 429], "{:#?}", summaries(&tb));
     assert_eq!(tb[..3].iter().map(remaining).collect::<Vec<_>>(), vec![2, 1, 0]);
     assert_rate_limited(&tb[3], "tokens");
     let ra = retry_after(&tb[3]);
@@ -286,7 +249,7 @@ limit_req = [ { zone = "fast_tokens", burst = 2 } ]
 
     // The same pattern through a leaky bucket with nodelay decides the same, header for header.
     let lb: Vec<Response> = (0..4).map(|_| get(&w, "/lb/x")).collect();
-    assert_eq!(lb.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 200, 429], "{:#?}", summaries(&lb));
+    assert_eq!(statuses(&lb), vec![200, 200, 200, 429], "{:#?}", summaries(&lb));
     assert_eq!(lb[..3].iter().map(remaining).collect::<Vec<_>>(), vec![2, 1, 0]);
     assert_eq!(policy(&lb[3]), policy(&tb[3]));
     assert!((59..=60).contains(&retry_after(&lb[3])), "{}", lb[3].summary());
@@ -294,7 +257,7 @@ limit_req = [ { zone = "fast_tokens", burst = 2 } ]
     // 2r/s: a token every 500 ms.
     let fast: Vec<Response> = (0..4).map(|_| get(&w, "/fast/x")).collect();
     let third_done = now_us();
-    assert_eq!(fast.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 200, 429], "{:#?}", summaries(&fast));
+    assert_eq!(statuses(&fast), vec![200, 200, 200, 429], "{:#?}", summaries(&fast));
     assert_eq!(retry_after(&fast[3]), 1, "500 ms, rounded up: {}", fast[3].summary());
     assert_eq!(policy(&fast[3]), (3, 2), "3 tokens at 2r/s refill in 1.5 s, rounded up");
     sleep_until_us(third_done + 600_000);
@@ -306,8 +269,8 @@ limit_req = [ { zone = "fast_tokens", burst = 2 } ]
 #[test]
 fn sliding_window_estimates_with_the_previous_window_weighted_by_its_overlap() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "sw_m"
@@ -360,7 +323,7 @@ limit_req = [ { zone = "sw_2s" } ]
     // still weigh 4 × 1/2 = 2: exactly 2 more pass (a fixed window would pass 4).
     let start = next_window_start(Duration::from_secs(2), Duration::from_millis(50));
     let rs: Vec<Response> = (0..5).map(|_| get(&w, "/s/x")).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 200, 200, 429], "{:#?}", summaries(&rs));
     // Exact lower bound: at the start of the next window the previous 4 weigh (almost) 4.
     sleep_until_us(start + 2 * SEC_US + 50_000);
     assert_rate_limited(&get(&w, "/s/x"), "sw_2s");
@@ -382,8 +345,8 @@ limit_req = [ { zone = "sw_2s" } ]
 #[test]
 fn route_cost_and_cost_header_are_charged_clamped_and_validated() {
     let up = Upstream::start();
-    let mut w = Weir::start(&config(
-        &up,
+    let mut w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "fixed_cost"
@@ -416,7 +379,7 @@ limit_req = [ { zone = "header_cost", burst = 9 } ]
 
     // cost = 3 against 6 tokens: two pass, the third is over.
     let rs: Vec<Response> = (0..3).map(|_| get(&w, "/report/x")).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 429], "{:#?}", summaries(&rs));
     assert_eq!(remaining(&rs[0]), 3, "6 - 3: {}", rs[0].summary());
     assert_eq!(remaining(&rs[1]), 0, "{}", rs[1].summary());
     assert_rate_limited(&rs[2], "fixed_cost");
@@ -435,7 +398,7 @@ limit_req = [ { zone = "header_cost", burst = 9 } ]
         let r = get_with(&w, "/batch/x", &[("X-Cost", bad)]);
         assert_eq!(r.status, 400, "X-Cost: {bad:?}: {}", r.summary());
         assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/json")), "{}", r.summary());
-        let body = json(&r);
+        let body = r.json();
         assert_eq!(body["error"], "bad_cost", "X-Cost: {bad:?}: {}", r.summary());
         assert_eq!(body["route"], "batch", "{}", r.summary());
         assert!(!r.has_header("retry-after"), "a bad request is not a rate limit: {}", r.summary());
@@ -457,8 +420,8 @@ limit_req = [ { zone = "header_cost", burst = 9 } ]
 #[test]
 fn a_cost_no_zone_could_ever_admit_is_request_too_costly_without_retry_after() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "tb10"
@@ -517,7 +480,7 @@ limit_req = [ { zone = "lb", burst = 1, nodelay = true } ]
     let assert_too_costly = |r: &Response, route: &str, zone: &str| {
         let ctx = r.summary();
         assert_eq!(r.status, 429, "{ctx}");
-        let body = json(r);
+        let body = r.json();
         assert_eq!(body["error"], "request_too_costly", "{ctx}");
         assert_eq!(body["route"], route, "{ctx}");
         assert_eq!(body["zone"], zone, "{ctx}");
@@ -549,8 +512,8 @@ limit_req = [ { zone = "lb", burst = 1, nodelay = true } ]
 #[test]
 fn header_override_gives_a_partner_its_own_rate_and_burst_and_unlimited_exempts() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_key"
@@ -619,8 +582,8 @@ limit_req = [ { zone = "per_key", burst = 0, nodelay = true } ]
 #[test]
 fn ip_override_exempts_loopback_and_the_first_matching_override_wins() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_ip"
@@ -701,7 +664,7 @@ limit_req = [ { zone = "ip_first", burst = 0, nodelay = true } ]
     // header_first: the partner override comes first, so it applies even from loopback.
     let partner = [("X-Api-Key", "partner-123")];
     let rs: Vec<Response> = (0..3).map(|_| get_with(&w, "/hf/x", &partner)).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 429], "{:#?}", summaries(&rs));
     assert_rate_limited(&rs[2], "header_first");
     for _ in 0..10 {
         let r = get_with(&w, "/hf/x", &[("X-Api-Key", "other")]);
@@ -720,8 +683,8 @@ fn header_override_matches_a_long_value() {
     // an override naming one must still match it.
     let long_key = "k".repeat(200);
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         &format!(
             r#"
 [[limit_req_zone]]
@@ -761,18 +724,11 @@ name = "app"
 servers = ["127.0.0.1:9000"]
 "#;
 
-/// 1-based number of the first line containing `needle`.
-fn line_of(text: &str, needle: &str) -> usize {
-    text.lines().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle:?} not in config")) + 1
-}
-
 /// `weir check -c FILE` must exit 1 with `FILE:LINE:` (LINE: of `needle`) and every word of `says`.
 fn expect_check_error(case: &str, body: &str, needle: &str, says: &[&str]) {
     let text = format!("{CHECK_HEAD}{body}");
-    let dir = ConfigDir::new();
     let file = format!("{case}.toml");
-    let path = dir.write(&file, &text);
-    let out: RunOutput = run(["check".as_ref(), "-c".as_ref(), path.as_os_str()], CHECK_TIMEOUT);
+    let out = check_config(&file, &text, CHECK_TIMEOUT);
     let line = line_of(&text, needle);
     let ctx = format!("case {case}: expected {file}:{line} saying {says:?}\n{text}\n{}", out.describe());
     assert!(!out.timed_out, "{ctx}");
@@ -942,9 +898,7 @@ rate = "lots"
 /// `weir check -c FILE` must exit 0.
 fn expect_check_ok(case: &str, body: &str) {
     let text = format!("{CHECK_HEAD}{body}");
-    let dir = ConfigDir::new();
-    let path = dir.write(&format!("{case}.toml"), &text);
-    let out = run(["check".as_ref(), "-c".as_ref(), path.as_os_str()], CHECK_TIMEOUT);
+    let out = check_config(&format!("{case}.toml"), &text, CHECK_TIMEOUT);
     assert_eq!(out.code, Some(0), "case {case}: expected ok\n{text}\n{}", out.describe());
 }
 

@@ -7,26 +7,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::config::memory_with_app;
 use support::http::{self, Conn, Request};
 use support::upstream::Upstream;
 use support::weir::Weir;
 
+/// A weir trusting 127.0.0.1's X-Forwarded-For, with zones keyed on a header, the IP, a query
+/// parameter and a cookie (burst 0 except on the IP).
 fn start(up: &Upstream) -> Weir {
-    Weir::start(&format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-
-[store]
-kind = "memory"
-
-[real_ip]
+    Weir::start(&memory_with_app(
+        up.addr(),
+        r#"[real_ip]
 trusted = ["127.0.0.1/32"]
 header = "X-Forwarded-For"
-
-[[upstream]]
-name = "app"
-servers = ["{up}"]
 
 [[limit_req_zone]]
 name = "by_key"
@@ -52,32 +45,31 @@ rate = "1r/m"
 name = "api"
 path_prefix = "/api/"
 upstream = "app"
-limit_req = [ {{ zone = "by_key", burst = 0, nodelay = true }} ]
+limit_req = [ { zone = "by_key", burst = 0, nodelay = true } ]
 
 [[route]]
 name = "ip"
 path_prefix = "/ip/"
 upstream = "app"
-limit_req = [ {{ zone = "per_ip", burst = 1000, nodelay = true }} ]
+limit_req = [ { zone = "per_ip", burst = 1000, nodelay = true } ]
 
 [[route]]
 name = "q"
 path_prefix = "/q/"
 upstream = "app"
-limit_req = [ {{ zone = "by_query", burst = 0, nodelay = true }} ]
+limit_req = [ { zone = "by_query", burst = 0, nodelay = true } ]
 
 [[route]]
 name = "c"
 path_prefix = "/c/"
 upstream = "app"
-limit_req = [ {{ zone = "by_cookie", burst = 0, nodelay = true }} ]
+limit_req = [ { zone = "by_cookie", burst = 0, nodelay = true } ]
 
 [[route]]
 name = "free"
 path_prefix = "/free/"
 upstream = "app"
 "#,
-        up = up.addr_str()
     ))
 }
 

@@ -5,7 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::weir::{run, ConfigDir, RunOutput};
+use support::config::{line_of, nth_line_of};
+use support::weir::{check_config, run, ConfigDir, RunOutput};
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -67,26 +68,14 @@ fn good() -> String {
     GOOD.to_string()
 }
 
-/// 1-based number of the line containing `needle` (the `nth` occurrence, 0-based).
-fn line_of(text: &str, needle: &str, nth: usize) -> usize {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| l.contains(needle))
-        .nth(nth)
-        .unwrap_or_else(|| panic!("{needle:?} (#{nth}) not in config"))
-        .0
-        + 1
-}
-
 /// Replace exactly one occurrence of `from` (the `nth`) by `to`.
 fn mutate(text: &str, from: &str, nth: usize, to: &str) -> String {
     let idx = text.match_indices(from).nth(nth).unwrap_or_else(|| panic!("{from:?} (#{nth}) not in config")).0;
     format!("{}{}{}", &text[..idx], to, &text[idx + from.len()..])
 }
 
-fn check(dir: &ConfigDir, name: &str, text: &str) -> RunOutput {
-    let p = dir.write(name, text);
-    run(["check".as_ref(), "-c".as_ref(), p.as_os_str()], TIMEOUT)
+fn check(name: &str, text: &str) -> RunOutput {
+    check_config(name, text, TIMEOUT)
 }
 
 /// Does `stderr` mention line `n` (as `:N` like `file.toml:N:`, or `line N`)?
@@ -98,9 +87,8 @@ fn mentions_line(stderr: &str, n: usize) -> bool {
 /// `weir check` must fail with exit 1 and a message naming the file, one of `lines` and one
 /// of `names`.
 fn expect_error(case: &str, text: &str, lines: &[usize], names: &[&str]) {
-    let dir = ConfigDir::new();
     let file = format!("{case}.toml");
-    let out = check(&dir, &file, text);
+    let out = check(&file, text);
     let ctx = format!("case {case}: expected line {lines:?} naming one of {names:?}\n{}", out.describe());
     assert!(!out.timed_out, "{ctx}");
     assert_eq!(out.code, Some(1), "exit code 1 for an invalid config: {ctx}");
@@ -114,15 +102,13 @@ fn expect_error(case: &str, text: &str, lines: &[usize], names: &[&str]) {
 
 #[test]
 fn good_file_is_ok() {
-    let dir = ConfigDir::new();
-    let out = check(&dir, "good.toml", &good());
+    let out = check("good.toml", &good());
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert!(out.stdout.to_lowercase().contains("ok"), "stdout says ok: {}", out.describe());
 }
 
 #[test]
 fn minimal_file_is_ok() {
-    let dir = ConfigDir::new();
     let text = r#"[server]
 listen = ["127.0.0.1:8080"]
 
@@ -135,76 +121,76 @@ name = "all"
 path_prefix = "/"
 upstream = "app"
 "#;
-    let out = check(&dir, "minimal.toml", text);
+    let out = check("minimal.toml", text);
     assert_eq!(out.code, Some(0), "{}", out.describe());
 }
 
 #[test]
 fn syntax_error() {
     let t = mutate(&good(), "threads = 2", 0, "threads = = 2");
-    expect_error("syntax", &t, &[line_of(&t, "threads = = 2", 0)], &[]);
+    expect_error("syntax", &t, &[line_of(&t, "threads = = 2")], &[]);
 }
 
 #[test]
 fn unknown_field_in_route() {
     let t = mutate(&good(), "dry_run = false", 0, "dry_runn = false");
-    expect_error("unknown_field", &t, &[line_of(&t, "dry_runn", 0)], &["dry_runn"]);
+    expect_error("unknown_field", &t, &[line_of(&t, "dry_runn")], &["dry_runn"]);
 }
 
 #[test]
 fn unknown_field_in_section() {
     let t = mutate(&good(), r#"kind = "memory""#, 0, "kind = \"memory\"\nkindd = 1");
-    expect_error("unknown_store_field", &t, &[line_of(&t, "kindd", 0)], &["kindd"]);
+    expect_error("unknown_store_field", &t, &[line_of(&t, "kindd")], &["kindd"]);
 }
 
 #[test]
 fn unknown_field_in_limit_req_entry() {
     let t = mutate(&good(), "nodelay = true }", 0, "nodelay = true, bursts = 3 }");
-    expect_error("unknown_limit_field", &t, &[line_of(&t, "bursts", 0)], &["bursts"]);
+    expect_error("unknown_limit_field", &t, &[line_of(&t, "bursts")], &["bursts"]);
 }
 
 #[test]
 fn unknown_zone() {
     let t = mutate(&good(), r#"zone = "per_ip""#, 0, r#"zone = "nope""#);
-    expect_error("unknown_zone", &t, &[line_of(&t, r#""nope""#, 0)], &["nope"]);
+    expect_error("unknown_zone", &t, &[line_of(&t, r#""nope""#)], &["nope"]);
 }
 
 #[test]
 fn unknown_upstream() {
     // The third route's upstream.
     let t = mutate(&good(), r#"upstream = "app""#, 2, r#"upstream = "ghost-free""#);
-    expect_error("unknown_upstream", &t, &[line_of(&t, "ghost-free", 0)], &["ghost-free"]);
+    expect_error("unknown_upstream", &t, &[line_of(&t, "ghost-free")], &["ghost-free"]);
 }
 
 #[test]
 fn bad_rate() {
     let t = mutate(&good(), r#"rate = "10r/s""#, 0, r#"rate = "10/s""#);
-    expect_error("bad_rate", &t, &[line_of(&t, r#""10/s""#, 0)], &["rate", "10/s"]);
+    expect_error("bad_rate", &t, &[line_of(&t, r#""10/s""#)], &["rate", "10/s"]);
 }
 
 #[test]
 fn negative_burst() {
     let t = mutate(&good(), "burst = 20", 0, "burst = -1");
-    expect_error("negative_burst", &t, &[line_of(&t, "burst = -1", 0)], &["burst"]);
+    expect_error("negative_burst", &t, &[line_of(&t, "burst = -1")], &["burst"]);
 }
 
 #[test]
 fn bad_regex() {
     let t = mutate(&good(), r#""^/v[0-9]+/""#, 0, r#""^/v[0-9+/""#);
-    expect_error("bad_regex", &t, &[line_of(&t, "path_regex", 0)], &["path_regex", "^/v[0-9+/"]);
+    expect_error("bad_regex", &t, &[line_of(&t, "path_regex")], &["path_regex", "^/v[0-9+/"]);
 }
 
 #[test]
 fn bad_cidr() {
     let t = mutate(&good(), r#""10.0.0.0/8""#, 0, r#""10.0.0.0/33""#);
-    expect_error("bad_cidr", &t, &[line_of(&t, "10.0.0.0/33", 0)], &["trusted", "10.0.0.0/33"]);
+    expect_error("bad_cidr", &t, &[line_of(&t, "10.0.0.0/33")], &["trusted", "10.0.0.0/33"]);
 }
 
 #[test]
 fn duplicate_route_name() {
     let t = mutate(&good(), r#"name = "health""#, 0, r#"name = "api""#);
     // The duplicate is the second route named "api": its name line (or its [[route]] line).
-    let name_line = line_of(&t, r#"name = "api""#, 1);
+    let name_line = nth_line_of(&t, r#"name = "api""#, 1);
     expect_error("dup_route", &t, &[name_line, name_line - 1], &["api"]);
 }
 
@@ -212,7 +198,7 @@ fn duplicate_route_name() {
 fn duplicate_zone_name() {
     let t = mutate(&good(), r#"name = "per_key""#, 0, r#"name = "per_ip""#);
     let t = mutate(&t, r#"zone = "per_key""#, 0, r#"zone = "per_ip""#);
-    let name_line = line_of(&t, r#"name = "per_ip""#, 1);
+    let name_line = nth_line_of(&t, r#"name = "per_ip""#, 1);
     expect_error("dup_zone", &t, &[name_line, name_line - 1], &["per_ip"]);
 }
 

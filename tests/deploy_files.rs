@@ -29,9 +29,7 @@ fn read(rel: &str) -> String {
 
 /// `weir check -c <text written to a temp file>`: exit code 0 or the whole output.
 fn weir_check(text: &str, what: &str) {
-    let dir = support::weir::ConfigDir::new();
-    let path = dir.write("routes.toml", text);
-    let out = support::weir::run(["check", "-c", path.to_str().expect("utf-8 temp path")], CHECK_TIMEOUT);
+    let out = support::weir::check_config("routes.toml", text, CHECK_TIMEOUT);
     assert_eq!(out.code, Some(0), "weir check on {what}:\n{}\n--- config ---\n{text}", out.describe());
 }
 

@@ -4,13 +4,15 @@
 
 mod support;
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::http::{self, Conn, Request, Response};
+use support::config::with_app;
+use support::http::{self, Conn, KeepAlive, Request};
+use support::poll::poll;
+use support::redis_cmd::scan_keys;
 use support::redis_server::RedisServer;
 use support::upstream::Upstream;
 use support::weir::Weir;
@@ -21,24 +23,17 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// keyed by the `X-Key` header at `rate` for route `/api/` with `limit`, and a zone at 2r/s, same
 /// key, for route `/slow/` (one request there leaves a key that drains in 500 ms).
 fn member(up: &Upstream, url: &str, rate: &str, limit: &str) -> Weir {
-    Weir::start(&format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-
-[log]
+    let sections = format!(
+        r#"[log]
 access_log = false
 
 [store]
 kind = "redis"
 url = "{url}"
-timeout = "1s"
-
-[[upstream]]
-name = "app"
-servers = ["{}"]
-
-[[limit_req_zone]]
+timeout = "1s""#
+    );
+    let zones_and_routes = format!(
+        r#"[[limit_req_zone]]
 name = "fleet"
 key = "header:X-Key"
 rate = "{rate}"
@@ -59,9 +54,9 @@ name = "slow"
 path_prefix = "/slow/"
 upstream = "app"
 limit_req = [ {{ zone = "slow", burst = 5, nodelay = true }} ]
-"#,
-        up.addr_str()
-    ))
+"#
+    );
+    Weir::start(&with_app("", &sections, up.addr(), &zones_and_routes))
 }
 
 /// One request as the client saw it.
@@ -76,13 +71,6 @@ impl Sample {
     fn status(&self) -> Option<u16> {
         self.reply.as_ref().ok().map(|r| r.0)
     }
-}
-
-fn exchange(conn: &mut Option<Conn>, addr: SocketAddr, req: &Request) -> io::Result<Response> {
-    if conn.is_none() {
-        *conn = Some(Conn::connect_timeout(addr, REQUEST_TIMEOUT)?);
-    }
-    conn.as_mut().unwrap().send(req)
 }
 
 /// `threads` client threads, each round robin over `addrs` on keep-alive connections, `key` in
@@ -102,7 +90,7 @@ fn hammer(
             let (addrs, keep_going, barrier) = (addrs.to_vec(), keep_going.clone(), barrier.clone());
             let req = Request::get("/api/x").header("X-Key", key);
             thread::spawn(move || {
-                let mut conns: Vec<Option<Conn>> = addrs.iter().map(|_| None).collect();
+                let mut conns: Vec<KeepAlive> = addrs.iter().map(|a| KeepAlive::new(*a, REQUEST_TIMEOUT)).collect();
                 let mut samples = Vec::new();
                 barrier.wait();
                 let mut i = 0;
@@ -110,14 +98,11 @@ fn hammer(
                     let k = (t + i) % addrs.len();
                     i += 1;
                     let sent = Instant::now();
-                    let result = exchange(&mut conns[k], addrs[k], &req);
+                    let result = conns[k].send(&req);
                     let done = Instant::now();
                     let reply = match result {
                         Ok(r) => Ok((r.status, r.summary())),
-                        Err(e) => {
-                            conns[k] = None;
-                            Err(format!("{:?}: {e}", e.kind()))
-                        }
+                        Err(e) => Err(format!("{:?}: {e}", e.kind())),
                     };
                     samples.push(Sample { instance: k, sent, done, reply });
                     if !pace.is_zero() {
@@ -142,21 +127,6 @@ fn assert_only_200_and_429(samples: &[Sample]) {
         .map(|s| format!("instance {}: {:?}", s.instance, s.reply))
         .collect();
     assert!(bad.is_empty(), "requests other than 200/429:\n{}", bad.join("\n"));
-}
-
-/// Every key under `weir:` in `redis` (SCAN; it also drops the expired keys it meets).
-fn weir_keys(conn: &mut redis::Connection) -> Vec<String> {
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) =
-            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg("weir:*").arg("COUNT").arg(1000).query(conn).unwrap();
-        keys.extend(batch);
-        cursor = next;
-        if cursor == 0 {
-            return keys;
-        }
-    }
 }
 
 #[test]
@@ -210,7 +180,7 @@ fn three_instances_under_concurrent_load_admit_what_one_limiter_would() {
         assert_eq!(r.status, 200, "{}", r.summary());
     }
     let mut conn = redis.connection();
-    let keys = weir_keys(&mut conn);
+    let keys = scan_keys(&mut conn, "weir:*");
     let slow_keys = keys.iter().filter(|k| k.starts_with("weir:slow:{client-")).count();
     assert_eq!(slow_keys, 30, "one key per client on the slow zone: {keys:?}");
     assert!(keys.len() <= 31, "only the slow keys and the shared one: {keys:?}");
@@ -223,14 +193,13 @@ fn three_instances_under_concurrent_load_admit_what_one_limiter_would() {
     }
     let traffic_stopped = Instant::now();
     // Redis expires keys on access (SCAN) and in its background cycle: a small margin suffices.
-    let deadline = traffic_stopped + drain + Duration::from_millis(500);
-    let left = loop {
-        let left = weir_keys(&mut conn);
-        if left.is_empty() || Instant::now() >= deadline {
-            break left;
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let left = poll(
+        drain + Duration::from_millis(500),
+        Duration::from_millis(20),
+        || scan_keys(&mut conn, "weir:*"),
+        Vec::is_empty,
+    )
+    .unwrap_or_else(|left| left);
     println!(
         "key TTLs: {} keys, all gone {:?} after the traffic (drain time {drain:?}; main load ended {:?} before)",
         keys.len(),

@@ -4,106 +4,43 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::http::{self, Request, Response};
+use support::access_log::{access_of, json_lines};
+use support::admin;
+use support::config::with_app;
+use support::http::{self, statuses, summaries, Request, Response};
+use support::metrics::{label_set, parse_sample, scrape, scrape_until, Scrape};
+use support::poll::poll;
 use support::upstream::Upstream;
 use support::weir::Weir;
 
 /// How long metrics and access-log lines may take to appear after the responses were read
 /// (both are written in the `logging` phase, after the response).
 const SETTLE: Duration = Duration::from_secs(10);
+/// How often to look again while waiting for them.
+const POLL: Duration = Duration::from_millis(25);
 
 const TOKEN: &str = "0123456789abcdef-token";
 
 /// `[server]` with the admin listener on `$LISTEN2`, `server_extra` lines, one upstream "app"
 /// pointing at `up`, then `rest`.
 fn config(up: &Upstream, server_extra: &str, rest: &str) -> String {
-    format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-admin = "$LISTEN2"
-{server_extra}
-
-[[upstream]]
-name = "app"
-servers = ["{}"]
-
-{rest}"#,
-        up.addr_str()
-    )
-}
-
-/// The admin listener of a weir started with [`config`].
-fn admin(w: &Weir) -> SocketAddr {
-    w.addrs[1]
-}
-
-fn summaries(rs: &[Response]) -> Vec<String> {
-    rs.iter().map(Response::summary).collect()
+    with_app(&format!("{}\n{server_extra}", admin::LISTEN), "", up.addr(), rest)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Prometheus text format
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// One scrape of `/metrics`, parsed.
-#[derive(Debug)]
-struct Scrape {
-    samples: Vec<Sample>,
-    /// `# TYPE name kind`
-    types: HashMap<String, String>,
-    text: String,
-}
-
-impl Scrape {
-    /// The value of the series `name` whose label set is exactly `labels` (any order).
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let found: Vec<&Sample> = self.samples.iter().filter(|s| s.name == name && s.labels == want).collect();
-        assert!(found.len() <= 1, "series {name}{want:?} appears {} times:\n{}", found.len(), self.text);
-        found.first().map(|s| s.value)
-    }
-
-    /// Like [`Scrape::value`], panicking with the whole scrape when the series is absent.
-    fn must(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.value(name, labels)
-            .unwrap_or_else(|| panic!("no series {name}{labels:?} in /metrics:\n{}", self.filtered()))
-    }
-
-    /// Every series of `name`: label set → value.
-    fn series(&self, name: &str) -> BTreeMap<BTreeMap<String, String>, f64> {
-        self.samples.iter().filter(|s| s.name == name).map(|s| (s.labels.clone(), s.value)).collect()
-    }
-
-    fn sum(&self, name: &str) -> f64 {
-        self.series(name).values().sum()
-    }
-
-    /// The scrape without comments and histogram buckets, for assertion messages.
-    fn filtered(&self) -> String {
-        self.text.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket{")).collect::<Vec<_>>().join("\n")
-    }
-}
-
 /// Expected series of one metric: [(labels, value)].
 fn expect_series(scrape: &Scrape, name: &str, expected: &[(&[(&str, &str)], f64)]) -> Result<(), String> {
-    let want: BTreeMap<BTreeMap<String, String>, f64> = expected
-        .iter()
-        .map(|(labels, v)| (labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), *v))
-        .collect();
+    let want: BTreeMap<BTreeMap<String, String>, f64> =
+        expected.iter().map(|(labels, v)| (label_set(labels), *v)).collect();
     let got = scrape.series(name);
     if got == want {
         Ok(())
@@ -112,111 +49,9 @@ fn expect_series(scrape: &Scrape, name: &str, expected: &[(&[(&str, &str)], f64)
     }
 }
 
-/// Parses the Prometheus text exposition format (version 0.0.4): `# HELP`/`# TYPE` comments and
-/// `name{label="value",...} value [timestamp]` lines, with `\\`, `\"` and `\n` escapes in values.
-fn parse_metrics(text: &str) -> Scrape {
-    let mut samples = Vec::new();
-    let mut types = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(comment) = line.strip_prefix('#') {
-            let words: Vec<&str> = comment.split_whitespace().collect();
-            if words.first() == Some(&"TYPE") {
-                assert_eq!(words.len(), 3, "line {}: bad TYPE line {line:?}", n + 1);
-                types.insert(words[1].to_string(), words[2].to_string());
-            }
-            continue;
-        }
-        samples.push(parse_sample(line).unwrap_or_else(|e| panic!("line {}: {e}: {line:?}", n + 1)));
-    }
-    Scrape { samples, types, text: text.to_string() }
-}
-
-fn parse_sample(line: &str) -> Result<Sample, String> {
-    let name_end = line.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(line.len());
-    let name = &line[..name_end];
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        return Err("bad metric name".into());
-    }
-    let mut rest = &line[name_end..];
-    let mut labels = BTreeMap::new();
-    if let Some(after) = rest.strip_prefix('{') {
-        let mut chars = after.char_indices().peekable();
-        let consumed = loop {
-            // Skip separators and spaces; `}` ends the set.
-            while let Some(&(_, c)) = chars.peek() {
-                if c == ',' || c == ' ' {
-                    chars.next();
-                } else {
-                    break;
-                }
-            }
-            match chars.next() {
-                Some((i, '}')) => break i + 1,
-                Some((start, c)) if c.is_ascii_alphabetic() || c == '_' => {
-                    let mut end = start + c.len_utf8();
-                    while let Some(&(i, c)) = chars.peek() {
-                        if c.is_ascii_alphanumeric() || c == '_' {
-                            chars.next();
-                            end = i + 1;
-                        } else {
-                            break;
-                        }
-                    }
-                    let key = after[start..end].to_string();
-                    if chars.next().map(|(_, c)| c) != Some('=') {
-                        return Err(format!("label {key}: expected '='"));
-                    }
-                    if chars.next().map(|(_, c)| c) != Some('"') {
-                        return Err(format!("label {key}: expected '\"'"));
-                    }
-                    let mut value = String::new();
-                    loop {
-                        match chars.next() {
-                            None => return Err(format!("label {key}: unterminated value")),
-                            Some((_, '"')) => break,
-                            Some((_, '\\')) => match chars.next() {
-                                Some((_, 'n')) => value.push('\n'),
-                                Some((_, '\\')) => value.push('\\'),
-                                Some((_, '"')) => value.push('"'),
-                                other => return Err(format!("label {key}: bad escape {other:?}")),
-                            },
-                            Some((_, c)) => value.push(c),
-                        }
-                    }
-                    if labels.insert(key.clone(), value).is_some() {
-                        return Err(format!("label {key} repeated"));
-                    }
-                }
-                None => return Err("unterminated label set".into()),
-                other => return Err(format!("unexpected {other:?} in labels")),
-            }
-        };
-        rest = &after[consumed..];
-    }
-    let mut fields = rest.split_whitespace();
-    let raw = fields.next().ok_or("no value")?;
-    let value = match raw {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        "NaN" => f64::NAN,
-        v => v.parse().map_err(|_| format!("bad value {v:?}"))?,
-    };
-    if let Some(ts) = fields.next() {
-        ts.parse::<i64>().map_err(|_| format!("bad timestamp {ts:?}"))?;
-    }
-    if fields.next().is_some() {
-        return Err("trailing fields".into());
-    }
-    Ok(Sample { name: name.to_string(), labels, value })
-}
-
 #[test]
 fn metrics_parser_reads_the_text_format() {
-    let s = parse_metrics(
+    let s = Scrape::parse(
         "# HELP a_total An \"example\".\n# TYPE a_total counter\n\
          a_total{b=\"x\",a=\"y\\\"z\\\\\"} 3\na_total{ a=\"1\" , b=\"2\" } 4 1700000000\n\
          h_bucket{le=\"+Inf\"} 2\nplain 1.5e-3\n",
@@ -231,25 +66,10 @@ fn metrics_parser_reads_the_text_format() {
     assert!(parse_sample("x{a=1} 2").is_err());
 }
 
-/// `GET /metrics` (with the bearer token when `token` is set), parsed.
-fn scrape(admin: SocketAddr, token: Option<&str>) -> Scrape {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = bearer.as_deref().map(|b| vec![("Authorization", b)]).unwrap_or_default();
-    let r = http::get_with(admin, "/metrics", &headers);
-    assert_eq!(r.status, 200, "GET /metrics: {}", r.summary());
-    parse_metrics(&r.text())
-}
-
-/// Scrapes until `weir_requests_total` adds up to at least `requests` (bounded by [`SETTLE`]).
-fn scrape_after(admin: SocketAddr, token: Option<&str>, requests: f64) -> Scrape {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let s = scrape(admin, token);
-        if s.sum("weir_requests_total") >= requests || Instant::now() >= deadline {
-            return s;
-        }
-        thread::sleep(Duration::from_millis(25));
-    }
+/// Scrapes until `weir_requests_total` adds up to at least `requests` (bounded by [`SETTLE`]); the
+/// last scrape either way.
+fn scrape_after(admin: SocketAddr, requests: f64) -> Scrape {
+    scrape_until(admin, SETTLE, POLL, |s| s.sum("weir_requests_total", &[]) >= requests).unwrap_or_else(|last| last)
 }
 
 /// What one metric must show: all of its series, exactly (no more, no less).
@@ -265,23 +85,14 @@ fn mismatches(s: &Scrape, expect: &[Expect<'_>]) -> Vec<String> {
 /// Scrapes until every expectation holds, bounded by [`SETTLE`]: one request's metrics are
 /// recorded one after the other in its `logging` phase, after its response was sent. Counters only
 /// grow, so a count above the expected one never settles and fails here.
-fn settle(admin: SocketAddr, token: Option<&str>, expect: &[Expect<'_>]) -> Scrape {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let s = scrape(admin, token);
-        let errors = mismatches(&s, expect);
-        if errors.is_empty() {
-            return s;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "metrics differ from the traffic sent (after {SETTLE:?}):\n{}\n--- scrape ---\n{}",
-                errors.join("\n"),
-                s.filtered()
-            );
-        }
-        thread::sleep(Duration::from_millis(25));
-    }
+fn settle(admin: SocketAddr, expect: &[Expect<'_>]) -> Scrape {
+    scrape_until(admin, SETTLE, POLL, |s| mismatches(s, expect).is_empty()).unwrap_or_else(|s| {
+        panic!(
+            "metrics differ from the traffic sent (after {SETTLE:?}):\n{}\n--- scrape ---\n{}",
+            mismatches(&s, expect).join("\n"),
+            s.filtered()
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -326,22 +137,17 @@ upstream = "app"
 limit_req = [ { zone = "per_k", burst = 3 } ]
 "#,
     ));
-    let admin = admin(&w);
+    let admin = admin::addr(&w);
 
     // Before any traffic: the gauge is set, no request was counted.
-    let before = scrape(admin, None);
+    let before = scrape(admin);
     assert_eq!(before.must("weir_config_generation", &[]), 1.0);
-    assert_eq!(before.sum("weir_requests_total"), 0.0, "{}", before.text);
+    assert_eq!(before.sum("weir_requests_total", &[]), 0.0, "{}", before.text);
 
     // limited: 1r/m, burst 2, nodelay → 3 pass, 2 rejected; another client (X-Forwarded-For from
     // a trusted peer) has its own bucket and passes.
     let limited: Vec<Response> = (0..5).map(|i| http::get(w.addr, &format!("/limited/{i}"))).collect();
-    assert_eq!(
-        limited.iter().map(|r| r.status).collect::<Vec<_>>(),
-        vec![200, 200, 200, 429, 429],
-        "{:#?}",
-        summaries(&limited)
-    );
+    assert_eq!(statuses(&limited), vec![200, 200, 200, 429, 429], "{:#?}", summaries(&limited));
     let other = http::get_with(w.addr, "/limited/other", &[("X-Forwarded-For", "203.0.113.9")]);
     assert_eq!(other.status, 200, "{}", other.summary());
     // open: no limit.
@@ -410,7 +216,7 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
         Expect { name: "weir_config_reloads_total", series: &[(&[], 0.0)] },
         Expect { name: "weir_config_reload_failures_total", series: &[(&[], 0.0)] },
     ];
-    let s = settle(admin, None, &expect);
+    let s = settle(admin, &expect);
 
     // The one delay, ~0.5 s minus the gap between the two requests, in the right bucket.
     let delay_sum = s.must("weir_limit_req_delay_seconds_sum", &[("route", "slow")]);
@@ -442,7 +248,7 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
 
     // Nothing is counted twice or late: a second scrape a little later still agrees.
     thread::sleep(Duration::from_millis(200));
-    let again = scrape(admin, None);
+    let again = scrape(admin);
     let late = mismatches(&again, &expect);
     assert!(late.is_empty(), "metrics changed after settling:\n{}\n{}", late.join("\n"), again.filtered());
     assert_eq!(up.hits(), 9, "upstream saw the 4 + 2 + 3 forwarded requests");
@@ -452,31 +258,10 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
 // 2. Access log
 // ---------------------------------------------------------------------------------------------
 
-/// Every stderr line as JSON (panics on a line that is not), and the access lines among them.
-fn json_lines(w: &Weir) -> (Vec<Value>, Vec<Value>) {
-    let stderr = w.stderr();
-    let all: Vec<Value> = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("stderr line is not JSON with format = \"json\" ({e}): {l:?}"))
-        })
-        .collect();
-    let access = all.iter().filter(|v| v["target"] == "weir::access").cloned().collect();
-    (all, access)
-}
-
-/// Waits (bounded) until at least `n` access lines were written.
+/// Waits (bounded by [`SETTLE`]) until at least `n` access lines were written; every stderr line
+/// must be JSON.
 fn access_lines(w: &Weir, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let (_, access) = json_lines(w);
-        if access.len() >= n || Instant::now() >= deadline {
-            return access;
-        }
-        thread::sleep(Duration::from_millis(25));
-    }
+    poll(SETTLE, POLL, || access_of(&json_lines(w)), |access| access.len() >= n).unwrap_or_else(|last| last)
 }
 
 /// The single access line for `path`.
@@ -569,7 +354,7 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
 
     let lines = access_lines(&w, sequence.len());
     assert_eq!(lines.len(), sequence.len(), "one access line per request:\n{}", w.stderr());
-    let (all, _) = json_lines(&w);
+    let all = json_lines(&w);
     for line in &all {
         assert_ne!(line["level"], "ERROR", "no ERROR line for normal traffic (429s included): {line}");
     }
@@ -645,10 +430,11 @@ limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
     let statuses: Vec<u16> = ["/api/1", "/api/2", "/nothing"].iter().map(|p| http::get(w.addr, p).status).collect();
     assert_eq!(statuses, vec![200, 429, 404]);
     // Once the metrics show the three requests, their logging phase has run.
-    let s = scrape_after(admin(&w), None, 3.0);
-    assert_eq!(s.sum("weir_requests_total"), 3.0, "{}", s.filtered());
+    let s = scrape_after(admin::addr(&w), 3.0);
+    assert_eq!(s.sum("weir_requests_total", &[]), 3.0, "{}", s.filtered());
     thread::sleep(Duration::from_millis(100));
-    let (all, access) = json_lines(&w);
+    let all = json_lines(&w);
+    let access = access_of(&all);
     assert!(access.is_empty(), "access_log = false: no access lines, got {access:#?}");
     assert!(all.iter().any(|l| l["target"] == "weir::server"), "other logs still go to stderr:\n{}", w.stderr());
 }
@@ -710,8 +496,7 @@ limit_req = [ { zone = "tight", burst = 0 } ]
     }
 
     settle(
-        admin(&w),
-        None,
+        admin::addr(&w),
         &[
             Expect {
                 name: "weir_requests_total",
@@ -763,10 +548,9 @@ limit_req = [
     ));
     // generous admits 11 (burst 10 + 1); tight alone would admit 1.
     let rs: Vec<Response> = (0..12).map(|i| http::get(w.addr, &format!("/mixed/{i}"))).collect();
-    let statuses: Vec<u16> = rs.iter().map(|r| r.status).collect();
     let mut want = vec![200; 11];
     want.push(429);
-    assert_eq!(statuses, want, "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), want, "{:#?}", summaries(&rs));
     // Every passed request charged the enforced zone, although the shadow zone "rejected" 10 of
     // them: its r= counts down 10, 9, …, 0.
     let remaining: Vec<Option<i64>> =
@@ -800,8 +584,7 @@ limit_req = [
     // Every passed request charged "generous"; "tight" (dry run) "rejected" 11 and never counts as
     // an enforced rejection.
     settle(
-        admin(&w),
-        None,
+        admin::addr(&w),
         &[
             Expect {
                 name: "weir_requests_total",
@@ -882,7 +665,7 @@ limit_req = [ { zone = "zd", burst = 0, nodelay = true } ]
 
     // legacy: X-RateLimit-* of the zone, no draft fields.
     let rs: Vec<Response> = (0..3).map(|i| http::get(w.addr, &format!("/legacy/{i}"))).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), vec![200, 200, 429], "{:#?}", summaries(&rs));
     for r in &rs {
         for f in DRAFT_FIELDS {
             assert!(!r.has_header(f), "legacy mode: no {f}: {}", r.summary());
@@ -936,18 +719,6 @@ limit_req = [ { zone = "zd", burst = 0, nodelay = true } ]
 // 5. Admin API
 // ---------------------------------------------------------------------------------------------
 
-fn admin_request(admin: SocketAddr, method: &str, target: &str, auth: Option<&str>) -> Response {
-    let mut req = Request::new(method, target);
-    if let Some(a) = auth {
-        req = req.header("Authorization", a);
-    }
-    http::must_send(admin, &req)
-}
-
-fn json_body(r: &Response) -> Value {
-    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("JSON body ({e}): {}", r.summary()))
-}
-
 #[test]
 fn admin_api_needs_the_token_except_for_probes() {
     let up = Upstream::start();
@@ -973,7 +744,7 @@ upstream = "app"
 limit_req = [ { zone = "z", burst = 2, dry_run = true } ]
 "#,
     ));
-    let admin = admin(&w);
+    let admin = admin::addr(&w);
     for i in 0..3 {
         let r = http::get(w.addr, &format!("/api/{i}"));
         assert_eq!(r.status, 200, "{}", r.summary());
@@ -992,7 +763,7 @@ limit_req = [ { zone = "z", burst = 2, dry_run = true } ]
         [("GET", "/metrics"), ("GET", "/config"), ("GET", "/limits?zone=z&key=127.0.0.1"), ("POST", "/reload")];
     for (method, target) in protected {
         for auth in &wrong_auth {
-            let r = admin_request(admin, method, target, auth.as_deref());
+            let r = admin::request(admin, method, target, auth.as_deref());
             assert_eq!(r.status, 401, "{method} {target} with Authorization {auth:?}: {}", r.summary());
             assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"), "{}", r.summary());
             assert!(
@@ -1001,33 +772,33 @@ limit_req = [ { zone = "z", burst = 2, dry_run = true } ]
                 r.summary()
             );
         }
-        let r = admin_request(admin, method, target, Some(&good));
+        let r = admin::request(admin, method, target, Some(&good));
         assert_eq!(r.status, 200, "{method} {target} with the token: {}", r.summary());
     }
     // The probes need no token (kubelet sends none), and a wrong one does not hurt.
     for path in ["/healthz", "/readyz"] {
         for auth in [None, Some("Bearer nope-nope-nope-nope")] {
-            let r = admin_request(admin, "GET", path, auth);
+            let r = admin::request(admin, "GET", path, auth);
             assert_eq!(r.status, 200, "{path} with {auth:?}: {}", r.summary());
         }
     }
-    let ready = json_body(&admin_request(admin, "GET", "/readyz", None));
+    let ready = admin::request(admin, "GET", "/readyz", None).json();
     assert_eq!(ready["status"], "ready", "{ready}");
     assert_eq!(ready["store"], "memory", "{ready}");
 
-    let r = admin_request(admin, "GET", "/metrics", Some(&good));
+    let r = admin::request(admin, "GET", "/metrics", Some(&good));
     assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/plain")), "{}", r.summary());
-    let config = json_body(&admin_request(admin, "GET", "/config", Some(&good)));
+    let config = admin::request(admin, "GET", "/config", Some(&good)).json();
     assert_eq!(config["generation"], 1, "{config}");
     assert!(config["last_error"].is_null(), "{config}");
-    let reload = json_body(&admin_request(admin, "POST", "/reload", Some(&good)));
+    let reload = admin::request(admin, "POST", "/reload", Some(&good)).json();
     assert_eq!(reload["result"], "unchanged", "{reload}");
     assert_eq!(reload["generation"], 1, "{reload}");
 
     // One key's state after 3 requests at 1r/m, burst 5: level ~3, 3 more could pass on "api";
     // the shadow reference (burst 2) reads the same bucket.
-    let r = admin_request(admin, "GET", "/limits?zone=z&key=127.0.0.1", Some(&good));
-    let limits = json_body(&r);
+    let r = admin::request(admin, "GET", "/limits?zone=z&key=127.0.0.1", Some(&good));
+    let limits = r.json();
     assert_eq!(limits["zone"], "z", "{limits}");
     assert_eq!(limits["key"], "127.0.0.1", "{limits}");
     assert_eq!(limits["rate"], "1r/m", "{limits}");
@@ -1044,17 +815,17 @@ limit_req = [ { zone = "z", burst = 2, dry_run = true } ]
     assert_eq!(by_route["shadow"]["dry_run"], true, "{limits}");
 
     // A key never seen: no state, the whole burst + 1 available.
-    let fresh = json_body(&admin_request(admin, "GET", "/limits?zone=z&key=198.51.100.1", Some(&good)));
+    let fresh = admin::request(admin, "GET", "/limits?zone=z&key=198.51.100.1", Some(&good)).json();
     assert!(fresh["state"].is_null(), "{fresh}");
     assert_eq!(fresh["routes"][0]["remaining"], 6, "{fresh}");
 
-    let r = admin_request(admin, "GET", "/limits?zone=nope&key=x", Some(&good));
+    let r = admin::request(admin, "GET", "/limits?zone=nope&key=x", Some(&good));
     assert_eq!(r.status, 404, "unknown zone: {}", r.summary());
-    let r = admin_request(admin, "GET", "/limits", Some(&good));
+    let r = admin::request(admin, "GET", "/limits", Some(&good));
     assert_eq!(r.status, 400, "no parameters: {}", r.summary());
-    let r = admin_request(admin, "GET", "/nope", Some(&good));
+    let r = admin::request(admin, "GET", "/nope", Some(&good));
     assert_eq!(r.status, 404, "unknown admin path: {}", r.summary());
-    let r = admin_request(admin, "GET", "/reload", Some(&good));
+    let r = admin::request(admin, "GET", "/reload", Some(&good));
     assert_eq!(r.status, 405, "GET /reload: {}", r.summary());
 }
 
@@ -1071,13 +842,13 @@ path_prefix = "/"
 upstream = "app"
 "#,
     ));
-    let admin = admin(&w);
+    let admin = admin::addr(&w);
     for (method, target) in
         [("GET", "/metrics"), ("GET", "/config"), ("GET", "/healthz"), ("GET", "/readyz"), ("POST", "/reload")]
     {
-        let r = admin_request(admin, method, target, None);
+        let r = admin::request(admin, method, target, None);
         assert_eq!(r.status, 200, "{method} {target}: {}", r.summary());
     }
-    let r = admin_request(admin, "GET", "/nope", None);
+    let r = admin::request(admin, "GET", "/nope", None);
     assert_eq!(r.status, 404, "{}", r.summary());
 }

@@ -4,43 +4,15 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::http::{self, Conn, Request, Response};
+use support::concurrent::{self, Burst};
+use support::config::memory_with_app;
+use support::http::{self, statuses, summaries, Conn, Request, Response};
+use support::ratelimit::{retry_after, sf_param};
 use support::upstream::Upstream;
 use support::weir::Weir;
-
-/// `[server]`, `[store]` and one upstream "app" pointing at `up`, followed by `rest`.
-fn config(up: &Upstream, rest: &str) -> String {
-    format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-
-[store]
-kind = "memory"
-
-[[upstream]]
-name = "app"
-servers = ["{}"]
-
-{}"#,
-        up.addr_str(),
-        rest
-    )
-}
-
-fn statuses(rs: &[Response]) -> Vec<u16> {
-    rs.iter().map(|r| r.status).collect()
-}
-
-/// Parse the integer value of `;name=INT` inside a structured-field header.
-fn sf_param(h: &str, name: &str) -> Option<i64> {
-    let re = regex::Regex::new(&format!(r"(?:^|;)\s*{name}=(-?[0-9]+)")).unwrap();
-    re.captures(h).map(|c| c[1].parse().unwrap())
-}
 
 /// The checks every rejection must pass (contract: Retry-After, RateLimit-Policy, RateLimit,
 /// short JSON body with "error" and "retry_after").
@@ -48,8 +20,7 @@ fn assert_rejection(r: &Response, status: u16, zone: &str) {
     let ctx = r.summary();
     assert_eq!(r.status, status, "rejection status: {ctx}");
 
-    let ra = r.header("retry-after").unwrap_or_else(|| panic!("no Retry-After: {ctx}"));
-    let ra: u64 = ra.trim().parse().unwrap_or_else(|_| panic!("Retry-After not whole seconds: {ra:?}: {ctx}"));
+    let ra = retry_after(r);
     assert!(ra >= 1, "Retry-After must be >= 1: {ctx}");
 
     let policy = r.header("ratelimit-policy").unwrap_or_else(|| panic!("no RateLimit-Policy: {ctx}"));
@@ -65,8 +36,7 @@ fn assert_rejection(r: &Response, status: u16, zone: &str) {
 
     let ct = r.header("content-type").unwrap_or_else(|| panic!("no content-type: {ctx}"));
     assert!(ct.starts_with("application/json"), "content-type application/json: {ctx}");
-    let body: serde_json::Value =
-        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {ctx}"));
+    let body = r.json();
     assert!(body.get("error").is_some(), "JSON has \"error\": {ctx}");
     let jra = body
         .get("retry_after")
@@ -78,8 +48,8 @@ fn assert_rejection(r: &Response, status: u16, zone: &str) {
 #[test]
 fn burst_nodelay_passes_b_plus_1_then_rejects_with_headers() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_ip"
@@ -99,7 +69,7 @@ limit_req = [ { zone = "per_ip", burst = 5, nodelay = true } ]
         statuses(&rs),
         vec![200, 200, 200, 200, 200, 200, 429, 429],
         "rate 1r/m burst 5 nodelay: 6 pass then reject; responses: {:#?}",
-        rs.iter().map(|r| r.summary()).collect::<Vec<_>>()
+        summaries(&rs)
     );
     for r in &rs[..6] {
         assert_eq!(r.text(), "/api/x", "proxied body: {}", r.summary());
@@ -115,7 +85,7 @@ limit_req = [ { zone = "per_ip", burst = 5, nodelay = true } ]
 
     for r in &rs[6..] {
         assert_rejection(r, 429, "per_ip");
-        let ra: u64 = r.header("retry-after").unwrap().trim().parse().unwrap();
+        let ra = retry_after(r);
         // 1r/m: the next request is admitted after one emission interval, 60 s.
         assert!(ra <= 61, "Retry-After at most one interval (60 s): {}", r.summary());
         let policy = r.header("ratelimit-policy").unwrap();
@@ -127,8 +97,8 @@ limit_req = [ { zone = "per_ip", burst = 5, nodelay = true } ]
 #[test]
 fn limit_req_status_overrides_rejection_status() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "z503"
@@ -153,8 +123,8 @@ limit_req_status = 503
 #[test]
 fn unlimited_route_and_unknown_path() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_ip"
@@ -301,8 +271,8 @@ upstream = "host"
 #[test]
 fn header_keys_have_separate_buckets_and_missing_header_is_not_limited() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "by_key"
@@ -332,8 +302,8 @@ limit_req = [ { zone = "by_key", burst = 1, nodelay = true } ]
 #[test]
 fn dry_run_never_rejects_nor_delays() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_ip"
@@ -377,8 +347,8 @@ dry_run = true
 #[test]
 fn two_zones_are_all_or_nothing() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "per_ip"
@@ -413,43 +383,21 @@ limit_req = [ { zone = "per_ip", burst = 3, nodelay = true }, { zone = "per_key"
     assert_eq!(up.hits(), 4);
 }
 
-/// Send the requests concurrently: every connection is opened first, then all threads are
-/// released together. Returns the instant taken just before the release (no request was sent
-/// before it) and the handles; join them with [`join_all`].
-fn concurrent(addr: SocketAddr, reqs: Vec<Request>) -> (Instant, Vec<thread::JoinHandle<(u16, Instant)>>) {
-    let gate = Arc::new(Barrier::new(reqs.len() + 1));
-    let hs = reqs
-        .into_iter()
-        .map(|req| {
-            let gate = gate.clone();
-            let mut c = Conn::connect(addr).expect("connect to weir");
-            thread::spawn(move || {
-                gate.wait();
-                let r = c.send(&req).unwrap_or_else(|e| panic!("{} {}: {e}", req.method, req.target));
-                (r.status, Instant::now())
-            })
-        })
-        .collect();
-    let t0 = Instant::now();
-    gate.wait();
-    (t0, hs)
+/// Sends `reqs` to `addr` at once (see [`concurrent::start`]).
+fn send_at_once(addr: SocketAddr, reqs: Vec<Request>) -> Burst {
+    concurrent::start(reqs.into_iter().map(|req| (addr, req)).collect())
 }
 
-/// (status, completion offset from `t0`) for each request, in sending order.
-fn join_all(t0: Instant, hs: Vec<thread::JoinHandle<(u16, Instant)>>) -> Vec<(u16, Duration)> {
-    hs.into_iter()
-        .map(|h| {
-            let (s, at) = h.join().expect("request thread");
-            (s, at.duration_since(t0))
-        })
-        .collect()
+/// (status, completion offset from the release) for each request, in sending order.
+fn join_all(burst: Burst) -> Vec<(u16, Duration)> {
+    burst.join().into_iter().map(|(r, at)| (r.status, at)).collect()
 }
 
 #[test]
 fn delay_without_nodelay_spreads_excess_at_the_rate() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "slow"
@@ -463,8 +411,9 @@ upstream = "app"
 limit_req = [ { zone = "slow", burst = 3 } ]
 "#,
     ));
-    let (t0, hs) = concurrent(w.addr, (0..3).map(|_| Request::get("/api/d")).collect());
-    let mut done = join_all(t0, hs);
+    let burst = send_at_once(w.addr, (0..3).map(|_| Request::get("/api/d")).collect());
+    let t0 = burst.released();
+    let mut done = join_all(burst);
     done.sort_by_key(|d| d.1);
     assert!(done.iter().all(|d| d.0 == 200), "all pass: {done:?}");
     assert!(done[0].1 < Duration::from_millis(500), "one answers at once: {done:?}");
@@ -482,8 +431,8 @@ limit_req = [ { zone = "slow", burst = 3 } ]
 #[test]
 fn delay_threshold_passes_d_plus_1_then_delays_then_rejects() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "z"
@@ -497,8 +446,7 @@ upstream = "app"
 limit_req = [ { zone = "z", burst = 4, delay = 2 } ]
 "#,
     ));
-    let (t0, hs) = concurrent(w.addr, (0..6).map(|_| Request::get("/api/t")).collect());
-    let done = join_all(t0, hs);
+    let done = join_all(send_at_once(w.addr, (0..6).map(|_| Request::get("/api/t")).collect()));
     let mut ok: Vec<Duration> = done.iter().filter(|d| d.0 == 200).map(|d| d.1).collect();
     let rejected: Vec<Duration> = done.iter().filter(|d| d.0 == 429).map(|d| d.1).collect();
     ok.sort();
@@ -516,8 +464,8 @@ limit_req = [ { zone = "z", burst = 4, delay = 2 } ]
 #[test]
 fn delayed_requests_do_not_block_other_requests() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
+    let w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[limit_req_zone]]
 name = "by_key"
@@ -538,7 +486,8 @@ upstream = "app"
     ));
     // Key "a": delays 0, 1, 2, 3, 4 s — more delayed requests than weir has threads.
     let reqs = (0..5).map(|_| Request::get("/slow/a").header("X-Api-Key", "a")).collect();
-    let (t0, hs) = concurrent(w.addr, reqs);
+    let burst = send_at_once(w.addr, reqs);
+    let t0 = burst.released();
     assert!(up.wait_hits(1, Duration::from_secs(5)), "first slow request reached upstream");
     thread::sleep(Duration::from_millis(100));
 
@@ -553,7 +502,7 @@ upstream = "app"
     assert_eq!(r.status, 200, "{}", r.summary());
     quick.push(t0.elapsed());
 
-    let mut slow = join_all(t0, hs);
+    let mut slow = join_all(burst);
     slow.sort_by_key(|d| d.1);
     assert!(slow.iter().all(|d| d.0 == 200), "{slow:?}");
     assert!(slow[1].1 >= Duration::from_secs(1), "2nd of key a delayed 1 s: {slow:?}");
@@ -566,8 +515,8 @@ upstream = "app"
 #[test]
 fn run_subcommand_and_several_listen_addresses() {
     let up = Upstream::start();
-    let cfg = config(
-        &up,
+    let cfg = memory_with_app(
+        up.addr(),
         r#"
 [[route]]
 name = "all"
@@ -588,8 +537,8 @@ upstream = "app"
 #[test]
 fn sigterm_exits_promptly() {
     let up = Upstream::start();
-    let mut w = Weir::start(&config(
-        &up,
+    let mut w = Weir::start(&memory_with_app(
+        up.addr(),
         r#"
 [[route]]
 name = "all"

@@ -3,25 +3,17 @@
 
 mod support;
 
+use support::config::memory_with_app;
 use support::http;
 use support::upstream::Upstream;
 use support::weir::Weir;
 
 /// One route "/api/" limited by key "ip" at 1r/m, burst 0, nodelay; `real_ip` is pasted in.
 fn config(up: &Upstream, real_ip: &str) -> String {
-    format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-
-[store]
-kind = "memory"
-
-{real_ip}
-
-[[upstream]]
-name = "app"
-servers = ["{up}"]
+    memory_with_app(
+        up.addr(),
+        &format!(
+            r#"{real_ip}
 
 [[limit_req_zone]]
 name = "per_ip"
@@ -33,8 +25,8 @@ name = "api"
 path_prefix = "/api/"
 upstream = "app"
 limit_req = [ {{ zone = "per_ip", burst = 0, nodelay = true }} ]
-"#,
-        up = up.addr_str()
+"#
+        ),
     )
 }
 

@@ -5,15 +5,18 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::http::{self, Conn, Request, Response};
+use support::admin;
+use support::config::with_app;
+use support::http::{self, statuses, summaries, Conn, KeepAlive, Request, Response};
+use support::metrics::{self, Scrape};
+use support::poll::wait_until;
+use support::redis_cmd::{exists, script_calls};
 use support::redis_server::RedisServer;
 use support::upstream::Upstream;
 use support::weir::Weir;
@@ -25,114 +28,46 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const FAST: Duration = Duration::from_secs(1);
 /// How long metrics may take to show requests already answered (they are counted in `logging`).
 const SETTLE: Duration = Duration::from_secs(10);
+/// How often to look again while waiting for something.
+const POLL: Duration = Duration::from_millis(25);
 
 /// `[server]` with the admin listener on `$LISTEN2`, no access log, a Redis `[store]` at `url`
 /// with `store_extra` lines, one upstream "app" pointing at `up`, then `rest`.
 fn config(up: &Upstream, url: &str, store_extra: &str, rest: &str) -> String {
-    format!(
-        r#"[server]
-listen = ["$LISTEN"]
-threads = 2
-admin = "$LISTEN2"
-
-[log]
+    let sections = format!(
+        r#"[log]
 access_log = false
 
 [store]
 kind = "redis"
 url = "{url}"
-{store_extra}
-
-[[upstream]]
-name = "app"
-servers = ["{}"]
-
-{rest}"#,
-        up.addr_str()
-    )
-}
-
-fn admin(w: &Weir) -> SocketAddr {
-    w.addrs[1]
+{store_extra}"#
+    );
+    with_app(admin::LISTEN, &sections, up.addr(), rest)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Metrics: a minimal reader of the Prometheus text format
+// Metrics
 // ---------------------------------------------------------------------------------------------
 
-struct Metrics {
-    samples: Vec<(String, BTreeMap<String, String>, f64)>,
-    text: String,
-}
-
-impl Metrics {
-    /// The series `name` with exactly `labels`; 0 when absent (counters not touched yet).
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        self.samples.iter().find(|(n, l, _)| n == name && *l == want).map_or(0.0, |s| s.2)
-    }
-
-    /// Sum of every series of `name` whose labels include `labels`.
-    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.samples
-            .iter()
-            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
-            .map(|s| s.2)
-            .sum()
-    }
-
-    /// The scrape without comments and histogram buckets, for assertion messages.
-    fn brief(&self) -> String {
-        self.text
-            .lines()
-            .filter(|l| l.starts_with("weir_") && !l.contains("_bucket{") && !l.starts_with("weir_upstream"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
-fn parse_metrics(text: &str) -> Metrics {
-    let mut samples = Vec::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad metrics line {line:?}"));
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
-        };
-        let (name, labels) = match series.split_once('{') {
-            None => (series.to_string(), BTreeMap::new()),
-            Some((name, rest)) => {
-                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("bad labels in {line:?}"));
-                let mut labels = BTreeMap::new();
-                // Our label values never contain `",` (routes, zones, outcomes, numbers).
-                for pair in body.split("\",").filter(|p| !p.is_empty()) {
-                    let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label in {line:?}"));
-                    labels.insert(k.trim_start_matches(',').to_string(), v.trim_end_matches('"').to_string());
-                }
-                (name.to_string(), labels)
-            }
-        };
-        samples.push((name, labels, value));
-    }
-    Metrics { samples, text: text.to_string() }
-}
-
-fn scrape(w: &Weir) -> Metrics {
-    let r = http::get(admin(w), "/metrics");
-    assert_eq!(r.status, 200, "GET /metrics: {}", r.summary());
-    parse_metrics(&r.text())
+/// The metrics of `w` (see [`config`] for its admin listener).
+fn scrape(w: &Weir) -> Scrape {
+    metrics::scrape(admin::addr(w))
 }
 
 /// Scrapes until `ok` holds (bounded by [`SETTLE`]); returns the last scrape either way.
-fn scrape_until(w: &Weir, ok: impl Fn(&Metrics) -> bool) -> Metrics {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let m = scrape(w);
-        if ok(&m) || Instant::now() >= deadline {
-            return m;
-        }
-        thread::sleep(Duration::from_millis(25));
-    }
+fn scrape_until(w: &Weir, ok: impl Fn(&Scrape) -> bool) -> Scrape {
+    metrics::scrape_until(admin::addr(w), SETTLE, POLL, ok).unwrap_or_else(|last| last)
+}
+
+/// The scrape's `weir_` series without histogram buckets and upstream series, for assertion
+/// messages.
+fn brief(m: &Scrape) -> String {
+    m.text
+        .lines()
+        .filter(|l| l.starts_with("weir_") && !l.contains("_bucket{") && !l.starts_with("weir_upstream"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +157,8 @@ impl Load {
             .map(|t| {
                 let (stop, targets) = (stop.clone(), targets.clone());
                 thread::spawn(move || {
-                    let mut conns: Vec<Option<Conn>> = targets.iter().map(|_| None).collect();
+                    let mut conns: Vec<KeepAlive> =
+                        targets.iter().map(|t| KeepAlive::new(t.addr, REQUEST_TIMEOUT)).collect();
                     let mut samples = Vec::new();
                     let mut i = t;
                     while !stop.load(Ordering::SeqCst) {
@@ -230,19 +166,11 @@ impl Load {
                         i += 1;
                         let req = targets[k].request();
                         let sent = Instant::now();
-                        let result = exchange(&mut conns[k], targets[k].addr, &req);
+                        let result = conns[k].send(&req);
                         let done = Instant::now();
                         let reply = match result {
-                            Ok(r) => {
-                                if r.header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close")) {
-                                    conns[k] = None;
-                                }
-                                Ok(reply_of(&r))
-                            }
-                            Err(e) => {
-                                conns[k] = None;
-                                Err(format!("{:?}: {e}", e.kind()))
-                            }
+                            Ok(r) => Ok(reply_of(&r)),
+                            Err(e) => Err(format!("{:?}: {e}", e.kind())),
                         };
                         samples.push(Sample { target: k, sent, done, reply });
                         thread::sleep(pace);
@@ -261,14 +189,6 @@ impl Load {
         all.sort_by_key(|s| s.sent);
         all
     }
-}
-
-/// One request on the target's keep-alive connection, opened on demand.
-fn exchange(conn: &mut Option<Conn>, addr: SocketAddr, req: &Request) -> io::Result<Response> {
-    if conn.is_none() {
-        *conn = Some(Conn::connect_timeout(addr, REQUEST_TIMEOUT)?);
-    }
-    conn.as_mut().unwrap().send(req)
 }
 
 /// The `q` quantile (0..=1) of `durations`, nearest rank.
@@ -300,38 +220,21 @@ fn assert_all(samples: &[&Sample], t0: Instant, what: &str, ok: impl Fn(&Sample)
     );
 }
 
-/// Polls `f` every 25 ms until it is true; the time it took, or None after `timeout`.
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let started = Instant::now();
-    loop {
-        if f() {
-            return Some(started.elapsed());
-        }
-        if started.elapsed() >= timeout {
-            return None;
-        }
-        thread::sleep(Duration::from_millis(25));
-    }
-}
-
+/// Whether `key` is in Redis, on a fresh connection (Redis may have been restarted).
 fn redis_exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query::<i64>(&mut server.connection()).unwrap() == 1
+    exists(&mut server.connection(), key)
 }
 
 /// Sends `path` until it is forwarded (bounded): the first decision also connects to Redis and
 /// loads the script, within the same timeout, which a loaded machine may miss. The statuses seen.
 fn warm_up(w: &Weir, path: &str) -> Vec<u16> {
     let mut statuses = Vec::new();
-    let ok = wait_until(Duration::from_secs(5), || {
+    let ok = wait_until(Duration::from_secs(5), POLL, || {
         statuses.push(http::get(w.addr, path).status);
         statuses.last() == Some(&200)
     });
     assert!(ok.is_some(), "{path} never forwarded with Redis up: {statuses:?}");
     statuses
-}
-
-fn summaries(rs: &[Response]) -> Vec<String> {
-    rs.iter().map(Response::summary).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,7 +294,7 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     redis.stop();
     let killed = Instant::now();
     thread::sleep(Duration::from_millis(2000));
-    let circuit_while_down = scrape(&w).get("weir_store_circuit_open", &[]);
+    let circuit_while_down = scrape(&w).value_or_zero("weir_store_circuit_open", &[]);
     let samples = load.finish();
 
     let all: Vec<&Sample> = samples.iter().collect();
@@ -436,27 +339,34 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let (closed503, closed429) = (count(1, 503) + warm_denied, count(2, 429));
     let requests = (samples.len() + warm.len()) as f64;
     let m = scrape_until(&w, |m| m.sum("weir_requests_total", &[]) >= requests);
-    let brief = m.brief();
+    let brief = brief(&m);
     assert_eq!(m.sum("weir_requests_total", &[]), requests, "{brief}");
-    assert_eq!(m.get("weir_requests_total", &[("route", "closed"), ("outcome", "fail_closed")]), closed503, "{brief}");
     assert_eq!(
-        m.get("weir_requests_total", &[("route", "closed429"), ("outcome", "fail_closed")]),
+        m.value_or_zero("weir_requests_total", &[("route", "closed"), ("outcome", "fail_closed")]),
+        closed503,
+        "{brief}"
+    );
+    assert_eq!(
+        m.value_or_zero("weir_requests_total", &[("route", "closed429"), ("outcome", "fail_closed")]),
         closed429,
         "{brief}"
     );
-    assert_eq!(m.get("weir_store_fallback_total", &[("policy", "deny")]), closed503 + closed429, "{brief}");
-    let fail_open = m.get("weir_requests_total", &[("route", "open"), ("outcome", "fail_open")]);
+    assert_eq!(m.value_or_zero("weir_store_fallback_total", &[("policy", "deny")]), closed503 + closed429, "{brief}");
+    let fail_open = m.value_or_zero("weir_requests_total", &[("route", "open"), ("outcome", "fail_open")]);
     let open_after = on(0).iter().filter(|s| s.sent >= killed).count() as f64;
     assert!(fail_open >= open_after, "every /open/ request after the kill is fail_open: {open_after}\n{brief}");
-    assert_eq!(m.get("weir_store_fallback_total", &[("policy", "allow")]), fail_open, "{brief}");
+    assert_eq!(m.value_or_zero("weir_store_fallback_total", &[("policy", "allow")]), fail_open, "{brief}");
     assert_eq!(
-        m.get("weir_requests_total", &[("route", "open"), ("outcome", "passed")]) + fail_open,
+        m.value_or_zero("weir_requests_total", &[("route", "open"), ("outcome", "passed")]) + fail_open,
         on(0).len() as f64,
         "{brief}"
     );
     let errors = m.sum("weir_store_errors_total", &[("store", "redis")]);
     assert_eq!(errors, fail_open + closed503 + closed429, "one store error per fallback\n{brief}");
-    assert!(m.get("weir_store_errors_total", &[("store", "redis"), ("cause", "circuit_open")]) > 0.0, "{brief}");
+    assert!(
+        m.value_or_zero("weir_store_errors_total", &[("store", "redis"), ("cause", "circuit_open")]) > 0.0,
+        "{brief}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,7 +400,7 @@ limit_req = [ {{ zone = "tight", burst = {burst}, nodelay = true }} ]
 
     // Redis up: Redis decides (3 pass, then 429) and holds the state.
     let rs: Vec<Response> = (0..4).map(|_| http::get_with(whole.addr, "/api/x", &[("X-Client", "a")])).collect();
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(statuses(&rs), [200, 200, 200, 429], "{:#?}", summaries(&rs));
     assert!(redis_exists(&redis, "weir:tight:{a}"));
     assert_eq!(scrape(&whole).sum("weir_store_fallback_total", &[]), 0.0);
 
@@ -518,13 +428,23 @@ limit_req = [ {{ zone = "tight", burst = {burst}, nodelay = true }} ]
     assert_all(&all, killed, &format!("answered within {FAST:?}"), |s| s.latency() < FAST);
     assert_eq!(up.hits() - hits_before, 3, "upstream saw the 3 locally admitted requests");
     let m = scrape_until(&whole, |m| m.sum("weir_requests_total", &[]) >= (4 + samples.len()) as f64);
-    assert_eq!(m.get("weir_store_fallback_total", &[("policy", "local")]), samples.len() as f64, "{}", m.brief());
-    assert_eq!(m.get("weir_requests_total", &[("route", "api"), ("outcome", "passed")]), 3.0 + 3.0, "{}", m.brief());
+    assert_eq!(
+        m.value_or_zero("weir_store_fallback_total", &[("policy", "local")]),
+        samples.len() as f64,
+        "{}",
+        brief(&m)
+    );
+    assert_eq!(
+        m.value_or_zero("weir_requests_total", &[("route", "api"), ("outcome", "passed")]),
+        3.0 + 3.0,
+        "{}",
+        brief(&m)
+    );
 
     // fleet_size = 3: rate 1r/m becomes 1 per 3 minutes, burst 5 becomes 1.
     let rs: Vec<Response> = (0..5).map(|_| http::get_with(third.addr, "/api/x", &[("X-Client", "c")])).collect();
     assert_eq!(
-        rs.iter().map(|r| r.status).collect::<Vec<_>>(),
+        statuses(&rs),
         [200, 200, 429, 429, 429],
         "fleet_size 3 gives burst 5 / 3 = 1 locally: {:#?}",
         summaries(&rs)
@@ -539,17 +459,17 @@ limit_req = [ {{ zone = "tight", burst = {burst}, nodelay = true }} ]
     let restarted = Instant::now();
     for (w, client) in [(&whole, "b"), (&third, "c")] {
         let key = format!("weir:tight:{{{client}}}");
-        let took = wait_until(Duration::from_secs(5), || {
+        let took = wait_until(Duration::from_secs(5), POLL, || {
             http::get_with(w.addr, "/api/x", &[("X-Client", client)]).status == 200 && redis_exists(&redis, &key)
         });
         let took = took.unwrap_or_else(|| {
             panic!(
                 "no Redis decision for {client:?} within 5 s of Redis restarting; circuit_open={}",
-                scrape(w).get("weir_store_circuit_open", &[])
+                scrape(w).value_or_zero("weir_store_circuit_open", &[])
             )
         });
         println!("local policy: Redis decides again {took:?} after the restart (client {client:?})");
-        assert_eq!(scrape(w).get("weir_store_circuit_open", &[]), 0.0);
+        assert_eq!(scrape(w).value_or_zero("weir_store_circuit_open", &[]), 0.0);
     }
     assert!(restarted.elapsed() < Duration::from_secs(10));
 }
@@ -589,15 +509,16 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     redis.stop();
     let killed = Instant::now();
     // The circuit opens after 3 consecutive failures: note when the metrics show it.
-    let opened = wait_until(Duration::from_secs(5), || scrape(&w).get("weir_store_circuit_open", &[]) == 1.0)
-        .expect("the circuit opens within 5 s of Redis dying");
+    let opened =
+        wait_until(Duration::from_secs(5), POLL, || scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 1.0)
+            .expect("the circuit opens within 5 s of Redis dying");
     thread::sleep(Duration::from_millis(1500));
 
     redis.restart();
     let restarted = Instant::now();
     // Recovery: the probe closes the circuit and requests create their key in the new, empty Redis.
-    let recovered = wait_until(Duration::from_secs(5), || {
-        scrape(&w).get("weir_store_circuit_open", &[]) == 0.0 && redis_exists(&redis, key)
+    let recovered = wait_until(Duration::from_secs(5), POLL, || {
+        scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 0.0 && redis_exists(&redis, key)
     });
     let back = Instant::now();
     thread::sleep(Duration::from_millis(300));
@@ -639,7 +560,7 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let recovered = recovered.unwrap_or_else(|| {
         panic!(
             "no recovery within 5 s of Redis restarting: circuit_open={}, key in Redis: {}\n{}",
-            scrape(&w).get("weir_store_circuit_open", &[]),
+            scrape(&w).value_or_zero("weir_store_circuit_open", &[]),
             redis_exists(&redis, key),
             w.stderr().lines().rev().take(20).collect::<Vec<_>>().join("\n")
         )
@@ -660,8 +581,9 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
 
     // Every decision, failed or not, stayed within its 50 ms budget (buckets: 0.05, 0.1, 0.25, 0.5).
     let m = scrape_until(&w, |m| m.sum("weir_requests_total", &[]) >= samples.len() as f64);
-    let count = m.get("weir_store_request_duration_seconds_count", &[("store", "redis")]);
-    let within = |le: &str| m.get("weir_store_request_duration_seconds_bucket", &[("store", "redis"), ("le", le)]);
+    let count = m.value_or_zero("weir_store_request_duration_seconds_count", &[("store", "redis")]);
+    let within =
+        |le: &str| m.value_or_zero("weir_store_request_duration_seconds_bucket", &[("store", "redis"), ("le", le)]);
     println!(
         "  store decisions: {count}, within 50 ms: {}, 100 ms: {}, 250 ms: {}, 500 ms: {}",
         within("0.05"),
@@ -674,15 +596,15 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
 
     // A second outage: the breaker opens again and a new probe closes it again.
     redis.stop();
-    let second = wait_until(Duration::from_secs(5), || {
+    let second = wait_until(Duration::from_secs(5), POLL, || {
         let _ = http::send(w.addr, &Request::get("/api/x"));
-        scrape(&w).get("weir_store_circuit_open", &[]) == 1.0
+        scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 1.0
     });
     assert!(second.is_some(), "the circuit opens again on a second outage");
     redis.restart();
-    let again = wait_until(Duration::from_secs(5), || {
+    let again = wait_until(Duration::from_secs(5), POLL, || {
         let _ = http::send(w.addr, &Request::get("/api/x"));
-        scrape(&w).get("weir_store_circuit_open", &[]) == 0.0 && redis_exists(&redis, key)
+        scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 0.0 && redis_exists(&redis, key)
     });
     println!("  second outage: circuit open after {second:?}, Redis decides again {again:?} after the restart");
     assert!(again.is_some(), "no recovery within 5 s of the second restart");
@@ -727,8 +649,9 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let paused = Instant::now();
     let pause_ends = pause_sent + Duration::from_millis(3000);
     thread::sleep(Duration::from_millis(2500));
-    let circuit_during_pause = scrape(&w).get("weir_store_circuit_open", &[]);
-    let recovered = wait_until(Duration::from_secs(8), || scrape(&w).get("weir_store_circuit_open", &[]) == 0.0);
+    let circuit_during_pause = scrape(&w).value_or_zero("weir_store_circuit_open", &[]);
+    let recovered =
+        wait_until(Duration::from_secs(8), POLL, || scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 0.0);
     let back = Instant::now();
     thread::sleep(Duration::from_millis(300));
     let samples = load.finish();
@@ -768,16 +691,6 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
 // 5. The deny cache: a flood costs Redis a few calls, and admits exactly what Redis alone would
 // ---------------------------------------------------------------------------------------------
 
-/// Calls of EVALSHA and EVAL so far (`INFO commandstats`).
-fn script_calls(redis: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut redis.connection()).unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
-}
-
 struct FloodResult {
     statuses: Vec<u16>,
     /// Offsets from the first request of each admitted one.
@@ -813,7 +726,7 @@ limit_req = [ { zone = "per_client", burst = 0, nodelay = true } ]
     // Warm the connection and the script cache on another key.
     let warm = http::get_with(w.addr, "/api/warm", &[("X-Client", "warm-up")]);
     assert_eq!(warm.status, 200, "{}", warm.summary());
-    let calls_before = script_calls(&redis);
+    let calls_before = script_calls(&mut redis.connection());
     let mut conn = Conn::connect_timeout(w.addr, REQUEST_TIMEOUT).unwrap();
     let req = Request::get("/api/flood").header("X-Client", "flooder");
     let start = Instant::now();
@@ -835,13 +748,13 @@ limit_req = [ { zone = "per_client", burst = 0, nodelay = true } ]
         statuses.push(r.status);
     }
     let took = start.elapsed();
-    let script_calls = script_calls(&redis) - calls_before;
+    let script_calls = script_calls(&mut redis.connection()) - calls_before;
     let m = scrape_until(&w, |m| m.sum("weir_requests_total", &[]) >= (n + 1) as f64);
     FloodResult {
         statuses,
         admitted_at,
         script_calls,
-        deny_cache_hits: m.get("weir_deny_cache_hits_total", &[]),
+        deny_cache_hits: m.value_or_zero("weir_deny_cache_hits_total", &[]),
         took,
         rejections,
     }

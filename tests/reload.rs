@@ -13,7 +13,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::http::{self, Conn, Request};
+use support::config::line_of;
+use support::http::{self, KeepAlive, Request};
+use support::poll::{poll, wait_until};
 use support::upstream::Upstream;
 use support::weir::{free_port, Weir};
 
@@ -63,17 +65,9 @@ impl Setup {
     }
 
     fn wait_admin(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = http::send(self.admin, &Request::get("/healthz")) {
-                if r.status == 200 {
-                    return;
-                }
-            }
-            if Instant::now() >= deadline {
-                panic!("admin listener {} not ready\n{}", self.admin, self.log());
-            }
-            thread::sleep(Duration::from_millis(50));
+        let healthy = || http::send(self.admin, &Request::get("/healthz")).is_ok_and(|r| r.status == 200);
+        if wait_until(Duration::from_secs(20), Duration::from_millis(50), healthy).is_none() {
+            panic!("admin listener {} not ready\n{}", self.admin, self.log());
         }
     }
 
@@ -103,17 +97,7 @@ impl Setup {
 
     /// Polls `GET /config` until `pred` holds or `timeout` passes.
     fn poll_status(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value, Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let v = self.status();
-            if pred(&v) {
-                return Ok(v);
-            }
-            if Instant::now() >= deadline {
-                return Err(v);
-            }
-            thread::sleep(Duration::from_millis(25));
-        }
+        poll(timeout, Duration::from_millis(25), || self.status(), pred)
     }
 
     /// Polls `GET /config` (bounded) until `pred` holds; returns that status.
@@ -187,11 +171,6 @@ servers = ["{}"]
     )
 }
 
-/// 1-based number of the first line of `text` containing `needle`.
-fn line_of(text: &str, needle: &str) -> usize {
-    text.lines().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle:?} not in the config")) + 1
-}
-
 /// Asserts that a refusal names the config file and the line, and that stderr logged it at ERROR.
 fn assert_refusal(s: &Setup, error: &str, line: usize, needle: &str) {
     let place = format!("{}:{line}:", s.path().display());
@@ -232,7 +211,8 @@ struct Sample {
 }
 
 /// Sends `GET /api/…` every `every` until `stop`: over one keep-alive connection (reopened only
-/// when the server says `Connection: close` or after a failure), or on a fresh connection each time.
+/// when the server says `Connection: close` or after a failure, see [`KeepAlive`]), or on a fresh
+/// connection each time.
 fn stream(
     addr: SocketAddr,
     keep_alive: bool,
@@ -241,29 +221,14 @@ fn stream(
 ) -> thread::JoinHandle<Vec<Sample>> {
     thread::spawn(move || {
         let mut samples = Vec::new();
-        let mut conn: Option<Conn> = None;
+        let mut conn = KeepAlive::new(addr, Duration::from_secs(5));
         let mut i = 0u64;
         while !stop.load(Ordering::SeqCst) {
             let at = Instant::now();
             let req = Request::get(&format!("/api/{}/{i}", if keep_alive { "ka" } else { "new" }));
             i += 1;
-            let outcome = if keep_alive {
-                let c = match conn.take() {
-                    Some(c) => Ok(c),
-                    None => Conn::connect_timeout(addr, Duration::from_secs(5)),
-                };
-                c.and_then(|mut c| {
-                    let r = c.send(&req)?;
-                    let close = r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
-                    if !close {
-                        conn = Some(c);
-                    }
-                    Ok(r.status)
-                })
-                .map_err(|e| e.to_string())
-            } else {
-                http::send(addr, &req).map(|r| r.status).map_err(|e| e.to_string())
-            };
+            let outcome = if keep_alive { conn.send(&req) } else { http::send(addr, &req) };
+            let outcome = outcome.map(|r| r.status).map_err(|e| e.to_string());
             samples.push(Sample { at, outcome });
             if let Some(rest) = every.checked_sub(at.elapsed()) {
                 thread::sleep(rest);

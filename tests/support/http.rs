@@ -47,6 +47,11 @@ impl Response {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// The body as JSON; panics (with the response) when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.summary()))
+    }
+
     /// A one-line summary for assertion messages.
     pub fn summary(&self) -> String {
         let mut s = format!("{} {}", self.status, self.reason);
@@ -59,6 +64,16 @@ impl Response {
         s.push_str(&format!(" | body: {body:?}"));
         s
     }
+}
+
+/// The [`Response::summary`] of each response, in order (print with `{:#?}`).
+pub fn summaries(rs: &[Response]) -> Vec<String> {
+    rs.iter().map(Response::summary).collect()
+}
+
+/// The status of each response, in order.
+pub fn statuses(rs: &[Response]) -> Vec<u16> {
+    rs.iter().map(|r| r.status).collect()
 }
 
 /// A request to send. Header names and values are raw bytes: nothing is validated.
@@ -243,6 +258,34 @@ impl Conn {
             resp.body = body;
         }
         Ok(Some(resp))
+    }
+}
+
+/// A keep-alive connection to one address, opened when needed: after an I/O error or a
+/// `Connection: close` response, the next request opens a new one.
+pub struct KeepAlive {
+    addr: SocketAddr,
+    timeout: Duration,
+    conn: Option<Conn>,
+}
+
+impl KeepAlive {
+    /// Nothing is opened yet; connections use `timeout` (see [`Conn::connect_timeout`]).
+    pub fn new(addr: SocketAddr, timeout: Duration) -> KeepAlive {
+        KeepAlive { addr, timeout, conn: None }
+    }
+
+    /// Send `req` and read its response, on the open connection or a new one.
+    pub fn send(&mut self, req: &Request) -> io::Result<Response> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => Conn::connect_timeout(self.addr, self.timeout)?,
+        };
+        let r = conn.send(req)?;
+        if !r.header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close")) {
+            self.conn = Some(conn);
+        }
+        Ok(r)
     }
 }
 

@@ -1,7 +1,17 @@
 //! Shared harness for integration tests: real processes over real sockets.
 #![allow(dead_code)]
 
+pub mod access_log;
+pub mod admin;
+pub mod concurrent;
+pub mod config;
 pub mod http;
+pub mod metrics;
+pub mod poll;
+pub mod ratelimit;
+pub mod redis_cmd;
 pub mod redis_server;
+pub mod redis_topology;
+pub mod tcp_server;
 pub mod upstream;
 pub mod weir;

@@ -1,9 +1,11 @@
 //! A throwaway `redis-server` on a free loopback port: no persistence, killed on drop.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+/// A loopback port nothing listens on right now (one for Redis, or one known to be closed).
+pub use super::weir::free_port;
 
 const BINARY: &str = "/usr/bin/redis-server";
 /// How long a fresh server may take to answer PING.
@@ -117,12 +119,4 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
 }

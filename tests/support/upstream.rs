@@ -5,11 +5,14 @@
 //! (arrival instant, method, path, headers) and can sleep before answering.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use super::poll::wait_until;
+use super::tcp_server::TcpServer;
 
 /// How long a kept-alive connection may stay idle before the upstream closes it.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,12 +42,11 @@ struct Inner {
     hits: AtomicUsize,
     seen: Mutex<Vec<Seen>>,
     sleep_ms: AtomicUsize,
-    stop: AtomicBool,
 }
 
 /// A running upstream; stops accepting when dropped.
 pub struct Upstream {
-    addr: SocketAddr,
+    server: TcpServer,
     inner: Arc<Inner>,
 }
 
@@ -55,41 +57,26 @@ impl Upstream {
 
     /// Start an upstream whose responses carry `X-Upstream: name`.
     pub fn start_named(name: &str) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream on 127.0.0.1:0");
-        let addr = listener.local_addr().unwrap();
         let inner = Arc::new(Inner {
             name: name.to_string(),
             hits: AtomicUsize::new(0),
             seen: Mutex::new(Vec::new()),
             sleep_ms: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
         });
-        let acc = inner.clone();
-        thread::Builder::new()
-            .name(format!("upstream-{name}-accept"))
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if acc.stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let inner = acc.clone();
-                    let _ = thread::Builder::new().name("upstream-conn".into()).spawn(move || {
-                        let _ = serve(conn, &inner);
-                    });
-                }
-            })
-            .expect("spawn upstream accept thread");
-        Upstream { addr, inner }
+        let served = inner.clone();
+        let server = TcpServer::start(&format!("upstream-{name}"), move |conn, stop| {
+            let _ = serve(conn, &served, stop);
+        });
+        Upstream { server, inner }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `127.0.0.1:PORT`, for configs.
     pub fn addr_str(&self) -> String {
-        self.addr.to_string()
+        self.addr().to_string()
     }
 
     /// Sleep this long before answering each request (0 = none).
@@ -121,33 +108,18 @@ impl Upstream {
 
     /// Wait (bounded) until at least `n` requests were received.
     pub fn wait_hits(&self, n: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.hits() >= n {
-                return true;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        self.hits() >= n
+        wait_until(timeout, Duration::from_millis(10), || self.hits() >= n).is_some()
     }
 }
 
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.inner.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500));
-    }
-}
-
-fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
+fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> {
     stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
     stream.set_write_timeout(Some(Duration::from_secs(15)))?;
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     loop {
-        if inner.stop.load(Ordering::SeqCst) {
+        if stop.load(Ordering::SeqCst) {
             return Ok(());
         }
         // Request line (skip stray empty lines between requests, RFC 9112 2.2).

@@ -6,7 +6,8 @@
 //! that a failure can show them. Dropping a [`Weir`] sends SIGTERM, waits a bounded time,
 //! then SIGKILLs and reaps.
 //!
-//! [`run`] runs a short-lived command (`weir check …`, `weir --help`) with a timeout.
+//! [`run`] runs a short-lived command (`weir check …`, `weir --help`) with a timeout;
+//! [`check_config`] runs `weir check` on a config text.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -268,6 +269,14 @@ where
     };
     let read = |p: &Path| fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     RunOutput { code: status.and_then(|s| s.code()), timed_out, stdout: read(&out_p), stderr: read(&err_p) }
+}
+
+/// `weir check -c FILE` on `text` written as `name` into a temp dir of its own, killed after
+/// `timeout`.
+pub fn check_config(name: &str, text: &str, timeout: Duration) -> RunOutput {
+    let dir = ConfigDir::new();
+    let path = dir.write(name, text);
+    run(["check".as_ref(), "-c".as_ref(), path.as_os_str()], timeout)
 }
 
 /// A temp dir to write config files into.

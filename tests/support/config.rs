@@ -1,0 +1,60 @@
+//! Config text for weir under test. Each test spells out its zones and routes in TOML; the parts
+//! that every config repeats (the `[server]` section, the upstream "app") come from here, and
+//! line numbers in a config are looked up rather than hard-coded.
+
+use std::net::SocketAddr;
+
+/// `[store] kind = "memory"`.
+const MEMORY_STORE: &str = r#"[store]
+kind = "memory""#;
+
+/// `[server]` listening on `$LISTEN` with 2 threads, with the `server_extra` lines added (e.g.
+/// [`super::admin::LISTEN`]), then `rest`.
+pub fn with_server(server_extra: &str, rest: &str) -> String {
+    format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+{server_extra}
+
+{rest}"#
+    )
+}
+
+/// [`with_server`], then `sections` (`[log]`, `[store]`, … as TOML text), then one upstream "app"
+/// with the server `up`, then `rest` (zones and routes).
+pub fn with_app(server_extra: &str, sections: &str, up: SocketAddr, rest: &str) -> String {
+    with_server(
+        server_extra,
+        &format!(
+            r#"{sections}
+
+[[upstream]]
+name = "app"
+servers = ["{up}"]
+
+{rest}"#
+        ),
+    )
+}
+
+/// [`with_app`] on the memory store, without an admin listener: where most proxy tests start.
+pub fn memory_with_app(up: SocketAddr, rest: &str) -> String {
+    with_app("", MEMORY_STORE, up, rest)
+}
+
+/// 1-based number of the first line of `text` containing `needle`.
+pub fn line_of(text: &str, needle: &str) -> usize {
+    nth_line_of(text, needle, 0)
+}
+
+/// 1-based number of the `nth` (0-based) line of `text` containing `needle`.
+pub fn nth_line_of(text: &str, needle: &str, nth: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .nth(nth)
+        .unwrap_or_else(|| panic!("{needle:?} (#{nth}) not in the config"))
+        .0
+        + 1
+}
