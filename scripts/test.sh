@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: installs missing tools, then formatting, lints, and every
-# unit and integration test (each integration test starts its own redis-server and weir processes
-# on free loopback ports).
+# The whole test suite, as CI runs it: installs missing tools, then formatting, lints, every unit
+# and integration test (each integration test starts its own redis-server and weir processes on
+# free loopback ports), and a smoke run of the benchmark harness so it never rots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -12,3 +12,4 @@ cargo clippy --all-targets --locked -- -D warnings
 cargo build --locked --bins
 for conf in conf/*.toml; do ./target/debug/weir check -c "$conf"; done
 cargo test --locked -- --test-threads="${WEIR_TEST_THREADS:-2}"
+bash bench/run.sh --quick
