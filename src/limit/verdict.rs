@@ -33,20 +33,29 @@ impl Verdict {
 
 pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
     let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state.as_ref(), now_us, z.cost)).collect();
-    let admitted = zones.iter().all(|z| z.admitted);
-    let (delay_us, retry_after_us) = if admitted {
-        (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
-    } else {
-        let mut retry = Some(0);
-        for z in zones.iter().filter(|z| !z.admitted) {
-            retry = match (retry, z.retry_after_us) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                _ => None,
-            };
-        }
-        (0, retry)
-    };
-    Verdict { admitted, delay_us, retry_after_us, zones }
+    Verdict::combine(zones)
+}
+
+impl Verdict {
+    /// The request's verdict from its zones' outcomes: admitted only if every zone admits, the
+    /// largest delay, and when rejected the largest retry of the rejecting zones (`None` if one
+    /// of them never admits). Also used by stores that decide zones in several calls.
+    pub fn combine(zones: Vec<ZoneOutcome>) -> Verdict {
+        let admitted = zones.iter().all(|z| z.admitted);
+        let (delay_us, retry_after_us) = if admitted {
+            (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
+        } else {
+            let mut retry = Some(0);
+            for z in zones.iter().filter(|z| !z.admitted) {
+                retry = match (retry, z.retry_after_us) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            (0, retry)
+        };
+        Verdict { admitted, delay_us, retry_after_us, zones }
+    }
 }
 
 #[cfg(test)]

@@ -272,7 +272,7 @@ impl RedisStore {
             .into_iter()
             .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
             .collect::<Result<Vec<_>, _>>()?;
-        let verdict = combine(zones);
+        let verdict = Verdict::combine(zones);
         if verdict.admitted {
             rollback.disarm();
         } else {
@@ -319,25 +319,6 @@ impl LimitStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(self.conns.ping()).await
     }
-}
-
-/// The verdict of zones decided in several calls, combined as `limit::decide_all` (and the
-/// script) combine them.
-fn combine(zones: Vec<ZoneOutcome>) -> Verdict {
-    let admitted = zones.iter().all(|z| z.admitted);
-    let (delay_us, retry_after_us) = if admitted {
-        (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
-    } else {
-        let mut retry = Some(0);
-        for z in zones.iter().filter(|z| !z.admitted) {
-            retry = match (retry, z.retry_after_us) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                _ => None,
-            };
-        }
-        (0, retry)
-    };
-    Verdict { admitted, delay_us, retry_after_us, zones }
 }
 
 /// The `lua/restore.lua` call that takes back one charging call (of the zones `group`), from the
