@@ -44,52 +44,58 @@ pub struct Metrics {
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
+/// Registers a metric. Definitions are static: a failure is a programming error every test catches.
+fn register<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: Result<M, prometheus::Error>,
+) -> M {
+    let metric = metric.expect("static metric definition");
+    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    metric
+}
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry.register(Box::new(c.clone())).expect("metric registered once");
-    c
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels))
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
-        .expect("static metric definition");
-    registry.register(Box::new(h.clone())).expect("metric registered once");
-    h
+    register(registry, HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels))
 }
 
 impl Metrics {
-    // Metric definitions are static: a failure here is a programming error caught by every test.
     fn new() -> Self {
         let registry = Registry::new();
-        let config_generation = IntGauge::new(
-            "weir_config_generation",
-            "Generation of the running config (1 at start, +1 per applied reload).",
-        )
-        .expect("static metric definition");
-        registry.register(Box::new(config_generation.clone())).expect("metric registered once");
+        let config_generation = register(
+            &registry,
+            IntGauge::new(
+                "weir_config_generation",
+                "Generation of the running config (1 at start, +1 per applied reload).",
+            ),
+        );
         let config_reloads =
-            IntCounter::new("weir_config_reloads_total", "Config reloads applied.").expect("static metric definition");
-        registry.register(Box::new(config_reloads.clone())).expect("metric registered once");
-        let config_reload_failures = IntCounter::new(
-            "weir_config_reload_failures_total",
-            "Config reloads refused (the running config kept serving).",
-        )
-        .expect("static metric definition");
-        registry.register(Box::new(config_reload_failures.clone())).expect("metric registered once");
-        let store_circuit_open =
-            IntGauge::new("weir_store_circuit_open", "1 while the shared store's circuit breaker is open.")
-                .expect("static metric definition");
-        registry.register(Box::new(store_circuit_open.clone())).expect("metric registered once");
-        let deny_cache_hits = IntCounter::new(
-            "weir_deny_cache_hits_total",
-            "Requests rejected by the local deny cache without asking the store.",
-        )
-        .expect("static metric definition");
-        registry.register(Box::new(deny_cache_hits.clone())).expect("metric registered once");
-        let active_leases =
-            IntGauge::new("weir_limit_conn_active_leases", "Concurrency leases this instance holds now.")
-                .expect("static metric definition");
-        registry.register(Box::new(active_leases.clone())).expect("metric registered once");
+            register(&registry, IntCounter::new("weir_config_reloads_total", "Config reloads applied."));
+        let config_reload_failures = register(
+            &registry,
+            IntCounter::new(
+                "weir_config_reload_failures_total",
+                "Config reloads refused (the running config kept serving).",
+            ),
+        );
+        let store_circuit_open = register(
+            &registry,
+            IntGauge::new("weir_store_circuit_open", "1 while the shared store's circuit breaker is open."),
+        );
+        let deny_cache_hits = register(
+            &registry,
+            IntCounter::new(
+                "weir_deny_cache_hits_total",
+                "Requests rejected by the local deny cache without asking the store.",
+            ),
+        );
+        let active_leases = register(
+            &registry,
+            IntGauge::new("weir_limit_conn_active_leases", "Concurrency leases this instance holds now."),
+        );
         Metrics {
             active_leases,
             conn_decisions: counter(
