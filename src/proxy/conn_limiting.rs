@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::lease::{new_lease_id, Lease};
 use super::limiting::{failure_policy, fleet_size, report_store_error, LimitStatus};
 use crate::config::{FailurePolicy, Route, Runtime};
+use crate::keys::RequestFacts;
 use crate::metrics::METRICS;
 use crate::store::{ConnCheck, ConnStore, LeaseKey, MemoryConnStore};
 
@@ -15,6 +16,21 @@ pub struct KeyedConn {
     /// Index into `route.conn_limits`.
     pub limit: usize,
     pub key: Vec<u8>,
+}
+
+/// The route's conn zones whose key for this request is not empty (empty keys are not limited).
+pub fn keyed_conns(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Vec<KeyedConn> {
+    let mut keyed = Vec::with_capacity(route.conn_limits.len());
+    for (i, cl) in route.conn_limits.iter().enumerate() {
+        let zone = &rt.conn_zones[cl.zone];
+        let key = zone.key.extract(facts);
+        if key.is_empty() {
+            METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
+        } else {
+            keyed.push(KeyedConn { limit: i, key });
+        }
+    }
+    keyed
 }
 
 pub struct ConnStores {

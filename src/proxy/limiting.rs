@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::warn;
 
 use super::headers::{self, ZoneInfo};
-use crate::config::{FailurePolicy, HeaderMode, Route, Runtime, StoreSettings};
+use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime, StoreSettings};
+use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, LimitReq, Rate, Verdict};
 use crate::metrics::METRICS;
 use crate::store::{LimitStore, MemoryStore, StoreError, ZoneCheck};
@@ -24,6 +25,34 @@ pub struct KeyedZone {
     /// The reference's limit, or a matching per-key override of it.
     pub params: LimitReq,
     pub cost: u64,
+}
+
+/// The route's zones that limit this request, with their keys: empty keys are not limited
+/// (nginx's allow-list idiom), nor are keys an override exempts (`rate = "unlimited"`); a
+/// matching override replaces the rate (and burst) for this key.
+pub fn keyed_zones(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>, cost: u64) -> Vec<KeyedZone> {
+    let mut keyed = Vec::with_capacity(route.limits.len());
+    for (i, zl) in route.limits.iter().enumerate() {
+        let zone = &rt.zones[zl.zone];
+        let key = zone.key.extract(facts);
+        if key.is_empty() {
+            METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
+            continue;
+        }
+        let mut params = zl.limit;
+        if let Some(o) = zone.override_for(facts) {
+            let Some(rate) = o.rate else { continue };
+            params.rate = rate;
+            if let Some(burst) = o.burst {
+                params.burst = burst;
+                if let DelayPolicy::After(d) = params.delay {
+                    params.delay = DelayPolicy::After(d.min(burst));
+                }
+            }
+        }
+        keyed.push(KeyedZone { limit: i, key, params, cost });
+    }
+    keyed
 }
 
 /// nginx's `$limit_req_status` words.
@@ -267,5 +296,40 @@ pub(super) fn report_store_error(store: &'static str, route: &str, error: &Store
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if LAST_LOG_SECS.swap(now, Ordering::Relaxed) != now {
         warn!(route, store, error = %error, "limit store failed; the failure policy decides");
+    }
+}
+
+/// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
+/// `max_cost`. A header that is not a non-negative integer is the client's error (400).
+pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
+    let Some(name) = &cost.header else { return Ok(cost.default) };
+    let Some(value) = headers.get(name) else { return Ok(cost.default) };
+    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{name} is not a number"))?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{name} must be a non-negative integer"));
+    }
+    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
+    Ok(text.parse::<u64>().unwrap_or(u64::MAX).min(cost.max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_from_header_is_validated_and_clamped() {
+        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10 };
+        let mut h = http::HeaderMap::new();
+        assert_eq!(request_cost(&cost, &h), Ok(2));
+        h.insert("x-cost", http::HeaderValue::from_static("7"));
+        assert_eq!(request_cost(&cost, &h), Ok(7));
+        h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
+        assert_eq!(request_cost(&cost, &h), Ok(10));
+        for bad in ["-1", "1.5", "abc", "", " "] {
+            h.insert("x-cost", http::HeaderValue::from_static(bad));
+            assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
+        }
+        let fixed = Cost { default: 5, header: None, max: 100 };
+        assert_eq!(request_cost(&fixed, &h), Ok(5));
     }
 }

@@ -20,17 +20,16 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
-use crate::config::{allowed, Cost, FailurePolicy, Runtime};
+use crate::config::{allowed, FailurePolicy, Runtime};
 use crate::keys::{self, RequestFacts};
-use crate::limit::DelayPolicy;
 use crate::metrics::METRICS;
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore};
 use crate::upstream::ServerSlot;
 
-use conn_limiting::{ConnStores, KeyedConn};
+use conn_limiting::ConnStores;
 use lease::Lease;
-use limiting::{Action, KeyedZone, LimitStatus, Stores};
+use limiting::{request_cost, Action, LimitStatus, Stores};
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -128,38 +127,8 @@ impl ProxyHttp for WeirProxy {
 
         // Every key is extracted up front: the request header is not borrowed across awaits.
         let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
-        // Empty keys are not limited (nginx's allow-list idiom), so only keyed zones take part;
-        // so do keys an override exempts (`rate = "unlimited"`).
-        let mut keyed = Vec::with_capacity(route.limits.len());
-        for (i, zl) in route.limits.iter().enumerate() {
-            let zone = &rt.zones[zl.zone];
-            let key = zone.key.extract(&facts);
-            if key.is_empty() {
-                METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
-                continue;
-            }
-            let mut params = zl.limit;
-            if let Some(o) = zone.override_for(&facts) {
-                let Some(rate) = o.rate else { continue };
-                params.rate = rate;
-                if let Some(burst) = o.burst {
-                    params.burst = burst;
-                    if let DelayPolicy::After(d) = params.delay {
-                        params.delay = DelayPolicy::After(d.min(burst));
-                    }
-                }
-            }
-            keyed.push(KeyedZone { limit: i, key, params, cost });
-        }
-        let mut keyed_conns = Vec::with_capacity(route.conn_limits.len());
-        for (i, cl) in route.conn_limits.iter().enumerate() {
-            let key = rt.conn_zones[cl.zone].key.extract(&facts);
-            if key.is_empty() {
-                METRICS.empty_keys.with_label_values(&[&rt.conn_zones[cl.zone].name]).inc();
-            } else {
-                keyed_conns.push(KeyedConn { limit: i, key });
-            }
-        }
+        let keyed = limiting::keyed_zones(&rt, route, &facts, cost);
+        let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
 
         if !keyed.is_empty() {
             let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
@@ -265,40 +234,5 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
-    }
-}
-
-/// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
-/// `max_cost`. A header that is not a non-negative integer is the client's error (400).
-fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
-    let Some(name) = &cost.header else { return Ok(cost.default) };
-    let Some(value) = headers.get(name) else { return Ok(cost.default) };
-    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{name} is not a number"))?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{name} must be a non-negative integer"));
-    }
-    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
-    Ok(text.parse::<u64>().unwrap_or(u64::MAX).min(cost.max))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cost_from_header_is_validated_and_clamped() {
-        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10 };
-        let mut h = http::HeaderMap::new();
-        assert_eq!(request_cost(&cost, &h), Ok(2));
-        h.insert("x-cost", http::HeaderValue::from_static("7"));
-        assert_eq!(request_cost(&cost, &h), Ok(7));
-        h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
-        assert_eq!(request_cost(&cost, &h), Ok(10));
-        for bad in ["-1", "1.5", "abc", "", " "] {
-            h.insert("x-cost", http::HeaderValue::from_static(bad));
-            assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
-        }
-        let fixed = Cost { default: 5, header: None, max: 100 };
-        assert_eq!(request_cost(&fixed, &h), Ok(5));
     }
 }
