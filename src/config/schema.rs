@@ -55,6 +55,8 @@ pub struct Store {
     pub deny_cache_size: Option<Spanned<i64>>,
     pub circuit_breaker_failures: Option<Spanned<i64>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// Redis Cluster nodes as a list, instead of one `redis+cluster://` URL.
+    pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]

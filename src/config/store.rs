@@ -63,6 +63,41 @@ impl FailurePolicy {
     }
 }
 
+/// `cluster = ["redis://:pw@10.0.0.1:7000", "10.0.0.2:7001"]` as the equivalent
+/// `redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7001` (credentials from the first entry that has
+/// them), so both spellings take one path from here on.
+fn cluster_url(src: &Source<'_>, list: &Spanned<Vec<Spanned<String>>>) -> Result<Spanned<String>, ConfigError> {
+    if list.get_ref().is_empty() {
+        return Err(src.error_at(&list.span(), "store.cluster: list at least one node, e.g. [\"10.0.0.1:7000\"]"));
+    }
+    let mut credentials = None;
+    let mut hosts = Vec::new();
+    for node in list.get_ref() {
+        let text = node.get_ref();
+        let rest = match text.split_once("://") {
+            Some(("redis", rest)) => rest,
+            Some(_) => {
+                return Err(src.error_at(&node.span(), "store.cluster: nodes are host:port or redis://host:port"));
+            }
+            None => text.as_str(),
+        };
+        let (auth, host) = match rest.rsplit_once('@') {
+            Some((auth, host)) => (Some(auth), host),
+            None => (None, rest),
+        };
+        if host.is_empty() || host.contains('/') {
+            return Err(src.error_at(
+                &node.span(),
+                format!("store.cluster: node {} must be host:port (no path)", hosts.len() + 1),
+            ));
+        }
+        credentials = credentials.or(auth);
+        hosts.push(host);
+    }
+    let auth = credentials.map_or(String::new(), |a| format!("{a}@"));
+    Ok(Spanned::new(list.span(), format!("redis+cluster://{auth}{}", hosts.join(","))))
+}
+
 pub(super) fn compile_store(
     src: &Source<'_>,
     store: Option<Spanned<schema::Store>>,
@@ -81,6 +116,7 @@ pub(super) fn compile_store(
         deny_cache_size,
         circuit_breaker_failures,
         lease_ttl,
+        cluster,
     } = store.into_inner();
     match kind.get_ref().as_str() {
         "memory" => {
@@ -94,6 +130,7 @@ pub(super) fn compile_store(
                 ("deny_cache_size", deny_cache_size.map(|k| k.span())),
                 ("circuit_breaker_failures", circuit_breaker_failures.map(|k| k.span())),
                 ("lease_ttl", lease_ttl.map(|k| k.span())),
+                ("cluster", cluster.as_ref().map(|k| k.span())),
             ];
             if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
                 return Err(src.error_at(&span, format!("store.{field}: only applies to kind = \"redis\"")));
@@ -101,6 +138,14 @@ pub(super) fn compile_store(
             Ok(StoreSettings::Memory)
         }
         "redis" => {
+            let url = match (url, cluster) {
+                (Some(u), Some(c)) => {
+                    let at = if c.span().start > u.span().start { c.span() } else { u.span() };
+                    return Err(src.error_at(&at, "store.cluster: give either url or cluster, not both"));
+                }
+                (None, Some(c)) => Some(cluster_url(src, &c)?),
+                (url, None) => url,
+            };
             let url = url.ok_or_else(|| {
                 src.error_at(
                     &kind.span(),
@@ -218,6 +263,18 @@ mod tests {
         ] {
             assert_eq!(url_of(&with_url(url)), url);
         }
+    }
+
+    #[test]
+    fn cluster_list_is_the_cluster_url() {
+        let text = "# weir\n[store]\nkind = \"redis\"\ncluster = [\"redis://:pw@10.0.0.1:7000\", \"10.0.0.2:7001\"]\n";
+        assert_eq!(url_of(text), "redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7001");
+        let both = "# weir\n[store]\nkind = \"redis\"\nurl = \"redis://h:1\"\ncluster = [\"h:2\"]\n";
+        assert_eq!(compile(both).expect_err("both").line, Some(5));
+        let bad = "# weir\n[store]\nkind = \"redis\"\ncluster = [\"h:7000/1\"]\n";
+        assert!(compile(bad).expect_err("path").message.contains("node 1"));
+        let empty = "# weir\n[store]\nkind = \"redis\"\ncluster = []\n";
+        assert_eq!(compile(empty).expect_err("empty").line, Some(4));
     }
 
     #[test]
