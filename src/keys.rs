@@ -129,10 +129,14 @@ pub fn bound(key: Vec<u8>) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         return key;
     }
-    let digest = Sha256::digest(&key);
+    hashed(&key)
+}
+
+/// `#` + the hex SHA-256 of `key`: the one form long keys take, here and in Redis key names.
+pub fn hashed(key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(65);
     out.push(b'#');
-    for byte in digest {
+    for byte in Sha256::digest(key) {
         out.extend_from_slice(format!("{byte:02x}").as_bytes());
     }
     out

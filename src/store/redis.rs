@@ -21,13 +21,11 @@
 //! nodes' clocks differ by little, and the script never runs a key's time backwards, so a skew can
 //! only make a limit stricter.)
 
-use std::fmt::Write as _;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ::redis::Value;
 use async_trait::async_trait;
-use sha2::{Digest, Sha256};
 
 use super::redis_conn_kind::{Connector, LuaScript, RedisConn, ScriptCall};
 use super::redis_rollback::Rollback;
@@ -364,13 +362,8 @@ fn restore_call(keys: &[Vec<u8>], group: &[usize], undo: Option<Value>) -> Resul
 pub fn redis_key(prefix: &str, zone: &str, key: &[u8]) -> Vec<u8> {
     let hashed;
     let key = if key.len() > MAX_RAW_KEY_LEN || key.first() == Some(&b'#') {
-        let mut hex = String::with_capacity(65);
-        hex.push('#');
-        for byte in Sha256::digest(key) {
-            let _ = write!(hex, "{byte:02x}");
-        }
-        hashed = hex;
-        hashed.as_bytes()
+        hashed = crate::keys::hashed(key);
+        hashed.as_slice()
     } else {
         key
     };
