@@ -309,7 +309,7 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
         return Err(format!("{name} must be a non-negative integer"));
     }
     // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
-    Ok(text.parse::<u64>().unwrap_or(u64::MAX).min(cost.max))
+    Ok(text.parse::<u64>().unwrap_or(u64::MAX).clamp(cost.min, cost.max))
 }
 
 #[cfg(test)]
@@ -318,18 +318,20 @@ mod tests {
 
     #[test]
     fn cost_from_header_is_validated_and_clamped() {
-        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10 };
+        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10, min: 1 };
         let mut h = http::HeaderMap::new();
         assert_eq!(request_cost(&cost, &h), Ok(2));
         h.insert("x-cost", http::HeaderValue::from_static("7"));
         assert_eq!(request_cost(&cost, &h), Ok(7));
         h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
         assert_eq!(request_cost(&cost, &h), Ok(10));
+        h.insert("x-cost", http::HeaderValue::from_static("0"));
+        assert_eq!(request_cost(&cost, &h), Ok(1), "min_cost: zero is not free");
         for bad in ["-1", "1.5", "abc", "", " "] {
             h.insert("x-cost", http::HeaderValue::from_static(bad));
             assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
         }
-        let fixed = Cost { default: 5, header: None, max: 100 };
+        let fixed = Cost { default: 5, header: None, max: 100, min: 1 };
         assert_eq!(request_cost(&fixed, &h), Ok(5));
     }
 }

@@ -20,9 +20,11 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
-use crate::config::{allowed, FailurePolicy, Runtime};
-use crate::keys::{self, RequestFacts};
+use crate::config::{allowed, FailurePolicy, Route, Runtime};
+use crate::edge::GuardedStream;
+use crate::keys::{self, AmbiguousKey, RequestFacts};
 use crate::metrics::METRICS;
+use crate::request::{forwarded, hygiene, normalize_path};
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore};
 use crate::upstream::ServerSlot;
@@ -67,6 +69,9 @@ pub struct RequestCtx {
     conn_statuses: Vec<(usize, LimitStatus)>,
     /// The upstream server chosen, holding its `max_conns` place.
     slot: Option<ServerSlot>,
+    /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
+    peer: Option<IpAddr>,
+    peer_trusted: bool,
 }
 
 #[async_trait]
@@ -89,14 +94,51 @@ impl ProxyHttp for WeirProxy {
             leases: Vec::new(),
             conn_statuses: Vec::new(),
             slot: None,
+            peer: None,
+            peer_trusted: false,
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let rt = ctx.runtime.clone();
+        let clients = &rt.server.clients;
+        // The head is in: from here its body and response are bounded by Pingora's per-read
+        // timeouts, not by the connection's head deadline.
+        if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
+            guarded.request_started();
+        }
+        session.set_read_timeout(Some(clients.body_timeout));
+        session.set_write_timeout(Some(clients.send_timeout));
+        session.set_pipelining_enabled(true);
+
         let req = session.req_header();
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+        ctx.peer = peer;
+        ctx.peer_trusted = matches!((peer, rt.real_ip.as_ref()), (Some(ip), Some(r)) if r.is_trusted(&ip));
         ctx.client_ip = keys::client_ip(peer, &req.headers, rt.real_ip.as_ref());
+
+        // Framing an upstream could read differently, and paths that have no one meaning, are
+        // refused before anything is counted; the connection is closed, as its framing is in doubt.
+        if let Err(e) = hygiene::check(req.version, &req.headers, req.uri.authority().is_some()) {
+            return bad_request(session, ctx, "bad_framing", &e.to_string(), true).await;
+        }
+        let path = match normalize_path(req.uri.path(), clients.encoded_slashes) {
+            Ok(path) => path,
+            Err(e) => return bad_request(session, ctx, "bad_path", &e.to_string(), false).await,
+        };
+        if let std::borrow::Cow::Owned(canonical) = path {
+            // Forward what was matched and limited: the upstream sees the same resource.
+            let target = match req.uri.query() {
+                Some(q) => format!("{canonical}?{q}"),
+                None => canonical,
+            };
+            match http::Uri::builder().path_and_query(target).build() {
+                Ok(uri) => session.req_header_mut().set_uri(uri),
+                Err(_) => return bad_request(session, ctx, "bad_path", "the path cannot be forwarded", false).await,
+            }
+        }
+
+        let req = session.req_header();
         let host = req.headers.get(HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri.host());
         let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path()) else {
             ctx.outcome = "no_route";
@@ -116,6 +158,12 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
+        let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
+        // A key given twice with different values has no one bucket: refuse it (see `keys`).
+        if let Some(ambiguous) = ambiguous_key(&rt, route, &facts) {
+            return bad_request(session, ctx, "ambiguous_key", &ambiguous.to_string(), false).await;
+        }
+
         let cost = match request_cost(&route.cost, &req.headers) {
             Ok(cost) => cost,
             Err(detail) => {
@@ -126,7 +174,6 @@ impl ProxyHttp for WeirProxy {
         };
 
         // Every key is extracted up front: the request header is not borrowed across awaits.
-        let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
         let keyed = limiting::keyed_zones(&rt, route, &facts, cost);
         let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
 
@@ -148,7 +195,16 @@ impl ProxyHttp for WeirProxy {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
                     ctx.delay = delay;
                     METRICS.delay_seconds.with_label_values(&[&route.name]).observe(delay.as_secs_f64());
-                    tokio::time::sleep(delay).await;
+                    let watch_client = !hygiene::has_body(&session.req_header().headers);
+                    if !wait_unless_client_leaves(session, delay, watch_client).await {
+                        // nginx drops a delayed request whose client has gone; so do we, and
+                        // nothing further is taken for it (no lease, no upstream place).
+                        ctx.outcome = "client_gone";
+                        return Err(Error::explain(
+                            ErrorType::ConnectionClosed,
+                            "client left during the limit_req delay",
+                        ));
+                    }
                 }
                 Action::Forward => {}
             }
@@ -191,9 +247,20 @@ impl ProxyHttp for WeirProxy {
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,
-        _upstream_request: &mut RequestHeader,
+        upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
+            let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
+            upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
+            match fwd.x_real_ip {
+                Some(ip) => upstream_request.insert_header(forwarded::X_REAL_IP, ip)?,
+                None => drop(upstream_request.remove_header(forwarded::X_REAL_IP)),
+            }
+            if !fwd.keep_forwarded {
+                upstream_request.remove_header(forwarded::FORWARDED);
+            }
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -212,6 +279,9 @@ impl ProxyHttp for WeirProxy {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+        if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
+            guarded.request_finished();
+        }
         // The request is over, however it ended: give back its concurrency slots first.
         for lease in ctx.leases.drain(..) {
             lease.release().await;
@@ -234,5 +304,51 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
+    }
+}
+
+/// The first key of the route's zones that the request gives twice with different values.
+fn ambiguous_key(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Option<AmbiguousKey> {
+    let rate_keys = route.limits.iter().map(|zl| &rt.zones[zl.zone].key);
+    let conn_keys = route.conn_limits.iter().map(|cl| &rt.conn_zones[cl.zone].key);
+    rate_keys.chain(conn_keys).find_map(|spec| spec.ambiguity(facts))
+}
+
+/// A 400 naming what is wrong. `close`: the connection is not reused (its framing is in doubt).
+async fn bad_request(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    error: &str,
+    detail: &str,
+    close: bool,
+) -> Result<bool> {
+    ctx.outcome = "bad_request";
+    if close {
+        session.set_keepalive(None);
+    }
+    let body = serde_json::json!({ "error": error, "detail": detail }).to_string() + "\n";
+    respond::json(session, 400, &[], body).await
+}
+
+/// Sleeps `delay`; returns false as soon as the client closes its connection (`watch_client`:
+/// only for requests without a body, whose connection can be read without consuming anything).
+async fn wait_unless_client_leaves(session: &mut Session, delay: Duration, watch_client: bool) -> bool {
+    if !watch_client {
+        tokio::time::sleep(delay).await;
+        return true;
+    }
+    let timer = tokio::time::sleep(delay);
+    tokio::pin!(timer);
+    tokio::select! {
+        _ = &mut timer => true,
+        read = session.downstream_session.read_body_or_idle(true) => match read {
+            // Closed (or broken): the client is gone.
+            Err(_) => false,
+            // Anything else (e.g. a pipelined next request) is kept for later; wait out the delay.
+            Ok(_) => {
+                timer.await;
+                true
+            }
+        },
     }
 }
