@@ -217,7 +217,7 @@ impl ServeHttp for AdminApp {
 /// (RFC 9110 §11.1), whitespace around the token is ignored.
 fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first().is_some_and(|b| *b == b' ') {
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first().is_none_or(|b| *b != b' ') {
         return None;
     }
     Some(rest.trim_ascii())
