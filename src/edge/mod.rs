@@ -23,7 +23,7 @@ pub use stream::{GuardedStream, StreamLimits};
 
 use crate::config::Runtime;
 use crate::metrics::METRICS;
-use crate::proxy::WeirProxy;
+use crate::proxy::{bodies, WeirProxy};
 
 /// File descriptors kept for everything but client connections: the admin listener and its
 /// clients, Redis, the config watcher, logs, Pingora's own.
@@ -101,7 +101,7 @@ fn peer_ip(stream: &Stream) -> Option<IpAddr> {
 
 /// A short HTTP/1.1 503 with `Connection: close`, best effort: the client may be gone already.
 async fn refuse(stream: &mut Stream, refusal: Refusal) {
-    let body = format!("{{\"error\":\"too_many_connections\",\"cap\":\"{}\",\"retry_after\":1}}\n", refusal.label());
+    let body = bodies::too_many_connections(refusal.label());
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n\
          Connection: close\r\nContent-Length: {}\r\n\r\n{body}",

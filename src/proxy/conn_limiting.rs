@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::bodies;
 use super::lease::{new_lease_id, Lease};
 use super::limiting::LimitStatus;
 use super::policy::{self, Fallback, Rejection};
@@ -104,10 +105,7 @@ pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &
             };
             outcome.zones.push((route.conn_limits[k.limit].zone, status));
             if !verdict.admitted && !dry_run {
-                let body = format!(
-                    "{{\"error\":\"too_many_concurrent_requests\",\"route\":\"{}\",\"zone\":\"{}\",\"max\":{},\"retry_after\":1}}\n",
-                    route.name, c.zone, c.max
-                );
+                let body = bodies::too_many_concurrent(&route.name, c.zone, c.max);
                 let headers = vec![
                     ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", c.zone, c.max)),
                     ("RateLimit", format!("\"{}\";r=0", c.zone)),

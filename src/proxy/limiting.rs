@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::bodies;
 use super::headers::{self, ZoneInfo};
 use super::policy::{self, Fallback};
 use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
@@ -187,7 +188,7 @@ pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &
             if let Some(secs) = retry {
                 result.headers.push(("Retry-After", secs.to_string()));
             }
-            Action::Reject { status: route.status, body: headers::rejection_body(&route.name, zone, retry) }
+            Action::Reject { status: route.status, body: bodies::rate_limited(&route.name, zone, retry) }
         } else if verdict.delay_us > 0 {
             Action::Delay(Duration::from_micros(verdict.delay_us))
         } else {

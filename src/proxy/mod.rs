@@ -3,10 +3,12 @@
 //! access log and metrics when the request ends.
 
 mod access_log;
+pub(crate) mod bodies;
 mod conn_limiting;
 mod headers;
 mod lease;
 mod limiting;
+mod outcome;
 mod policy;
 mod respond;
 
@@ -33,6 +35,7 @@ use crate::upstream::ServerSlot;
 use conn_limiting::ConnStores;
 use lease::Lease;
 use limiting::{request_cost, Action, LimitStatus, Stores};
+use outcome::Outcome;
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -61,8 +64,7 @@ pub struct RequestCtx {
     rate_headers: Vec<(&'static str, String)>,
     limit_status: Option<LimitStatus>,
     zone_statuses: Vec<(usize, LimitStatus)>,
-    /// The metrics outcome label of this request.
-    outcome: &'static str,
+    outcome: Outcome,
     delay: Duration,
     upstream_sent: Option<Instant>,
     upstream_time: Option<Duration>,
@@ -89,7 +91,7 @@ impl ProxyHttp for WeirProxy {
             rate_headers: Vec::new(),
             limit_status: None,
             zone_statuses: Vec::new(),
-            outcome: "unlimited",
+            outcome: Outcome::Unlimited,
             delay: Duration::ZERO,
             upstream_sent: None,
             upstream_time: None,
@@ -143,9 +145,8 @@ impl ProxyHttp for WeirProxy {
         let req = session.req_header();
         let host = req.headers.get(HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri.host());
         let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path()) else {
-            ctx.outcome = "no_route";
-            let body = "{\"error\":\"no_route\",\"detail\":\"no route matches this request\"}\n".to_string();
-            return respond::json(session, 404, &[], body).await;
+            ctx.outcome = Outcome::NoRoute;
+            return respond::json(session, 404, &[], bodies::no_route()).await;
         };
         ctx.route = Some(route_index);
         let route = &rt.routes[route_index];
@@ -154,9 +155,8 @@ impl ProxyHttp for WeirProxy {
         // clients never touch limit state.
         if let Some(ip) = ctx.client_ip {
             if !allowed(&route.access, ip) {
-                ctx.outcome = "denied";
-                let body = format!("{{\"error\":\"forbidden\",\"route\":\"{}\"}}\n", route.name);
-                return respond::json(session, 403, &[], body).await;
+                ctx.outcome = Outcome::Denied;
+                return respond::json(session, 403, &[], bodies::forbidden(&route.name)).await;
             }
         }
 
@@ -168,11 +168,7 @@ impl ProxyHttp for WeirProxy {
 
         let cost = match request_cost(&route.cost, &req.headers) {
             Ok(cost) => cost,
-            Err(detail) => {
-                ctx.outcome = "bad_request";
-                let body = format!("{{\"error\":\"bad_cost\",\"route\":\"{}\",\"detail\":\"{detail}\"}}\n", route.name);
-                return respond::json(session, 400, &[], body).await;
-            }
+            Err(detail) => return bad_request(session, ctx, "bad_cost", &detail, false).await,
         };
 
         // Every key is extracted up front: the request header is not borrowed across awaits.
@@ -184,10 +180,10 @@ impl ProxyHttp for WeirProxy {
             ctx.limit_status = enforcement.status;
             ctx.zone_statuses = enforcement.zones;
             ctx.outcome = match (enforcement.fallback, enforcement.status) {
-                (Some(FailurePolicy::Allow), _) => "fail_open",
-                (Some(FailurePolicy::Deny), _) => "fail_closed",
-                (_, Some(status)) => status.metric_label(),
-                (_, None) => "unlimited",
+                (Some(FailurePolicy::Allow), _) => Outcome::FailOpen,
+                (Some(FailurePolicy::Deny), _) => Outcome::FailClosed,
+                (_, Some(status)) => Outcome::Limit(status),
+                (_, None) => Outcome::Unlimited,
             };
             match enforcement.action {
                 Action::Reject { status, body } => {
@@ -201,7 +197,7 @@ impl ProxyHttp for WeirProxy {
                     if !wait_unless_client_leaves(session, delay, watch_client).await {
                         // nginx drops a delayed request whose client has gone; so do we, and
                         // nothing further is taken for it (no lease, no upstream place).
-                        ctx.outcome = "client_gone";
+                        ctx.outcome = Outcome::ClientGone;
                         return Err(Error::explain(
                             ErrorType::ConnectionClosed,
                             "client left during the limit_req delay",
@@ -221,16 +217,16 @@ impl ProxyHttp for WeirProxy {
             ctx.conn_statuses = conn.zones;
             if let Some(reject) = conn.reject {
                 ctx.outcome = match conn.fallback {
-                    Some(FailurePolicy::Deny) => "fail_closed",
-                    _ => "conn_rejected",
+                    Some(FailurePolicy::Deny) => Outcome::FailClosed,
+                    _ => Outcome::ConnRejected,
                 };
                 return respond::json(session, reject.status, &reject.headers, reject.body).await;
             }
         }
 
         let Some(slot) = rt.upstreams.get(route.upstream).and_then(|u| u.pick()) else {
-            ctx.outcome = "upstream_busy";
-            let body = format!("{{\"error\":\"upstream_busy\",\"route\":\"{}\",\"retry_after\":1}}\n", route.name);
+            ctx.outcome = Outcome::UpstreamBusy;
+            let body = bodies::upstream_busy(&route.name);
             return respond::json(session, 503, &[("Retry-After", "1".to_string())], body).await;
         };
         ctx.slot = Some(slot);
@@ -292,7 +288,7 @@ impl ProxyHttp for WeirProxy {
         let rt = &ctx.runtime;
         let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        METRICS.requests.with_label_values(&[route, ctx.outcome]).inc();
+        METRICS.requests.with_label_values(&[route, ctx.outcome.label()]).inc();
         for (zone, zone_status) in &ctx.zone_statuses {
             METRICS.zone_decisions.with_label_values(&[&rt.zones[*zone].name, zone_status.metric_label()]).inc();
         }
@@ -324,12 +320,11 @@ async fn bad_request(
     detail: &str,
     close: bool,
 ) -> Result<bool> {
-    ctx.outcome = "bad_request";
+    ctx.outcome = Outcome::BadRequest;
     if close {
         session.set_keepalive(None);
     }
-    let body = serde_json::json!({ "error": error, "detail": detail }).to_string() + "\n";
-    respond::json(session, 400, &[], body).await
+    respond::json(session, 400, &[], bodies::bad_request(error, detail)).await
 }
 
 /// Sleeps `delay`; returns false as soon as the client closes its connection (`watch_client`:

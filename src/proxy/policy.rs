@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
-use super::headers;
+use super::bodies;
 use crate::config::{FailurePolicy, Route, Runtime, StoreSettings};
 use crate::metrics::METRICS;
 use crate::store::StoreError;
@@ -56,7 +56,7 @@ pub fn on_store_error(
         FailurePolicy::Allow => Fallback::Allow,
         FailurePolicy::Deny => Fallback::Deny(Rejection {
             status: reject_status,
-            body: headers::unavailable_body(&route.name),
+            body: bodies::limiter_unavailable(&route.name),
             headers: vec![("Retry-After", "1".to_string())],
         }),
         FailurePolicy::Local => Fallback::Local { fleet_size: fleet_size(rt) },
