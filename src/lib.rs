@@ -10,6 +10,7 @@ pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod replay;
 pub mod routes;
 pub mod server;
 pub mod store;

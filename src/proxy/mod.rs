@@ -6,7 +6,7 @@ mod access_log;
 mod conn_limiting;
 mod headers;
 mod lease;
-mod limiting;
+pub mod limiting;
 mod respond;
 
 use std::net::IpAddr;
