@@ -228,7 +228,13 @@ async fn timed_decide(store: &dyn LimitStore, checks: &[ZoneCheck<'_>]) -> Optio
 
 /// The nginx status words of one decided group (enforced or dry run) into `result`; `weir replay`
 /// calls it too, so replayed statuses are the live ones.
-pub fn record_statuses(result: &mut Enforcement, route: &Route, group: &[&KeyedZone], verdict: &Verdict, dry_run: bool) {
+pub fn record_statuses(
+    result: &mut Enforcement,
+    route: &Route,
+    group: &[&KeyedZone],
+    verdict: &Verdict,
+    dry_run: bool,
+) {
     for (k, out) in group.iter().zip(&verdict.zones) {
         let status = match (verdict.admitted, out.admitted, out.delay_us > 0, dry_run) {
             (_, false, _, false) => LimitStatus::Rejected,

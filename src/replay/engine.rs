@@ -102,8 +102,7 @@ impl<'rt> Engine<'rt> {
         };
         // Weir's own log names the route it took; other logs are routed like live requests.
         let logged = rec.route.as_deref().and_then(|name| self.route_names.get(name).copied());
-        let Some(route_index) =
-            logged.or_else(|| routes::find(&rt.matchers, rec.host.as_deref(), &rec.method, path))
+        let Some(route_index) = logged.or_else(|| routes::find(&rt.matchers, rec.host.as_deref(), &rec.method, path))
         else {
             return Decision::before_limits(None, Outcome::NoRoute);
         };
@@ -124,8 +123,13 @@ impl<'rt> Engine<'rt> {
         self.clock.set_us(now_us);
         let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
             keyed.iter().partition(|k| route.limits[k.limit].dry_run);
-        let mut result =
-            Enforcement { action: Action::Forward, headers: Vec::new(), status: None, zones: Vec::new(), fallback: None };
+        let mut result = Enforcement {
+            action: Action::Forward,
+            headers: Vec::new(),
+            status: None,
+            zones: Vec::new(),
+            fallback: None,
+        };
         let mut delays = HashMap::new();
         for (group, dry_run) in [(&enforced, false), (&shadow, true)] {
             if group.is_empty() {
@@ -216,7 +220,10 @@ mod tests {
 
     #[test]
     fn one_per_second_burst_zero() {
-        let rt = runtime(ONE_ZONE, "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\" } ]\n");
+        let rt = runtime(
+            ONE_ZONE,
+            "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\" } ]\n",
+        );
         let e = Engine::new(&rt);
         let r = rec("192.0.2.1", "/");
         let words: Vec<&str> = [0, 500_000, 1_000_000].iter().map(|t| e.decide(&r, T0 + t).word()).collect();

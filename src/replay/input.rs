@@ -11,7 +11,8 @@ const BUFFER: usize = 256 * 1024;
 
 /// Opens `path` (`-`: stdin), decompressing gzip transparently.
 pub fn open(path: &str) -> io::Result<Box<dyn BufRead>> {
-    let raw: Box<dyn Read> = if path == "-" { Box::new(io::stdin().lock()) } else { Box::new(File::open(Path::new(path))?) };
+    let raw: Box<dyn Read> =
+        if path == "-" { Box::new(io::stdin().lock()) } else { Box::new(File::open(Path::new(path))?) };
     let mut peek = BufReader::with_capacity(BUFFER, raw);
     let gzip = peek.fill_buf()?.starts_with(&[0x1f, 0x8b]);
     Ok(if gzip { Box::new(BufReader::with_capacity(BUFFER, MultiGzDecoder::new(peek))) } else { Box::new(peek) })

@@ -305,7 +305,7 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
                     d.resolve(this, origin, "BAD", &opts.files)?;
                 }
             }
-            if progress && line_no % 65_536 == 0 && last_progress.elapsed() > Duration::from_millis(250) {
+            if progress && line_no.is_multiple_of(65_536) && last_progress.elapsed() > Duration::from_millis(250) {
                 last_progress = Instant::now();
                 let rate = summary_counts.0 as f64 / started.elapsed().as_secs_f64().max(1e-9);
                 eprint!("\rweir replay: {path}: {line_no} lines ({:.0} lines/s, {} buffered)   ", rate, reorder.len());

@@ -21,7 +21,8 @@ fn escape(text: &str) -> String {
 }
 
 fn utc(secs: u64) -> String {
-    chrono::DateTime::from_timestamp(secs as i64, 0).map_or_else(|| secs.to_string(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+    chrono::DateTime::from_timestamp(secs as i64, 0)
+        .map_or_else(|| secs.to_string(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
 }
 
 fn polyline(values: &[u64], max: u64, y0: f64, color: &str) -> String {
@@ -39,8 +40,12 @@ fn polyline(values: &[u64], max: u64, y0: f64, color: &str) -> String {
 
 /// The SVG document for `stats` (one panel per zone that saw requests).
 pub fn svg(rt: &Runtime, stats: &Stats, title: &str) -> String {
-    let panels: Vec<_> =
-        stats.series.iter().enumerate().filter_map(|(zi, s)| dense(s).map(|d| (rt.zones[zi].name.as_str(), d))).collect();
+    let panels: Vec<_> = stats
+        .series
+        .iter()
+        .enumerate()
+        .filter_map(|(zi, s)| dense(s).map(|d| (rt.zones[zi].name.as_str(), d)))
+        .collect();
     let height = PANEL * panels.len().max(1) as f64 + 20.0;
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\

@@ -1,6 +1,6 @@
 //! Logs are written when requests end; limits were decided when they started. Records are held
 //! in a min-heap on their start time until no later line can start before them: the window is
-//! the longest `$request_time` seen so far plus a slack of two seconds (for loggers that write a
+//! the longest `$request_time` seen so far plus a slack of five seconds (for loggers that write a
 //! little out of order), capped by `--reorder-window`. Memory is bounded by that window.
 //!
 //! For whole-second logs the records of one second are released together, so the replay can
@@ -11,7 +11,7 @@ use std::collections::BinaryHeap;
 
 use super::parse::Record;
 
-const SLACK_US: u64 = 2_000_000;
+const SLACK_US: u64 = 5_000_000;
 
 pub struct Pending {
     pub seq: u64,

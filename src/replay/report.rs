@@ -29,7 +29,7 @@ pub fn rate_text(rate: &Rate) -> String {
 }
 
 fn duration_text(us: u64) -> String {
-    if us % 1_000_000 == 0 {
+    if us.is_multiple_of(1_000_000) {
         format!("{}s", us / 1_000_000)
     } else {
         format!("{}ms", us / 1000)
@@ -271,7 +271,19 @@ pub fn table(rt: &Runtime, sum: &Summary<'_>) -> String {
         let _ = writeln!(out, "timestamps are whole seconds: replayed with {}; a–b shows both", names.join(" | "));
     }
     let _ = writeln!(out, "{} request(s), {} without a route", first.stats.requests, first.stats.no_route);
-    let header = ["route", "zone", "limit", "requests", "passed", "delayed", "delay p50/p99/max ms", "rejected", "share", "keys", "keys rej."];
+    let header = [
+        "route",
+        "zone",
+        "limit",
+        "requests",
+        "passed",
+        "delayed",
+        "delay p50/p99/max ms",
+        "rejected",
+        "share",
+        "keys",
+        "keys rej.",
+    ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for (ri, route) in rt.routes.iter().enumerate() {
         let rs: Vec<_> = sum.runs.iter().map(|r| &r.stats.routes[ri]).collect();
@@ -411,7 +423,8 @@ fn suggest_text(rt: &Runtime, s: &Suggest) -> String {
     for x in &s.suggestions {
         let route = &rt.routes[x.route];
         let zone = &rt.zones[route.limits[x.limit].zone].name;
-        let _ = writeln!(out, "  {}/{zone}: now {}: {}", route.name, limit_text(&x.current), eval_text(&x.current_eval));
+        let _ =
+            writeln!(out, "  {}/{zone}: now {}: {}", route.name, limit_text(&x.current), eval_text(&x.current_eval));
         match &x.proposed {
             Some((l, e)) => {
                 let _ = writeln!(out, "  {}/{zone}: use {}: {}", route.name, limit_text(l), eval_text(e));
@@ -481,7 +494,12 @@ pub fn toml_snippet(rt: &Runtime, s: &Suggest) -> String {
         if zone.algorithm.is_window() {
             let _ = writeln!(out, "window = \"{}\"\nlimit = {}", duration_text(l.rate.period_us), l.rate.count);
         } else {
-            let _ = writeln!(out, "rate = \"{}\"                    # was \"{}\"", rate_text(&l.rate), rate_text(&zone.rate));
+            let _ = writeln!(
+                out,
+                "rate = \"{}\"                    # was \"{}\"",
+                rate_text(&l.rate),
+                rate_text(&zone.rate)
+            );
         }
         if !zone.overrides.is_empty() {
             let _ = writeln!(out, "# (keep this zone's [[limit_req_zone.override]] entries)");
@@ -520,7 +538,12 @@ mod tests {
         };
         assert_eq!(limit_text(&l), "600r/m burst=20 delay=10");
         assert_eq!(reference_toml("k", &l, false), "{ zone = \"k\", burst = 20, delay = 10 }");
-        let w = LimitReq { algorithm: Algorithm::FixedWindow, rate: Rate { count: 50, period_us: 10_000_000 }, burst: 0, delay: DelayPolicy::After(0) };
+        let w = LimitReq {
+            algorithm: Algorithm::FixedWindow,
+            rate: Rate { count: 50, period_us: 10_000_000 },
+            burst: 0,
+            delay: DelayPolicy::After(0),
+        };
         assert_eq!(limit_text(&w), "50 per 10s (fixed_window)");
         assert_eq!(rate_text(&Rate { count: 3, period_us: 1_500_000 }), "3 per 1500ms");
         assert_eq!(key_text(b"192.0.2.1\x1fk\xff"), "192.0.2.1|k\\xff");

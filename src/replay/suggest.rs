@@ -172,6 +172,14 @@ fn per_second(rate: &Rate) -> f64 {
     rate.count as f64 * SECOND_US as f64 / rate.period_us as f64
 }
 
+/// The delay policy kept, a `delay` no larger than the burst.
+fn capped(delay: DelayPolicy, burst: u64) -> DelayPolicy {
+    match delay {
+        DelayPolicy::NoDelay => DelayPolicy::NoDelay,
+        DelayPolicy::After(d) => DelayPolicy::After(d.min(burst)),
+    }
+}
+
 fn search_one(trace: &Trace, current: &LimitReq, targets: &Targets) -> Option<(LimitReq, Eval)> {
     if current.algorithm.is_window() {
         let at = |count: u64| LimitReq { rate: Rate { count, period_us: current.rate.period_us }, ..*current };
@@ -182,11 +190,12 @@ fn search_one(trace: &Trace, current: &LimitReq, targets: &Targets) -> Option<(L
     let ladder = 59 + MAX_PER_SECOND;
     let mut best: Option<(f64, LimitReq, Eval)> = None;
     for burst in BURSTS {
-        let delay = match current.delay {
-            DelayPolicy::NoDelay => DelayPolicy::NoDelay,
-            DelayPolicy::After(d) => DelayPolicy::After(d.min(burst)),
+        let at = |i: u64| LimitReq {
+            algorithm: current.algorithm,
+            rate: bucket_rate(i),
+            burst,
+            delay: capped(current.delay, burst),
         };
-        let at = |i: u64| LimitReq { algorithm: current.algorithm, rate: bucket_rate(i), burst, delay };
         let Some(i) = lowest(ladder, |i| eval(trace, &at(i)).meets(targets)) else { continue };
         let limit = at(i);
         let allowance = burst as f64 + HORIZON_S * per_second(&limit.rate);
@@ -228,9 +237,13 @@ pub fn search(rt: &Runtime, c: &Collector, targets: &Targets) -> Outcome {
     for s in &mut suggestions {
         let zone = rt.routes[s.route].limits[s.limit].zone;
         if let (Some((p, e)), Some(rate)) = (s.proposed.as_mut(), zone_rate.get(&zone)) {
-            if p.rate != *rate {
-                p.rate = *rate;
-                *e = eval(&c.traces[s.route][s.limit], p);
+            if p.rate != *rate && !p.algorithm.is_window() {
+                // At the zone's higher rate a smaller burst may do: the smallest that still meets.
+                let trace = &c.traces[s.route][s.limit];
+                let at = |burst: u64| LimitReq { rate: *rate, burst, delay: capped(p.delay, burst), ..*p };
+                let burst = BURSTS.into_iter().find(|&b| b <= p.burst && eval(trace, &at(b)).meets(targets));
+                *p = at(burst.unwrap_or(p.burst));
+                *e = eval(trace, p);
             }
         }
     }
@@ -252,7 +265,12 @@ mod tests {
     }
 
     fn leaky(rate: &str, burst: u64) -> LimitReq {
-        LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay: DelayPolicy::NoDelay }
+        LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse(rate).unwrap(),
+            burst,
+            delay: DelayPolicy::NoDelay,
+        }
     }
 
     #[test]

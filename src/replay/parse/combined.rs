@@ -44,9 +44,10 @@ impl LineParser for Parser {
             let rt = c.word("$request_time")?;
             let took = match rt {
                 b"-" => 0,
-                _ => std::str::from_utf8(rt).ok().and_then(time::seconds_to_us).ok_or_else(|| {
-                    format!("$request_time {:?} is not seconds.millis", String::from_utf8_lossy(rt))
-                })?,
+                _ => std::str::from_utf8(rt)
+                    .ok()
+                    .and_then(time::seconds_to_us)
+                    .ok_or_else(|| format!("$request_time {:?} is not seconds.millis", String::from_utf8_lossy(rt)))?,
             };
             Some((end.us.saturating_sub(took), took))
         } else {
@@ -61,10 +62,9 @@ impl LineParser for Parser {
         c.word("ident")?;
         c.word("$remote_user")?;
         let local = c.bracketed("[$time_local]")?;
-        let end_us = self
-            .times
-            .parse(local)
-            .ok_or_else(|| format!("[$time_local] {:?} is not like 10/Oct/2000:13:55:36 -0700", String::from_utf8_lossy(local)))?;
+        let end_us = self.times.parse(local).ok_or_else(|| {
+            format!("[$time_local] {:?} is not like 10/Oct/2000:13:55:36 -0700", String::from_utf8_lossy(local))
+        })?;
         let (method, target) = request_line(c.quoted("\"$request\"")?)?;
         c.word("$status")?;
         c.word("$body_bytes_sent")?;

@@ -57,7 +57,7 @@ pub enum Format {
     /// Weir's own JSON access log (`[log] format = "json"`).
     Weir,
     /// JSON lines with a field mapping (`--field ts=...,ip=...`).
-    Json(JsonFields),
+    Json(Box<JsonFields>),
 }
 
 impl Format {
@@ -66,7 +66,7 @@ impl Format {
             "combined" => Format::Combined,
             "msec" => Format::Msec,
             "weir" => Format::Weir,
-            "json" => Format::Json(JsonFields::parse(fields)?),
+            "json" => Format::Json(Box::new(JsonFields::parse(fields)?)),
             other => {
                 return Err(format!("unknown --format {other:?}: expected combined, msec, weir or json"));
             }
@@ -92,7 +92,7 @@ impl Format {
             Format::Combined => Box::new(combined::Parser::new(wanted.clone(), false)),
             Format::Msec => Box::new(combined::Parser::new(wanted.clone(), true)),
             Format::Weir => Box::new(weir::Parser),
-            Format::Json(fields) => Box::new(json::Parser::new(fields.clone(), wanted.clone())),
+            Format::Json(fields) => Box::new(json::Parser::new((**fields).clone(), wanted.clone())),
         }
     }
 }
@@ -134,8 +134,8 @@ pub fn request_line(text: &[u8]) -> Result<(Method, String), String> {
 
 /// A request target as the route matcher sees it: absolute-form `http://host/p` becomes `/p`.
 pub fn target_path(target: &[u8]) -> Result<String, String> {
-    let text =
-        std::str::from_utf8(target).map_err(|_| format!("target {:?} is not UTF-8", String::from_utf8_lossy(target)))?;
+    let text = std::str::from_utf8(target)
+        .map_err(|_| format!("target {:?} is not UTF-8", String::from_utf8_lossy(target)))?;
     if text.starts_with('/') {
         return Ok(text.to_string());
     }

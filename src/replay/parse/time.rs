@@ -114,7 +114,10 @@ mod tests {
             rfc3339("2023-11-14T22:13:20.000250Z"),
             Some(Stamp { us: 1_700_000_000_000_250, whole_second: false })
         );
-        assert_eq!(rfc3339("2023-11-14T23:13:20+01:00").map(|s| (s.us, s.whole_second)), Some((1_700_000_000_000_000, true)));
+        assert_eq!(
+            rfc3339("2023-11-14T23:13:20+01:00").map(|s| (s.us, s.whole_second)),
+            Some((1_700_000_000_000_000, true))
+        );
         assert_eq!(rfc3339("yesterday"), None);
     }
 
