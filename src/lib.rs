@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod request;
+pub mod replay;
 pub mod routes;
 pub mod server;
 pub mod store;
