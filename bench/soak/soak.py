@@ -44,10 +44,11 @@ REPO_DIR = BENCH_DIR.parent
 # ---- thresholds (documented in bench/README.md, "Soak") --------------------------------------
 # RSS may grow by at most max(RSS_GROWTH_MIB, RSS_GROWTH_PCT % of the start) between the sample
 # after warm-up and the end of traffic.
-RSS_GROWTH_MIB = 24
-RSS_GROWTH_PCT = 50
-# Open fds at the end (traffic stopped, client connections gone) may exceed the sample after
-# warm-up (taken under traffic) by at most this many.
+RSS_GROWTH_MIB = 8
+RSS_GROWTH_PCT = 25
+# Open fds other than client connections (listeners, Redis and upstream sockets, epoll, files, …)
+# may grow by at most this many between the sample after warm-up (under traffic) and the end
+# (traffic stopped); client connections must all be gone at the end.
 FD_GROWTH_MAX = 16
 # Sockets to Redis one Weir may hold at the end (one multiplexed connection per store, probes).
 REDIS_SOCKETS_MAX = 4
@@ -241,6 +242,14 @@ def tcp_sockets() -> dict[str, tuple[int, int, str]]:
     return out
 
 
+def unix_sockets() -> set[str]:
+    try:
+        return {line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                if len(line.split()) >= 7}
+    except OSError:
+        return set()
+
+
 TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN",
               "04": "FIN_WAIT1", "05": "FIN_WAIT2", "09": "LAST_ACK", "07": "CLOSE",
               "0B": "CLOSING", "02": "SYN_SENT", "03": "SYN_RECV"}
@@ -253,6 +262,7 @@ def proc_sample(pid: int, ports: dict) -> dict:
     rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
     threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
     tcp = tcp_sockets()
+    unix = unix_sockets()
     kinds: Counter = Counter()
     close_wait = 0
     fd_dir = Path(f"/proc/{pid}/fd")
@@ -269,7 +279,7 @@ def proc_sample(pid: int, ports: dict) -> dict:
             continue
         info = tcp.get(m.group(1))
         if info is None:
-            kinds["socket_other"] += 1
+            kinds["unix" if m.group(1) in unix else "socket_other"] += 1
             continue
         lport, rport, state = info
         if state == "0A":
@@ -289,6 +299,7 @@ def proc_sample(pid: int, ports: dict) -> dict:
         "rss_kib": rss,
         "threads": threads,
         "fds": sum(kinds.values()),
+        "fds_non_client": sum(v for k, v in kinds.items() if k not in ("clients", "admin_clients")),
         "fd_kinds": dict(sorted(kinds.items())),
         "client_close_wait": close_wait,
     }
@@ -339,7 +350,7 @@ rate = "5r/s"
 [[limit_req_zone]]
 name = "per_key"
 key = "header:X-Api-Key"
-rate = "20r/s"
+rate = "5r/s"
 
 [[limit_conn_zone]]
 name = "conn_per_ip"
@@ -450,8 +461,8 @@ def metric_sum(metrics: dict[str, float], name: str, **labels) -> float:
 # --------------------------------------------------------------------------------------------
 
 HOT_IPS = [f"10.200.0.{i}" for i in range(1, 4)]
-HOT_KEYS = ["hot-key-1", "hot-key-2"]
-SLOW_IPS = [f"10.150.0.{i}" for i in range(1, 21)]
+HOT_KEYS = ["hot-key-1"]
+SLOW_IPS = [f"10.150.0.{i}" for i in range(1, 5)]
 
 
 def pick_request(rng: random.Random) -> tuple[str, str, dict, bytes | None]:
@@ -629,6 +640,8 @@ class Soak:
         self.kill_windows: list[list[float]] = []  # [start, end] per Weir kill, by wall clock
         self.reloads = {"written": 0, "confirmed": 0, "unconfirmed": [], "latency_max_s": 0.0}
         self.deaths: list[str] = []
+        self.leases_seen_max = 0            # most unexpired leases seen in Redis during the traffic
+        self.killed_leases: dict = {}       # the killed instance's leases: at the kill, after lease_ttl
         self.traffic: Traffic | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -827,6 +840,11 @@ class Soak:
             start = time.time()
             self.kill_windows.append([start, 0.0])
             self.procs.kill(inst.popen, signal.SIGKILL)
+            prefix = f"{life.pid:x}-"
+            try:
+                self.killed_leases = {"prefix": prefix, "at_kill": self.live_leases(prefix)[2]}
+            except (OSError, SoakError) as e:
+                self.killed_leases = {"prefix": prefix, "at_kill": None, "error": str(e)}
             life.ended = "killed by the soak (SIGKILL)"
             self.event("weir SIGKILLed", instance=inst.name, pid=life.pid)
             self.done.wait(self.args.weir_down)
@@ -835,6 +853,17 @@ class Soak:
             self.kill_windows[-1][1] = time.time() + 1.0
             self.event("weir restarted", instance=inst.name, pid=inst.popen.pid,
                        down_s=round(time.time() - start, 2))
+        # Its leases must be gone once lease_ttl has passed (a crashed proxy never leaks a slot).
+        if not self.sleep_until(at + LEASE_TTL_S + 1.5):
+            return
+        try:
+            self.killed_leases["after_ttl"] = self.live_leases(self.killed_leases["prefix"])[2]
+        except (OSError, SoakError) as e:
+            self.killed_leases["after_ttl"] = None
+            self.killed_leases["error"] = str(e)
+        restarted = [r for r in self.redis_down if r[0] <= time.time() and r[0] >= start]
+        self.killed_leases["redis_restarted_meanwhile"] = bool(restarted)
+        self.event("killed instance's leases", **self.killed_leases)
         # The new process's "start" reading after its own warm-up.
         if self.sleep_until(at + self.args.weir_down + self.warmup):
             inst.lives[-1].start_sample = self.sample(inst)
@@ -857,12 +886,18 @@ class Soak:
                 for inst in self.instances:
                     if inst.up:
                         self.scrape(inst)
+            if int(time.time() - self.t0) % 2 == 0:
+                try:
+                    self.leases_seen_max = max(self.leases_seen_max, self.live_leases()[1])
+                except (OSError, SoakError):
+                    pass  # Redis is down
 
     # ---- leases ----------------------------------------------------------------------------
 
-    def live_leases(self) -> tuple[int, int]:
-        """(keys, unexpired lease members) under weir:conn:*."""
-        keys = members = 0
+    def live_leases(self, prefix: str = "") -> tuple[int, int, int]:
+        """(keys, unexpired lease members, of which with ids starting with `prefix`) under
+        weir:conn:*. Lease ids are `<pid in hex>-<start ns in hex>:<counter>` (src/proxy/lease.rs)."""
+        keys = members = mine = 0
         with Redis(self.redis_port) as rd:
             now = rd.now_ms()
             cursor = b"0"
@@ -870,10 +905,13 @@ class Soak:
                 cursor, batch = rd.cmd("SCAN", cursor, "MATCH", "weir:conn:*", "COUNT", 1000)
                 for k in batch:
                     keys += 1
-                    members += rd.cmd("ZCOUNT", k, f"({now}", "+inf")
+                    live = rd.cmd("ZRANGEBYSCORE", k, f"({now}", "+inf")
+                    members += len(live)
+                    if prefix:
+                        mine += sum(1 for m in live if m.decode(errors="replace").startswith(prefix))
                 if cursor in (b"0", "0"):
                     break
-        return keys, members
+        return keys, members, mine
 
     # ---- run -------------------------------------------------------------------------------
 
@@ -955,14 +993,16 @@ class Soak:
                     rss_growth = (b["rss_kib"] - a["rss_kib"]) / 1024
                     limit = max(RSS_GROWTH_MIB, a["rss_kib"] / 1024 * RSS_GROWTH_PCT / 100)
                     entry["rss_growth_mib"] = round(rss_growth, 1)
-                    entry["fd_growth"] = b["fds"] - a["fds"]
+                    entry["fd_growth"] = b["fds_non_client"] - a["fds_non_client"]
                     entry["threads_growth"] = b["threads"] - a["threads"]
                     entry["span_s"] = round(b["t"] - a["t"], 1)
                     check(f"{inst.name}#{n + 1} RSS growth", rss_growth <= limit,
                           f"{a['rss_kib'] / 1024:.1f} -> {b['rss_kib'] / 1024:.1f} MiB "
                           f"({rss_growth:+.1f}; limit +{limit:.0f}) over {entry['span_s']} s")
-                    check(f"{inst.name}#{n + 1} fd growth", b["fds"] - a["fds"] <= FD_GROWTH_MAX,
-                          f"{a['fds']} -> {b['fds']} ({b['fds'] - a['fds']:+d}; limit +{FD_GROWTH_MAX})")
+                    check(f"{inst.name}#{n + 1} fd growth", entry["fd_growth"] <= FD_GROWTH_MAX,
+                          f"{a['fds_non_client']} -> {b['fds_non_client']} fds besides client "
+                          f"connections ({entry['fd_growth']:+d}; limit +{FD_GROWTH_MAX}); all fds "
+                          f"{a['fds']} -> {b['fds']}")
                 else:
                     entry["note"] = "no start/end pair (too short a life)"
                 m = life.last_metrics
@@ -1006,6 +1046,11 @@ class Soak:
         check("leases left in Redis", leases_final[1] == 0,
               f"{leases_final[1]} unexpired leases in {leases_final[0]} keys "
               f"(right after the traffic: {leases_at_stop[1]} in {leases_at_stop[0]})")
+        kl = self.killed_leases
+        check("killed instance's leases expire", kl.get("after_ttl") == 0,
+              f"{kl.get('at_kill')} unexpired right after the SIGKILL, {kl.get('after_ttl')} "
+              f"{LEASE_TTL_S + 1.5} s later" + (" (Redis restarted meanwhile)"
+                                                 if kl.get("redis_restarted_meanwhile") else ""))
         expected_restarts = sum(1 for k in range(1, 1000)
                                 if (self.args.redis_period or min(60.0, max(15.0, self.duration / 3))) * k
                                 <= self.duration - 12)
@@ -1060,7 +1105,9 @@ class Soak:
                 "weir_kill_windows": [[self.rel(a), self.rel(b)] for a, b in self.kill_windows],
                 "reloads": self.reloads,
             },
-            "leases": {"at_traffic_stop": {"keys": leases_at_stop[0], "live": leases_at_stop[1]},
+            "leases": {"max_seen_during_traffic": self.leases_seen_max,
+                       "killed_instance": self.killed_leases,
+                       "at_traffic_stop": {"keys": leases_at_stop[0], "live": leases_at_stop[1]},
                        "final": {"keys": leases_final[0], "live": leases_final[1]}},
             "instances": instances,
             "events": self.events,
@@ -1098,7 +1145,10 @@ def render(r: dict) -> str:
            f"{r['chaos']['reloads']['latency_max_s']} s to show in GET /config",
            f"Weir kill window     {r['chaos']['weir_kill_windows']}",
            f"leases in Redis      {r['leases']['at_traffic_stop']['live']} right after the traffic, "
-           f"{r['leases']['final']['live']} after lease_ttl",
+           f"{r['leases']['final']['live']} after lease_ttl (up to "
+           f"{r['leases']['max_seen_during_traffic']} live during the traffic; the killed instance "
+           f"held {r['leases']['killed_instance'].get('at_kill')}, "
+           f"{r['leases']['killed_instance'].get('after_ttl')} left after lease_ttl)",
            "",
            "| instance | pid | start RSS MiB | end RSS MiB | growth | start fds | end fds | threads | end fd kinds |",
            "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -1112,6 +1162,16 @@ def render(r: dict) -> str:
                 f"| {name} | {life['pid']} | {a['rss_kib'] / 1024:.1f} | {b['rss_kib'] / 1024:.1f} | "
                 f"{life['rss_growth_mib']:+.1f} | {a['fds']} | {b['fds']} | {a['threads']}→{b['threads']} | "
                 + " ".join(f"{k}={v}" for k, v in b["fd_kinds"].items()) + f" ({life['ended']}) |")
+    out += ["", "| instance | pid | passed | rejected | conn_rejected | fail_open | store errors (timeout/redis/reply/circuit_open) | reloads |",
+            "|---|--:|--:|--:|--:|--:|---|--:|"]
+    for name, inst in r["instances"].items():
+        for life in inst["lives"]:
+            m = life["metrics"]
+            q_ = m["requests"]
+            e = m["store_errors"]
+            out.append(f"| {name} | {life['pid']} | {q_['passed']:.0f} | {q_['rejected']:.0f} | "
+                       f"{q_['conn_rejected']:.0f} | {q_['fail_open']:.0f} | {e['timeout']:.0f}/{e['redis']:.0f}/"
+                       f"{e['reply']:.0f}/{e['circuit_open']:.0f} | {m['config_reloads']:.0f} |")
     out += ["", "| check | result | detail |", "|---|---|---|"]
     for c in r["checks"]:
         out.append(f"| {c['check']} | {'ok' if c['ok'] else '**FAIL**'} | {c['detail']} |")
