@@ -643,6 +643,7 @@ class Soak:
         self.leases_seen_max = 0            # most unexpired leases seen in Redis during the traffic
         self.killed_leases: dict = {}       # the killed instance's leases: at the kill, after lease_ttl
         self.traffic: Traffic | None = None
+        self.interrupted = False
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -669,8 +670,18 @@ class Soak:
         return "; ".join(parts) or "none"
 
     def sleep_until(self, rel_t: float) -> bool:
-        """Sleeps until t0 + rel_t; False if the soak ended first."""
-        return not self.done.wait(max(0.0, self.t0 + rel_t - time.time()))
+        """Sleeps until t0 + rel_t; False if the soak ended first. In slices of at most 0.5 s: a
+        signal caught by another thread is only seen by the main thread when its wait returns."""
+        while True:
+            if self.interrupted:   # set by the signal handler, acted on here, at a safe point
+                if threading.current_thread() is threading.main_thread():
+                    raise KeyboardInterrupt
+                return False
+            left = self.t0 + rel_t - time.time()
+            if left <= 0:
+                return not self.done.is_set()
+            if self.done.wait(min(left, 0.5)):
+                return False
 
     # ---- processes -------------------------------------------------------------------------
 
@@ -932,7 +943,10 @@ class Soak:
         for inst in self.instances:
             inst.lives[-1].start_sample = self.sample(inst)
             self.scrape(inst)
-        self.event("warm-up done", **{i.name: i.lives[-1].start_sample for i in self.instances})
+        self.event("warm-up done", **{
+            i.name: (f"{i.lives[-1].start_sample['rss_kib'] / 1024:.1f}MiB/"
+                     f"{i.lives[-1].start_sample['fds']}fds") if i.lives[-1].start_sample else "?"
+            for i in self.instances})
         self.sleep_until(self.duration)
         # Last readings under traffic, then stop the clients.
         loaded_end = {i.name: self.sample(i) for i in self.instances}
@@ -958,6 +972,8 @@ class Soak:
         lease_deadline = traffic_end + LEASE_TTL_S * 2 + 5
         leases_final = leases_at_stop
         while time.time() < lease_deadline:
+            if self.interrupted:
+                raise KeyboardInterrupt
             leases_final = self.live_leases()
             if leases_final[1] == 0 and time.time() > traffic_end + LEASE_TTL_S + 0.5:
                 break
@@ -1199,13 +1215,17 @@ def main() -> int:
         ap.error("--duration must be at least 45 s (warm-up, one Redis restart, the kill, reloads)")
 
     soak = Soak(args)
-    stop_signal = []
-
     def on_signal(signum, _frame):
-        stop_signal.append(signum)
-        raise KeyboardInterrupt
+        # Only a flag: raising here could land inside a lock's bookkeeping. The main thread sees it
+        # within 0.5 s (Soak.sleep_until). Later signals (soak.sh's TERM after a Ctrl-C) are
+        # ignored while the processes are being stopped.
+        soak.interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop us.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         result = soak.run()
     except SoakError as e:
