@@ -57,6 +57,9 @@ REDIS_RECOVERY_MAX_S = 15.0
 # A reload must show up in GET /config within this many seconds (200 ms debounce + load).
 RELOAD_CONFIRM_S = 5.0
 
+# The whole soak ends (as if interrupted) this many seconds after the planned end at the latest.
+WATCHDOG_S = 180
+
 LEASE_TTL_S = 3
 CLIENT_TIMEOUT_S = 15.0
 
@@ -1226,6 +1229,18 @@ def main() -> int:
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop us.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+    def watchdog():
+        # Bounded in time whatever happens: past duration + WATCHDOG_S, stop like on Ctrl-C; if
+        # that does not finish within 30 s, stop every process and exit.
+        time.sleep(args.duration + WATCHDOG_S)
+        log(f"watchdog: still running {WATCHDOG_S} s after the planned end; stopping")
+        soak.interrupted = True
+        time.sleep(30)
+        soak.procs.stop_all()
+        os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True, name="watchdog").start()
     try:
         result = soak.run()
     except SoakError as e:
