@@ -755,26 +755,42 @@ class Soak:
 
     # ---- chaos -----------------------------------------------------------------------------
 
-    def redis_chaos(self) -> None:
+    def redis_schedule(self) -> list[tuple[float, str]]:
+        """(time, "kill" | "hang") of every Redis outage. With --redis-hang every second outage is
+        a SIGSTOP/SIGCONT (a Redis that hangs: timeouts, not refused connections)."""
         period = self.args.redis_period or min(60.0, max(15.0, self.duration / 3))
-        down_s = self.args.redis_down
-        k = 1
+        out, k = [], 1
         while period * k <= self.duration - 12:
-            if not self.sleep_until(period * k):
-                return
+            out.append((period * k, "hang" if self.args.redis_hang and k % 2 == 0 else "kill"))
             k += 1
+        return out
+
+    def redis_chaos(self) -> None:
+        down_s = self.args.redis_down
+        for at, how in self.redis_schedule():
+            if not self.sleep_until(at):
+                return
             with Redis(self.redis_port) as rd:
                 calls_before = rd.script_calls()
             down_at = time.time()
-            self.procs.kill(self.redis, signal.SIGKILL)
             self.redis_down.append([down_at, 0.0])
-            self.event("redis SIGKILLed", script_calls=calls_before)
-            if self.done.wait(down_s):
-                pass
-            self.start_redis()
+            if how == "kill":
+                self.procs.kill(self.redis, signal.SIGKILL)
+                self.event("redis SIGKILLed", script_calls=calls_before)
+                self.done.wait(down_s)
+                self.start_redis()
+                calls_base = 0
+            else:
+                os.kill(self.redis.pid, signal.SIGSTOP)
+                self.event("redis SIGSTOPped (hangs)", script_calls=calls_before)
+                self.done.wait(down_s)
+                os.kill(self.redis.pid, signal.SIGCONT)
+                time.sleep(0.3)  # what Weir had queued runs first
+                with Redis(self.redis_port) as rd:
+                    calls_base = rd.script_calls()
             up_at = time.time()
             self.redis_down[-1][1] = up_at
-            self.event("redis restarted", port=self.redis_port)
+            self.event("redis restarted" if how == "kill" else "redis SIGCONTed", port=self.redis_port)
             # Decisions back on Redis: script calls on the new Redis, and no instance's circuit open.
             deadline = up_at + REDIS_RECOVERY_MAX_S
             recovered = None
@@ -791,11 +807,11 @@ class Soak:
                     m = self.scrape(inst)
                     if m is None or metric_sum(m, "weir_store_circuit_open") > 0:
                         open_.append(inst.name)
-                if calls > 0 and not open_:
+                if calls > calls_base and not open_:
                     recovered = time.time() - up_at
                     break
                 time.sleep(0.25)
-            rec = {"killed_at": self.rel(down_at), "restarted_at": self.rel(up_at),
+            rec = {"how": how, "down_at": self.rel(down_at), "up_at": self.rel(up_at),
                    "recovered_after_s": round(recovered, 2) if recovered is not None else None}
             self.redis_restarts.append(rec)
             if recovered is None:
@@ -1070,11 +1086,11 @@ class Soak:
               f"{kl.get('at_kill')} unexpired right after the SIGKILL, {kl.get('after_ttl')} "
               f"{LEASE_TTL_S + 1.5} s later" + (" (Redis restarted meanwhile)"
                                                  if kl.get("redis_restarted_meanwhile") else ""))
-        expected_restarts = sum(1 for k in range(1, 1000)
-                                if (self.args.redis_period or min(60.0, max(15.0, self.duration / 3))) * k
-                                <= self.duration - 12)
-        check("Redis restarts", len(self.redis_restarts) == expected_restarts and expected_restarts > 0,
-              f"{len(self.redis_restarts)} of {expected_restarts} scheduled")
+        planned = self.redis_schedule()
+        check("Redis outages", len(self.redis_restarts) == len(planned) and len(planned) > 0,
+              f"{len(self.redis_restarts)} of {len(planned)} scheduled "
+              f"({sum(1 for _, h in planned if h == 'kill')} SIGKILL + restart, "
+              f"{sum(1 for _, h in planned if h == 'hang')} SIGSTOP/SIGCONT)")
         not_back = [r for r in self.redis_restarts if r["recovered_after_s"] is None]
         check("decisions back on Redis after each restart", not not_back,
               f"max {max((r['recovered_after_s'] or 0) for r in self.redis_restarts) if self.redis_restarts else 0} s"
@@ -1157,8 +1173,9 @@ def render(r: dict) -> str:
            f"Weir-caused 5xx      {q['weir_5xx']}   (upstream's own 5xx: {q['upstream_5xx']})",
            f"conn errors          {q['conn_errors_outside']} outside the kill window, "
            f"{q['conn_errors_in_kill_window']} in it; stale keep-alive retries {q['stale_keepalive_retries']}",
-           f"Redis restarts       {len(r['chaos']['redis_restarts'])}; decisions back after "
-           + ", ".join(f"{x['recovered_after_s']} s" for x in r["chaos"]["redis_restarts"]),
+           f"Redis outages        {len(r['chaos']['redis_restarts'])}; decisions back after "
+           + ", ".join(f"{x['recovered_after_s']} s" + (" (hang)" if x["how"] == "hang" else "")
+                       for x in r["chaos"]["redis_restarts"]),
            f"reloads              {r['chaos']['reloads']['confirmed']} confirmed of "
            f"{r['chaos']['reloads']['written']} rewrites (x live instances); max "
            f"{r['chaos']['reloads']['latency_max_s']} s to show in GET /config",
@@ -1209,6 +1226,8 @@ def main() -> int:
     ap.add_argument("--redis-period", type=float, default=0,
                     help="seconds between Redis kills (default: min(60, max(15, duration / 3)))")
     ap.add_argument("--redis-down", type=float, default=2.0, help="seconds Redis stays down")
+    ap.add_argument("--redis-hang", action="store_true",
+                    help="every second Redis outage is a SIGSTOP/SIGCONT instead of a kill")
     ap.add_argument("--reload-period", type=float, default=10.0)
     ap.add_argument("--kill-at", type=float, default=0, help="when to SIGKILL weir-b (s)")
     ap.add_argument("--weir-down", type=float, default=3.0, help="seconds weir-b stays down")
