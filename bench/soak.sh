@@ -91,7 +91,9 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'echo "soak: SIGINT: stopping" >&2; exit 130' INT
+trap 'echo "soak: SIGTERM: stopping" >&2; exit 143' TERM
+trap 'echo "soak: SIGHUP: stopping" >&2; exit 129' HUP
 
 python3 bench/soak/soak.py --weir "$weir" --workdir "$workdir" "${args[@]}" &
 driver_pid=$!

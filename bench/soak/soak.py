@@ -1241,6 +1241,7 @@ def main() -> int:
         # Only a flag: raising here could land inside a lock's bookkeeping. The main thread sees it
         # within 0.5 s (Soak.sleep_until). Later signals (soak.sh's TERM after a Ctrl-C) are
         # ignored while the processes are being stopped.
+        log(f"got {signal.Signals(signum).name}: stopping")
         soak.interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
