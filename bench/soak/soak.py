@@ -500,6 +500,7 @@ class Stats:
         self.weir_bodies: Counter = Counter()   # Weir's own answers, by "error" field
         self.weir_5xx: list[dict] = []
         self.weir_5xx_count = 0
+        self.weir_5xx_kinds: Counter = Counter()  # by Weir's "error" field, or non-json:<status>
         self.upstream_5xx = 0
         self.conn_errors: list[dict] = []
         self.stale_retries = 0
@@ -595,6 +596,7 @@ class Traffic:
                     s.upstream_5xx += 1
                 else:
                     s.weir_5xx_count += 1
+                    s.weir_5xx_kinds[weir_error] += 1
                     if len(s.weir_5xx) < 50:
                         s.weir_5xx.append({
                             "t": round(t1 - self.soak.t0, 3), "instance": inst.name, "kind": kind,
@@ -1074,7 +1076,9 @@ class Soak:
             check(f"{inst.name} no panics", panics == 0, f"{panics} 'panicked' lines in its log")
 
         check("Weir-caused 5xx", s.weir_5xx_count == 0,
-              f"{s.weir_5xx_count} (a 5xx without the upstream's marker header)")
+              f"{s.weir_5xx_count} (a 5xx without the upstream's marker header: Weir's JSON errors, "
+              f"or Pingora's own error pages as non-json:<status>)"
+              + (": " + ", ".join(f"{k} {v}" for k, v in s.weir_5xx_kinds.items()) if s.weir_5xx_kinds else ""))
         check("connection errors outside the kill window", not outside,
               f"{len(outside)} (in the window: {len(in_window)})")
         check("no process died", not self.deaths, "; ".join(self.deaths) or "none")
@@ -1125,6 +1129,7 @@ class Soak:
                 "by_instance": dict(s.by_instance),
                 "weir_answers": dict(sorted(s.weir_bodies.items())),
                 "weir_5xx": s.weir_5xx_count,
+                "weir_5xx_by_error": dict(s.weir_5xx_kinds),
                 "weir_5xx_samples": s.weir_5xx,
                 "upstream_5xx": s.upstream_5xx,
                 "stale_keepalive_retries": s.stale_retries,
@@ -1198,14 +1203,14 @@ def render(r: dict) -> str:
                 f"| {name} | {life['pid']} | {a['rss_kib'] / 1024:.1f} | {b['rss_kib'] / 1024:.1f} | "
                 f"{life['rss_growth_mib']:+.1f} | {a['fds']} | {b['fds']} | {a['threads']}→{b['threads']} | "
                 + " ".join(f"{k}={v}" for k, v in b["fd_kinds"].items()) + f" ({life['ended']}) |")
-    out += ["", "| instance | pid | passed | rejected | conn_rejected | fail_open | store errors (timeout/redis/reply/circuit_open) | reloads |",
-            "|---|--:|--:|--:|--:|--:|---|--:|"]
+    out += ["", "| instance | pid | passed | delayed | rejected | conn_rejected | fail_open | store errors (timeout/redis/reply/circuit_open) | reloads |",
+            "|---|--:|--:|--:|--:|--:|--:|---|--:|"]
     for name, inst in r["instances"].items():
         for life in inst["lives"]:
             m = life["metrics"]
             q_ = m["requests"]
             e = m["store_errors"]
-            out.append(f"| {name} | {life['pid']} | {q_['passed']:.0f} | {q_['rejected']:.0f} | "
+            out.append(f"| {name} | {life['pid']} | {q_['passed']:.0f} | {q_['delayed']:.0f} | {q_['rejected']:.0f} | "
                        f"{q_['conn_rejected']:.0f} | {q_['fail_open']:.0f} | {e['timeout']:.0f}/{e['redis']:.0f}/"
                        f"{e['reply']:.0f}/{e['circuit_open']:.0f} | {m['config_reloads']:.0f} |")
     out += ["", "| check | result | detail |", "|---|---|---|"]
