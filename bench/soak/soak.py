@@ -485,8 +485,10 @@ def pick_request(rng: random.Random) -> tuple[str, str, dict, bytes | None]:
         return "slow", f"/slow/work?ms={rng.randrange(50, 301)}", {"X-Forwarded-For": rng.choice(SLOW_IPS)}, None
     if r < 0.84:    # very slow: longer than lease_ttl, so leases must be renewed
         return "very_slow", f"/slow/long?ms={rng.randrange(1500, 4001)}", {"X-Forwarded-For": rng.choice(SLOW_IPS)}, None
-    if r < 0.89:    # the upstream's own 5xx: not Weir's
+    if r < 0.87:    # the upstream's own 5xx: not Weir's
         return "upstream_err", "/api/err", {"X-Forwarded-For": ip, "X-Api-Key": key}, None
+    if r < 0.89:    # a client that gives up on a slow request (its lease must be released)
+        return "aborted", f"/slow/abort?ms={rng.randrange(500, 3001)}", {"X-Forwarded-For": rng.choice(SLOW_IPS)}, None
     return "unlimited", f"/static/{rng.randrange(100)}", {}, None  # the catch-all route, no limits
 
 
@@ -534,6 +536,9 @@ class Traffic:
         while not self.stop.is_set():
             inst = rng.choice(self.soak.instances)
             kind, path, headers, body = pick_request(rng)
+            if kind == "aborted":
+                self.abort(inst, path, headers, rng)
+                continue
             method = "POST" if body is not None else "GET"
             conn = conns.get(inst.name) if keepalive else None
             reused = conn is not None
@@ -568,6 +573,27 @@ class Traffic:
                 time.sleep(rng.uniform(0, 2 * self.think_s))
         for c in conns.values():
             c.close()
+
+    def abort(self, inst, path, headers, rng) -> None:
+        """Sends a slow request on a new connection and closes it after 20-300 ms without reading
+        the answer; half of the time with a RST (SO_LINGER 0)."""
+        t0 = time.time()
+        req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        try:
+            with socket.create_connection(("127.0.0.1", inst.port), timeout=CLIENT_TIMEOUT_S) as sock:
+                sock.sendall(req.encode())
+                time.sleep(rng.uniform(0.02, 0.3))
+                if rng.random() < 0.5:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            with self.stats.lock:
+                self.stats.sent += 1
+                self.stats.statuses["aborted"] += 1
+                self.stats.by_kind.setdefault("aborted", Counter())["aborted"] += 1
+                self.stats.by_instance[inst.name] += 1
+        except OSError as e:
+            self.record_error(inst, "aborted", e, t0, time.time())
+            time.sleep(0.05)
 
     @staticmethod
     def exchange(conn, method, path, headers, body):

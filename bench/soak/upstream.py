@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +78,12 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
     allow_reuse_address = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A proxy that went away (killed Weir, aborted client) is part of the soak, not news.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def main() -> None:
