@@ -919,7 +919,8 @@ class Soak:
         except (OSError, SoakError) as e:
             self.killed_leases["after_ttl"] = None
             self.killed_leases["error"] = str(e)
-        restarted = [r for r in self.redis_down if r[0] <= time.time() and r[0] >= start]
+        # An outage overlapping [kill, now] wiped or hid the leases: the check is then vacuous.
+        restarted = [r for r in self.redis_down if r[0] <= time.time() and (not r[1] or r[1] >= start)]
         self.killed_leases["redis_restarted_meanwhile"] = bool(restarted)
         self.event("killed instance's leases", **self.killed_leases)
         # The new process's "start" reading after its own warm-up.
