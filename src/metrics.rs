@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets for store round trips and upstream times: 100 µs to 10 s.
@@ -40,6 +40,14 @@ pub struct Metrics {
     pub store_fallbacks: IntCounterVec,
     pub config_reloads: IntCounter,
     pub config_reload_failures: IntCounter,
+    /// In-process stores (`memory`, and the `local` fallback): keys held per zone.
+    pub memory_keys: IntGaugeVec,
+    /// In-process stores: each zone's capacity (`max_keys`, rounded up to whole shards).
+    pub memory_max_keys: IntGaugeVec,
+    /// In-process stores: entries dropped to make room, by zone and reason (`expired`, `live`).
+    pub memory_evictions: IntCounterVec,
+    /// In-process stores: requests refused because their zone was full of protected keys.
+    pub memory_zone_full: IntCounterVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -166,6 +174,32 @@ impl Metrics {
             config_generation,
             config_reloads,
             config_reload_failures,
+            memory_keys: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("weir_memory_keys", "Keys held per zone by the in-process store."),
+                    &["zone"],
+                ),
+            ),
+            memory_max_keys: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("weir_memory_max_keys", "Capacity of each zone of the in-process store (max_keys)."),
+                    &["zone"],
+                ),
+            ),
+            memory_evictions: counter(
+                &registry,
+                "weir_memory_evictions_total",
+                "Entries the in-process store dropped to make room: expired ones, or live ones closest to expiry.",
+                &["zone", "reason"],
+            ),
+            memory_zone_full: counter(
+                &registry,
+                "weir_memory_zone_full_total",
+                "Requests refused because their zone was full and no entry could be evicted.",
+                &["zone"],
+            ),
             registry,
         }
     }

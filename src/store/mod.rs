@@ -1,6 +1,7 @@
 //! Where limit state lives. Every store answers the same question — "may this request pass, and
 //! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing.
 
+mod bounded;
 mod breaker;
 mod conn;
 mod deny_cache;
@@ -21,7 +22,7 @@ use crate::limit::{LimitReq, State, Verdict};
 
 pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
 pub use self::guarded::GuardedStore;
-pub use self::memory::MemoryStore;
+pub use self::memory::{MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
 pub use self::redis_slots::key_slot;
 pub use self::redis_url::{parse_redis_url, RedisTopology};
