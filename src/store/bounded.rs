@@ -70,17 +70,9 @@ impl<K: Hash + Eq + Clone, V: Expiring> Bounded<K, V> {
         self.cap = cap.max(1);
     }
 
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     /// Entries held, expired ones included until they are dropped.
     pub fn len(&self) -> usize {
         self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 
     /// The live entry of `key`, marked as just used; an expired one is dropped and `None`.
@@ -101,10 +93,6 @@ impl<K: Hash + Eq + Clone, V: Expiring> Bounded<K, V> {
 
     pub fn contains(&self, key: &K) -> bool {
         self.map.contains(key)
-    }
-
-    pub fn remove(&mut self, key: &K) -> Option<V> {
-        self.map.pop(key)
     }
 
     /// Stores `value` for `key` as the most recently used. A new key should have been given room

@@ -120,7 +120,7 @@ impl LimitStore for GuardedStore {
                         if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
                             // `now_us` was read before the store's own clock: the entry expires
                             // slightly early, never late.
-                            self.deny_cache.insert(Self::deny_key(check), now_us + retry);
+                            self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
                         }
                     }
                 }
