@@ -24,7 +24,7 @@ use std::hash::Hash;
 use lru::LruCache;
 
 /// Least recently used entries looked at to pick a victim (Redis's eviction samples 5).
-pub const SAMPLE: usize = 16;
+pub const SAMPLE: usize = 8;
 /// Expired entries dropped from the least recently used end on each insertion, at most (nginx
 /// drops up to two on each lookup): keeps the map near the live set without a sweep.
 const EXPIRED_PER_INSERT: usize = 2;
@@ -75,15 +75,10 @@ impl<K: Hash + Eq + Clone, V: Expiring> Bounded<K, V> {
         self.map.len()
     }
 
-    /// The live entry of `key`, marked as just used; an expired one is dropped and `None`.
+    /// The live entry of `key`, marked as just used; `None` when absent or expired (an expired
+    /// entry stays until it is overwritten or dropped to make room: one lookup per call).
     pub fn get_mut(&mut self, key: &K, now_us: u64) -> Option<&mut V> {
-        let expired = self.map.peek(key)?.expires_us() <= now_us;
-        if expired {
-            self.map.pop(key);
-            self.dropped.expired += 1;
-            return None;
-        }
-        self.map.get_mut(key)
+        self.map.get_mut(key).filter(|v| v.expires_us() > now_us)
     }
 
     /// The live entry of `key`, leaving the recency order alone.
@@ -191,7 +186,6 @@ mod tests {
         assert!(!m.contains(&2));
         assert_eq!(m.take_stats(), Dropped { expired: 1, evicted: 0 });
         assert!(m.get_mut(&1, 600).is_none());
-        assert_eq!(m.take_stats(), Dropped { expired: 1, evicted: 0 });
     }
 
     #[test]
