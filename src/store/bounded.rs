@@ -86,6 +86,11 @@ impl<K: Hash + Eq + Clone, V: Expiring> Bounded<K, V> {
         self.map.peek(key).filter(|v| v.expires_us() > now_us)
     }
 
+    /// Removes `key`'s entry; whether there was one.
+    pub fn remove(&mut self, key: &K) -> bool {
+        self.map.pop(key).is_some()
+    }
+
     pub fn contains(&self, key: &K) -> bool {
         self.map.contains(key)
     }

@@ -65,7 +65,16 @@ impl DenyCache {
         }
         let mut shard = self.shard(key);
         let before = shard.len();
-        let until = shard.get_mut(key, now_us).map(|u| u.0);
+        // Any entry, live or not: an expired one is removed here, so that the lock-free fast
+        // path above comes back as soon as every rejection has run out.
+        let until = match shard.get_mut(key, 0).map(|u| u.0) {
+            Some(until) if until > now_us => Some(until),
+            Some(_) => {
+                shard.remove(key);
+                None
+            }
+            None => None,
+        };
         self.account(before, shard.len());
         until
     }
