@@ -48,6 +48,11 @@ pub struct Metrics {
     pub memory_evictions: IntCounterVec,
     /// In-process stores: requests refused because their zone was full of protected keys.
     pub memory_zone_full: IntCounterVec,
+    /// 1 while Redis's maxmemory-policy can evict limit state (anything but noeviction, with a
+    /// maxmemory).
+    pub redis_eviction_risk: IntGauge,
+    /// Times the store's circuit breaker opened.
+    pub store_circuit_opens: IntCounter,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -193,6 +198,17 @@ impl Metrics {
                 "weir_memory_evictions_total",
                 "Entries the in-process store dropped to make room: expired ones, or live ones closest to expiry.",
                 &["zone", "reason"],
+            ),
+            redis_eviction_risk: register(
+                &registry,
+                IntGauge::new(
+                    "weir_redis_eviction_risk",
+                    "1 while Redis's maxmemory-policy can evict rate-limit state (set noeviction).",
+                ),
+            ),
+            store_circuit_opens: register(
+                &registry,
+                IntCounter::new("weir_store_circuit_opens_total", "Times the store's circuit breaker opened."),
             ),
             memory_zone_full: counter(
                 &registry,

@@ -44,6 +44,7 @@ pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
                     .map_err(|e| format!("store: {e}"))?
                     .with_lease_ttl(resilience.lease_ttl),
             );
+            redis.watch_eviction_policy()?;
             let guarded = Arc::new(
                 GuardedStore::new(
                     redis.clone(),
