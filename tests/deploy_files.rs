@@ -290,6 +290,10 @@ fn kubernetes_manifests_hang_together() {
         target.is_some_and(|p| container_ports(redis_container).contains(&p)),
         "the Redis Service reaches the redis container"
     );
+    // A Redis that may evict keys with a TTL (every Weir key has one) loses limit state when full.
+    let args: Vec<&str> = seq(&redis_container["args"]).iter().filter_map(|a| a.as_str()).collect();
+    let policy = args.iter().position(|a| *a == "--maxmemory-policy").and_then(|i| args.get(i + 1));
+    assert_eq!(policy, Some(&"noeviction"), "the limit-state Redis must not evict: args {args:?}");
 
     // The admin port has no token here: a NetworkPolicy must restrict who reaches it.
     if server.get("admin_token").is_none() {
