@@ -81,8 +81,9 @@ rate = "1r/m"
         file.write_all(piece.as_bytes()).expect("write a piece");
         file.flush().expect("flush");
         seen.extend(watch_for(&weir, PAUSE));
-        // While the file is incomplete the old config serves.
-        assert_eq!(http::get(weir.addr, "/old/x").status, 200);
+        // While the file is incomplete the old config serves (its route "old" is not in the new file).
+        let old = http::get(weir.addr, "/old/x").status;
+        assert_eq!(old, 200, "a partial file was applied: (generation, failures) seen {seen:?}\n{}", weir.stderr());
     }
     file.write_all(pieces[2].as_bytes()).expect("write the last piece");
     drop(file);
