@@ -15,6 +15,7 @@ use support::http::{KeepAlive, Request, Response};
 use support::metrics::{scrape, scrape_until};
 use support::poll::poll;
 use support::redis_server::RedisServer;
+use support::redis_topology::Cluster;
 use support::upstream::Upstream;
 use support::weir::Weir;
 
@@ -26,9 +27,12 @@ const POLL: Duration = Duration::from_millis(50);
 const WINDOW: Duration = Duration::from_secs(3);
 
 fn start(redis: &RedisServer, up: &Upstream, on_error: &str) -> Weir {
+    start_url(&redis.url(), up, on_error)
+}
+
+fn start_url(url: &str, up: &Upstream, on_error: &str) -> Weir {
     let sections = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"\ncircuit_breaker_failures = 3\n",
-        redis.url()
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"\ncircuit_breaker_failures = 3\n"
     );
     Weir::start(&with_app(
         admin::LISTEN,
@@ -83,6 +87,22 @@ fn an_eviction_policy_that_can_drop_limit_state_is_reported_at_start() {
     assert_eq!((ready.status, &body["redis"]["eviction_risk"]), (200, &serde_json::json!(false)), "{body}");
     assert!(body.get("warnings").is_none(), "{body}");
     assert_eq!(scrape(admin::addr(&weir)).must("weir_redis_eviction_risk", &[]), 0.0);
+}
+
+#[test]
+fn on_a_cluster_any_master_that_can_evict_is_reported() {
+    let up = Upstream::start();
+    let cluster = Cluster::start(3);
+    let master = *cluster.slot_map().masters().iter().next().expect("a master");
+    let mut conn = cluster.node(master).connection();
+    for (name, value) in [("maxmemory", "64mb"), ("maxmemory-policy", "volatile-ttl")] {
+        let _: () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query(&mut conn).expect("CONFIG SET");
+    }
+    let weir = start_url(&cluster.url(), &up, "allow");
+    let ready = poll(SETTLE, POLL, || readyz(&weir), |r| r.json()["redis"]["maxmemory_policy"] == "volatile-ttl")
+        .unwrap_or_else(|r| panic!("/readyz never showed the master's policy: {}", r.summary()));
+    assert_eq!(ready.json()["redis"]["eviction_risk"], true, "{}", ready.summary());
+    assert_eq!(ready.status, 200, "{}", ready.summary());
 }
 
 #[test]

@@ -69,11 +69,29 @@ pub fn parse_info(text: &str) -> Option<(String, u64)> {
     Some((policy, maxmemory))
 }
 
-/// Reads the settings over `conn`: `INFO memory`, else `CONFIG GET`.
+/// Every text in a reply: one server's `INFO`, or a cluster's, one per master.
+fn texts(value: &::redis::Value) -> Vec<String> {
+    use ::redis::Value;
+    match value {
+        Value::BulkString(bytes) => vec![String::from_utf8_lossy(bytes).into_owned()],
+        Value::SimpleString(text) => vec![text.clone()],
+        Value::VerbatimString { text, .. } => vec![text.clone()],
+        Value::Array(items) | Value::Set(items) => items.iter().flat_map(texts).collect(),
+        Value::Map(pairs) => pairs.iter().flat_map(|(_, v)| texts(v)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Reads the settings over `conn`: `INFO memory` (on a cluster, every master's: the riskiest
+/// counts), else `CONFIG GET`.
 pub async fn read_status(conn: &mut RedisConn) -> Result<EvictionStatus, StoreError> {
-    let info: Result<String, _> = ::redis::cmd("INFO").arg("memory").query_async(conn).await;
-    if let Some((policy, maxmemory)) = info.as_deref().ok().and_then(parse_info) {
-        return Ok(EvictionStatus::new(policy, maxmemory, "INFO memory"));
+    let info: Result<::redis::Value, _> = ::redis::cmd("INFO").arg("memory").query_async(conn).await;
+    let parsed: Vec<(String, u64)> =
+        info.as_ref().map(|v| texts(v).iter().filter_map(|t| parse_info(t)).collect()).unwrap_or_default();
+    let statuses: Vec<EvictionStatus> =
+        parsed.into_iter().map(|(policy, maxmemory)| EvictionStatus::new(policy, maxmemory, "INFO memory")).collect();
+    if let Some(worst) = statuses.iter().find(|s| s.eviction_risk).or(statuses.first()) {
+        return Ok(worst.clone());
     }
     let policy: Vec<String> = ::redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(conn).await?;
     let maxmemory: Vec<String> = ::redis::cmd("CONFIG").arg("GET").arg("maxmemory").query_async(conn).await?;
