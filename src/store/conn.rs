@@ -62,8 +62,8 @@ pub struct MemoryConnStore {
 #[derive(Default)]
 struct Counts {
     counts: HashMap<(String, Vec<u8>), u32>,
-    /// Keys held per zone, with the zone's metrics.
-    zones: HashMap<String, (usize, ZoneMetrics)>,
+    /// Per zone: keys held, the capacity last applied, and the zone's metrics.
+    zones: HashMap<String, (usize, usize, ZoneMetrics)>,
 }
 
 impl Default for MemoryConnStore {
@@ -73,9 +73,9 @@ impl Default for MemoryConnStore {
 }
 
 impl Counts {
-    fn zone(&mut self, zone: &str) -> &mut (usize, ZoneMetrics) {
+    fn zone(&mut self, zone: &str) -> &mut (usize, usize, ZoneMetrics) {
         if !self.zones.contains_key(zone) {
-            self.zones.insert(zone.to_string(), (0, ZoneMetrics::new(zone)));
+            self.zones.insert(zone.to_string(), (0, 0, ZoneMetrics::new(zone)));
         }
         // Just inserted if it was missing.
         self.zones.get_mut(zone).expect("zone entry")
@@ -104,8 +104,11 @@ impl MemoryConnStore {
         if rejected.is_none() {
             // A new key needs room in its zone; counts of requests in flight are never evicted.
             for (i, (c, (&h, &cap))) in checks.iter().zip(held.iter().zip(&caps)).enumerate() {
-                let (keys, metrics) = inner.zone(c.zone);
-                metrics.capacity.set(i64::try_from(cap).unwrap_or(i64::MAX));
+                let (keys, applied, metrics) = inner.zone(c.zone);
+                if *applied != cap {
+                    *applied = cap;
+                    metrics.capacity.set(i64::try_from(cap).unwrap_or(i64::MAX));
+                }
                 if h == 0 && *keys >= cap {
                     metrics.full.inc();
                     rejected = Some(i);
@@ -118,7 +121,7 @@ impl MemoryConnStore {
                 let count = inner.counts.entry((c.zone.to_string(), c.key.to_vec())).or_insert(0);
                 *count += 1;
                 if *count == 1 {
-                    let (keys, metrics) = inner.zone(c.zone);
+                    let (keys, _, metrics) = inner.zone(c.zone);
                     *keys += 1;
                     metrics.keys.inc();
                 }
@@ -135,7 +138,7 @@ impl MemoryConnStore {
                 *count = count.saturating_sub(1);
                 if *count == 0 {
                     inner.counts.remove(&id);
-                    let (held, metrics) = inner.zone(&k.zone);
+                    let (held, _, metrics) = inner.zone(&k.zone);
                     *held = held.saturating_sub(1);
                     metrics.keys.dec();
                 }

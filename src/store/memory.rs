@@ -93,7 +93,8 @@ impl ZoneTable {
     /// Applies a changed `max_keys` (a reload).
     fn resize(&self, cap: usize) {
         use std::sync::atomic::Ordering;
-        if self.cap.swap(cap, Ordering::Relaxed) == cap {
+        // A read on every decision; a write only when the config changed.
+        if self.cap.load(Ordering::Relaxed) == cap || self.cap.swap(cap, Ordering::Relaxed) == cap {
             return;
         }
         let per_shard = cap.div_ceil(self.shards.len());
