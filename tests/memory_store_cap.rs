@@ -128,3 +128,38 @@ limit_req_status = 503
         0.0
     );
 }
+
+#[test]
+fn a_conn_zone_full_of_requests_in_flight_answers_new_keys_with_limit_conn_status() {
+    let up = Upstream::start();
+    up.set_sleep(Duration::from_millis(1500));
+    let weir = start(
+        &up,
+        r#"
+[[limit_conn_zone]]
+name = "conns"
+key = "header:X-Key"
+max_keys = 1
+
+[[route]]
+name = "api"
+path_prefix = "/"
+upstream = "app"
+limit_conn = [ { zone = "conns", max = 10 } ]
+"#,
+    );
+    let addr = weir.addr;
+    // Key "a" holds the zone's only slot while its slow request runs.
+    let slow = std::thread::spawn(move || support::http::must_send(addr, &keyed("/slow", "a")).status);
+    assert!(up.wait_hits(1, SETTLE), "the slow request reached the upstream");
+    let refused = support::http::must_send(addr, &keyed("/", "b"));
+    assert_eq!(refused.status, 503, "{}", refused.summary());
+    assert_eq!(slow.join().expect("slow request"), 200);
+    let admin = admin::addr(&weir);
+    let s = scrape_until(admin, SETTLE, POLL, |s| s.value_or_zero("weir_memory_keys", &[("zone", "conns")]) == 0.0)
+        .unwrap_or_else(|s| panic!("the finished request's key is still held:\n{}", s.filtered()));
+    assert_eq!(s.must("weir_memory_zone_full_total", &[("zone", "conns")]), 1.0);
+    // The slot is free again: a new key gets in.
+    up.set_sleep(Duration::ZERO);
+    assert_eq!(support::http::must_send(addr, &keyed("/", "b")).status, 200);
+}
