@@ -22,7 +22,7 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// The file's content must read the same twice this far apart before it is applied.
 const STABLE_FOR: Duration = Duration::from_millis(300);
 /// A file written and still open (no close after the last write) is not applied until it is
-/// closed — or, in case the close was missed, after this long unchanged.
+/// closed — or, in case the close was missed, once it has not changed for this long.
 const MAX_OPEN_WAIT: Duration = Duration::from_secs(30);
 const FILE_CHANGE: &str = "file change";
 /// A directory that never stops changing must not postpone a reload forever.
@@ -260,7 +260,8 @@ fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Opt
         Change::Closed => *open_writer = false,
         Change::Replaced => {}
     };
-    let started = Instant::now();
+    // When the file last changed (an event, or different content).
+    let mut last_change = Instant::now();
     let mut logged_open = false;
     loop {
         // Quiet first, but never more than MAX_DEBOUNCE after the first event of a burst.
@@ -271,7 +272,10 @@ fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Opt
                 break;
             }
             match rx.recv_timeout(DEBOUNCE.min(left)) {
-                Ok(change) => note(change, &mut open_writer),
+                Ok(change) => {
+                    note(change, &mut open_writer);
+                    last_change = Instant::now();
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
@@ -292,9 +296,10 @@ fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Opt
         }
         let after = std::fs::read(path).ok();
         if moved || before != after {
+            last_change = Instant::now();
             continue;
         }
-        if open_writer && started.elapsed() < MAX_OPEN_WAIT {
+        if open_writer && last_change.elapsed() < MAX_OPEN_WAIT {
             if !logged_open {
                 info!(path = %path.display(), "config file written but still open: applying it once its writer closes it");
                 logged_open = true;
