@@ -261,7 +261,7 @@ fn zone_full(checks: &[ZoneCheck<'_>], full: usize, now_us: u64) -> Verdict {
             if n == full {
                 ZoneOutcome {
                     admitted: false,
-                    excess: (check.limit.burst + check.cost) as f64,
+                    excess: check.limit.burst.saturating_add(check.cost) as f64,
                     delay_us: 0,
                     retry_after_us: Some(FULL_RETRY_US),
                     remaining: 0,
