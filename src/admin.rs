@@ -1,8 +1,7 @@
 //! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
 //! `GET /healthz` (process up), `GET /readyz` (the store decides; 503 with the reason while it
-//! fails), `GET /metrics`
-//! (Prometheus), `GET /config` (generation, hash, load time), `POST /reload`, and
-//! `GET /limits?zone=Z&key=K` (one key's state, for support). With `admin_token` set, every
+//! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
+//! `POST /reload`, and `GET /limits?zone=Z&key=K` (one key's state, for support). With `admin_token` set, every
 //! endpoint but the probes needs `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
