@@ -2,8 +2,9 @@
 //! under `maxmemory`), Weir says so at start: a warning in its log, `weir_redis_eviction_risk` and
 //! a warning in `/readyz`. With `noeviction` and Redis full, decisions fail with `OOM command not
 //! allowed`: requests get the failure policy, `/readyz` is 503 with the reason, and the circuit
-//! breaker stays open (one open, not a flap per PING) until Redis accepts writes again. Real weir,
-//! real `redis-server` with `--maxmemory 2mb`, real upstream, loopback.
+//! breaker stays open (one open, not a flap per PING) until Redis accepts writes again; the same
+//! with a Redis answering `BUSY` (a runaway script). Real weir, real `redis-server` (with
+//! `--maxmemory 2mb`, or a Cluster), real upstream, loopback.
 
 mod support;
 
@@ -168,4 +169,46 @@ fn a_full_noeviction_redis_gets_the_failure_policy_and_readyz_says_why_without_f
     let s = scrape_until(admin, SETTLE, POLL, |s| s.value_or_zero("weir_store_circuit_open", &[]) == 0.0)
         .unwrap_or_else(|s| panic!("circuit still open:\n{}", s.filtered()));
     assert_eq!(s.must("weir_store_circuit_opens_total", &[]), opens_before + 1.0);
+}
+
+#[test]
+fn a_busy_redis_keeps_the_circuit_open_and_readyz_not_ready_until_the_script_is_killed() {
+    let up = Upstream::start();
+    // Redis answers BUSY to everyone else once a script has run for 100 ms.
+    let redis = RedisServer::start_with_args(&["--busy-reply-threshold", "100"]);
+    let weir = start(&redis, &up, "deny");
+    let admin = admin::addr(&weir);
+    let mut client = KeepAlive::new(weir.addr, IO_TIMEOUT);
+    let mut n = 0u64;
+    let mut send = |client: &mut KeepAlive| {
+        n += 1;
+        client.send(&Request::get("/").header("X-Key", &format!("k{n}"))).expect("request")
+    };
+    assert_eq!(send(&mut client).status, 200, "healthy");
+
+    // A script that never ends (read-only, so SCRIPT KILL can stop it).
+    let url = redis.url();
+    let runaway = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).expect("url").get_connection().expect("connect");
+        let _: redis::RedisResult<()> = redis::cmd("EVAL").arg("while true do end").arg(0).query(&mut conn);
+    });
+    let opens_before = scrape(admin).value_or_zero("weir_store_circuit_opens_total", &[]);
+    let ready = poll(SETTLE, POLL, || readyz(&weir), |r| r.status == 503)
+        .unwrap_or_else(|r| panic!("/readyz stayed ready: {}", r.summary()));
+    assert!(ready.json()["reason"].as_str().is_some_and(|r| r.contains("BUSY")), "{}", ready.summary());
+    let t0 = Instant::now();
+    let mut statuses = std::collections::BTreeMap::new();
+    while t0.elapsed() < WINDOW {
+        *statuses.entry(send(&mut client).status).or_insert(0u32) += 1;
+    }
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [429], "the failure policy answers: {statuses:?}");
+    let opens = scrape(admin).must("weir_store_circuit_opens_total", &[]) - opens_before;
+    assert_eq!(opens, 1.0, "one open over {WINDOW:?} of BUSY replies, no flapping");
+
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("SCRIPT").arg("KILL").query(&mut conn).expect("SCRIPT KILL");
+    runaway.join().expect("the runaway script's client");
+    poll(SETTLE, POLL, || readyz(&weir), |r| r.status == 200)
+        .unwrap_or_else(|r| panic!("/readyz never came back: {}", r.summary()));
+    assert_eq!(send(&mut client).status, 200, "decided by Redis again");
 }
