@@ -1,6 +1,6 @@
 //! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
-//! `GET /healthz` (process up), `GET /readyz` (config loaded, store reachable), `GET /metrics`
-//! (Prometheus), `GET /config` (generation, hash, load time), `POST /reload`, and
+//! `GET /healthz` (process up), `GET /readyz` (config loaded; whether the store is reachable),
+//! `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time), `POST /reload`, and
 //! `GET /limits?zone=Z&key=K` (one key's state, for support). With `admin_token` set, every
 //! endpoint but the probes needs `Authorization: Bearer <token>`.
 
@@ -13,6 +13,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::{json, Value};
 
+use crate::config::{FailurePolicy, StoreSettings};
 use crate::limit::{evaluate, State};
 use crate::metrics::METRICS;
 use crate::reload::{ReloadOutcome, Reloader};
@@ -86,12 +87,19 @@ impl AdminApp {
     async fn readiness(&self) -> (StatusCode, Body) {
         match self.store.ping().await {
             Ok(()) => (StatusCode::OK, Body::Json(json!({ "status": "ready", "store": self.store.kind() }))),
-            // Decisions fail open while the store is unreachable, so traffic is still served.
-            Err(e) => (
-                StatusCode::OK,
-                Body::Json(json!({ "status": "ready", "store": self.store.kind(),
-                    "store_error": e.to_string(), "policy": "allow" })),
-            ),
+            // Traffic is still served while the store is unreachable: the failure policy decides
+            // (`on_error`, default `local`; routes may override it).
+            Err(e) => {
+                let policy = match &self.reloader.runtime().load().store {
+                    StoreSettings::Redis(_, resilience) => resilience.on_error,
+                    StoreSettings::Memory => FailurePolicy::Local,
+                };
+                (
+                    StatusCode::OK,
+                    Body::Json(json!({ "status": "ready", "store": self.store.kind(),
+                        "store_error": e.to_string(), "policy": policy.as_str() })),
+                )
+            }
         }
     }
 
