@@ -7,7 +7,7 @@ mod support;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -34,8 +34,9 @@ impl Setup {
     /// Starts weir on `config(listen = ["$LISTEN"], rest)` and waits for the admin listener.
     fn start(rest: &str) -> Setup {
         let up = Upstream::start();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let w = Weir::start(&config(&up, admin, "\"$LISTEN\"", rest));
+        // The admin address is picked by `Weir::start` ($LISTEN2), anew if a retry is needed.
+        let w = Weir::start(&config(&up, "$LISTEN2", "\"$LISTEN\"", rest));
+        let admin = w.addrs[1];
         let s = Setup { w, up, admin };
         s.wait_admin();
         s
@@ -151,8 +152,52 @@ fn gen_of(v: &Value) -> u64 {
     v["generation"].as_u64().expect("generation is a number")
 }
 
+/// Counts the opens of one file by any process (inotify's `IN_OPEN`, through `notify`). Every
+/// reload reads the config file, whatever its outcome, so this is how a test knows that a reload
+/// which changed nothing (and so logged or counted nothing) has run. A reload holds the status
+/// lock from before it opens the file until it is done, so a `GET /config` after the open answers
+/// only once that reload is over.
+struct FileOpens {
+    count: Arc<AtomicUsize>,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl FileOpens {
+    fn watch(path: &Path) -> FileOpens {
+        use notify::event::{AccessKind, EventKind};
+        use notify::Watcher;
+        let count = Arc::new(AtomicUsize::new(0));
+        let name = path.file_name().expect("a file name").to_os_string();
+        let seen = count.clone();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if let Ok(e) = event {
+                if matches!(e.kind, EventKind::Access(AccessKind::Open(_)))
+                    && e.paths.iter().any(|p| p.file_name() == Some(name.as_os_str()))
+                {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+        .expect("an inotify watcher");
+        let dir = path.parent().expect("a directory");
+        watcher.watch(dir, notify::RecursiveMode::NonRecursive).expect("watch the config directory");
+        FileOpens { count, _watcher: watcher }
+    }
+
+    /// Waits (bounded) until the file was opened at least `n` times since [`FileOpens::watch`].
+    fn wait_for(&self, n: usize, what: &str, s: &Setup) {
+        if wait_until(RELOAD_TIMEOUT, Duration::from_millis(10), || self.count.load(Ordering::SeqCst) >= n).is_none() {
+            panic!(
+                "the config file was opened {} times in {RELOAD_TIMEOUT:?}, expected {n} ({what})\n{}",
+                self.count.load(Ordering::SeqCst),
+                s.log()
+            );
+        }
+    }
+}
+
 /// `[server]` with an admin listener, `[store]`, one upstream "app", then `rest`.
-fn config(up: &Upstream, admin: SocketAddr, listen: &str, rest: &str) -> String {
+fn config(up: &Upstream, admin: impl std::fmt::Display, listen: &str, rest: &str) -> String {
     format!(
         r#"[server]
 listen = [{listen}]
@@ -432,17 +477,15 @@ fn broken_files_are_refused_and_the_running_config_keeps_serving() {
         assert_eq!(s.get("/v1/x", "r"), 200, "{ctx}: the old regex route answers");
         assert_eq!(s.get("/w1/x", "r"), 404, "{ctx}");
 
-        // One bad save is counted once, however many file events it makes.
-        thread::sleep(Duration::from_millis(600));
-        let st = s.status();
-        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: {st}");
-        assert_eq!(gen_of(&st), gen0, "{ctx}: {st}");
-
         // Fix it with a real change: a bigger burst.
         burst += 1;
         s.write(&good(burst as u32));
         let st = s.wait_generation(gen0 + 1);
         assert_eq!(gen_of(&st), gen0 + 1, "{ctx}: fix applied once: {st}");
+        // One bad save is counted once, however many file events it made: the watcher reloads
+        // one after the other, so by the time it applied the fix it had run every reload that
+        // read the bad text (a later one reads the fix).
+        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: the bad save counted once: {st}");
         assert_eq!(st["last_error"], Value::Null, "{ctx}: fix clears last_error: {st}");
         assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: {st}");
         s.assert_burst(&format!("fixed{i}"), burst, &format!("{ctx}: fixed"));
@@ -587,21 +630,26 @@ fn sighup_and_post_reload() {
     s.assert_burst("a", 1, "generation 1");
 
     // Edit, then SIGHUP at once: the watcher will see the same change; it is applied once.
+    let opens = FileOpens::watch(s.path());
     s.write(&s.text(&limited("per_client", 2, V_RE)));
     s.w.signal(libc::SIGHUP);
     s.wait_generation(2);
-    thread::sleep(Duration::from_millis(700)); // let the file watcher's reload run too
-    let st = s.status();
-    assert_eq!(gen_of(&st), 2, "one edit, one new generation: {st}");
-    s.assert_burst("b", 2, "after SIGHUP");
-    let stderr = s.w.stderr();
-    assert!(
-        stderr
+    let sighup_logged = || {
+        s.w.stderr()
             .lines()
-            .any(|l| l.contains("SIGHUP") && (l.contains("config reloaded") || l.contains("config unchanged"))),
+            .any(|l| l.contains("SIGHUP") && (l.contains("config reloaded") || l.contains("config unchanged")))
+    };
+    assert!(
+        wait_until(RELOAD_TIMEOUT, Duration::from_millis(25), sighup_logged).is_some(),
         "stderr shows a SIGHUP-triggered reload\n{}",
         s.log()
     );
+    // Three opens of the file: this write, the SIGHUP reload (logged, so done) and the watcher's
+    // reload (before or after it; the second of the two finds the text unchanged).
+    opens.wait_for(3, "the write, the SIGHUP reload, the file watcher's reload", &s);
+    let st = s.status();
+    assert_eq!(gen_of(&st), 2, "one edit, one new generation: {st}");
+    s.assert_burst("b", 2, "after SIGHUP");
 
     // POST /reload on an unchanged file.
     let (code, v) = s.admin_call("POST", "/reload");
@@ -613,6 +661,7 @@ fn sighup_and_post_reload() {
     // POST /reload right after writing a broken file: 422 with the error; the old config serves.
     let fails0 = s.failures();
     let broken = s.text(&limited("per_nope", 5, V_RE));
+    let opens = FileOpens::watch(s.path());
     s.write(&broken);
     let (code, v) = s.admin_call("POST", "/reload");
     assert_eq!(code, 422, "{v}");
@@ -624,11 +673,15 @@ fn sighup_and_post_reload() {
     assert_eq!(st["last_error"].as_str(), Some(err), "{st}");
     assert!(st["reload_failures"].as_u64().unwrap() > fails0, "{st}");
     s.assert_burst("c", 2, "broken file refused by POST /reload");
-    thread::sleep(Duration::from_millis(600));
+    // Five opens: this write, then two per refused reload (to compile the file, then to fingerprint
+    // the refused text) for the API's and the watcher's, in either order.
+    opens.wait_for(5, "the write, the POST /reload, the file watcher's reload", &s);
     let st = s.status();
     assert_eq!(gen_of(&st), 2, "{st}");
-    // The API refusal counts once; the watcher sees the same bad text at most once more.
-    assert!(st["reload_failures"].as_u64().unwrap() <= fails0 + 2, "{st}");
+    // The API refusal counts once; the watcher sees the same bad text at most once more (not at
+    // all when the API's refusal came first: the same text is counted once).
+    let failures = st["reload_failures"].as_u64().unwrap();
+    assert!((fails0 + 1..=fails0 + 2).contains(&failures), "{st}");
     s.assert_burst("d", 2, "broken file, after the watcher saw it too");
 
     // Fix it and POST /reload: the fix is applied (by this call or by the watcher just before).
