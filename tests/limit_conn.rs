@@ -447,8 +447,14 @@ limit_conn = [ { zone = "conn_per_ip", max = 3 } ]
     // Leases were renewed at most ttl/3 = 1 s before the kill, so they live at least 2 s more.
     assert!(back >= Duration::from_millis(1800), "a slot came back {back:?} after the kill: before lease_ttl - ttl/3");
 
-    // All three of A's slots are back: B now takes 3 (and only 3) at once.
-    thread::sleep(Duration::from_millis(500));
+    // All three of A's slots are back (no lease in the set is live on Redis' clock): B now takes
+    // 3 (and only 3) at once.
+    let all_back = wait_until(Duration::from_secs(5), POLL, || {
+        let now = redis_now_ms(&mut rc);
+        let live: u64 = redis::cmd("ZCOUNT").arg(LOCAL_KEY).arg(format!("({now}")).arg("+inf").query(&mut rc).unwrap();
+        live == 0
+    });
+    assert!(all_back.is_some(), "A's other leases expired soon after the first");
     up.reset_max();
     let rs = fire(many(b.addr, "/api/sleep/1000/b", 4));
     assert_eq!(sorted_statuses(&rs), vec![200, 200, 200, 503], "B alone holds the 3 slots:\n{:#?}", summaries(&rs));
