@@ -7,6 +7,7 @@ mod conn_limiting;
 mod headers;
 mod lease;
 mod limiting;
+mod policy;
 mod respond;
 
 use std::net::IpAddr;
@@ -42,8 +43,9 @@ pub struct WeirProxy {
 impl WeirProxy {
     /// `store` decides rates and `conn_store` concurrency; both outlive every reload.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>, conn_store: Arc<dyn ConnStore>) -> Self {
+        let conn_stores =
+            ConnStores { primary: conn_store, kind: store.kind(), local: Arc::new(MemoryConnStore::default()) };
         let stores = Stores { primary: store, local: MemoryStore::default() };
-        let conn_stores = ConnStores { primary: conn_store, local: Arc::new(MemoryConnStore::default()) };
         Self { runtime, stores, conn_stores }
     }
 }
