@@ -12,7 +12,7 @@ DESCRIPTION = "Weir benchmark harness (issue 4). Started by bench/run.sh; Python
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=DESCRIPTION)
+    ap = argparse.ArgumentParser(prog="bench/harness", description=DESCRIPTION)
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 2 s rows")
     ap.add_argument("--reps", type=int, default=0, help="repetitions per row (default 4; quick 1)")
     ap.add_argument("--duration", type=int, default=0, help="seconds per run (default 5; quick 2)")
