@@ -114,7 +114,8 @@ limit_req = [ { zone = "fw" } ]
     assert!(ra <= 2, "Retry-After is at most the window: {}", fourth.summary());
     // Retry-After = the rest of the window, rounded up (at least 1 s), for a "now" between the
     // request's sending and its answer: 2 when it ran less than 1 s into the window, as it
-    // normally does; a slow machine moves the bounds, never skips the check.
+    // normally does; a slow machine moves the bounds, never skips the check (the exact instant:
+    // `window_boundaries_on_a_simulated_clock`).
     let rest_secs = |at: u64| (start + 2 * SEC_US).saturating_sub(at).div_ceil(SEC_US).max(1);
     assert!(
         (rest_secs(done)..=rest_secs(sent)).contains(&ra),
@@ -337,7 +338,7 @@ limit_req = [ { zone = "sw_2s" } ]
     sleep_until_us(start + 2 * SEC_US + 50_000);
     assert_rate_limited(&get(&w, "/s/x"), "sw_2s");
     // From 1 s into it they weigh 2 or less: two pass; until 1.5 s, more than 1: the third is over.
-    // (`sliding_window_boundaries_on_a_simulated_clock` checks the same instants exactly.)
+    // (`window_boundaries_on_a_simulated_clock` checks the same instants exactly.)
     sleep_until_us(start + 3 * SEC_US + 20_000);
     let rs: Vec<Response> = (0..3).map(|_| get(&w, "/s/x")).collect();
     let done = now_us();
