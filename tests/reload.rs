@@ -158,7 +158,8 @@ fn gen_of(v: &Value) -> u64 {
 /// nothing (and so logged or counted nothing) has run. A reload holds the status lock from before
 /// it reads the file until it is done, so a `GET /config` after the read answers only once that
 /// reload is over. (`IN_OPEN` is also watched so that two reads in a row are never coalesced
-/// into one event: the kernel merges only identical consecutive events.)
+/// into one event: the kernel merges only identical consecutive events. Reloads never read at
+/// the same time: the status lock orders them.)
 struct FileReads {
     fd: libc::c_int,
     reads: std::cell::Cell<usize>,
@@ -507,7 +508,6 @@ fn broken_files_are_refused_and_the_running_config_keeps_serving() {
         // read the bad text (a later one reads the fix).
         assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: the bad save counted once: {st}");
         assert_eq!(st["last_error"], Value::Null, "{ctx}: fix clears last_error: {st}");
-        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: {st}");
         s.assert_burst(&format!("fixed{i}"), burst, &format!("{ctx}: fixed"));
     }
 
