@@ -7,7 +7,7 @@
 #   bench/run.sh --quick    smoke test for CI (1 repetition, 2 s per row, small memory and fleet
 #                           parts; < 1 min + build); writes bench/results/quick.{json,md} and
 #                           exits non-zero if any part fails to run
-#   extra options go to bench/harness.py: --reps N, --duration S, --out DIR, --profile
+#   extra options go to the harness (bench/harness/): --reps N, --duration S, --out DIR, --profile
 #
 # Environment: BENCH_SUT_CPU (default 0: proxy + upstream), BENCH_LOAD_CPU (default 1: wrk),
 # BENCH_REDIS_CPU (default: same as BENCH_LOAD_CPU), BENCH_CONNECTIONS (default 64),
@@ -87,7 +87,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-python3 bench/harness.py --weir "$weir" --workdir "$workdir" "$@" &
+python3 bench/harness --weir "$weir" --workdir "$workdir" "$@" &
 harness_pid=$!
 set +e
 wait "$harness_pid"

@@ -16,8 +16,10 @@ const DELAY_BUCKETS: &[f64] = &[0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0
 
 pub struct Metrics {
     registry: Registry,
-    /// Requests by route and limit outcome: passed, delayed, rejected, delayed_dry_run,
-    /// rejected_dry_run, unlimited, store_error (decided by the failure policy), no_route.
+    /// Requests by route and outcome: passed, delayed, rejected, delayed_dry_run, rejected_dry_run,
+    /// unlimited, fail_open / fail_closed (store failed; `on_error` allow / deny decided; `local`
+    /// reports its own decision's word), conn_rejected, upstream_busy, client_gone, denied,
+    /// bad_request, no_route (the labels set in `src/proxy/`).
     pub requests: IntCounterVec,
     /// Per-zone decisions, in nginx's `$limit_req_status` words (lowercase).
     pub zone_decisions: IntCounterVec,

@@ -14,6 +14,7 @@ use support::http::{self, statuses, summaries, Response};
 use support::ratelimit::{retry_after, sf_param};
 use support::upstream::Upstream;
 use support::weir::{check_config, Weir};
+use weir::limit::{evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State, ZoneOutcome};
 
 const SEC_US: u64 = 1_000_000;
 
@@ -105,15 +106,24 @@ limit_req = [ { zone = "fw" } ]
     let p = rs[0].header("ratelimit-policy").unwrap();
     assert!(p.contains("\"fw\""), "policy names the zone: {p}");
 
+    let sent = now_us();
     let fourth = get(&w, "/fw/a");
-    let at = now_us();
+    let done = now_us();
     assert_rate_limited(&fourth, "fw");
     let ra = retry_after(&fourth);
     assert!(ra <= 2, "Retry-After is at most the window: {}", fourth.summary());
-    if at < start + SEC_US {
-        // Less than 1 s into the window: more than 1 s is left, rounded up.
-        assert_eq!(ra, 2, "Retry-After = the rest of the window, rounded up: {}", fourth.summary());
-    }
+    // Retry-After = the rest of the window, rounded up (at least 1 s), for a "now" between the
+    // request's sending and its answer: 2 when it ran less than 1 s into the window, as it
+    // normally does; a slow machine moves the bounds, never skips the check (the exact instant:
+    // `window_boundaries_on_a_simulated_clock`).
+    let rest_secs = |at: u64| (start + 2 * SEC_US).saturating_sub(at).div_ceil(SEC_US).max(1);
+    assert!(
+        (rest_secs(done)..=rest_secs(sent)).contains(&ra),
+        "Retry-After = the rest of the window, rounded up ({}..={}): {}",
+        rest_secs(done),
+        rest_secs(sent),
+        fourth.summary()
+    );
     assert_eq!(policy(&fourth), (3, 2), "{}", fourth.summary());
 
     // Exact lower bound: the window has not ended 200 ms before its end.
@@ -328,14 +338,77 @@ limit_req = [ { zone = "sw_2s" } ]
     sleep_until_us(start + 2 * SEC_US + 50_000);
     assert_rate_limited(&get(&w, "/s/x"), "sw_2s");
     // From 1 s into it they weigh 2 or less: two pass; until 1.5 s, more than 1: the third is over.
+    // (`window_boundaries_on_a_simulated_clock` checks the same instants exactly.)
     sleep_until_us(start + 3 * SEC_US + 20_000);
     let rs: Vec<Response> = (0..3).map(|_| get(&w, "/s/x")).collect();
-    let in_time = now_us() < start + 3 * SEC_US + 500_000;
+    let done = now_us();
+    assert!(
+        done < start + 3 * SEC_US + 500_000,
+        "precondition: the three requests 1 s into the window were answered before 1.5 s into it \
+         (the last at {} ms); the machine was too slow for this check",
+        (done - start - 2 * SEC_US) / 1000
+    );
     assert_eq!(rs[0].status, 200, "{:#?}", summaries(&rs));
     assert_eq!(rs[1].status, 200, "{:#?}", summaries(&rs));
-    if in_time {
-        assert_rate_limited(&rs[2], "sw_2s");
+    assert_rate_limited(&rs[2], "sw_2s");
+}
+
+/// The instants of the two window tests above, on a simulated clock: the model that the memory
+/// store runs, without the wall clock's noise.
+#[test]
+fn window_boundaries_on_a_simulated_clock() {
+    let clock = ManualClock::new(1_700_000_000 * SEC_US); // a multiple of 2 s: a window starts here
+    let window = |algorithm| LimitReq {
+        algorithm,
+        rate: Rate { count: 4, period_us: 2 * SEC_US },
+        burst: 0,
+        delay: DelayPolicy::NoDelay,
+    };
+    let run = |limit: &LimitReq, state: &mut Option<State>, n: usize| -> Vec<ZoneOutcome> {
+        (0..n)
+            .map(|_| {
+                let out = evaluate(limit, state.as_ref(), clock.now_us(), 1);
+                if out.admitted {
+                    *state = Some(out.next.clone());
+                }
+                out
+            })
+            .collect()
+    };
+    let admitted = |outs: &[ZoneOutcome]| outs.iter().map(|o| o.admitted).collect::<Vec<_>>();
+    let start = clock.now_us();
+
+    // Fixed window, 3 per 2 s: a 4th request 50 ms in waits out the rest of the window, 1.95 s,
+    // which the proxy rounds up to Retry-After: 2; the next window opens whole.
+    let fw = LimitReq { rate: Rate { count: 3, period_us: 2 * SEC_US }, ..window(Algorithm::FixedWindow) };
+    let mut state = None;
+    clock.set_us(start + 50_000);
+    let outs = run(&fw, &mut state, 4);
+    assert_eq!(admitted(&outs), [true, true, true, false]);
+    assert_eq!(outs[3].retry_after_us, Some(1_950_000));
+    clock.set_us(start + 2 * SEC_US - 1);
+    assert_eq!(admitted(&run(&fw, &mut state, 1)), [false], "the window has not ended 1 µs before its end");
+    clock.set_us(start + 2 * SEC_US);
+    assert_eq!(admitted(&run(&fw, &mut state, 4)), [true, true, true, false], "a new window");
+
+    // Sliding window, 4 per 2 s: fill one window; in the next the previous 4 weigh 4 × (1 - t/2 s).
+    let sw = window(Algorithm::SlidingWindow);
+    let mut state = None;
+    clock.set_us(start + 50_000);
+    assert_eq!(admitted(&run(&sw, &mut state, 5)), [true, true, true, true, false]);
+    let filled = state.clone();
+    clock.set_us(start + 2 * SEC_US + 50_000);
+    assert_eq!(admitted(&run(&sw, &mut state, 1)), [false], "at the start of the next window the 4 weigh ~4");
+    // From 1 s on they weigh 2 or less: two pass; the third is over until 1.5 s ...
+    for at in [3 * SEC_US, 3 * SEC_US + 20_000, 3 * SEC_US + 499_999] {
+        let mut state = filled.clone();
+        clock.set_us(start + at);
+        assert_eq!(admitted(&run(&sw, &mut state, 3)), [true, true, false], "{} ms into the window", at / 1000 - 2000);
     }
+    // ... and passes from 1.5 s on, when the previous 4 weigh 1.
+    let mut state = filled.clone();
+    clock.set_us(start + 3 * SEC_US + 500_000);
+    assert_eq!(admitted(&run(&sw, &mut state, 4)), [true, true, true, false], "1.5 s into the window");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ use support::poll::{poll, wait_until};
 use support::redis_cmd::{exists, time_us, zcard};
 use support::redis_server::RedisServer;
 use support::tcp_server::TcpServer;
-use support::weir::{free_port, Weir};
+use support::weir::{refusing_addr, Weir};
 
 /// How long metrics and access-log lines may take to appear after a response was read.
 const SETTLE: Duration = Duration::from_secs(5);
@@ -447,8 +447,14 @@ limit_conn = [ { zone = "conn_per_ip", max = 3 } ]
     // Leases were renewed at most ttl/3 = 1 s before the kill, so they live at least 2 s more.
     assert!(back >= Duration::from_millis(1800), "a slot came back {back:?} after the kill: before lease_ttl - ttl/3");
 
-    // All three of A's slots are back: B now takes 3 (and only 3) at once.
-    thread::sleep(Duration::from_millis(500));
+    // All three of A's slots are back (no lease in the set is live on Redis' clock): B now takes
+    // 3 (and only 3) at once.
+    let all_back = wait_until(Duration::from_secs(5), POLL, || {
+        let now = redis_now_ms(&mut rc);
+        let live: u64 = redis::cmd("ZCOUNT").arg(LOCAL_KEY).arg(format!("({now}")).arg("+inf").query(&mut rc).unwrap();
+        live == 0
+    });
+    assert!(all_back.is_some(), "A's other leases expired soon after the first");
     up.reset_max();
     let rs = fire(many(b.addr, "/api/sleep/1000/b", 4));
     assert_eq!(sorted_statuses(&rs), vec![200, 200, 200, 503], "B alone holds the 3 slots:\n{:#?}", summaries(&rs));
@@ -502,8 +508,8 @@ limit_conn = [ { zone = "conn_per_ip", max = 1 } ]
 #[test]
 fn redis_upstream_refusing_connections_releases_the_lease() {
     let redis = RedisServer::start();
-    // Nothing listens there.
-    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    // Nothing listens there, and nothing can while `_reserved` lives.
+    let (_reserved, dead) = refusing_addr();
     let route = r#"
 [[route]]
 name = "api"
@@ -571,19 +577,16 @@ limit_conn = [ { zone = "shadow", max = 1, dry_run = true } ]
 // 5. allow / deny, real IP, upstream max_conns
 // ---------------------------------------------------------------------------------------------
 
-/// A loopback IPv6 port free a moment ago, or None when ::1 cannot be bound here.
-fn free_port_v6() -> Option<u16> {
-    TcpListener::bind("[::1]:0").ok().and_then(|l| l.local_addr().ok()).map(|a| a.port())
+/// Whether ::1 can be bound here.
+fn has_v6_loopback() -> bool {
+    TcpListener::bind("[::1]:0").is_ok()
 }
 
 #[test]
 fn allow_deny_first_match_in_file_order_v4_and_v6() {
     let up = Gauge::start();
-    let v6 = free_port_v6();
-    let listen = match v6 {
-        Some(p) => format!("\"$LISTEN\", \"[::1]:{p}\""),
-        None => "\"$LISTEN\"".to_string(),
-    };
+    let v6 = has_v6_loopback();
+    let listen = if v6 { "\"$LISTEN\", \"$LISTEN6\"" } else { "\"$LISTEN\"" };
     let config = format!(
         r#"[server]
 listen = [{listen}]
@@ -650,11 +653,11 @@ deny = ["::1"]
     assert_eq!(http::get(w.addr, "/v6/x").status, 200, "no rule matches 127.0.0.1: allowed");
     assert_eq!(up.hits(), 5, "denied requests never reach the upstream");
 
-    let Some(p) = v6 else {
+    if !v6 {
         println!("skipping the IPv6 part: cannot bind [::1]");
         return;
-    };
-    let v6addr: SocketAddr = format!("[::1]:{p}").parse().unwrap();
+    }
+    let v6addr = *w.addrs.last().expect("the $LISTEN6 address");
     let listening = wait_until(Duration::from_secs(10), POLL, || {
         TcpStream::connect_timeout(&v6addr, Duration::from_millis(200)).is_ok()
     });

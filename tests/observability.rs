@@ -6,7 +6,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -64,12 +63,6 @@ fn metrics_parser_reads_the_text_format() {
     assert_eq!(s.value("a_total", &[("a", "1")]), None, "label sets match exactly");
     assert!(parse_sample("x{a=\"1\" 2").is_err());
     assert!(parse_sample("x{a=1} 2").is_err());
-}
-
-/// Scrapes until `weir_requests_total` adds up to at least `requests` (bounded by [`SETTLE`]); the
-/// last scrape either way.
-fn scrape_after(admin: SocketAddr, requests: f64) -> Scrape {
-    scrape_until(admin, SETTLE, POLL, |s| s.sum("weir_requests_total", &[]) >= requests).unwrap_or_else(|last| last)
 }
 
 /// What one metric must show: all of its series, exactly (no more, no less).
@@ -146,23 +139,23 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
 
     // limited: 1r/m, burst 2, nodelay → 3 pass, 2 rejected; another client (X-Forwarded-For from
     // a trusted peer) has its own bucket and passes.
-    let limited: Vec<Response> = (0..5).map(|i| http::get(w.addr, &format!("/limited/{i}"))).collect();
+    let limited: Vec<Response> = (0..5).map(|i| http::get_logged(w.addr, &format!("/limited/{i}"), &[])).collect();
     assert_eq!(statuses(&limited), vec![200, 200, 200, 429, 429], "{:#?}", summaries(&limited));
-    let other = http::get_with(w.addr, "/limited/other", &[("X-Forwarded-For", "203.0.113.9")]);
+    let other = http::get_logged(w.addr, "/limited/other", &[("X-Forwarded-For", "203.0.113.9")]);
     assert_eq!(other.status, 200, "{}", other.summary());
     // open: no limit.
     for i in 0..2 {
-        let r = http::get(w.addr, &format!("/open/{i}"));
+        let r = http::get_logged(w.addr, &format!("/open/{i}"), &[]);
         assert_eq!(r.status, 200, "{}", r.summary());
     }
     // No route: 404.
-    let r = http::get(w.addr, "/nowhere");
+    let r = http::get_logged(w.addr, "/nowhere", &[]);
     assert_eq!(r.status, 404, "{}", r.summary());
     // slow: 2r/s, burst 3, no nodelay → the second back-to-back request waits ~500 ms.
-    let r = http::get_with(w.addr, "/slow/1", &[("X-K", "a")]);
+    let r = http::get_logged(w.addr, "/slow/1", &[("X-K", "a")]);
     assert_eq!(r.status, 200, "{}", r.summary());
     let t = Instant::now();
-    let r = http::get_with(w.addr, "/slow/2", &[("X-K", "a")]);
+    let r = http::get_logged(w.addr, "/slow/2", &[("X-K", "a")]);
     let waited = t.elapsed();
     assert_eq!(r.status, 200, "{}", r.summary());
     assert!(
@@ -170,7 +163,7 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
         "second request of the same key at 2r/s is delayed (~500 ms), took {waited:?}"
     );
     // slow without X-K: the key is empty, so per_k does not limit it.
-    let r = http::get(w.addr, "/slow/3");
+    let r = http::get_logged(w.addr, "/slow/3", &[]);
     assert_eq!(r.status, 200, "{}", r.summary());
 
     let expect = [
@@ -216,7 +209,17 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
         Expect { name: "weir_config_reloads_total", series: &[(&[], 0.0)] },
         Expect { name: "weir_config_reload_failures_total", series: &[(&[], 0.0)] },
     ];
-    let s = settle(admin, &expect);
+    // Every request above was read to the end of its connection, which weir closes only after
+    // the request's logging phase (where its metrics are recorded): one scrape must show them all,
+    // exactly. Nothing is missing, counted twice, or still to come.
+    let s = scrape(admin);
+    let wrong = mismatches(&s, &expect);
+    assert!(
+        wrong.is_empty(),
+        "metrics differ from the traffic sent:\n{}\n--- scrape ---\n{}",
+        wrong.join("\n"),
+        s.filtered()
+    );
 
     // The one delay, ~0.5 s minus the gap between the two requests, in the right bucket.
     let delay_sum = s.must("weir_limit_req_delay_seconds_sum", &[("route", "slow")]);
@@ -246,11 +249,6 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
         }
     }
 
-    // Nothing is counted twice or late: a second scrape a little later still agrees.
-    thread::sleep(Duration::from_millis(200));
-    let again = scrape(admin);
-    let late = mismatches(&again, &expect);
-    assert!(late.is_empty(), "metrics changed after settling:\n{}\n{}", late.join("\n"), again.filtered());
     assert_eq!(up.hits(), 9, "upstream saw the 4 + 2 + 3 forwarded requests");
 }
 
@@ -427,12 +425,13 @@ upstream = "app"
 limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
 "#,
     ));
-    let statuses: Vec<u16> = ["/api/1", "/api/2", "/nothing"].iter().map(|p| http::get(w.addr, p).status).collect();
+    // Each connection is read to its end: weir closes it after the request's logging phase, so
+    // every access line these requests could have made is written by then.
+    let statuses: Vec<u16> =
+        ["/api/1", "/api/2", "/nothing"].iter().map(|p| http::get_logged(w.addr, p, &[]).status).collect();
     assert_eq!(statuses, vec![200, 429, 404]);
-    // Once the metrics show the three requests, their logging phase has run.
-    let s = scrape_after(admin::addr(&w), 3.0);
-    assert_eq!(s.sum("weir_requests_total", &[]), 3.0, "{}", s.filtered());
-    thread::sleep(Duration::from_millis(100));
+    let s = scrape(admin::addr(&w));
+    assert_eq!(s.sum("weir_requests_total", &[]), 3.0, "the three requests were logged: {}", s.filtered());
     let all = json_lines(&w);
     let access = access_of(&all);
     assert!(access.is_empty(), "access_log = false: no access lines, got {access:#?}");

@@ -4,12 +4,13 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::thread;
 use std::time::{Duration, Instant};
 
+use support::admin;
 use support::concurrent::{self, Burst};
-use support::config::memory_with_app;
+use support::config::{memory_with_app, with_app};
 use support::http::{self, statuses, summaries, Conn, Request, Response};
+use support::metrics::scrape_until;
 use support::ratelimit::{retry_after, sf_param};
 use support::upstream::Upstream;
 use support::weir::Weir;
@@ -464,7 +465,9 @@ limit_req = [ { zone = "z", burst = 4, delay = 2 } ]
 #[test]
 fn delayed_requests_do_not_block_other_requests() {
     let up = Upstream::start();
-    let w = Weir::start(&memory_with_app(
+    let w = Weir::start(&with_app(
+        admin::LISTEN,
+        "[store]\nkind = \"memory\"",
         up.addr(),
         r#"
 [[limit_req_zone]]
@@ -489,7 +492,11 @@ upstream = "app"
     let burst = send_at_once(w.addr, reqs);
     let t0 = burst.released();
     assert!(up.wait_hits(1, Duration::from_secs(5)), "first slow request reached upstream");
-    thread::sleep(Duration::from_millis(100));
+    // The four others are in their delays: each is counted in the delay histogram as it starts.
+    let waiting = scrape_until(admin::addr(&w), Duration::from_secs(5), Duration::from_millis(10), |s| {
+        s.value_or_zero("weir_limit_req_delay_seconds_count", &[("route", "slow")]) >= 4.0
+    });
+    assert!(waiting.is_ok(), "4 requests of key a delayed: {}", waiting.unwrap_or_else(|s| s).filtered());
 
     // Meanwhile: another route, and another key on the same route, answer at once.
     let mut quick = Vec::new();

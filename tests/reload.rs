@@ -34,8 +34,9 @@ impl Setup {
     /// Starts weir on `config(listen = ["$LISTEN"], rest)` and waits for the admin listener.
     fn start(rest: &str) -> Setup {
         let up = Upstream::start();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let w = Weir::start(&config(&up, admin, "\"$LISTEN\"", rest));
+        // The admin address is picked by `Weir::start` ($LISTEN2), anew if a retry is needed.
+        let w = Weir::start(&config(&up, "$LISTEN2", "\"$LISTEN\"", rest));
+        let admin = w.addrs[1];
         let s = Setup { w, up, admin };
         s.wait_admin();
         s
@@ -151,8 +152,73 @@ fn gen_of(v: &Value) -> u64 {
     v["generation"].as_u64().expect("generation is a number")
 }
 
+/// Counts the reads of one file by any process: inotify's `IN_CLOSE_NOWRITE` (a descriptor opened
+/// without write access was closed), which the test's own writes never cause. Every reload reads
+/// the config file, whatever its outcome, so this is how a test knows that a reload which changed
+/// nothing (and so logged or counted nothing) has run. A reload holds the status lock from before
+/// it reads the file until it is done, so a `GET /config` after the read answers only once that
+/// reload is over. (`IN_OPEN` is also watched so that two reads in a row are never coalesced
+/// into one event: the kernel merges only identical consecutive events. Reloads never read at
+/// the same time: the status lock orders them.)
+struct FileReads {
+    fd: libc::c_int,
+    reads: std::cell::Cell<usize>,
+}
+
+impl FileReads {
+    fn watch(path: &Path) -> FileReads {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: plain syscalls on a descriptor this struct owns; the path is NUL-terminated.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
+        let wd = unsafe { libc::inotify_add_watch(fd, c_path.as_ptr(), libc::IN_OPEN | libc::IN_CLOSE_NOWRITE) };
+        assert!(wd >= 0, "inotify_add_watch {}: {}", path.display(), std::io::Error::last_os_error());
+        FileReads { fd, reads: std::cell::Cell::new(0) }
+    }
+
+    /// Reads since [`FileReads::watch`], counting the events that arrived so far.
+    fn reads(&self) -> usize {
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: reads into a buffer of the given length.
+            let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return self.reads.get(); // EAGAIN: nothing more for now
+            }
+            let mut at = 0;
+            while at + std::mem::size_of::<libc::inotify_event>() <= n as usize {
+                // SAFETY: the kernel writes whole events; read_unaligned copies the header out.
+                let event: libc::inotify_event = unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                if event.mask & libc::IN_CLOSE_NOWRITE != 0 {
+                    self.reads.set(self.reads.get() + 1);
+                }
+                at += std::mem::size_of::<libc::inotify_event>() + event.len as usize;
+            }
+        }
+    }
+
+    /// Waits (bounded) until the file was read at least `n` times since [`FileReads::watch`].
+    fn wait_for(&self, n: usize, what: &str, s: &Setup) {
+        if wait_until(RELOAD_TIMEOUT, Duration::from_millis(10), || self.reads() >= n).is_none() {
+            panic!(
+                "the config file was read {} times in {RELOAD_TIMEOUT:?}, expected {n} ({what})\n{}",
+                self.reads(),
+                s.log()
+            );
+        }
+    }
+}
+
+impl Drop for FileReads {
+    fn drop(&mut self) {
+        // SAFETY: closes the descriptor this struct owns, once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
 /// `[server]` with an admin listener, `[store]`, one upstream "app", then `rest`.
-fn config(up: &Upstream, admin: SocketAddr, listen: &str, rest: &str) -> String {
+fn config(up: &Upstream, admin: impl std::fmt::Display, listen: &str, rest: &str) -> String {
     format!(
         r#"[server]
 listen = [{listen}]
@@ -432,19 +498,16 @@ fn broken_files_are_refused_and_the_running_config_keeps_serving() {
         assert_eq!(s.get("/v1/x", "r"), 200, "{ctx}: the old regex route answers");
         assert_eq!(s.get("/w1/x", "r"), 404, "{ctx}");
 
-        // One bad save is counted once, however many file events it makes.
-        thread::sleep(Duration::from_millis(600));
-        let st = s.status();
-        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: {st}");
-        assert_eq!(gen_of(&st), gen0, "{ctx}: {st}");
-
         // Fix it with a real change: a bigger burst.
         burst += 1;
         s.write(&good(burst as u32));
         let st = s.wait_generation(gen0 + 1);
         assert_eq!(gen_of(&st), gen0 + 1, "{ctx}: fix applied once: {st}");
+        // One bad save is counted once, however many file events it made: the watcher reloads
+        // one after the other, so by the time it applied the fix it had run every reload that
+        // read the bad text (a later one reads the fix).
+        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: the bad save counted once: {st}");
         assert_eq!(st["last_error"], Value::Null, "{ctx}: fix clears last_error: {st}");
-        assert_eq!(st["reload_failures"].as_u64(), Some(fails0 + 1), "{ctx}: {st}");
         s.assert_burst(&format!("fixed{i}"), burst, &format!("{ctx}: fixed"));
     }
 
@@ -587,21 +650,26 @@ fn sighup_and_post_reload() {
     s.assert_burst("a", 1, "generation 1");
 
     // Edit, then SIGHUP at once: the watcher will see the same change; it is applied once.
+    let reads = FileReads::watch(s.path());
     s.write(&s.text(&limited("per_client", 2, V_RE)));
     s.w.signal(libc::SIGHUP);
     s.wait_generation(2);
-    thread::sleep(Duration::from_millis(700)); // let the file watcher's reload run too
-    let st = s.status();
-    assert_eq!(gen_of(&st), 2, "one edit, one new generation: {st}");
-    s.assert_burst("b", 2, "after SIGHUP");
-    let stderr = s.w.stderr();
-    assert!(
-        stderr
+    let sighup_logged = || {
+        s.w.stderr()
             .lines()
-            .any(|l| l.contains("SIGHUP") && (l.contains("config reloaded") || l.contains("config unchanged"))),
+            .any(|l| l.contains("SIGHUP") && (l.contains("config reloaded") || l.contains("config unchanged")))
+    };
+    assert!(
+        wait_until(RELOAD_TIMEOUT, Duration::from_millis(25), sighup_logged).is_some(),
         "stderr shows a SIGHUP-triggered reload\n{}",
         s.log()
     );
+    // Two reads of the file: the SIGHUP reload's (logged, so done) and the watcher's (before or
+    // after it; the second of the two finds the text unchanged).
+    reads.wait_for(2, "the SIGHUP reload, the file watcher's reload", &s);
+    let st = s.status();
+    assert_eq!(gen_of(&st), 2, "one edit, one new generation: {st}");
+    s.assert_burst("b", 2, "after SIGHUP");
 
     // POST /reload on an unchanged file.
     let (code, v) = s.admin_call("POST", "/reload");
@@ -613,6 +681,7 @@ fn sighup_and_post_reload() {
     // POST /reload right after writing a broken file: 422 with the error; the old config serves.
     let fails0 = s.failures();
     let broken = s.text(&limited("per_nope", 5, V_RE));
+    let reads = FileReads::watch(s.path());
     s.write(&broken);
     let (code, v) = s.admin_call("POST", "/reload");
     assert_eq!(code, 422, "{v}");
@@ -624,11 +693,15 @@ fn sighup_and_post_reload() {
     assert_eq!(st["last_error"].as_str(), Some(err), "{st}");
     assert!(st["reload_failures"].as_u64().unwrap() > fails0, "{st}");
     s.assert_burst("c", 2, "broken file refused by POST /reload");
-    thread::sleep(Duration::from_millis(600));
+    // Four reads: two per refused reload (to compile the file, then to fingerprint the refused
+    // text), the API's and the watcher's, in either order.
+    reads.wait_for(4, "the POST /reload, the file watcher's reload", &s);
     let st = s.status();
     assert_eq!(gen_of(&st), 2, "{st}");
-    // The API refusal counts once; the watcher sees the same bad text at most once more.
-    assert!(st["reload_failures"].as_u64().unwrap() <= fails0 + 2, "{st}");
+    // The API refusal counts once; the watcher sees the same bad text at most once more (not at
+    // all when the API's refusal came first: the same text is counted once).
+    let failures = st["reload_failures"].as_u64().unwrap();
+    assert!((fails0 + 1..=fails0 + 2).contains(&failures), "{st}");
     s.assert_burst("d", 2, "broken file, after the watcher saw it too");
 
     // Fix it and POST /reload: the fix is applied (by this call or by the watcher just before).

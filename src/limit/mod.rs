@@ -1,6 +1,8 @@
 //! The limit model: pure decision functions over a caller-supplied clock.
 //!
-//! Nothing here does I/O or reads the system time. The same functions drive the embedded
+//! Nothing here does I/O, and the decision functions never read the system time: they take `now`
+//! from the caller, who reads a [`Clock`] (`SystemClock` in production, the one place in this
+//! module that reads it; `ManualClock` in tests). The same functions drive the embedded
 //! `memory` store and the local fallback, and they are the reference that the Lua scripts in
 //! `lua/` are tested against (see `tests/lua_differential.rs`).
 

@@ -316,6 +316,23 @@ pub fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Respo
     must_send(addr, &req)
 }
 
+/// `GET path` with extra text headers on a connection of its own that asks to be closed, read to
+/// its end. Weir closes a connection only after the request's `logging` phase (metrics, access log
+/// line) has run, so when this returns that phase is over: a positive signal, no waiting.
+pub fn get_logged(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut req = Request::get(path).header("Connection", "close");
+    for (n, v) in headers {
+        req = req.header(n, v);
+    }
+    let mut conn = Conn::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let r = conn.send(&req).unwrap_or_else(|e| panic!("GET {path} to {addr} failed: {e}"));
+    let mut rest = Vec::new();
+    if let Err(e) = conn.reader.read_to_end(&mut rest) {
+        panic!("GET {path} to {addr}: the connection was not closed after the response ({e}): {}", r.summary());
+    }
+    r
+}
+
 /// Write raw bytes on a fresh connection and read one response if the server sends one.
 /// `Ok(None)`: the server closed the connection without answering.
 pub fn send_raw(addr: SocketAddr, bytes: &[u8]) -> io::Result<Option<Response>> {

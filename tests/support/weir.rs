@@ -1,8 +1,8 @@
 //! Spawn the `weir` binary for tests.
 //!
-//! [`Weir::start`] writes a config into a temp dir, substituting `$LISTEN` (and `$LISTEN2`)
-//! with free loopback addresses, starts `weir -c FILE`, and waits (bounded) until every
-//! listen address accepts TCP connections. Stdout and stderr go to files in the temp dir so
+//! [`Weir::start`] writes a config into a temp dir, substituting `$LISTEN` (and `$LISTEN2`, and
+//! `$LISTEN6` on `[::1]`) with free loopback addresses, picked anew when a start is retried;
+//! starts `weir -c FILE`, and waits (bounded) until every listen address accepts TCP connections. Stdout and stderr go to files in the temp dir so
 //! that a failure can show them. Dropping a [`Weir`] sends SIGTERM, waits a bounded time,
 //! then SIGKILLs and reaps.
 //!
@@ -27,10 +27,22 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_weir")
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1. Anyone may take it before the caller binds it:
+/// whoever starts a server on it must retry on another port when the bind fails (as
+/// [`Weir::start`] does for `$LISTEN`/`$LISTEN2`, and the Redis helpers do). For an address that
+/// must refuse connections, use [`refusing_addr`].
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().unwrap().port()
+}
+
+/// A loopback address that refuses connections for as long as the returned socket lives: bound,
+/// so no other process can take the port, but not listening.
+pub fn refusing_addr() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind 127.0.0.1:0");
+    let addr = socket.local_addr().expect("local addr");
+    (socket, addr)
 }
 
 /// A running weir process.
@@ -38,7 +50,7 @@ pub struct Weir {
     child: Option<Child>,
     /// The address that replaced `$LISTEN`.
     pub addr: SocketAddr,
-    /// Every listen address substituted (`$LISTEN`, then `$LISTEN2` if used).
+    /// Every listen address substituted (`$LISTEN`, then `$LISTEN2` and `$LISTEN6` if used).
     pub addrs: Vec<SocketAddr>,
     pub config_path: PathBuf,
     stdout_path: PathBuf,
@@ -84,17 +96,25 @@ impl Weir {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut addrs = Vec::new();
         let mut text = config.to_string();
-        // $LISTEN2 first: "$LISTEN" is a prefix of it.
+        // $LISTEN2 and $LISTEN6 first: "$LISTEN" is a prefix of both.
         let mut second = None;
         if text.contains("$LISTEN2") {
             let a: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             text = text.replace("$LISTEN2", &a.to_string());
             second = Some(a);
         }
+        let mut v6 = None;
+        if text.contains("$LISTEN6") {
+            let l = TcpListener::bind("[::1]:0").expect("bind [::1]:0");
+            let a = l.local_addr().unwrap();
+            text = text.replace("$LISTEN6", &a.to_string());
+            v6 = Some(a);
+        }
         let first: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         text = text.replace("$LISTEN", &first.to_string());
         addrs.push(first);
         addrs.extend(second);
+        addrs.extend(v6);
 
         let config_path = dir.path().join("weir.toml");
         fs::write(&config_path, &text).expect("write config");

@@ -1,0 +1,40 @@
+"""The command line: `python3 bench/harness --weir BIN --workdir DIR [--quick] ...`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from .bench import Bench
+from .common import BENCH_DIR
+
+DESCRIPTION = "Weir benchmark harness (issue 4). Started by bench/run.sh; Python 3.11 standard library only."
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="bench/harness", description=DESCRIPTION)
+    ap.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 2 s rows")
+    ap.add_argument("--reps", type=int, default=0, help="repetitions per row (default 4; quick 1)")
+    ap.add_argument("--duration", type=int, default=0, help="seconds per run (default 5; quick 2)")
+    ap.add_argument("--weir", required=True, help="the weir binary")
+    ap.add_argument("--workdir", required=True, help="scratch directory (configs, logs, pids)")
+    ap.add_argument("--out", default=str(BENCH_DIR / "results"), help="where latest.* go")
+    ap.add_argument("--rows", default="",
+                    help="only these throughput rows (ids, comma-separated), no other part: for "
+                         "experiments (ids: upstream echo passthrough memory redis redis3 flood "
+                         "flood_cache nginx_limit nginx_proxy; add paced, with passthrough and "
+                         "redis, for the paced pair)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also perf-profile rows 2, 3, 4 and 7 (extra runs, results/profile-*.txt)")
+    args = ap.parse_args()
+    bench = Bench(args)
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return bench.run()
+    except KeyboardInterrupt:
+        bench.procs.stop_all()
+        return 130

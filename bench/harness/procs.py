@@ -1,0 +1,156 @@
+"""Processes and ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .common import BenchError, log
+from .procstat import children_of
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: every server is started in its own process group, and every process (wrk runs too)
+# is recorded in a pid file, so that bench/run.sh's EXIT trap can end what is left even if this
+# script dies without cleaning up.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+class Procs:
+    def __init__(self, workdir: Path, pidfile: Path):
+        self.workdir = workdir
+        self.pidfile = pidfile
+        self.procs: list[Proc] = []
+
+    def start(self, name: str, argv: list[str], cpus: str | None, env: dict | None = None) -> Proc:
+        if cpus is not None:
+            argv = ["taskset", "-c", cpus] + argv  # taskset execs: the pid is the program's
+        log_path = self.workdir / f"{name}.log"
+        out = open(log_path, "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        popen = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=full_env, start_new_session=True,
+        )
+        out.close()
+        record_pid(self.pidfile, popen.pid)
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def ours(self) -> set[int]:
+        """Our pids: this script, every process it started, and their children (nginx workers)."""
+        pids = {os.getpid()}
+        try:
+            for line in self.pidfile.read_text().splitlines():
+                pids.add(int(line.split()[0]))
+        except OSError:
+            pass
+        for pid in list(pids):
+            pids.update(children_of(pid))
+        return pids
+
+    def stop(self, *procs: Proc, grace: float = 5.0) -> None:
+        """SIGTERM to each process group (nginx workers included), all at once (Weir takes about
+        a second to drain); SIGKILL to whatever is left after `grace` seconds."""
+        for proc in procs:
+            self._signal(proc, signal.SIGTERM)
+        deadline = time.time() + grace
+        for proc in procs:
+            try:
+                proc.popen.wait(max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                # Not reaped yet, so the group id is still this process's own.
+                log(f"{proc.name} ignored SIGTERM for {grace}s: SIGKILL")
+                self._signal(proc, signal.SIGKILL)
+                proc.popen.wait()
+            if proc in self.procs:
+                self.procs.remove(proc)
+
+    @staticmethod
+    def _signal(proc: Proc, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)  # the group was created for it: start_new_session
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop_all(self) -> None:
+        self.stop(*reversed(self.procs))
+
+
+def record_pid(pidfile: Path, pid: int) -> None:
+    """Appends "pid starttime" (field 22 of /proc/pid/stat): run.sh's trap checks the start time
+    so that it never signals an unrelated process that reused the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    with open(pidfile, "a") as f:
+        f.write(f"{pid} {start}\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(proc: Proc, port: int, timeout: float = 15.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not proc.alive():
+            raise BenchError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError(f"{proc.name} not listening on {port} after {timeout}s:\n{proc.log_tail()}")
+
+
+def http_get(port: int, xff: str | None = None, path: str = "/") -> int:
+    """One HTTP/1.1 GET; returns the status code."""
+    req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    if xff:
+        req += f"X-Forwarded-For: {xff}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall((req + "\r\n").encode())
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", data)
+    if not m:
+        raise BenchError(f"no HTTP response on port {port}: {data[:80]!r}")
+    return int(m.group(1))

@@ -1,0 +1,137 @@
+"""A minimal Redis client (RESP2), enough for INFO, EVAL, GET, MEMORY USAGE; and MONITOR."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+from .common import BenchError
+
+
+class Redis:
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.reader = self.sock.makefile("rb")
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def cmd(self, *args):
+        parts = [f"*{len(args)}\r\n".encode()]
+        for a in args:
+            b = a if isinstance(a, bytes) else str(a).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        self.sock.sendall(b"".join(parts))
+        return self._read()
+
+    def _read(self):
+        line = self.reader.readline()
+        if not line:
+            raise BenchError("redis: connection closed")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise BenchError(f"redis: {rest.decode()}")
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.reader.read(n + 2)[:-2]
+            return data
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._read() for _ in range(n)]
+        raise BenchError(f"redis: unexpected reply {line!r}")
+
+    def info(self, section: str) -> dict[str, str]:
+        text = self.cmd("INFO", section).decode()
+        out = {}
+        for line in text.splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v
+        return out
+
+    def snapshot(self) -> dict:
+        """Counters for deltas: calls per command, and Redis CPU seconds."""
+        stats = self.info("commandstats")
+        calls, failed = {}, {}
+        for k, v in stats.items():
+            if k.startswith("cmdstat_"):
+                m = re.search(r"(?:^|,)calls=(\d+)", v)
+                f = re.search(r"failed_calls=(\d+)", v)
+                calls[k[len("cmdstat_"):]] = int(m.group(1)) if m else 0
+                failed[k[len("cmdstat_"):]] = int(f.group(1)) if f else 0
+        cpu = self.info("cpu")
+        return {
+            "calls": calls,
+            "failed": failed,
+            "cpu_s": float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+        }
+
+
+def redis_delta(before: dict, after: dict) -> dict:
+    calls = {k: after["calls"].get(k, 0) - before["calls"].get(k, 0) for k in after["calls"]}
+    calls = {k: v for k, v in calls.items() if v}
+    # INFO itself is counted between the snapshots: leave out our own monitoring commands.
+    calls.pop("info", None)
+    failed = {k: v - before["failed"].get(k, 0) for k, v in after["failed"].items()}
+    return {"calls": calls, "failed": {k: v for k, v in failed.items() if v},
+            "cpu_s": after["cpu_s"] - before["cpu_s"]}
+
+
+def monitor_args(line: str) -> list[str]:
+    """The arguments of one MONITOR line: `+<time> [<db> <addr>] "ARG" "ARG" ...`, each quoted
+    by Redis's sdscatrepr: \\\\, \\", \\n, \\r, \\t, \\a, \\b, and \\xHH for other bytes."""
+    named = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b"}
+    out = []
+    for quoted in re.findall(r'"((?:[^"\\]|\\.)*)"', line.split("]", 1)[1]):
+        raw, i = bytearray(), 0
+        while i < len(quoted):
+            c = quoted[i]
+            if c == "\\" and i + 1 < len(quoted):
+                nxt = quoted[i + 1]
+                if nxt == "x":
+                    raw.append(int(quoted[i + 2:i + 4], 16))
+                    i += 4
+                    continue
+                raw += named.get(nxt, nxt.encode())
+                i += 2
+                continue
+            raw += c.encode()
+            i += 1
+        out.append(raw.decode("utf-8", "surrogateescape"))
+    return out
+
+
+def capture_eval(redis_port: int, send) -> list[str]:
+    """The EVALSHA (or EVAL) that Weir sends to Redis while `send()` runs, seen through MONITOR:
+    the script's exact KEYS/ARGV layout, whatever version of lua/limit_req.lua Weir embeds."""
+    with socket.create_connection(("127.0.0.1", redis_port), timeout=5) as s:
+        reader = s.makefile("rb")
+        s.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+        if not reader.readline().startswith(b"+OK"):
+            raise BenchError("redis: MONITOR refused")
+        send()
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            line = reader.readline().decode("latin-1").rstrip("\r\n")
+            args = monitor_args(line) if "]" in line else []
+            if args and args[0].upper() in ("EVALSHA", "EVAL"):
+                return args
+    raise BenchError("no EVALSHA reached Redis from Weir within 5 s")
+
+
+def rand_keys(call: list[str], tag: str) -> list[str]:
+    """Replaces the client key (the `{...}` hash tag) of every KEYS[i] of a captured call with
+    `{__rand_int__}`, which redis-benchmark replaces with random numbers; zones get `tag`."""
+    nkeys = int(call[2])
+    out = list(call)
+    for i in range(3, 3 + nkeys):
+        out[i] = re.sub(r"\{.*\}$", "{__rand_int__}", out[i]).replace("weir:", f"weir:{tag}", 1)
+    return out

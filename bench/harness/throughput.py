@@ -1,0 +1,110 @@
+"""Phase 1, the throughput rows; phase 2, the paced pair (latency at half of the Redis peak)."""
+
+from __future__ import annotations
+
+from .common import DISTURBED_PCT, BenchError, log
+from .model import Row
+from .report import summarize, summarize_runs
+
+
+class Throughput:
+    """Part of `Bench`: the throughput rows and the paced pair."""
+
+    # ---- phase 1: throughput rows ------------------------------------------------------------
+
+    def rows(self) -> list[Row]:
+        rows = [
+            Row("upstream", "1. upstream direct (nginx `return 200`)", "upstream"),
+            Row("echo", "1b. upstream direct (`weir echo`, for reference)", "echo"),
+            Row("passthrough", "2. Weir, no limits (Pingora passthrough)", "passthrough"),
+            Row("memory", "3. Weir, memory store, 1 zone, 10k keys", "memory"),
+            Row("redis", "4. Weir, Redis store, 1 zone, 10k keys", "redis", redis=True),
+            Row("redis3", "5. Weir, Redis store, 3 zones, 10k keys", "redis3", redis=True),
+            Row("flood", "6. Weir, Redis, one-key flood (all 429), no deny cache", "flood",
+                keys=1, expect="reject", redis=True,
+                note="deny_cache_size = 0" if self.deny_cache
+                else "deny cache: not implemented yet"),
+            Row("flood_cache", "6b. Weir, Redis, one-key flood (all 429), deny cache",
+                "flood_cache", keys=1, expect="reject", note="default deny_cache_size"),
+            Row("nginx_limit", "7. nginx limit_req, 1 zone, 10k keys", "nginx_limit"),
+            Row("nginx_proxy", "7b. nginx proxy, no limits (for reference)", "nginx_proxy"),
+        ]
+        if not self.deny_cache:
+            rows = [r for r in rows if r.id != "flood_cache"]
+        if self.quick:
+            rows = [r for r in rows if r.id not in ("echo", "nginx_proxy")]
+        if self.args.rows:
+            rows = [r for r in rows if r.id in self.args.rows.split(",")]
+        return rows
+
+    def phase_throughput(self) -> list[Row]:
+        rows = self.rows()
+        for rep in range(self.reps):
+            for row in rows:
+                log(f"rep {rep + 1}/{self.reps}: {row.label}")
+                try:
+                    res = self.measure_retrying(
+                        self.targets[row.target], row.keys, self.duration, self.conns,
+                        key_offset=2_000_000 if row.keys == 1 else 0, warm=rep == 0)
+                except BenchError as e:
+                    self.fail(f"{row.id}: {e}")
+                    continue
+                row.runs.append(res)
+                self.check_row(row, res)
+        return rows
+
+    def check_row(self, row: Row, res: dict) -> None:
+        n = res["requests"]
+        sock_errors = sum(v for k, v in res["errors"].items() if k != "status")
+        if n == 0:
+            self.fail(f"{row.id}: no request completed")
+        if sock_errors > 0.01 * max(n, 1):
+            self.fail(f"{row.id}: {sock_errors} socket errors / {n} requests: {res['errors']}")
+        if row.expect == "pass" and res["admitted_pct"] < 99.0:
+            self.fail(f"{row.id}: only {res['admitted_pct']:.2f}% of requests got 2xx")
+        if row.expect == "reject" and res["admitted_pct"] > 1.0:
+            self.fail(f"{row.id}: {res['admitted_pct']:.2f}% got 2xx, expected all rejected")
+        if row.redis and res["redis_evalsha_per_req"] < 0.2:
+            self.fail(f"{row.id}: {res['redis_evalsha_per_req']:.3f} EVALSHA per request: "
+                      "is the Redis store deciding?")
+        if res["other_load_pct"] > DISTURBED_PCT:
+            self.warn(f"{row.id}: other processes used {res['other_load_pct']:.0f}% of a core "
+                      "during a run (shared machine): its numbers are noisy")
+        if row.redis and 0.2 <= res["redis_evalsha_per_req"] < 0.95:
+            self.warn(f"{row.id}: only {res['redis_evalsha_per_req']:.2f} EVALSHA per request: "
+                      "decisions were made without Redis")
+        if res.get("proxy_log_store_failures"):
+            self.warn(f"{row.id}: Weir logged {res['proxy_log_store_failures']} failed Redis "
+                      f"decisions in one run (e.g. {res['proxy_log_sample'][0][:160]})")
+
+    # ---- phase 2: latency at half of the Redis row's peak ----------------------------------
+
+    def phase_paced(self, rows: list[Row]) -> dict:
+        """Rows 2 and 4 at the same offered rate, half of row 4's peak: wrk has no rate control,
+        so C connections each wait D ms after every response (about C*1000/(D+latency) r/s)."""
+        peak = summarize(next(r for r in rows if r.id == "redis"))["rps"]
+        if not peak:
+            return {"skipped": "row 4 has no result"}
+        target_rps = peak / 2
+        delay_ms = 10
+        conns = max(2, round(target_rps * (delay_ms + 0.3) / 1000))
+        env = {"WRK_DELAY_MS": str(delay_ms)}
+        # Calibrate once on row 4: scale the connection count to the measured rate.
+        probe = self.measure(self.targets["redis"], 10_000, 2, conns, env)
+        conns = max(2, round(conns * target_rps / max(probe["rps"], 1)))
+        log(f"paced: target {target_rps:.0f} r/s = {conns} connections x {delay_ms} ms delay")
+        paced = {"passthrough": [], "redis": []}
+        for rep in range(self.reps):
+            for rid in ("passthrough", "redis"):
+                log(f"rep {rep + 1}/{self.reps}: paced {rid}")
+                paced[rid].append(self.measure_retrying(
+                    self.targets[rid], 10_000, self.duration, conns, env, warm=rep == 0))
+        out = {
+            "target_rps": round(target_rps), "connections": conns, "delay_ms": delay_ms,
+            "runs": paced,
+            "passthrough": summarize_runs(paced["passthrough"]),
+            "redis": summarize_runs(paced["redis"]),
+        }
+        out["added_p99_ms"] = out["redis"]["p99_ms"] - out["passthrough"]["p99_ms"]
+        out["added_p50_ms"] = out["redis"]["p50_ms"] - out["passthrough"]["p50_ms"]
+        return out
