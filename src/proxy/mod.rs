@@ -29,7 +29,7 @@ use crate::keys::{self, AmbiguousKey, RequestFacts};
 use crate::metrics::METRICS;
 use crate::request::{forwarded, hygiene, normalize_path};
 use crate::routes;
-use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore};
+use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimits};
 use crate::upstream::ServerSlot;
 
 use conn_limiting::ConnStores;
@@ -46,9 +46,13 @@ pub struct WeirProxy {
 impl WeirProxy {
     /// `store` decides rates and `conn_store` concurrency; both outlive every reload.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>, conn_store: Arc<dyn ConnStore>) -> Self {
-        let conn_stores =
-            ConnStores { primary: conn_store, kind: store.kind(), local: Arc::new(MemoryConnStore::default()) };
-        let stores = Stores { primary: store, local: MemoryStore::default() };
+        // The `local` failure policy's stores are bounded by each zone's `max_keys`, like the
+        // memory store, following reloads.
+        let live = runtime.clone();
+        let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
+        let local_conns = Arc::new(MemoryConnStore::default().with_zone_limits(limits.clone()));
+        let conn_stores = ConnStores { primary: conn_store, kind: store.kind(), local: local_conns };
+        let stores = Stores { primary: store, local: MemoryStore::default().with_zone_limits(limits) };
         Self { runtime, stores, conn_stores }
     }
 }
