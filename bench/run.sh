@@ -53,45 +53,6 @@ weir="$PWD/target/release/weir"
 [ -x "$weir" ] || { echo "bench: $weir not found" >&2; exit 1; }
 
 # ---- run, and clean up whatever was started ------------------------------------------------------
+source bench/lib/supervise.sh
 workdir="$(mktemp -d /tmp/weir-bench.XXXXXX)"
-harness_pid=""
-# Is pid still the process we started (same start time, field 22 of /proc/pid/stat)?
-ours() {
-  [ -r "/proc/$1/stat" ] || return 1
-  [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)" = "$2" ]
-}
-cleanup() {
-  local rc=$?
-  set +e
-  if [ -n "$harness_pid" ]; then
-    kill -TERM "$harness_pid" 2>/dev/null
-    wait "$harness_pid" 2>/dev/null
-  fi
-  # The harness records every process it starts (each leads its own process group) in $workdir/pids
-  # and stops them itself; this is the backstop if it died first.
-  if [ -f "$workdir/pids" ]; then
-    for sig in TERM KILL; do
-      left=0
-      while read -r pid start; do
-        ours "$pid" "$start" || continue
-        left=1
-        kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid" 2>/dev/null || true
-      done <"$workdir/pids"
-      if [ "$left" = 0 ]; then break; fi
-      if [ "$sig" = TERM ]; then sleep 1; fi   # Weir drains for about a second
-    done
-  fi
-  if [ "$rc" -eq 0 ] || [ "${BENCH_KEEP_WORKDIR:-0}" != 1 ]; then rm -rf "$workdir"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-python3 bench/harness --weir "$weir" --workdir "$workdir" "$@" &
-harness_pid=$!
-set +e
-wait "$harness_pid"
-rc=$?
-set -e
-harness_pid=""
-exit "$rc"
+supervise bench "${BENCH_KEEP_WORKDIR:-0}" "$workdir" -- python3 bench/harness --weir "$weir" --workdir "$workdir" "$@"

@@ -55,51 +55,6 @@ weir="$PWD/target/$profile/weir"
 [ -x "$weir" ] || { echo "soak: $weir not found" >&2; exit 2; }
 
 # ---- run, and clean up whatever was started ------------------------------------------------------
+source bench/lib/supervise.sh
 workdir="$(mktemp -d /tmp/weir-soak.XXXXXX)"
-driver_pid=""
-# Is pid still the process we started (same start time, field 22 of /proc/pid/stat)?
-ours() {
-  [ -r "/proc/$1/stat" ] || return 1
-  [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)" = "$2" ]
-}
-cleanup() {
-  local rc=$?
-  set +e
-  if [ -n "$driver_pid" ]; then
-    kill -TERM "$driver_pid" 2>/dev/null
-    wait "$driver_pid" 2>/dev/null
-  fi
-  # The driver records every process it starts (each leads its own process group) in $workdir/pids
-  # and stops them itself; this is the backstop if it died first.
-  if [ -f "$workdir/pids" ]; then
-    for sig in TERM KILL; do
-      left=0
-      while read -r pid start; do
-        ours "$pid" "$start" || continue
-        left=1
-        kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid" 2>/dev/null || true
-      done <"$workdir/pids"
-      if [ "$left" = 0 ]; then break; fi
-      if [ "$sig" = TERM ]; then sleep 1; fi   # Weir drains for about a second
-    done
-  fi
-  if [ "$rc" -eq 0 ] || [ "${SOAK_KEEP_WORKDIR:-0}" != 1 ]; then
-    rm -rf "$workdir"
-  else
-    echo "soak: configs and logs kept in $workdir" >&2
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'echo "soak: SIGINT: stopping" >&2; exit 130' INT
-trap 'echo "soak: SIGTERM: stopping" >&2; exit 143' TERM
-trap 'echo "soak: SIGHUP: stopping" >&2; exit 129' HUP
-
-python3 bench/soak/soak.py --weir "$weir" --workdir "$workdir" "${args[@]}" &
-driver_pid=$!
-set +e
-wait "$driver_pid"
-rc=$?
-set -e
-driver_pid=""
-exit "$rc"
+supervise soak "${SOAK_KEEP_WORKDIR:-0}" "$workdir" -- python3 bench/soak/soak.py --weir "$weir" --workdir "$workdir" "${args[@]}"
