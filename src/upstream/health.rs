@@ -27,6 +27,10 @@ impl HealthObserve for Observer {
         }
         let to = if healthy { "up" } else { "down" };
         METRICS.upstream_health_changes.with_label_values(&[&self.upstream, &server, to]).inc();
+        // At once rather than at the next refresh (passive health may still keep it out).
+        if !healthy {
+            METRICS.upstream_server_up.with_label_values(&[&self.upstream, &server]).set(0);
+        }
     }
 }
 

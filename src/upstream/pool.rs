@@ -338,6 +338,7 @@ impl Pool {
         if fails.0 >= server.max_fails {
             *fails = (0, now);
             member.state.down_until.store(now + window, Ordering::Release);
+            METRICS.upstream_server_up.with_label_values(&[&self.name, &addr.to_string()]).set(0);
             tracing::warn!(upstream = %self.name, server = %addr, fail_timeout = ?server.fail_timeout,
                 "upstream server failed max_fails times: skipped for fail_timeout");
         }
