@@ -303,7 +303,7 @@ impl Pool {
         };
         // Round robin may revisit servers under concurrency: bound it, then scan in order.
         let n = shape.members.len();
-        if shape.lb.select_with(b"", 2 * n + 4, &accept).is_none() {
+        if shape.lb.select_with(b"", 2 * n + 4, accept).is_none() {
             let backends = shape.lb.backends();
             let _ = shape.members.iter().find(|m| accept(&m.backend, backends.ready(&m.backend)));
         }
