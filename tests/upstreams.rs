@@ -539,3 +539,120 @@ fn bad_upstream_settings_are_refused_with_line_and_field() {
         }
     }
 }
+
+/// A DNS server on loopback answering A queries for one name with a settable address (or
+/// NXDOMAIN when set to `None`), AAAA queries with no records.
+struct Dns {
+    addr: SocketAddr,
+    answer: Arc<Mutex<Option<[u8; 4]>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Dns {
+    fn start(name: &'static str, ip: [u8; 4]) -> Dns {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+        socket.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+        let addr = socket.local_addr().expect("addr");
+        let answer = Arc::new(Mutex::new(Some(ip)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (current, stopped) = (answer.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else { continue };
+                let q = &buf[..n];
+                // Header, then the question: labels, type, class.
+                let mut at = 12;
+                let mut labels = Vec::new();
+                while at < n && q[at] != 0 {
+                    let len = q[at] as usize;
+                    labels.push(String::from_utf8_lossy(&q[at + 1..(at + 1 + len).min(n)]).into_owned());
+                    at += 1 + len;
+                }
+                if at + 4 >= n {
+                    continue;
+                }
+                let question_end = at + 5;
+                let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
+                let mut r = q[..question_end].to_vec();
+                r[2] = 0x81;
+                r[3] = 0x80;
+                r[6] = 0;
+                r[7] = 0;
+                match *current.lock().unwrap() {
+                    None => r[3] = 0x83,
+                    Some(ip) if labels.join(".") == name && qtype == 1 => {
+                        r[7] = 1;
+                        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+                        r.extend_from_slice(&ip);
+                    }
+                    Some(_) => {}
+                }
+                let _ = socket.send_to(&r, from);
+            }
+        });
+        Dns { addr, answer, stop }
+    }
+
+    fn set(&self, ip: Option<[u8; 4]>) {
+        *self.answer.lock().unwrap() = ip;
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Two backends on the same port of 127.0.0.2 and 127.0.0.3.
+fn backends_on_two_loopback_ips() -> (Backend, Backend, u16) {
+    for _ in 0..20 {
+        let first = TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = first.local_addr().expect("addr").port();
+        if let Ok(second) = TcpListener::bind(("127.0.0.3", port)) {
+            return (Backend::start_on("two", first), Backend::start_on("three", second), port);
+        }
+    }
+    panic!("no port free on both 127.0.0.2 and 127.0.0.3");
+}
+
+#[test]
+fn a_server_name_is_followed_when_its_address_changes_and_kept_when_it_stops_resolving() {
+    let (two, three, port) = backends_on_two_loopback_ips();
+    let dns = Dns::start("app.weir.test", [127, 0, 0, 2]);
+    let interval = Duration::from_millis(300);
+    let w = Weir::start(&config(&format!(
+        "servers = [\"app.weir.test:{port}\"]\nresolver = \"{}\"\nresolve_interval = \"300ms\"",
+        dns.addr
+    )));
+    let who = || http::get(w.addr, "/dns").header("x-upstream").unwrap_or_default();
+    assert_eq!(who(), "two", "resolved at load through the resolver");
+
+    dns.set(Some([127, 0, 0, 3]));
+    let followed = wait_until(Duration::from_secs(5), Duration::from_millis(10), || who() == "three")
+        .unwrap_or_else(|| panic!("the new address was not followed: {:?}", servers(&w)));
+    println!("DNS change followed after {followed:?} (resolve_interval {interval:?})");
+    assert!(followed <= interval + Duration::from_millis(500), "followed after {followed:?}");
+    assert!(servers(&w).iter().all(|(a, _, _)| a.starts_with("127.0.0.3:")), "{:?}", servers(&w));
+
+    // The name stops resolving: the failure is counted and the last good address keeps serving.
+    dns.set(None);
+    let admin_addr = admin::addr(&w);
+    let failures = || {
+        scrape(admin_addr).value_or_zero(
+            "weir_upstream_resolve_failures_total",
+            &[("upstream", "app"), ("server", &format!("app.weir.test:{port}"))],
+        )
+    };
+    let counted = poll(Duration::from_secs(5), Duration::from_millis(20), failures, |n| *n >= 2.0);
+    assert!(counted.is_ok(), "resolve failures not counted: {counted:?}");
+    for i in 0..10 {
+        let r = http::get(w.addr, &format!("/still/{i}"));
+        assert_eq!(r.status, 200, "{}", r.summary());
+        assert_eq!(r.header("x-upstream").as_deref(), Some("three"));
+    }
+    assert!(w.stderr().contains("keeping its last good addresses"), "logged: {}", w.stderr());
+    drop(two);
+    drop(three);
+}

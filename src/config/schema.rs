@@ -84,6 +84,7 @@ pub struct Upstream {
     pub next_upstream: Option<Spanned<Vec<Spanned<String>>>>,
     pub next_upstream_timeout: Option<Spanned<String>>,
     pub resolve_interval: Option<Spanned<String>>,
+    pub resolver: Option<Spanned<String>>,
     pub health_check: Option<Spanned<HealthCheck>>,
 }
 

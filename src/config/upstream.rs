@@ -111,8 +111,21 @@ fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, C
         max_conns: max_conns.map(|m| m as usize),
         addrs: Vec::new(),
     };
-    let servers =
-        up.servers.get_ref().iter().map(|s| compile_server(&cx, s, &defaults)).collect::<Result<Vec<_>, _>>()?;
+    let resolver = match &up.resolver {
+        None => None,
+        Some(r) => Some(
+            r.get_ref()
+                .parse::<SocketAddr>()
+                .or_else(|_| r.get_ref().parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| cx.err(&r.span(), "resolver", format!("{:?} is not an IP or IP:port", r.get_ref())))?,
+        ),
+    };
+    let servers = up
+        .servers
+        .get_ref()
+        .iter()
+        .map(|s| compile_server(&cx, s, &defaults, resolver))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let timeouts = Timeouts {
         connect: cx.duration(
@@ -139,11 +152,25 @@ fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, C
     let resolve_interval =
         cx.duration(&up.resolve_interval, "resolve_interval", MIN_INTERVAL, DEFAULT_RESOLVE_INTERVAL)?;
     let health_check = up.health_check.map(|h| compile_check(&cx, h)).transpose()?;
-    Ok(UpstreamSpec { name: cx.name.clone(), servers, timeouts, keepalive, health_check, retry, resolve_interval })
+    Ok(UpstreamSpec {
+        name: cx.name.clone(),
+        servers,
+        timeouts,
+        keepalive,
+        health_check,
+        retry,
+        resolve_interval,
+        resolver,
+    })
 }
 
 /// `"10.0.0.1:8080 weight=3 max_fails=2 fail_timeout=5s max_conns=100"`.
-fn compile_server(cx: &Ctx<'_, '_>, entry: &Spanned<String>, defaults: &ServerSpec) -> Result<ServerSpec, ConfigError> {
+fn compile_server(
+    cx: &Ctx<'_, '_>,
+    entry: &Spanned<String>,
+    defaults: &ServerSpec,
+    resolver: Option<SocketAddr>,
+) -> Result<ServerSpec, ConfigError> {
     let span = entry.span();
     let mut words = entry.get_ref().split_whitespace();
     let Some(target) = words.next() else {
@@ -189,7 +216,7 @@ fn compile_server(cx: &Ctx<'_, '_>, entry: &Spanned<String>, defaults: &ServerSp
     let resolved = target
         .rsplit_once(':')
         .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-        .and_then(|_| crate::upstream::resolve_now(target).ok())
+        .and_then(|_| crate::upstream::resolve_now(target, resolver).ok())
         .filter(|addrs| !addrs.is_empty());
     match resolved {
         Some(addrs) => {

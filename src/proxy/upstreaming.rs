@@ -43,6 +43,14 @@ impl Attempts {
         self.tried.len()
     }
 
+    /// The servers tried, like nginx's `$upstream_addr` (`"10.0.0.1:80, 10.0.0.2:80"`), or `-`.
+    pub fn addrs(&self) -> String {
+        if self.tried.is_empty() {
+            return "-".to_string();
+        }
+        self.tried.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(", ")
+    }
+
     /// The request is over: give the place back.
     pub fn release(&mut self) {
         self.slot = None;

@@ -7,6 +7,7 @@
 //! - `resolve`: re-resolution of host names every `resolve_interval`.
 //! - `registry`: the pools by upstream name, and the background task that runs checks and DNS.
 
+mod dns;
 mod health;
 mod pool;
 mod registry;
@@ -33,6 +34,8 @@ pub struct UpstreamSpec {
     pub retry: RetryPolicy,
     /// How often host names in `servers` are resolved again.
     pub resolve_interval: Duration,
+    /// The DNS server to ask (nginx `resolver`); the system resolver when `None`.
+    pub resolver: Option<SocketAddr>,
 }
 
 /// One entry of `servers`: `"host:port weight=3 max_fails=2 fail_timeout=5s max_conns=10"`.

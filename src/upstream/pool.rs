@@ -456,6 +456,7 @@ mod tests {
                 non_idempotent: false,
             },
             resolve_interval: Duration::from_secs(30),
+            resolver: None,
         })
     }
 

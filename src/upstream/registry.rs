@@ -80,8 +80,11 @@ impl Registry {
                 for upstream in &rt.upstreams {
                     upstream.pool();
                 }
-                self.lock().retain(|name, _| rt.upstreams.iter().any(|u| &u.name == name));
                 seen = Some(rt);
+            }
+            if let Some(rt) = &seen {
+                // Also drops a pool an old snapshot's late first request brought back.
+                self.lock().retain(|name, _| rt.upstreams.iter().any(|u| &u.name == name));
             }
             let now = Instant::now();
             for pool in self.all() {
