@@ -656,3 +656,23 @@ fn a_server_name_is_followed_when_its_address_changes_and_kept_when_it_stops_res
     drop(two);
     drop(three);
 }
+
+/// nginx: a request that never reached a server (connection refused) goes to the next one whatever
+/// its method; the refusing server is then out for fail_timeout.
+#[test]
+fn a_refused_connection_goes_to_the_next_server_for_any_method() {
+    let good = Backend::start("good");
+    let dead = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let w = Weir::start(&config(&format!("servers = [\"{dead}\", \"{}\"]", good.addr)));
+    for i in 0..10 {
+        let r = http::must_send(w.addr, &Request::new("POST", &format!("/p/{i}")).body(b"payload"));
+        assert_eq!(r.status, 200, "POST {i}: {}", r.summary());
+    }
+    assert_eq!(good.hits(), 10);
+    let m = scrape(admin::addr(&w));
+    let dead_label = dead.to_string();
+    assert_eq!(m.must("weir_upstream_connect_errors_total", &[("upstream", "app"), ("server", &dead_label)]), 1.0);
+    assert_eq!(m.must("weir_upstream_retries_total", &[("upstream", "app"), ("reason", "error")]), 1.0);
+    assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &dead_label)]), 0.0);
+    assert_eq!(is_up(&w, dead), Some(false), "out for fail_timeout after max_fails = 1");
+}
