@@ -8,12 +8,14 @@ use pingora::lb::health_check::{HealthCheck, HealthObserve, HttpHealthCheck, Tcp
 use pingora::lb::Backend;
 use pingora::prelude::*;
 
+use super::pool::{lock, States};
 use super::{CheckKind, HealthCheckSpec};
 use crate::metrics::METRICS;
 
-/// Logs health changes and counts them.
+/// Logs health changes and counts them; a server coming back also forgets its passive failures.
 struct Observer {
     upstream: String,
+    states: States,
 }
 
 #[async_trait]
@@ -21,6 +23,10 @@ impl HealthObserve for Observer {
     async fn observe(&self, target: &Backend, healthy: bool) {
         let server = target.addr.to_string();
         if healthy {
+            let state = target.addr.as_inet().and_then(|a| lock(&self.states).get(a).cloned());
+            if let Some(state) = state {
+                state.clear_failures();
+            }
             tracing::info!(upstream = %self.upstream, %server, "upstream server is healthy again (active check)");
         } else {
             tracing::warn!(upstream = %self.upstream, %server, "upstream server is unhealthy (active check)");
@@ -34,8 +40,12 @@ impl HealthObserve for Observer {
     }
 }
 
-pub(super) fn build(upstream: &str, spec: &HealthCheckSpec) -> Box<dyn HealthCheck + Send + Sync + 'static> {
-    let observer = Box::new(Observer { upstream: upstream.to_string() });
+pub(super) fn build(
+    upstream: &str,
+    spec: &HealthCheckSpec,
+    states: States,
+) -> Box<dyn HealthCheck + Send + Sync + 'static> {
+    let observer = Box::new(Observer { upstream: upstream.to_string(), states });
     match &spec.kind {
         CheckKind::Tcp => {
             let mut check = TcpHealthCheck::new();

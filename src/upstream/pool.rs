@@ -67,6 +67,12 @@ impl ServerState {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    /// The active check passed `rise` times: positive evidence that beats earlier failures.
+    pub(super) fn clear_failures(&self) {
+        self.down_until.store(0, Ordering::Release);
+        *self.lock_fails() = (0, 0);
+    }
+
     fn passive_down(&self, now: u64) -> bool {
         self.down_until.load(Ordering::Acquire) > now
     }
@@ -141,6 +147,9 @@ struct Shape {
     by_addr: HashMap<SocketAddr, usize>,
 }
 
+/// Per address, the state of every current (and still busy former) server.
+pub(super) type States = Arc<Mutex<HashMap<SocketAddr, Arc<ServerState>>>>;
+
 /// One upstream's state, found by name in the registry and shared by every config snapshot.
 pub struct Pool {
     pub name: String,
@@ -149,7 +158,7 @@ pub struct Pool {
     seq: AtomicU64,
     discovery: Arc<Members>,
     /// Per address, kept while the address is a member.
-    states: Mutex<HashMap<SocketAddr, Arc<ServerState>>>,
+    states: States,
     /// Per entry of `servers` (by target text): the last good addresses.
     resolved: Mutex<HashMap<String, Vec<SocketAddr>>>,
     /// Serialises changes of the shape (reload vs DNS).
@@ -173,7 +182,8 @@ pub struct ServerStatus {
 impl Pool {
     pub(super) fn new(spec: &Arc<UpstreamSpec>, seq: u64) -> Self {
         let discovery = Arc::new(Members::default());
-        let lb = new_lb(spec, &discovery);
+        let states = States::default();
+        let lb = new_lb(spec, &discovery, &states);
         let pool = Self {
             name: spec.name.clone(),
             shape: ArcSwap::from_pointee(Shape {
@@ -184,7 +194,7 @@ impl Pool {
             }),
             seq: AtomicU64::new(seq),
             discovery,
-            states: Mutex::new(HashMap::new()),
+            states,
             resolved: Mutex::new(HashMap::new()),
             change: Mutex::new(()),
         };
@@ -240,7 +250,7 @@ impl Pool {
     fn reshape(&self, spec: Arc<UpstreamSpec>, new_check: bool) {
         let _serial = lock(&self.change);
         let old = self.shape.load_full();
-        let lb = if new_check { new_lb(&spec, &self.discovery) } else { old.lb.clone() };
+        let lb = if new_check { new_lb(&spec, &self.discovery, &self.states) } else { old.lb.clone() };
         let mut states = lock(&self.states);
         let mut members = Vec::new();
         let mut by_addr = HashMap::new();
@@ -387,14 +397,14 @@ impl Pool {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn new_lb(spec: &UpstreamSpec, discovery: &Arc<Members>) -> Arc<LoadBalancer<RoundRobin>> {
+fn new_lb(spec: &UpstreamSpec, discovery: &Arc<Members>, states: &States) -> Arc<LoadBalancer<RoundRobin>> {
     let mut lb = LoadBalancer::from_backends(Backends::new(Box::new(SharedMembers(discovery.clone()))));
     if let Some(check) = &spec.health_check {
-        lb.set_health_check(health::build(&spec.name, check));
+        lb.set_health_check(health::build(&spec.name, check, states.clone()));
     }
     Arc::new(lb)
 }
