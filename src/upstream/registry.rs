@@ -74,6 +74,7 @@ impl Registry {
         let mut due_check: HashMap<String, Instant> = HashMap::new();
         let mut due_resolve: HashMap<String, Instant> = HashMap::new();
         let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut resolving: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
             let rt = runtime.load_full();
             if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &rt)) {
@@ -98,10 +99,12 @@ impl Registry {
                     }
                 }
                 if spec.servers.iter().any(|s| s.is_name) {
+                    let idle = resolving.get(&spec.name).is_none_or(|task| task.is_finished());
                     let due = due_resolve.entry(spec.name.clone()).or_insert(now + spec.resolve_interval);
-                    if *due <= now {
+                    // One lookup round at a time per upstream, even when a resolver is slow.
+                    if idle && *due <= now {
                         *due = now + spec.resolve_interval;
-                        tokio::spawn(resolve::refresh(pool.clone()));
+                        resolving.insert(spec.name.clone(), tokio::spawn(resolve::refresh(pool.clone())));
                     }
                 }
                 pool.export_health();
