@@ -79,7 +79,7 @@ impl AdminApp {
         let Some(token) = &runtime.server.admin_token else {
             return true;
         };
-        let Some(given) = auth.and_then(|a| a.strip_prefix(b"Bearer ")) else {
+        let Some(given) = auth.and_then(bearer_credentials) else {
             return false;
         };
         constant_time_eq(given, token.as_bytes())
@@ -238,6 +238,16 @@ impl ServeHttp for AdminApp {
     }
 }
 
+/// The credentials of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110 §11.1), whitespace around the token is ignored.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first().is_none_or(|b| *b != b' ') {
+        return None;
+    }
+    Some(rest.trim_ascii())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +257,15 @@ mod tests {
         assert_eq!(percent_decode("2001%3Adb8%3A%3A1"), b"2001:db8::1");
         assert_eq!(percent_decode("a+b%2"), b"a b%2");
         assert_eq!(percent_decode("%zz"), b"%zz");
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"BEARER   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
     }
 
     #[test]

@@ -85,40 +85,84 @@ fn part_value(part: &KeyPart, req: &RequestFacts<'_>, out: &mut Vec<u8>) {
             }
         }
         KeyPart::Header(name) => {
-            // Repeated headers are one key, in order, as a proxy would fold them.
-            for (i, v) in req.headers.get_all(name).iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
+            // The first field line, as most upstreams read it; several lines are refused before
+            // extraction (see `KeySpec::ambiguity`), so this is the only line there is.
+            if let Some(v) = req.headers.get(name) {
                 out.extend_from_slice(v.as_bytes());
             }
         }
         KeyPart::Query(name) => {
-            if let Some(v) = req.query.and_then(|q| query_arg(q, name)) {
+            if let Some(v) = query_args(req.query, name).next() {
                 out.extend_from_slice(v.as_bytes());
             }
         }
         KeyPart::Cookie(name) => {
-            if let Some(v) = cookie(req.headers, name) {
-                out.extend_from_slice(v);
+            if let Some(v) = cookies(req.headers, name).next() {
+                out.extend_from_slice(&v);
             }
         }
     }
 }
 
-fn query_arg<'q>(query: &'q str, name: &str) -> Option<&'q str> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then_some(v)
-    })
+/// Why a request's key cannot be told: the same key part carried twice with different values,
+/// which upstreams resolve differently (first, last or joined). Answered with a 400, because any
+/// choice of ours would let a client pick a fresh bucket with the value the upstream ignores.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is given more than once with different values")]
+pub struct AmbiguousKey(pub String);
+
+impl KeySpec {
+    /// The first part of this key a request carries ambiguously, if any.
+    pub fn ambiguity(&self, req: &RequestFacts<'_>) -> Option<AmbiguousKey> {
+        self.0.iter().find_map(|part| {
+            let ambiguous = match part {
+                KeyPart::ClientIp => false,
+                KeyPart::Header(name) => req.headers.get_all(name).iter().nth(1).is_some(),
+                KeyPart::Query(name) => differ(query_args(req.query, name)),
+                KeyPart::Cookie(name) => differ(cookies(req.headers, name)),
+            };
+            ambiguous.then(|| AmbiguousKey(part.describe()))
+        })
+    }
 }
 
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers.get_all(COOKIE).iter().find_map(|line| {
-        line.as_bytes().split(|&b| b == b';').find_map(|pair| {
-            let pair = pair.trim_ascii();
+impl KeyPart {
+    fn describe(&self) -> String {
+        match self {
+            KeyPart::ClientIp => "ip".to_string(),
+            KeyPart::Header(name) => format!("header {name}"),
+            KeyPart::Query(name) => format!("query argument {name}"),
+            KeyPart::Cookie(name) => format!("cookie {name}"),
+        }
+    }
+}
+
+fn differ<T: PartialEq>(mut values: impl Iterator<Item = T>) -> bool {
+    let Some(first) = values.next() else { return false };
+    values.any(|v| v != first)
+}
+
+/// The values of query argument `name`, names and values decoded like a form
+/// (`%6b=%61` is `k=a`, `+` is a space), so every spelling of one value is one key.
+fn query_args<'q>(query: Option<&'q str>, name: &'q str) -> impl Iterator<Item = String> + 'q {
+    form_urlencoded::parse(query.unwrap_or("").as_bytes()).filter(move |(k, _)| k == name).map(|(_, v)| v.into_owned())
+}
+
+/// The values of cookie `name` over every Cookie line, parsed like browsers and frameworks do
+/// (RFC 6265 §5.2, leniently): whitespace around names and values is dropped, one pair of double
+/// quotes around a value is removed, and percent-escapes are decoded.
+fn cookies<'h>(headers: &'h HeaderMap, name: &'h str) -> impl Iterator<Item = Vec<u8>> + 'h {
+    headers.get_all(COOKIE).iter().flat_map(move |line| {
+        line.as_bytes().split(|&b| b == b';').filter_map(move |pair| {
             let eq = pair.iter().position(|&b| b == b'=')?;
-            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+            if pair[..eq].trim_ascii() != name.as_bytes() {
+                return None;
+            }
+            let mut value = pair[eq + 1..].trim_ascii();
+            if value.len() >= 2 && value[0] == b'"' && value[value.len() - 1] == b'"' {
+                value = &value[1..value.len() - 1];
+            }
+            Some(percent_encoding::percent_decode(value).collect())
         })
     })
 }
@@ -150,7 +194,7 @@ pub struct RealIp {
 }
 
 impl RealIp {
-    fn is_trusted(&self, ip: &IpAddr) -> bool {
+    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
         let ip = canonical(*ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
@@ -296,6 +340,47 @@ mod tests {
         let h2 = headers(&[("x-api-key", b"\xff\xfe{}")]);
         let facts = RequestFacts { client_ip: None, headers: &h2, query: None };
         assert_eq!(KeySpec(vec![KeyPart::Header(HeaderName::from_static("x-api-key"))]).extract(&facts), b"\xff\xfe{}");
+    }
+
+    #[test]
+    fn encodings_of_one_value_are_one_key() {
+        let spec = |p: &str| KeySpec(vec![KeyPart::parse(p).unwrap()]);
+        let key = |p: &str, query: &str, cookie: &[u8]| {
+            let h = headers(&[("cookie", cookie)]);
+            spec(p).extract(&RequestFacts { client_ip: None, headers: &h, query: Some(query) })
+        };
+        for q in ["k=a", "k=%61", "%6b=a", "%6B=%61", "x=1&k=a"] {
+            assert_eq!(key("query:k", q, b""), b"a", "{q}");
+        }
+        assert_eq!(key("query:k", "k=a+b", b""), b"a b");
+        assert_eq!(key("query:k", "k=a%20b", b""), b"a b");
+        for c in [&b"sid=s1"[..], b"sid =s1", b"sid= s1 ", b"sid=\"s1\"", b"a=1;sid=%73%31", b" sid=s1;"] {
+            assert_eq!(key("cookie:sid", "", c), b"s1", "{}", String::from_utf8_lossy(c));
+        }
+    }
+
+    #[test]
+    fn a_key_part_given_twice_with_different_values_is_ambiguous() {
+        let spec = |p: &str| KeySpec(vec![KeyPart::parse("ip").unwrap(), KeyPart::parse(p).unwrap()]);
+        let check = |p: &str, h: &HeaderMap, query: &str| {
+            spec(p).ambiguity(&RequestFacts { client_ip: None, headers: h, query: Some(query) })
+        };
+        let none = HeaderMap::new();
+        let two_keys = headers(&[("x-api-key", b"k1"), ("x-api-key", b"k2")]);
+        let same_twice = headers(&[("x-api-key", b"k1"), ("x-api-key", b"k1")]);
+        assert!(check("header:x-api-key", &two_keys, "").is_some());
+        // Even equal repeated lines: a header key must be one field line.
+        assert!(check("header:x-api-key", &same_twice, "").is_some());
+        assert!(check("header:x-api-key", &headers(&[("x-api-key", b"k1")]), "").is_none());
+        assert!(check("query:k", &none, "k=a&k=b").is_some());
+        assert!(check("query:k", &none, "k=a&%6b=%61").is_none(), "one value, two spellings");
+        let cookies = headers(&[("cookie", b"sid=s1"), ("cookie", b"sid=s2")]);
+        assert!(check("cookie:sid", &cookies, "").is_some());
+        assert!(check("cookie:sid", &headers(&[("cookie", b"sid=s1; sid=\"s1\"")]), "").is_none());
+        assert_eq!(
+            check("query:k", &none, "k=a&k=b").unwrap().to_string(),
+            "query argument k is given more than once with different values"
+        );
     }
 
     #[test]

@@ -5,11 +5,13 @@
 pub mod admin;
 pub mod config;
 pub mod echo;
+pub mod edge;
 pub mod keys;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod request;
 pub mod routes;
 pub mod server;
 pub mod store;

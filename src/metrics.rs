@@ -56,6 +56,13 @@ pub struct Metrics {
     pub upstream_unavailable: IntCounterVec,
     /// Re-resolutions of a server name that failed (its last good addresses stay).
     pub upstream_resolve_failures: IntCounterVec,
+    /// Client connections open now.
+    pub connections_open: IntGauge,
+    /// Client connections refused at accept, by cap (`max_connections`, `max_connections_per_ip`).
+    pub connections_refused: IntCounterVec,
+    /// Client connections closed by a timeout or size cap, by cause (`header_timeout`,
+    /// `keepalive_timeout`, `header_size`).
+    pub connections_cut: IntCounterVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -116,7 +123,22 @@ impl Metrics {
             &registry,
             IntGauge::new("weir_limit_conn_active_leases", "Concurrency leases this instance holds now."),
         );
+        let connections_open =
+            register(&registry, IntGauge::new("weir_connections_open", "Client connections open now."));
         Metrics {
+            connections_open,
+            connections_refused: counter(
+                &registry,
+                "weir_connections_refused_total",
+                "Client connections refused at accept, by the cap they hit.",
+                &["cap"],
+            ),
+            connections_cut: counter(
+                &registry,
+                "weir_connections_cut_total",
+                "Client connections closed by a timeout or size cap, by cause.",
+                &["cause"],
+            ),
             active_leases,
             conn_decisions: counter(
                 &registry,

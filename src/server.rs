@@ -7,6 +7,7 @@ use pingora::server::Server;
 
 use crate::admin::AdminApp;
 use crate::config::StoreSettings;
+use crate::edge::EdgeApp;
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
 use crate::reload::Reloader;
@@ -71,10 +72,23 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         ..ServerConf::default()
     };
 
+    // Pingora retries a busy address every second forever; a service manager would see a live
+    // process that serves nothing. Fail at once instead, naming the address.
+    for (field, addr) in
+        listen.iter().map(|a| ("server.listen", a)).chain(runtime.server.admin.iter().map(|a| ("server.admin", a)))
+    {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(format!("{field}: cannot listen on {addr}: {e}"));
+        }
+    }
+    let fd_limit = raise_fd_limit();
+
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let proxy = WeirProxy::new(reloader.runtime(), stores.limits.clone(), stores.conns);
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, proxy);
+    let proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
+    let edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
+    let mut service = pingora::services::listening::Service::new("weir proxy".to_string(), edge);
     for addr in &listen {
         service.add_tcp(&addr.to_string());
     }
@@ -90,4 +104,16 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     }
     tracing::info!(listen = ?listen, "weir started");
     server.run_forever()
+}
+
+/// Raises the soft file-descriptor limit to the hard one (nginx's `worker_rlimit_nofile`) and
+/// returns it: client connections are capped below it, so the process never runs out.
+fn raise_fd_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the file-descriptor limit; assuming 1024");
+            1024
+        }
+    }
 }

@@ -17,6 +17,7 @@ use super::store::{self, StoreSettings};
 use super::upstream;
 use super::zones::{self, Zone};
 use crate::keys::{KeyPart, KeySpec, RealIp};
+use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
 use crate::upstream::Upstream;
 
@@ -48,6 +49,48 @@ pub struct ServerSettings {
     pub admin: Option<SocketAddr>,
     /// When set, admin requests other than `/healthz` and `/readyz` need `Authorization: Bearer <token>`.
     pub admin_token: Option<String>,
+    /// Limits on what one client connection may hold; read per connection and request, so a
+    /// reload changes them for new connections.
+    pub clients: ClientLimits,
+}
+
+/// Timeouts and caps on every client-facing resource (nginx's `client_header_timeout`,
+/// `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `large_client_header_buffers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// From a connection's start, or a request's first byte, until its whole head is read.
+    pub header_timeout: Duration,
+    /// Between two reads of a request body.
+    pub body_timeout: Duration,
+    /// Between two writes to the client.
+    pub send_timeout: Duration,
+    /// How long an idle keep-alive connection waits for its next request.
+    pub keepalive_timeout: Duration,
+    /// Bytes of request line and headers.
+    pub max_header_size: usize,
+    /// Open client connections per instance; `None`: derived from the file-descriptor limit.
+    pub max_connections: Option<usize>,
+    /// Open client connections per peer address; `None`: no per-address cap.
+    pub max_connections_per_ip: Option<usize>,
+    pub encoded_slashes: EncodedSlash,
+    /// Set `X-Forwarded-For` / `X-Real-IP` for the upstream (see `request::forwarded`).
+    pub forwarded_headers: bool,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(75),
+            max_header_size: 64 * 1024,
+            max_connections: None,
+            max_connections_per_ip: None,
+            encoded_slashes: EncodedSlash::Reject,
+            forwarded_headers: true,
+        }
+    }
 }
 
 /// Logging: read at start-up (`RUST_LOG` overrides the level); the access log switch is live.
@@ -102,7 +145,22 @@ fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<Lo
 }
 
 fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerSettings, ConfigError> {
-    let schema::Server { listen, threads, admin, admin_token } = server.into_inner();
+    let schema::Server {
+        listen,
+        threads,
+        admin,
+        admin_token,
+        admin_insecure,
+        header_timeout,
+        body_timeout,
+        send_timeout,
+        keepalive_timeout,
+        max_header_size,
+        max_connections,
+        max_connections_per_ip,
+        encoded_slashes,
+        forwarded_headers,
+    } = server.into_inner();
     if listen.get_ref().is_empty() {
         return Err(src.error_at(&listen.span(), "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"]"));
     }
@@ -140,7 +198,53 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
     if admin_token.is_some() && admin.is_none() {
         return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
     }
-    Ok(ServerSettings { listen: addrs, threads, admin, admin_token })
+    if let Some(addr) = admin {
+        if !addr.ip().is_loopback() && admin_token.is_none() && admin_insecure != Some(true) {
+            return Err(src.error(format!(
+                "server.admin: {addr} is reachable from the network, and /reload, /limits and /metrics would be open \
+                 to it: set server.admin_token, listen on 127.0.0.1, or set server.admin_insecure = true"
+            )));
+        }
+    }
+    let defaults = ClientLimits::default();
+    let duration =
+        |value: Option<Spanned<String>>, field: &str, default: Duration| match value {
+            None => Ok(default),
+            Some(v) => match parse_duration(v.get_ref()) {
+                Some(d) if !d.is_zero() => Ok(d),
+                _ => Err(src
+                    .error_at(&v.span(), format!("server.{field}: {:?} is not a duration like \"10s\"", v.get_ref()))),
+            },
+        };
+    let count = |value: Option<Spanned<i64>>, field: &str, min: i64| match value {
+        None => Ok(None),
+        Some(v) if *v.get_ref() >= min => Ok(Some(*v.get_ref() as usize)),
+        Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be at least {min}, got {}", v.get_ref()))),
+    };
+    let encoded_slashes = match encoded_slashes.as_ref().map(|e| (e, e.get_ref().as_str())) {
+        None => defaults.encoded_slashes,
+        Some((_, "reject")) => EncodedSlash::Reject,
+        Some((_, "keep")) => EncodedSlash::Keep,
+        Some((_, "decode")) => EncodedSlash::Decode,
+        Some((e, other)) => {
+            return Err(src.error_at(
+                &e.span(),
+                format!("server.encoded_slashes: expected \"reject\", \"keep\" or \"decode\", got {other:?}"),
+            ))
+        }
+    };
+    let clients = ClientLimits {
+        header_timeout: duration(header_timeout, "header_timeout", defaults.header_timeout)?,
+        body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
+        send_timeout: duration(send_timeout, "send_timeout", defaults.send_timeout)?,
+        keepalive_timeout: duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout)?,
+        max_header_size: count(max_header_size, "max_header_size", 1024)?.unwrap_or(defaults.max_header_size),
+        max_connections: count(max_connections, "max_connections", 1)?,
+        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", 1)?,
+        encoded_slashes,
+        forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
+    };
+    Ok(ServerSettings { listen: addrs, threads, admin, admin_token, clients })
 }
 
 fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result<RealIp, ConfigError> {

@@ -13,7 +13,7 @@ mod zones;
 
 use std::path::Path;
 
-pub use compile::{parse_duration, LogSettings, Runtime, ServerSettings};
+pub use compile::{parse_duration, ClientLimits, LogSettings, Runtime, ServerSettings};
 pub use conn::{allowed, AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};

@@ -55,6 +55,9 @@ pub struct Cost {
     pub header: Option<HeaderName>,
     /// `max_cost`: a larger header value is clamped to it.
     pub max: u64,
+    /// `min_cost` (default 1): a smaller header value is raised to it, so `X-Cost: 0` is not a
+    /// free pass.
+    pub min: u64,
 }
 
 /// The largest `cost` and `max_cost`.
@@ -100,6 +103,7 @@ pub(super) fn compile_routes(
             cost,
             cost_header,
             max_cost,
+            min_cost,
             allow,
             deny,
         } = route.into_inner();
@@ -183,7 +187,7 @@ pub(super) fn compile_routes(
         let conn_limits = conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
         let conn_status = conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
         let access = conn::access_rules(&allow, &deny, &here)?;
-        let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), max_cost.as_ref(), &here)?;
+        let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -268,7 +272,7 @@ fn compile_limit_ref(
 fn compile_cost(
     cost: Option<&Spanned<i64>>,
     header: Option<&Spanned<String>>,
-    max: Option<&Spanned<i64>>,
+    (min, max): (Option<&Spanned<i64>>, Option<&Spanned<i64>>),
     here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
 ) -> Result<Cost, ConfigError> {
     let in_range = |v: &Spanned<i64>, field: &str, min: i64| {
@@ -290,7 +294,16 @@ fn compile_cost(
         (Some(m), None) => return Err(here(&m.span(), "max_cost: only applies with cost_header".into())),
         (None, _) => 100,
     };
-    Ok(Cost { default, header, max })
+    let min_field = min;
+    let min = match (min, &header) {
+        (Some(m), Some(_)) => in_range(m, "min_cost", 0)?,
+        (Some(m), None) => return Err(here(&m.span(), "min_cost: only applies with cost_header".into())),
+        (None, _) => 1,
+    };
+    if let (Some(m), true) = (min_field, min > max) {
+        return Err(here(&m.span(), format!("min_cost ({min}) must not exceed max_cost ({max})")));
+    }
+    Ok(Cost { default, header, max, min })
 }
 
 fn checked_path(

@@ -40,6 +40,17 @@ pub struct Server {
     pub threads: Option<Spanned<i64>>,
     pub admin: Option<Spanned<String>>,
     pub admin_token: Option<Spanned<String>>,
+    /// Allows a non-loopback admin address without a token.
+    pub admin_insecure: Option<bool>,
+    pub header_timeout: Option<Spanned<String>>,
+    pub body_timeout: Option<Spanned<String>>,
+    pub send_timeout: Option<Spanned<String>>,
+    pub keepalive_timeout: Option<Spanned<String>>,
+    pub max_header_size: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub max_connections_per_ip: Option<Spanned<i64>>,
+    pub encoded_slashes: Option<Spanned<String>>,
+    pub forwarded_headers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +175,7 @@ pub struct Route {
     pub cost: Option<Spanned<i64>>,
     pub cost_header: Option<Spanned<String>>,
     pub max_cost: Option<Spanned<i64>>,
+    pub min_cost: Option<Spanned<i64>>,
     #[serde(default)]
     pub allow: Vec<Spanned<String>>,
     #[serde(default)]

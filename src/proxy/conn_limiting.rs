@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use super::bodies;
 use super::lease::{new_lease_id, Lease};
-use super::limiting::{failure_policy, fleet_size, report_store_error, LimitStatus};
+use super::limiting::LimitStatus;
+use super::policy::{self, Fallback, Rejection};
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::keys::RequestFacts;
 use crate::metrics::METRICS;
@@ -35,15 +37,10 @@ pub fn keyed_conns(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Vec
 
 pub struct ConnStores {
     pub primary: Arc<dyn ConnStore>,
+    /// The store's kind for metrics and logs (`memory`, `redis`, …).
+    pub kind: &'static str,
     /// The `local` failure policy's in-process counters.
     pub local: Arc<MemoryConnStore>,
-}
-
-/// A response to send instead of forwarding: status, JSON body, headers.
-pub struct Rejection {
-    pub status: u16,
-    pub body: String,
-    pub headers: Vec<(&'static str, String)>,
 }
 
 pub struct ConnOutcome {
@@ -58,8 +55,8 @@ pub struct ConnOutcome {
 
 pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &ConnStores) -> ConnOutcome {
     let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, zones: Vec::new(), fallback: None };
-    let (shadow, enforced): (Vec<&KeyedConn>, Vec<&KeyedConn>) =
-        keyed.iter().partition(|k| route.conn_limits[k.limit].dry_run);
+    let (shadow, enforced) = policy::split_dry_run(keyed, |k| route.conn_limits[k.limit].dry_run);
+    // Enforced first: a request they reject takes no shadow lease either.
     for (group, dry_run) in [(enforced, false), (shadow, true)] {
         if group.is_empty() {
             continue;
@@ -75,35 +72,28 @@ pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &
         let mut store: Arc<dyn ConnStore> = stores.primary.clone();
         let verdict = match stores.primary.acquire(&checks, &lease_id).await {
             Ok(v) => v,
-            Err(e) => {
-                report_store_error("redis", &route.name, &e);
-                if dry_run {
-                    continue;
-                }
-                let policy = failure_policy(rt, route);
-                outcome.fallback = Some(policy);
-                METRICS.store_fallbacks.with_label_values(&[policy.as_str()]).inc();
-                match policy {
-                    FailurePolicy::Allow => continue,
-                    FailurePolicy::Deny => {
-                        let body = super::headers::unavailable_body(&route.name);
-                        outcome.reject = Some(Rejection {
-                            status: route.conn_status,
-                            body,
-                            headers: vec![("Retry-After", "1".to_string())],
-                        });
-                        return outcome;
-                    }
-                    FailurePolicy::Local => {
-                        // This instance's share of each cap, at least one request.
-                        let n = fleet_size(rt);
-                        let local: Vec<ConnCheck<'_>> =
-                            checks.iter().map(|c| ConnCheck { max: (c.max as u64 / n).max(1) as u32, ..*c }).collect();
-                        store = stores.local.clone();
-                        stores.local.acquire_now(&local)
+            Err(e) => match policy::on_store_error(rt, route, stores.kind, &e, dry_run, route.conn_status) {
+                None => continue,
+                Some((policy, fallback)) => {
+                    outcome.fallback = Some(policy);
+                    match fallback {
+                        Fallback::Allow => continue,
+                        Fallback::Deny(rejection) => {
+                            outcome.reject = Some(rejection);
+                            return outcome;
+                        }
+                        Fallback::Local { fleet_size } => {
+                            // This instance's share of each cap, at least one request.
+                            let local: Vec<ConnCheck<'_>> = checks
+                                .iter()
+                                .map(|c| ConnCheck { max: (c.max as u64 / fleet_size).max(1) as u32, ..*c })
+                                .collect();
+                            store = stores.local.clone();
+                            stores.local.acquire_now(&local)
+                        }
                     }
                 }
-            }
+            },
         };
         for (i, (k, c)) in group.iter().zip(&checks).enumerate() {
             let status = match (verdict.admitted, verdict.rejected == Some(i), dry_run) {
@@ -115,10 +105,7 @@ pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &
             };
             outcome.zones.push((route.conn_limits[k.limit].zone, status));
             if !verdict.admitted && !dry_run {
-                let body = format!(
-                    "{{\"error\":\"too_many_concurrent_requests\",\"route\":\"{}\",\"zone\":\"{}\",\"max\":{},\"retry_after\":1}}\n",
-                    route.name, c.zone, c.max
-                );
+                let body = bodies::too_many_concurrent(&route.name, c.zone, c.max);
                 let headers = vec![
                     ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", c.zone, c.max)),
                     ("RateLimit", format!("\"{}\";r=0", c.zone)),

@@ -99,25 +99,6 @@ pub fn rejecting_zone<'a>(zones: &[ZoneInfo<'a>], verdict: &Verdict) -> Option<&
         .map(|(z, _)| z.name)
 }
 
-/// `{"error":"rate_limited","route":"api","zone":"per_ip","retry_after":2}`. Names are restricted
-/// to `[A-Za-z0-9_.-]` by config validation, so they need no JSON escaping.
-pub fn rejection_body(route: &str, zone: &str, retry_after: Option<u64>) -> String {
-    match retry_after {
-        Some(secs) => {
-            format!("{{\"error\":\"rate_limited\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":{secs}}}\n")
-        }
-        None => format!(
-            "{{\"error\":\"request_too_costly\",\"route\":\"{route}\",\"zone\":\"{zone}\",\"retry_after\":null,\
-             \"detail\":\"the request costs more than the zone can ever admit at once, so it can never pass\"}}\n"
-        ),
-    }
-}
-
-/// The body of a request rejected because the limits could not be decided (`on_error = "deny"`).
-pub fn unavailable_body(route: &str) -> String {
-    format!("{{\"error\":\"limiter_unavailable\",\"route\":\"{route}\",\"retry_after\":1}}\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,13 +173,5 @@ mod tests {
         assert_eq!(retry_after_secs(0), 1);
         assert_eq!(retry_after_secs(1), 1);
         assert_eq!(retry_after_secs(1_000_001), 2);
-    }
-
-    #[test]
-    fn bodies_are_json() {
-        let v: serde_json::Value = serde_json::from_str(&rejection_body("api", "per_ip", Some(3))).unwrap();
-        assert_eq!(v["retry_after"], 3);
-        let v: serde_json::Value = serde_json::from_str(&rejection_body("api", "per_ip", None)).unwrap();
-        assert_eq!(v["error"], "request_too_costly");
     }
 }

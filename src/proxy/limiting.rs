@@ -4,14 +4,13 @@
 //! Zones in dry run are decided in a separate atomic call from enforced ones, so a shadow limit
 //! can never change what an enforced one decides (or charge it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use tracing::warn;
-
+use super::bodies;
 use super::headers::{self, ZoneInfo};
-use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime, StoreSettings};
+use super::policy::{self, Fallback};
+use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
 use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, LimitReq, Rate, Verdict};
 use crate::metrics::METRICS;
@@ -127,8 +126,7 @@ pub struct Stores {
 
 pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &Stores) -> Enforcement {
     let store = stores.primary.as_ref();
-    let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
-        keyed.iter().partition(|k| route.limits[k.limit].dry_run);
+    let (shadow, enforced) = policy::split_dry_run(keyed, |k| route.limits[k.limit].dry_run);
     let enforced_checks = checks(rt, route, &enforced);
     let shadow_checks = checks(rt, route, &shadow);
     let (enforced_verdict, shadow_verdict) =
@@ -136,39 +134,35 @@ pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &
 
     let mut result =
         Enforcement { action: Action::Forward, headers: Vec::new(), status: None, zones: Vec::new(), fallback: None };
-    // A failed shadow decision only costs the report; a failed enforced one goes to the policy.
     let shadow_verdict = match shadow_verdict {
         Some(Err(e)) => {
-            report_store_error(store.kind(), &route.name, &e);
+            policy::on_store_error(rt, route, store.kind(), &e, true, route.status);
             None
         }
         other => other.and_then(Result::ok),
     };
     let enforced_verdict = match enforced_verdict {
-        Some(Err(e)) => {
-            report_store_error(store.kind(), &route.name, &e);
-            let policy = failure_policy(rt, route);
-            result.fallback = Some(policy);
-            METRICS.store_fallbacks.with_label_values(&[policy.as_str()]).inc();
-            match policy {
-                FailurePolicy::Allow => None,
-                FailurePolicy::Deny => {
-                    result.status = Some(LimitStatus::Rejected);
-                    result.headers.push(("Retry-After", "1".to_string()));
-                    let body = headers::unavailable_body(&route.name);
-                    result.action = Action::Reject { status: route.status, body };
-                    return result;
-                }
-                FailurePolicy::Local => {
-                    let share = fleet_size(rt);
-                    let local_checks: Vec<ZoneCheck<'_>> = enforced_checks
-                        .iter()
-                        .map(|c| ZoneCheck { limit: fleet_share(&c.limit, share), ..*c })
-                        .collect();
-                    Some(stores.local.decide_now(&local_checks))
-                }
+        Some(Err(e)) => match policy::on_store_error(rt, route, store.kind(), &e, false, route.status) {
+            None | Some((_, Fallback::Allow)) => {
+                result.fallback = Some(FailurePolicy::Allow);
+                None
             }
-        }
+            Some((policy, Fallback::Deny(rejection))) => {
+                result.fallback = Some(policy);
+                result.status = Some(LimitStatus::Rejected);
+                result.headers = rejection.headers;
+                result.action = Action::Reject { status: rejection.status, body: rejection.body };
+                return result;
+            }
+            Some((policy, Fallback::Local { fleet_size })) => {
+                result.fallback = Some(policy);
+                let local_checks: Vec<ZoneCheck<'_>> = enforced_checks
+                    .iter()
+                    .map(|c| ZoneCheck { limit: fleet_share(&c.limit, fleet_size), ..*c })
+                    .collect();
+                Some(stores.local.decide_now(&local_checks))
+            }
+        },
         other => other.and_then(Result::ok),
     };
     if let Some(v) = &enforced_verdict {
@@ -194,7 +188,7 @@ pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &
             if let Some(secs) = retry {
                 result.headers.push(("Retry-After", secs.to_string()));
             }
-            Action::Reject { status: route.status, body: headers::rejection_body(&route.name, zone, retry) }
+            Action::Reject { status: route.status, body: bodies::rate_limited(&route.name, zone, retry) }
         } else if verdict.delay_us > 0 {
             Action::Delay(Duration::from_micros(verdict.delay_us))
         } else {
@@ -246,21 +240,6 @@ fn record_statuses(result: &mut Enforcement, route: &Route, group: &[&KeyedZone]
     }
 }
 
-pub(super) fn failure_policy(rt: &Runtime, route: &Route) -> FailurePolicy {
-    let default = match &rt.store {
-        StoreSettings::Redis(_, resilience) => resilience.on_error,
-        StoreSettings::Memory => FailurePolicy::Local,
-    };
-    route.on_error.unwrap_or(default)
-}
-
-pub(super) fn fleet_size(rt: &Runtime) -> u64 {
-    match &rt.store {
-        StoreSettings::Redis(_, resilience) => resilience.fleet_size,
-        StoreSettings::Memory => 1,
-    }
-}
-
 /// This instance's share of a fleet-wide limit: a bucket's rate divided exactly (the period
 /// stretched N times), a window's count divided (rounded down, at least 1) over the same window,
 /// burst and delay divided and rounded down. Approximate by nature: traffic is rarely spread
@@ -283,24 +262,8 @@ fn fleet_share(limit: &LimitReq, fleet_size: u64) -> LimitReq {
     }
 }
 
-/// Logs store failures at most once a second: a dead Redis must not flood the log.
-pub(super) fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
-    let cause = match error {
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Redis(_) => "redis",
-        StoreError::Reply(_) => "reply",
-        StoreError::CircuitOpen => "circuit_open",
-    };
-    METRICS.store_errors.with_label_values(&[store, cause]).inc();
-    static LAST_LOG_SECS: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    if LAST_LOG_SECS.swap(now, Ordering::Relaxed) != now {
-        warn!(route, store, error = %error, "limit store failed; the failure policy decides");
-    }
-}
-
 /// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
-/// `max_cost`. A header that is not a non-negative integer is the client's error (400).
+/// `min_cost`..`max_cost`. A header that is not a non-negative integer is the client's error (400).
 pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
     let Some(name) = &cost.header else { return Ok(cost.default) };
     let Some(value) = headers.get(name) else { return Ok(cost.default) };
@@ -309,7 +272,7 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
         return Err(format!("{name} must be a non-negative integer"));
     }
     // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
-    Ok(text.parse::<u64>().unwrap_or(u64::MAX).min(cost.max))
+    Ok(text.parse::<u64>().unwrap_or(u64::MAX).clamp(cost.min, cost.max))
 }
 
 #[cfg(test)]
@@ -318,18 +281,20 @@ mod tests {
 
     #[test]
     fn cost_from_header_is_validated_and_clamped() {
-        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10 };
+        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10, min: 1 };
         let mut h = http::HeaderMap::new();
         assert_eq!(request_cost(&cost, &h), Ok(2));
         h.insert("x-cost", http::HeaderValue::from_static("7"));
         assert_eq!(request_cost(&cost, &h), Ok(7));
         h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
         assert_eq!(request_cost(&cost, &h), Ok(10));
+        h.insert("x-cost", http::HeaderValue::from_static("0"));
+        assert_eq!(request_cost(&cost, &h), Ok(1), "min_cost: zero is not free");
         for bad in ["-1", "1.5", "abc", "", " "] {
             h.insert("x-cost", http::HeaderValue::from_static(bad));
             assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
         }
-        let fixed = Cost { default: 5, header: None, max: 100 };
+        let fixed = Cost { default: 5, header: None, max: 100, min: 1 };
         assert_eq!(request_cost(&fixed, &h), Ok(5));
     }
 }

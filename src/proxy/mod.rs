@@ -3,10 +3,13 @@
 //! access log and metrics when the request ends.
 
 mod access_log;
+pub(crate) mod bodies;
 mod conn_limiting;
 mod headers;
 mod lease;
 mod limiting;
+mod outcome;
+mod policy;
 mod respond;
 mod upstreaming;
 
@@ -21,15 +24,18 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::config::{allowed, FailurePolicy, Runtime};
-use crate::keys::{self, RequestFacts};
+use crate::config::{allowed, FailurePolicy, Route, Runtime};
+use crate::edge::GuardedStream;
+use crate::keys::{self, AmbiguousKey, RequestFacts};
 use crate::metrics::METRICS;
+use crate::request::{forwarded, hygiene, normalize_path};
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore};
 
 use conn_limiting::ConnStores;
 use lease::Lease;
 use limiting::{request_cost, Action, LimitStatus, Stores};
+use outcome::Outcome;
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -40,8 +46,9 @@ pub struct WeirProxy {
 impl WeirProxy {
     /// `store` decides rates and `conn_store` concurrency; both outlive every reload.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>, conn_store: Arc<dyn ConnStore>) -> Self {
+        let conn_stores =
+            ConnStores { primary: conn_store, kind: store.kind(), local: Arc::new(MemoryConnStore::default()) };
         let stores = Stores { primary: store, local: MemoryStore::default() };
-        let conn_stores = ConnStores { primary: conn_store, local: Arc::new(MemoryConnStore::default()) };
         crate::upstream::REGISTRY.watch(runtime.clone());
         Self { runtime, stores, conn_stores }
     }
@@ -58,8 +65,7 @@ pub struct RequestCtx {
     rate_headers: Vec<(&'static str, String)>,
     limit_status: Option<LimitStatus>,
     zone_statuses: Vec<(usize, LimitStatus)>,
-    /// The metrics outcome label of this request.
-    outcome: &'static str,
+    outcome: Outcome,
     delay: Duration,
     upstream_sent: Option<Instant>,
     upstream_time: Option<Duration>,
@@ -68,6 +74,9 @@ pub struct RequestCtx {
     conn_statuses: Vec<(usize, LimitStatus)>,
     /// The upstream servers chosen and tried; the current one holds its `max_conns` place.
     upstream: upstreaming::Attempts,
+    /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
+    peer: Option<IpAddr>,
+    peer_trusted: bool,
 }
 
 #[async_trait]
@@ -83,26 +92,62 @@ impl ProxyHttp for WeirProxy {
             rate_headers: Vec::new(),
             limit_status: None,
             zone_statuses: Vec::new(),
-            outcome: "unlimited",
+            outcome: Outcome::Unlimited,
             delay: Duration::ZERO,
             upstream_sent: None,
             upstream_time: None,
             leases: Vec::new(),
             conn_statuses: Vec::new(),
             upstream: upstreaming::Attempts::default(),
+            peer: None,
+            peer_trusted: false,
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let rt = ctx.runtime.clone();
+        let clients = &rt.server.clients;
+        // The head is in: from here its body and response are bounded by Pingora's per-read
+        // timeouts, not by the connection's head deadline.
+        if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
+            guarded.request_started();
+        }
+        session.set_read_timeout(Some(clients.body_timeout));
+        session.set_write_timeout(Some(clients.send_timeout));
+        session.set_pipelining_enabled(true);
+
         let req = session.req_header();
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+        ctx.peer = peer;
+        ctx.peer_trusted = matches!((peer, rt.real_ip.as_ref()), (Some(ip), Some(r)) if r.is_trusted(&ip));
         ctx.client_ip = keys::client_ip(peer, &req.headers, rt.real_ip.as_ref());
+
+        // Framing an upstream could read differently, and paths that have no one meaning, are
+        // refused before anything is counted; the connection is closed, as its framing is in doubt.
+        if let Err(e) = hygiene::check(req.version, &req.headers, req.uri.authority().is_some()) {
+            return bad_request(session, ctx, "bad_framing", &e.to_string(), true).await;
+        }
+        let path = match normalize_path(req.uri.path(), clients.encoded_slashes) {
+            Ok(path) => path,
+            Err(e) => return bad_request(session, ctx, "bad_path", &e.to_string(), false).await,
+        };
+        if let std::borrow::Cow::Owned(canonical) = path {
+            // Forward what was matched and limited: the upstream sees the same resource.
+            let target = match req.uri.query() {
+                Some(q) => format!("{canonical}?{q}"),
+                None => canonical,
+            };
+            match http::Uri::builder().path_and_query(target).build() {
+                Ok(uri) => session.req_header_mut().set_uri(uri),
+                Err(_) => return bad_request(session, ctx, "bad_path", "the path cannot be forwarded", false).await,
+            }
+        }
+
+        let req = session.req_header();
         let host = req.headers.get(HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri.host());
         let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path()) else {
-            ctx.outcome = "no_route";
-            let body = "{\"error\":\"no_route\",\"detail\":\"no route matches this request\"}\n".to_string();
-            return respond::json(session, 404, &[], body).await;
+            ctx.outcome = Outcome::NoRoute;
+            return respond::json(session, 404, &[], bodies::no_route()).await;
         };
         ctx.route = Some(route_index);
         let route = &rt.routes[route_index];
@@ -111,23 +156,23 @@ impl ProxyHttp for WeirProxy {
         // clients never touch limit state.
         if let Some(ip) = ctx.client_ip {
             if !allowed(&route.access, ip) {
-                ctx.outcome = "denied";
-                let body = format!("{{\"error\":\"forbidden\",\"route\":\"{}\"}}\n", route.name);
-                return respond::json(session, 403, &[], body).await;
+                ctx.outcome = Outcome::Denied;
+                return respond::json(session, 403, &[], bodies::forbidden(&route.name)).await;
             }
+        }
+
+        let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
+        // A key given twice with different values has no one bucket: refuse it (see `keys`).
+        if let Some(ambiguous) = ambiguous_key(&rt, route, &facts) {
+            return bad_request(session, ctx, "ambiguous_key", &ambiguous.to_string(), false).await;
         }
 
         let cost = match request_cost(&route.cost, &req.headers) {
             Ok(cost) => cost,
-            Err(detail) => {
-                ctx.outcome = "bad_request";
-                let body = format!("{{\"error\":\"bad_cost\",\"route\":\"{}\",\"detail\":\"{detail}\"}}\n", route.name);
-                return respond::json(session, 400, &[], body).await;
-            }
+            Err(detail) => return bad_request(session, ctx, "bad_cost", &detail, false).await,
         };
 
         // Every key is extracted up front: the request header is not borrowed across awaits.
-        let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
         let keyed = limiting::keyed_zones(&rt, route, &facts, cost);
         let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
 
@@ -136,10 +181,10 @@ impl ProxyHttp for WeirProxy {
             ctx.limit_status = enforcement.status;
             ctx.zone_statuses = enforcement.zones;
             ctx.outcome = match (enforcement.fallback, enforcement.status) {
-                (Some(FailurePolicy::Allow), _) => "fail_open",
-                (Some(FailurePolicy::Deny), _) => "fail_closed",
-                (_, Some(status)) => status.metric_label(),
-                (_, None) => "unlimited",
+                (Some(FailurePolicy::Allow), _) => Outcome::FailOpen,
+                (Some(FailurePolicy::Deny), _) => Outcome::FailClosed,
+                (_, Some(status)) => Outcome::Limit(status),
+                (_, None) => Outcome::Unlimited,
             };
             match enforcement.action {
                 Action::Reject { status, body } => {
@@ -149,7 +194,16 @@ impl ProxyHttp for WeirProxy {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
                     ctx.delay = delay;
                     METRICS.delay_seconds.with_label_values(&[&route.name]).observe(delay.as_secs_f64());
-                    tokio::time::sleep(delay).await;
+                    let watch_client = !hygiene::has_body(&session.req_header().headers);
+                    if !wait_unless_client_leaves(session, delay, watch_client).await {
+                        // nginx drops a delayed request whose client has gone; so do we, and
+                        // nothing further is taken for it (no lease, no upstream place).
+                        ctx.outcome = Outcome::ClientGone;
+                        return Err(Error::explain(
+                            ErrorType::ConnectionClosed,
+                            "client left during the limit_req delay",
+                        ));
+                    }
                 }
                 Action::Forward => {}
             }
@@ -164,8 +218,8 @@ impl ProxyHttp for WeirProxy {
             ctx.conn_statuses = conn.zones;
             if let Some(reject) = conn.reject {
                 ctx.outcome = match conn.fallback {
-                    Some(FailurePolicy::Deny) => "fail_closed",
-                    _ => "conn_rejected",
+                    Some(FailurePolicy::Deny) => Outcome::FailClosed,
+                    _ => Outcome::ConnRejected,
                 };
                 return respond::json(session, reject.status, &reject.headers, reject.body).await;
             }
@@ -174,8 +228,8 @@ impl ProxyHttp for WeirProxy {
         let upstream = &rt.upstreams[route.upstream];
         if let Err(why) = ctx.upstream.first(upstream) {
             ctx.outcome = match why {
-                crate::upstream::Unavailable::Busy => "upstream_busy",
-                crate::upstream::Unavailable::Down => "upstream_down",
+                crate::upstream::Unavailable::Busy => Outcome::UpstreamBusy,
+                crate::upstream::Unavailable::Down => Outcome::UpstreamDown,
             };
             return upstreaming::unavailable(session, why, &upstream.name, &route.name).await;
         }
@@ -226,9 +280,20 @@ impl ProxyHttp for WeirProxy {
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,
-        _upstream_request: &mut RequestHeader,
+        upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
+            let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
+            upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
+            match fwd.x_real_ip {
+                Some(ip) => upstream_request.insert_header(forwarded::X_REAL_IP, ip)?,
+                None => drop(upstream_request.remove_header(forwarded::X_REAL_IP)),
+            }
+            if !fwd.keep_forwarded {
+                upstream_request.remove_header(forwarded::FORWARDED);
+            }
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -247,6 +312,9 @@ impl ProxyHttp for WeirProxy {
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
+        if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
+            guarded.request_finished();
+        }
         // The request is over, however it ended: give back its concurrency slots first.
         for lease in ctx.leases.drain(..) {
             lease.release().await;
@@ -255,7 +323,7 @@ impl ProxyHttp for WeirProxy {
         let rt = &ctx.runtime;
         let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        METRICS.requests.with_label_values(&[route, ctx.outcome]).inc();
+        METRICS.requests.with_label_values(&[route, ctx.outcome.label()]).inc();
         for (zone, zone_status) in &ctx.zone_statuses {
             METRICS.zone_decisions.with_label_values(&[&rt.zones[*zone].name, zone_status.metric_label()]).inc();
         }
@@ -269,5 +337,50 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
+    }
+}
+
+/// The first key of the route's zones that the request gives twice with different values.
+fn ambiguous_key(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Option<AmbiguousKey> {
+    let rate_keys = route.limits.iter().map(|zl| &rt.zones[zl.zone].key);
+    let conn_keys = route.conn_limits.iter().map(|cl| &rt.conn_zones[cl.zone].key);
+    rate_keys.chain(conn_keys).find_map(|spec| spec.ambiguity(facts))
+}
+
+/// A 400 naming what is wrong. `close`: the connection is not reused (its framing is in doubt).
+async fn bad_request(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    error: &str,
+    detail: &str,
+    close: bool,
+) -> Result<bool> {
+    ctx.outcome = Outcome::BadRequest;
+    if close {
+        session.set_keepalive(None);
+    }
+    respond::json(session, 400, &[], bodies::bad_request(error, detail)).await
+}
+
+/// Sleeps `delay`; returns false as soon as the client closes its connection (`watch_client`:
+/// only for requests without a body, whose connection can be read without consuming anything).
+async fn wait_unless_client_leaves(session: &mut Session, delay: Duration, watch_client: bool) -> bool {
+    if !watch_client {
+        tokio::time::sleep(delay).await;
+        return true;
+    }
+    let timer = tokio::time::sleep(delay);
+    tokio::pin!(timer);
+    tokio::select! {
+        _ = &mut timer => true,
+        read = session.downstream_session.read_body_or_idle(true) => match read {
+            // Closed (or broken): the client is gone.
+            Err(_) => false,
+            // Anything else (e.g. a pipelined next request) is kept for later; wait out the delay.
+            Ok(_) => {
+                timer.await;
+                true
+            }
+        },
     }
 }

@@ -12,7 +12,7 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{ErrorSource, RetryType};
 
-use super::respond;
+use super::{bodies, respond};
 use crate::metrics::METRICS;
 use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
 
@@ -192,13 +192,12 @@ pub async fn unavailable(session: &mut Session, why: Unavailable, upstream: &str
     match why {
         Unavailable::Busy => {
             METRICS.upstream_unavailable.with_label_values(&[upstream, "busy"]).inc();
-            let body = format!("{{\"error\":\"upstream_busy\",\"route\":\"{route}\",\"retry_after\":1}}\n");
+            let body = bodies::upstream_busy(route);
             respond::json(session, 503, &[("Retry-After", "1".to_string())], body).await
         }
         Unavailable::Down => {
             METRICS.upstream_unavailable.with_label_values(&[upstream, "down"]).inc();
-            let body =
-                format!("{{\"error\":\"no_healthy_upstream\",\"upstream\":\"{upstream}\",\"route\":\"{route}\"}}\n");
+            let body = bodies::no_healthy_upstream(upstream, route);
             respond::json(session, 502, &[], body).await
         }
     }
@@ -221,10 +220,7 @@ pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts
         _ => (500, "internal_error"),
     };
     if code > 0 && session.response_written().is_none() {
-        let body = format!(
-            "{{\"error\":\"{error}\",\"upstream\":\"{upstream}\",\"route\":\"{route}\",\"tries\":{}}}\n",
-            attempts.tries()
-        );
+        let body = bodies::upstream_failed(error, upstream, route, attempts.tries());
         if let Err(write_error) = respond::json(session, code, &[], body).await {
             tracing::debug!(error = %write_error, "cannot send the error response");
         }

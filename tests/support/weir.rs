@@ -55,10 +55,19 @@ impl Weir {
 
     /// Like [`Weir::start`] with `args` before `-c FILE` (e.g. `["run"]`).
     pub fn start_with_args(args: &[&str], config: &str) -> Weir {
+        Weir::start_full(args, config, None)
+    }
+
+    /// Like [`Weir::start`], with the process's file-descriptor limit (soft and hard) set to `nofile`.
+    pub fn start_with_nofile(config: &str, nofile: u64) -> Weir {
+        Weir::start_full(&[], config, Some(nofile))
+    }
+
+    fn start_full(args: &[&str], config: &str, nofile: Option<u64>) -> Weir {
         let mut last_err = String::new();
         // A port picked free may be taken before weir binds it: retry a few times.
         for _ in 0..3 {
-            match Weir::try_start(args, config) {
+            match Weir::try_start(args, config, nofile) {
                 Ok(w) => return w,
                 Err((msg, retry)) => {
                     if !retry {
@@ -71,7 +80,7 @@ impl Weir {
         panic!("{last_err}");
     }
 
-    fn try_start(args: &[&str], config: &str) -> Result<Weir, (String, bool)> {
+    fn try_start(args: &[&str], config: &str, nofile: Option<u64>) -> Result<Weir, (String, bool)> {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut addrs = Vec::new();
         let mut text = config.to_string();
@@ -91,7 +100,22 @@ impl Weir {
         fs::write(&config_path, &text).expect("write config");
         let stdout_path = dir.path().join("stdout.log");
         let stderr_path = dir.path().join("stderr.log");
-        let child = Command::new(bin())
+        let mut command = Command::new(bin());
+        if let Some(limit) = nofile {
+            use std::os::unix::process::CommandExt;
+            let rlim = libc::rlimit { rlim_cur: limit as libc::rlim_t, rlim_max: limit as libc::rlim_t };
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let child = command
             .args(args)
             .arg("-c")
             .arg(&config_path)

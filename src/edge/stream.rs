@@ -1,0 +1,235 @@
+//! A client connection with deadlines Pingora does not have: the whole request head must arrive
+//! within `header_timeout` (Pingora only bounds each read, so a header trickled a byte at a time
+//! lives forever), it may not exceed `max_header_size`, and an idle keep-alive connection closes
+//! after `keepalive_timeout`.
+//!
+//! The stream cannot see where a head ends, so the proxy tells it: `request_started` once the
+//! head is parsed, `request_finished` when the response is done. Everything else is forwarded
+//! to the socket untouched.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType, ALPN,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{sleep, Sleep};
+
+use super::caps::ConnPermit;
+use crate::metrics::METRICS;
+
+/// Reading a request head: the header deadline runs and bytes are counted.
+const HEAD: u8 = 0;
+/// A request is being served: reads are body reads, bounded by Pingora's read timeout.
+const BUSY: u8 = 1;
+/// Between requests: the keep-alive deadline runs until the next request's first byte.
+const IDLE: u8 = 2;
+
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub max_header_size: usize,
+}
+
+pub struct GuardedStream {
+    inner: Stream,
+    limits: StreamLimits,
+    /// Set by the proxy (through `request_started` / `request_finished`), read here.
+    phase: AtomicU8,
+    /// The phase the deadline below was armed for.
+    armed_for: u8,
+    deadline: Option<Pin<Box<Sleep>>>,
+    head_bytes: usize,
+    _permit: ConnPermit,
+}
+
+impl GuardedStream {
+    /// Wraps a new connection: its first request head must arrive within `header_timeout`.
+    pub fn new(inner: Stream, limits: StreamLimits, permit: ConnPermit) -> Self {
+        METRICS.connections_open.inc();
+        Self {
+            inner,
+            limits,
+            phase: AtomicU8::new(HEAD),
+            armed_for: HEAD,
+            deadline: Some(Box::pin(sleep(limits.header_timeout))),
+            head_bytes: 0,
+            _permit: permit,
+        }
+    }
+
+    /// The head of a request has been read: its body and response are not ours to time.
+    pub fn request_started(&self) {
+        self.phase.store(BUSY, Ordering::Release);
+    }
+
+    /// The response has been sent: the connection idles until the next request.
+    pub fn request_finished(&self) {
+        self.phase.store(IDLE, Ordering::Release);
+    }
+
+    /// Finds the guarded stream under a session's stream, if the connection came through the edge.
+    pub fn of(stream: &Stream) -> Option<&GuardedStream> {
+        (**stream).as_any().downcast_ref::<GuardedStream>()
+    }
+
+    fn cut(cause: &'static str, kind: io::ErrorKind, message: &'static str) -> Poll<io::Result<()>> {
+        METRICS.connections_cut.with_label_values(&[cause]).inc();
+        Poll::Ready(Err(io::Error::new(kind, message)))
+    }
+}
+
+impl Drop for GuardedStream {
+    fn drop(&mut self) {
+        METRICS.connections_open.dec();
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let phase = this.phase.load(Ordering::Acquire);
+        if phase != this.armed_for {
+            this.armed_for = phase;
+            this.deadline = match phase {
+                IDLE => Some(Box::pin(sleep(this.limits.keepalive_timeout))),
+                _ => None,
+            };
+        }
+        if phase == HEAD && this.head_bytes > this.limits.max_header_size {
+            // Only asked for when the head is still incomplete: Pingora reads again only then.
+            return Self::cut("header_size", io::ErrorKind::InvalidData, "request head larger than max_header_size");
+        }
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return match phase {
+                    IDLE => {
+                        Self::cut("keepalive_timeout", io::ErrorKind::TimedOut, "keep-alive connection idle too long")
+                    }
+                    _ => Self::cut("header_timeout", io::ErrorKind::TimedOut, "request head not received in time"),
+                };
+            }
+        }
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if matches!(result, Poll::Ready(Ok(()))) && read > 0 {
+            match phase {
+                // The next request's first byte: its head now has `header_timeout`.
+                IDLE if this.phase.compare_exchange(IDLE, HEAD, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
+                    this.armed_for = HEAD;
+                    this.deadline = Some(Box::pin(sleep(this.limits.header_timeout)));
+                    this.head_bytes = read;
+                }
+                HEAD => this.head_bytes += read,
+                _ => {}
+            }
+        }
+        result
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for GuardedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for GuardedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for GuardedStream {
+    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for GuardedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for GuardedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for GuardedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, socket_digest: SocketDigest) {
+        self.inner.set_socket_digest(socket_digest)
+    }
+}
+
+#[async_trait]
+impl Peek for GuardedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+impl std::fmt::Debug for GuardedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedStream").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,75 @@
+//! What happened to a request, as one value: its `weir_requests_total{outcome}` label and its
+//! access-log word come from here, never from string literals at the call sites.
+
+use super::limiting::LimitStatus;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// No zone of the route had a key for the request (or the route has no limits).
+    Unlimited,
+    /// limit_req decided: passed, delayed, rejected, or their dry-run twins.
+    Limit(LimitStatus),
+    /// limit_conn rejected it.
+    ConnRejected,
+    /// The store failed and the policy let it through (`allow`) ...
+    FailOpen,
+    /// ... or refused it (`deny`).
+    FailClosed,
+    NoRoute,
+    /// `allow`/`deny` refused the client address.
+    Denied,
+    /// Refused before any limit: bad framing, path, key or cost.
+    BadRequest,
+    /// Every upstream server was at `max_conns`.
+    UpstreamBusy,
+    /// No upstream server was up (active or passive health).
+    UpstreamDown,
+    /// The client left while its request was delayed.
+    ClientGone,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Unlimited => "unlimited",
+            Outcome::Limit(status) => status.metric_label(),
+            Outcome::ConnRejected => "conn_rejected",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+            Outcome::NoRoute => "no_route",
+            Outcome::Denied => "denied",
+            Outcome::BadRequest => "bad_request",
+            Outcome::UpstreamBusy => "upstream_busy",
+            Outcome::UpstreamDown => "upstream_down",
+            Outcome::ClientGone => "client_gone",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_distinct() {
+        let all = [
+            Outcome::Unlimited,
+            Outcome::Limit(LimitStatus::Passed),
+            Outcome::Limit(LimitStatus::Delayed),
+            Outcome::Limit(LimitStatus::Rejected),
+            Outcome::Limit(LimitStatus::DelayedDryRun),
+            Outcome::Limit(LimitStatus::RejectedDryRun),
+            Outcome::ConnRejected,
+            Outcome::FailOpen,
+            Outcome::FailClosed,
+            Outcome::NoRoute,
+            Outcome::Denied,
+            Outcome::BadRequest,
+            Outcome::UpstreamBusy,
+            Outcome::UpstreamDown,
+            Outcome::ClientGone,
+        ];
+        let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();
+        assert_eq!(labels.len(), all.len());
+    }
+}

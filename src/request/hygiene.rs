@@ -1,0 +1,92 @@
+//! Request framing that a proxy must not pass on as it came: requests an upstream could read
+//! differently from Weir (RFC 9112 §6.3, §3.2) are refused before any limit is charged, so no
+//! request can hide inside another one that Weir never counted.
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, Version};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    #[error("Content-Length must be one decimal number")]
+    AmbiguousContentLength,
+    #[error("Content-Length and Transfer-Encoding must not both be present")]
+    LengthAndChunked,
+    #[error("HTTP/1.1 requests need exactly one Host header")]
+    Host,
+}
+
+/// Checks the framing headers of a request. HTTP/2 carries no Content-Length ambiguity of this
+/// kind and has `:authority` instead of `Host`, so only the checks that apply are made.
+pub fn check(version: Version, headers: &HeaderMap, has_authority: bool) -> Result<(), FramingError> {
+    let mut lengths = headers.get_all(CONTENT_LENGTH).iter();
+    if let Some(first) = lengths.next() {
+        // `5,5` or two `Content-Length` lines: refused rather than rewritten; a client that sends
+        // them is broken or probing.
+        let digits = !first.is_empty() && first.as_bytes().iter().all(u8::is_ascii_digit);
+        if !digits || lengths.next().is_some() {
+            return Err(FramingError::AmbiguousContentLength);
+        }
+        if headers.contains_key(TRANSFER_ENCODING) {
+            return Err(FramingError::LengthAndChunked);
+        }
+    }
+    if version == Version::HTTP_11 {
+        let hosts = headers.get_all(HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && !has_authority) {
+            return Err(FramingError::Host);
+        }
+    }
+    Ok(())
+}
+
+/// Whether the request carries a body that would have to be read (or drained) after an answer.
+pub fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(TRANSFER_ENCODING)
+        || headers.get(CONTENT_LENGTH).is_some_and(|v| v.as_bytes().iter().any(|&b| b != b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn content_length_must_be_one_number() {
+        let host = ("host", "a");
+        assert_eq!(check(Version::HTTP_11, &headers(&[host, ("content-length", "5")]), false), Ok(()));
+        for bad in [vec![host, ("content-length", "5,5")], vec![host, ("content-length", "5"), ("content-length", "5")]]
+        {
+            assert_eq!(check(Version::HTTP_11, &headers(&bad), false), Err(FramingError::AmbiguousContentLength));
+        }
+        for bad in ["-1", "+5", " 5", "0x5", ""] {
+            let h = headers(&[host, ("content-length", bad)]);
+            assert_eq!(check(Version::HTTP_11, &h, false), Err(FramingError::AmbiguousContentLength), "{bad:?}");
+        }
+        let both = headers(&[host, ("content-length", "5"), ("transfer-encoding", "chunked")]);
+        assert_eq!(check(Version::HTTP_11, &both, false), Err(FramingError::LengthAndChunked));
+    }
+
+    #[test]
+    fn http11_needs_one_host() {
+        assert_eq!(check(Version::HTTP_11, &headers(&[]), false), Err(FramingError::Host));
+        assert_eq!(check(Version::HTTP_11, &headers(&[("host", "a"), ("host", "b")]), false), Err(FramingError::Host));
+        assert_eq!(check(Version::HTTP_11, &headers(&[]), true), Ok(()), "absolute-form target");
+        assert_eq!(check(Version::HTTP_10, &headers(&[]), false), Ok(()));
+    }
+
+    #[test]
+    fn body_detection() {
+        assert!(!has_body(&headers(&[])));
+        assert!(!has_body(&headers(&[("content-length", "0")])));
+        assert!(has_body(&headers(&[("content-length", "10")])));
+        assert!(has_body(&headers(&[("transfer-encoding", "chunked")])));
+    }
+}
