@@ -676,3 +676,49 @@ fn a_refused_connection_goes_to_the_next_server_for_any_method() {
     assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &dead_label)]), 0.0);
     assert_eq!(is_up(&w, dead), Some(false), "out for fail_timeout after max_fails = 1");
 }
+
+/// `tries` bounds the servers one request may use; `non_idempotent` lets a POST go on too.
+#[test]
+fn tries_bounds_the_servers_per_request_and_non_idempotent_allows_post_retries() {
+    let dead = |_: usize| TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let (d1, d2) = (dead(1), dead(2));
+    let good = Backend::start("good");
+    // max_fails = 0: the dead servers stay in rotation, so every request meets them.
+    let w =
+        Weir::start(&config(&format!("servers = [\"{d1}\", \"{d2}\", \"{}\"]\ntries = 2\nmax_fails = 0", good.addr)));
+    let mut failed = 0;
+    for i in 0..30 {
+        let r = http::get(w.addr, &format!("/t/{i}"));
+        match r.status {
+            200 => assert_eq!(r.header("x-upstream").as_deref(), Some("good")),
+            502 => {
+                failed += 1;
+                assert_eq!(r.json()["error"], "upstream_error", "{}", r.summary());
+                assert_eq!(r.json()["tries"], 2, "at most tries = 2 servers: {}", r.summary());
+            }
+            s => panic!("unexpected {s}: {}", r.summary()),
+        }
+    }
+    let m = scrape(admin::addr(&w));
+    let refused = m.sum("weir_upstream_connect_errors_total", &[("upstream", "app")]);
+    println!("tries = 2 over [dead, dead, good]: {failed} of 30 failed, {refused} refused connections");
+    assert!(failed > 0, "some requests met both dead servers first");
+    assert!(good.hits() > 0);
+    // Each 502 met two refusals, one of them followed by a retry; a success met at most one.
+    let retries = m.sum("weir_upstream_retries_total", &[("upstream", "app"), ("reason", "error")]);
+    assert_eq!(refused, failed as f64 + retries, "refused connections = 502s + retries");
+
+    // A POST answered 503 goes to the next server only with non_idempotent.
+    let a = Backend::start("a");
+    let b = Backend::start("b");
+    b.force_status(503);
+    let w = Weir::start(&config(&format!(
+        "servers = [\"{}\", \"{}\"]\nnext_upstream = [\"error\", \"http_503\", \"non_idempotent\"]\nmax_fails = 0",
+        a.addr, b.addr
+    )));
+    for i in 0..10 {
+        let r = http::must_send(w.addr, &Request::new("POST", &format!("/post/{i}")).body(b"x"));
+        assert_eq!(r.status, 200, "POST {i} retried on a: {}", r.summary());
+    }
+    assert!(b.hits() >= 4, "b had its turns: {}", b.hits());
+}
