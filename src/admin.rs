@@ -1,8 +1,8 @@
 //! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
-//! `GET /healthz` (process up), `GET /readyz` (config loaded, store reachable), `GET /metrics`
-//! (Prometheus), `GET /config` (generation, hash, load time), `POST /reload`, and
-//! `GET /limits?zone=Z&key=K` (one key's state, for support), `GET /upstreams` (servers with
-//! health, weight and requests in flight). With `admin_token` set, every
+//! `GET /healthz` (process up), `GET /readyz` (the store decides; 503 with the reason while it
+//! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
+//! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
+//! (servers with health, weight and requests in flight). With `admin_token` set, every
 //! endpoint but the probes needs `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
@@ -85,16 +85,18 @@ impl AdminApp {
         constant_time_eq(given, token.as_bytes())
     }
 
+    /// 200 while the store decides; 503 with the reason while it fails (a Redis that is down,
+    /// out of memory or busy, or an open circuit): the failure policy then answers every request.
+    /// Warnings (a Redis eviction policy that can lose limit state) do not make it unready.
     async fn readiness(&self) -> (StatusCode, Body) {
-        match self.store.ping().await {
-            Ok(()) => (StatusCode::OK, Body::Json(json!({ "status": "ready", "store": self.store.kind() }))),
-            // Decisions fail open while the store is unreachable, so traffic is still served.
-            Err(e) => (
-                StatusCode::OK,
-                Body::Json(json!({ "status": "ready", "store": self.store.kind(),
-                    "store_error": e.to_string(), "policy": "allow" })),
-            ),
+        let health = self.store.health().await;
+        let mut body =
+            json!({ "status": if health.ready { "ready" } else { "not_ready" }, "store": self.store.kind() });
+        if let (Value::Object(fields), Ok(Value::Object(more))) = (&mut body, serde_json::to_value(&health)) {
+            fields.extend(more.into_iter().filter(|(k, _)| k != "ready"));
         }
+        let status = if health.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+        (status, Body::Json(body))
     }
 
     /// `GET /upstreams`: each upstream of the running config with its servers' health, weight and

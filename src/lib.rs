@@ -11,6 +11,7 @@ pub mod limit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod replay;
 pub mod request;
 pub mod routes;
 pub mod server;

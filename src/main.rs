@@ -36,11 +36,14 @@ enum Command {
         #[arg(short, long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
     },
+    /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
+    Replay(weir::replay::cli::ReplayArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
+        Command::Replay(args) => weir::replay::cli::run(&cli.config, args),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
                 println!(

@@ -63,6 +63,19 @@ pub struct Metrics {
     /// Client connections closed by a timeout or size cap, by cause (`header_timeout`,
     /// `keepalive_timeout`, `header_size`).
     pub connections_cut: IntCounterVec,
+    /// In-process stores (`memory`, and the `local` fallback): keys held per zone.
+    pub memory_keys: IntGaugeVec,
+    /// In-process stores: each zone's capacity (`max_keys`, rounded up to whole shards).
+    pub memory_max_keys: IntGaugeVec,
+    /// In-process stores: entries dropped to make room, by zone and reason (`expired`, `live`).
+    pub memory_evictions: IntCounterVec,
+    /// In-process stores: requests refused because their zone was full of protected keys.
+    pub memory_zone_full: IntCounterVec,
+    /// 1 while Redis's maxmemory-policy can evict limit state (anything but noeviction, with a
+    /// maxmemory).
+    pub redis_eviction_risk: IntGauge,
+    /// Times the store's circuit breaker opened.
+    pub store_circuit_opens: IntCounter,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -255,6 +268,43 @@ impl Metrics {
                 "weir_upstream_resolve_failures_total",
                 "Failed re-resolutions of an upstream server name (its last good addresses stay).",
                 &["upstream", "server"],
+            ),
+            memory_keys: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("weir_memory_keys", "Keys held per zone by the in-process store."),
+                    &["zone"],
+                ),
+            ),
+            memory_max_keys: register(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("weir_memory_max_keys", "Capacity of each zone of the in-process store (max_keys)."),
+                    &["zone"],
+                ),
+            ),
+            memory_evictions: counter(
+                &registry,
+                "weir_memory_evictions_total",
+                "Entries the in-process store dropped to make room: expired ones, or live ones closest to expiry.",
+                &["zone", "reason"],
+            ),
+            redis_eviction_risk: register(
+                &registry,
+                IntGauge::new(
+                    "weir_redis_eviction_risk",
+                    "1 while Redis's maxmemory-policy can evict rate-limit state (set noeviction).",
+                ),
+            ),
+            store_circuit_opens: register(
+                &registry,
+                IntCounter::new("weir_store_circuit_opens_total", "Times the store's circuit breaker opened."),
+            ),
+            memory_zone_full: counter(
+                &registry,
+                "weir_memory_zone_full_total",
+                "Requests refused because their zone was full and no entry could be evicted.",
+                &["zone"],
             ),
             registry,
         }

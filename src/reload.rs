@@ -19,9 +19,26 @@ use crate::metrics::METRICS;
 
 /// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
 const DEBOUNCE: Duration = Duration::from_millis(200);
+/// The file's content must read the same twice this far apart before it is applied.
+const STABLE_FOR: Duration = Duration::from_millis(300);
+/// A file written and still open (no close after the last write) is not applied until it is
+/// closed — or, in case the close was missed, once it has not changed for this long.
+const MAX_OPEN_WAIT: Duration = Duration::from_secs(30);
 const FILE_CHANGE: &str = "file change";
 /// A directory that never stops changing must not postpone a reload forever.
 const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// What a file-system event says about the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Its data was written: a writer may still have it open.
+    Written,
+    /// A writer closed it.
+    Closed,
+    /// Anything else that may change what the path holds: create, rename, remove, a ConfigMap's
+    /// `..data` symlink swap. These are atomic.
+    Replaced,
+}
 
 /// What `GET /config` reports about the running config.
 #[derive(Debug, Clone, Serialize)]
@@ -105,8 +122,18 @@ impl Reloader {
     /// Re-reads and validates the file, then swaps it in atomically; or refuses it and keeps the
     /// running config. Serialised: concurrent triggers apply one after the other.
     pub fn reload(&self, trigger: &str) -> ReloadOutcome {
+        self.reload_text(trigger, None)
+    }
+
+    /// [`Reloader::reload`] of `text` when given (the content the file watcher saw stay the same),
+    /// else of the file as it is now. Either the whole text is applied, or nothing.
+    fn reload_text(&self, trigger: &str, text: Option<String>) -> ReloadOutcome {
         let mut status = self.lock();
-        let (next, text) = match config::load_with_text(&self.path) {
+        let loaded = match text {
+            Some(text) => config::from_text(&text, &self.path.display().to_string()).map(|runtime| (runtime, text)),
+            None => config::load_with_text(&self.path),
+        };
+        let (next, text) = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
                 let refused = std::fs::read(&self.path).ok().map(|t| fingerprint_bytes(&t));
@@ -150,26 +177,38 @@ impl Reloader {
     }
 
     /// Watches the file's directory (so write-and-rename editors and Kubernetes ConfigMap symlink
-    /// swaps are seen) and reloads after a quiet period. The watcher lives as long as the returned
-    /// handle's thread, i.e. the process.
+    /// swaps are seen) and reloads once the change is complete: events have been quiet for
+    /// [`DEBOUNCE`], a file written in place has been closed by its writer, and its content has
+    /// read the same twice [`STABLE_FOR`] apart; that content is what is applied. So a file still
+    /// being written — even one whose first half happens to be a valid config — is never applied.
+    /// The watcher lives as long as its thread, i.e. the process.
     pub fn watch(self: &Arc<Self>) -> Result<(), String> {
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let (tx, rx) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel::<Change>();
         let file_name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Only writes that can change the config count: reads (our own included) would make
             // every reload cause the next, and unrelated files in the same directory (logs) would
             // hold the reload back forever.
-            let relevant = event.is_ok_and(|e| {
-                !matches!(e.kind, notify::EventKind::Access(_))
-                    && e.paths.iter().any(|p| concerns_config(p, &file_name))
-            });
-            if relevant {
-                let _ = tx.send(());
+            use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+            let Ok(event) = event else {
+                // The kernel's queue overflowed or the watch broke: look at the file again.
+                let _ = tx.send(Change::Replaced);
+                return;
+            };
+            if !event.paths.iter().any(|p| concerns_config(p, &file_name)) {
+                return;
             }
+            let change = match event.kind {
+                EventKind::Access(AccessKind::Close(AccessMode::Write)) => Change::Closed,
+                EventKind::Access(_) => return,
+                EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => Change::Written,
+                _ => Change::Replaced,
+            };
+            let _ = tx.send(change);
         })
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
         watcher.watch(&dir, RecursiveMode::NonRecursive).map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
@@ -180,16 +219,13 @@ impl Reloader {
                 let _watcher = watcher;
                 // Any event in the directory may concern us (renames, symlink swaps); the content
                 // hash tells whether the config really changed.
-                while rx.recv().is_ok() {
-                    // Wait for quiet, but never more than MAX_DEBOUNCE after the first event.
-                    let deadline = Instant::now() + MAX_DEBOUNCE;
-                    loop {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() || rx.recv_timeout(DEBOUNCE.min(left)).is_err() {
-                            break;
+                while let Ok(first) = rx.recv() {
+                    match settle(&rx, first, &reloader.path) {
+                        Some(text) => {
+                            reloader.reload_text(FILE_CHANGE, text);
                         }
+                        None => return,
                     }
-                    reloader.reload(FILE_CHANGE);
                 }
             })
             .map_err(|e| format!("cannot start the config watcher: {e}"))?;
@@ -210,6 +246,71 @@ impl Reloader {
             })
             .map_err(|e| format!("cannot start the SIGHUP handler: {e}"))?;
         Ok(())
+    }
+}
+
+/// Waits until a change of the file is complete (see [`Reloader::watch`]) and returns the content
+/// to apply (`Some(None)`: the file could not be read as text, the reload will say why); `None`
+/// when the watcher is shutting down. `first` is the event that started it.
+fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Option<String>> {
+    // A write not yet followed by a close: the writer may still be at it.
+    let mut open_writer = first == Change::Written;
+    let note = |change: Change, open_writer: &mut bool| match change {
+        Change::Written => *open_writer = true,
+        Change::Closed => *open_writer = false,
+        Change::Replaced => {}
+    };
+    // When the file last changed (an event, or different content).
+    let mut last_change = Instant::now();
+    let mut logged_open = false;
+    loop {
+        // Quiet first, but never more than MAX_DEBOUNCE after the first event of a burst.
+        let deadline = Instant::now() + MAX_DEBOUNCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(DEBOUNCE.min(left)) {
+                Ok(change) => {
+                    note(change, &mut open_writer);
+                    last_change = Instant::now();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        // The content, then the same content again a while later, with no event in between.
+        let before = std::fs::read(path).ok();
+        let mut moved = false;
+        let until = Instant::now() + STABLE_FOR;
+        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) {
+            match rx.recv_timeout(left) {
+                Ok(change) => {
+                    note(change, &mut open_writer);
+                    moved = true;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        let after = std::fs::read(path).ok();
+        if moved || before != after {
+            last_change = Instant::now();
+            continue;
+        }
+        if open_writer && last_change.elapsed() < MAX_OPEN_WAIT {
+            if !logged_open {
+                info!(path = %path.display(), "config file written but still open: applying it once its writer closes it");
+                logged_open = true;
+            }
+            continue;
+        }
+        if open_writer {
+            warn!(path = %path.display(), "config file unchanged for {MAX_OPEN_WAIT:?} but never closed by its writer; applying it");
+        }
+        // A missing, unreadable or non-UTF-8 file: the reload reads it again and says why.
+        return Some(after.and_then(|bytes| String::from_utf8(bytes).ok()));
     }
 }
 

@@ -6,12 +6,14 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
 use crate::admin::AdminApp;
+use crate::config::Runtime;
 use crate::config::StoreSettings;
 use crate::edge::EdgeApp;
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
 use crate::reload::Reloader;
-use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore};
+use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
+use arc_swap::ArcSwap;
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
 const GRACE_SECONDS: u64 = 1;
@@ -25,10 +27,17 @@ pub struct Stores {
     pub conns: Arc<dyn ConnStore>,
 }
 
-pub fn build_stores(settings: &StoreSettings) -> Result<Stores, String> {
+pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
+    let settings = &runtime.load().store;
     Ok(match settings {
         StoreSettings::Memory => {
-            Stores { limits: Arc::new(MemoryStore::default()), conns: Arc::new(MemoryConnStore::default()) }
+            // Each zone's capacity follows the running config (`max_keys`), reloads included.
+            let live = runtime.clone();
+            let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
+            Stores {
+                limits: Arc::new(MemoryStore::default().with_zone_limits(limits.clone())),
+                conns: Arc::new(MemoryConnStore::default().with_zone_limits(limits)),
+            }
         }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
@@ -36,6 +45,7 @@ pub fn build_stores(settings: &StoreSettings) -> Result<Stores, String> {
                     .map_err(|e| format!("store: {e}"))?
                     .with_lease_ttl(resilience.lease_ttl),
             );
+            redis.watch_eviction_policy()?;
             let guarded = Arc::new(
                 GuardedStore::new(
                     redis.clone(),
@@ -55,7 +65,7 @@ pub fn build_stores(settings: &StoreSettings) -> Result<Stores, String> {
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
     // The store (and its Redis connection) is made once and outlives every reload.
-    let stores = build_stores(&runtime.store)?;
+    let stores = build_stores(&reloader.runtime())?;
     let listen = runtime.server.listen.clone();
     reloader.reload_on_sighup()?;
     reloader.watch()?;

@@ -214,8 +214,9 @@ fn kubernetes_manifests_hang_together() {
         assert!(ports.contains(&socket_port(addr)), "weir exposes {addr}: {ports:?}");
     }
 
-    // Probes: liveness on /healthz, readiness on /readyz, both on the admin port.
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    // Probes on the admin port, both on /healthz: readiness must not follow the shared Redis,
+    // or one Redis outage takes every replica out of the Service (see deployment.yaml).
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/healthz")] {
         let get = &weir[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe} path");
         let port = resolve_port(weir, &get["port"]);
@@ -290,6 +291,10 @@ fn kubernetes_manifests_hang_together() {
         target.is_some_and(|p| container_ports(redis_container).contains(&p)),
         "the Redis Service reaches the redis container"
     );
+    // A Redis that may evict keys with a TTL (every Weir key has one) loses limit state when full.
+    let args: Vec<&str> = seq(&redis_container["args"]).iter().filter_map(|a| a.as_str()).collect();
+    let policy = args.iter().position(|a| *a == "--maxmemory-policy").and_then(|i| args.get(i + 1));
+    assert_eq!(policy, Some(&"noeviction"), "the limit-state Redis must not evict: args {args:?}");
 
     // The admin port has no token here: a NetworkPolicy must restrict who reaches it.
     if server.get("admin_token").is_none() {

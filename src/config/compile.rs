@@ -41,6 +41,19 @@ pub struct Runtime {
     pub log: LogSettings,
 }
 
+impl Runtime {
+    /// The `max_keys` of the limit_req or limit_conn zone `name` (the default for a zone the
+    /// config does not have, e.g. one a reload removed while a request still uses it).
+    pub fn zone_max_keys(&self, name: &str) -> usize {
+        self.zones
+            .iter()
+            .find(|z| z.name == name)
+            .map(|z| z.max_keys)
+            .or_else(|| self.conn_zones.iter().find(|z| z.name == name).map(|z| z.max_keys))
+            .unwrap_or(crate::store::DEFAULT_MAX_KEYS)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,

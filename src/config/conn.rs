@@ -21,6 +21,8 @@ const MAX_CONN: i64 = 65_535;
 pub struct ConnZone {
     pub name: String,
     pub key: KeySpec,
+    /// Keys with requests in flight the in-process store keeps for the zone.
+    pub max_keys: usize,
 }
 
 /// One `limit_conn` reference of a route: at most `max` requests in flight per key, fleet-wide.
@@ -48,7 +50,7 @@ pub fn compile_conn_zones(
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut out = Vec::new();
     for zone in list {
-        let schema::LimitConnZone { name, key } = zone.into_inner();
+        let schema::LimitConnZone { name, key, max_keys } = zone.into_inner();
         super::compile::check_name(src, &name, "limit_conn_zone.name")?;
         super::compile::unique(src, &mut seen, &name, "limit_conn_zone")?;
         if req_zones.iter().any(|z| z.name == *name.get_ref()) {
@@ -61,7 +63,8 @@ pub fn compile_conn_zones(
             ));
         }
         let key = key_spec(src, &key, "limit_conn_zone", name.get_ref())?;
-        out.push(ConnZone { name: name.into_inner(), key });
+        let max_keys = super::zones::max_keys_of(src, max_keys.as_ref(), "limit_conn_zone", name.get_ref())?;
+        out.push(ConnZone { name: name.into_inner(), key, max_keys });
     }
     Ok(out)
 }

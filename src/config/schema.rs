@@ -123,6 +123,8 @@ pub struct LimitReqZone {
     pub rate: Option<Spanned<String>>,
     pub window: Option<Spanned<String>>,
     pub limit: Option<Spanned<i64>>,
+    /// Keys the in-process store keeps for the zone (like the size of nginx's zone).
+    pub max_keys: Option<Spanned<i64>>,
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,
 }
@@ -196,6 +198,7 @@ pub struct LimitConnRef {
 pub struct LimitConnZone {
     pub name: Spanned<String>,
     pub key: Spanned<OneOrMany>,
+    pub max_keys: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -12,6 +12,7 @@ use super::error::{ConfigError, Source};
 use super::schema;
 use crate::keys::{KeyPart, KeySpec, RequestFacts};
 use crate::limit::{Algorithm, Rate};
+use crate::store::DEFAULT_MAX_KEYS;
 
 /// A named space of `limit_req` state (nginx `limit_req_zone`).
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub struct Zone {
     pub rate: Rate,
     /// Checked in file order; the first that matches the request applies.
     pub overrides: Vec<Override>,
+    /// Keys the in-process store keeps for the zone (`memory` store, `local` fallback).
+    pub max_keys: usize,
 }
 
 /// Different limits for some keys (hot keys, premium tenants), like Envoy's descriptor values.
@@ -59,7 +62,7 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
     let mut out = Vec::new();
     for zone in list {
         let span = zone.span();
-        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, overrides } = zone.into_inner();
+        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, max_keys, overrides } = zone.into_inner();
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
         let zname = name.get_ref().clone();
@@ -110,9 +113,33 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             .iter()
             .map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname))
             .collect::<Result<_, _>>()?;
-        out.push(Zone { name: zname, key, algorithm, rate, overrides });
+        let max_keys = max_keys_of(src, max_keys.as_ref(), "limit_req_zone", &zname)?;
+        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys });
     }
     Ok(out)
+}
+
+/// Largest accepted `max_keys`: ~15 GB of state in one zone.
+const MAX_MAX_KEYS: i64 = 100_000_000;
+
+/// A zone's `max_keys`: 1..=100000000, default [`DEFAULT_MAX_KEYS`].
+pub(super) fn max_keys_of(
+    src: &Source<'_>,
+    max_keys: Option<&Spanned<i64>>,
+    kind: &str,
+    zone: &str,
+) -> Result<usize, ConfigError> {
+    match max_keys {
+        None => Ok(DEFAULT_MAX_KEYS),
+        Some(m) if (1..=MAX_MAX_KEYS).contains(m.get_ref()) => Ok(*m.get_ref() as usize),
+        Some(m) => Err(src.error_at(
+            &m.span(),
+            format!(
+                "{kind} {zone:?}: max_keys: must be 1..={MAX_MAX_KEYS} (keys the zone keeps in memory), got {}",
+                m.get_ref()
+            ),
+        )),
+    }
 }
 
 fn parse_rate(src: &Source<'_>, rate: &Spanned<String>, zone: &str) -> Result<Rate, ConfigError> {

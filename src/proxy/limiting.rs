@@ -198,7 +198,8 @@ pub async fn enforce(rt: &Runtime, route: &Route, keyed: &[KeyedZone], stores: &
     result
 }
 
-fn checks<'a>(rt: &'a Runtime, route: &'a Route, group: &[&'a KeyedZone]) -> Vec<ZoneCheck<'a>> {
+/// The store's view of a group of keyed zones (also used by `weir replay`).
+pub fn checks<'a>(rt: &'a Runtime, route: &'a Route, group: &[&'a KeyedZone]) -> Vec<ZoneCheck<'a>> {
     group
         .iter()
         .map(|k| {
@@ -219,7 +220,15 @@ async fn timed_decide(store: &dyn LimitStore, checks: &[ZoneCheck<'_>]) -> Optio
     Some(verdict)
 }
 
-fn record_statuses(result: &mut Enforcement, route: &Route, group: &[&KeyedZone], verdict: &Verdict, dry_run: bool) {
+/// The nginx status words of one decided group (enforced or dry run) into `result`; `weir replay`
+/// calls it too, so replayed statuses are the live ones.
+pub fn record_statuses(
+    result: &mut Enforcement,
+    route: &Route,
+    group: &[&KeyedZone],
+    verdict: &Verdict,
+    dry_run: bool,
+) {
     for (k, out) in group.iter().zip(&verdict.zones) {
         let status = match (verdict.admitted, out.admitted, out.delay_us > 0, dry_run) {
             (_, false, _, false) => LimitStatus::Rejected,

@@ -7,7 +7,7 @@ pub(crate) mod bodies;
 mod conn_limiting;
 mod headers;
 mod lease;
-mod limiting;
+pub mod limiting;
 mod outcome;
 mod policy;
 mod respond;

@@ -3,11 +3,12 @@
 //! In Redis a lease expires unless renewed, so a crashed proxy's slots come back by themselves.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::memory::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
 use super::StoreError;
 
 /// One conn zone of one request.
@@ -48,37 +49,98 @@ pub trait ConnStore: Send + Sync {
 }
 
 /// In-process counters: exact for one instance; a lease is a count released by its request.
-#[derive(Default)]
+///
+/// Bounded like the memory store's zones: a zone holds counts for at most `max_keys` keys. Every
+/// count is a request in flight, so none can be evicted: a new key in a full zone is rejected by
+/// that zone (nginx's `limit_conn` answers its status when it cannot allocate a node), counted in
+/// `weir_memory_zone_full_total`.
 pub struct MemoryConnStore {
-    counts: Mutex<HashMap<(String, Vec<u8>), u32>>,
+    inner: Mutex<Counts>,
+    limits: ZoneLimits,
+}
+
+#[derive(Default)]
+struct Counts {
+    counts: HashMap<(String, Vec<u8>), u32>,
+    /// Per zone: keys held, the capacity last applied, and the zone's metrics.
+    zones: HashMap<String, (usize, usize, ZoneMetrics)>,
+}
+
+impl Default for MemoryConnStore {
+    fn default() -> Self {
+        Self { inner: Mutex::new(Counts::default()), limits: Arc::new(|_| DEFAULT_MAX_KEYS) }
+    }
+}
+
+impl Counts {
+    fn zone(&mut self, zone: &str) -> &mut (usize, usize, ZoneMetrics) {
+        if !self.zones.contains_key(zone) {
+            self.zones.insert(zone.to_string(), (0, 0, ZoneMetrics::new(zone)));
+        }
+        // Just inserted if it was missing.
+        self.zones.get_mut(zone).expect("zone entry")
+    }
 }
 
 impl MemoryConnStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, Vec<u8>), u32>> {
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    /// Takes each zone's capacity from `limits` (the running config's `max_keys`).
+    pub fn with_zone_limits(mut self, limits: ZoneLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn acquire_now(&self, checks: &[ConnCheck<'_>]) -> ConnVerdict {
-        let mut counts = self.lock();
-        let held: Vec<u32> =
-            checks.iter().map(|c| counts.get(&(c.zone.to_string(), c.key.to_vec())).copied().unwrap_or(0)).collect();
-        let rejected = checks.iter().zip(&held).position(|(c, &h)| h >= c.max);
+        let caps: Vec<usize> = checks.iter().map(|c| (self.limits)(c.zone).max(1)).collect();
+        let mut inner = self.lock();
+        let held: Vec<u32> = checks
+            .iter()
+            .map(|c| inner.counts.get(&(c.zone.to_string(), c.key.to_vec())).copied().unwrap_or(0))
+            .collect();
+        let mut rejected = checks.iter().zip(&held).position(|(c, &h)| h >= c.max);
+        if rejected.is_none() {
+            // A new key needs room in its zone; counts of requests in flight are never evicted.
+            for (i, (c, (&h, &cap))) in checks.iter().zip(held.iter().zip(&caps)).enumerate() {
+                let (keys, applied, metrics) = inner.zone(c.zone);
+                if *applied != cap {
+                    *applied = cap;
+                    metrics.capacity.set(i64::try_from(cap).unwrap_or(i64::MAX));
+                }
+                if h == 0 && *keys >= cap {
+                    metrics.full.inc();
+                    rejected = Some(i);
+                    break;
+                }
+            }
+        }
         if rejected.is_none() {
             for c in checks {
-                *counts.entry((c.zone.to_string(), c.key.to_vec())).or_insert(0) += 1;
+                let count = inner.counts.entry((c.zone.to_string(), c.key.to_vec())).or_insert(0);
+                *count += 1;
+                if *count == 1 {
+                    let (keys, _, metrics) = inner.zone(c.zone);
+                    *keys += 1;
+                    metrics.keys.inc();
+                }
             }
         }
         ConnVerdict { admitted: rejected.is_none(), rejected, held }
     }
 
     pub fn release_now(&self, keys: &[LeaseKey]) {
-        let mut counts = self.lock();
+        let mut inner = self.lock();
         for k in keys {
             let id = (k.zone.clone(), k.key.clone());
-            if let Some(count) = counts.get_mut(&id) {
+            if let Some(count) = inner.counts.get_mut(&id) {
                 *count = count.saturating_sub(1);
                 if *count == 0 {
-                    counts.remove(&id);
+                    inner.counts.remove(&id);
+                    let (held, _, metrics) = inner.zone(&k.zone);
+                    *held = held.saturating_sub(1);
+                    metrics.keys.dec();
                 }
             }
         }
@@ -105,7 +167,7 @@ impl ConnStore for MemoryConnStore {
     }
 
     async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
-        Ok(self.lock().get(&(zone.to_string(), key.to_vec())).copied().unwrap_or(0))
+        Ok(self.lock().counts.get(&(zone.to_string(), key.to_vec())).copied().unwrap_or(0))
     }
 }
 
@@ -132,6 +194,20 @@ mod tests {
         store.release_now(&keys[..1]);
         store.release_now(&keys);
         store.release_now(&keys);
-        assert!(store.lock().is_empty(), "counts return to zero and are removed");
+        assert!(store.lock().counts.is_empty(), "counts return to zero and are removed");
+    }
+
+    #[test]
+    fn a_full_zone_refuses_new_keys_and_takes_nothing() {
+        let store = MemoryConnStore::default().with_zone_limits(Arc::new(|zone| if zone == "small" { 2 } else { 100 }));
+        let check = |zone, key| ConnCheck { zone, key, max: 5 };
+        assert!(store.acquire_now(&[check("small", b"a")]).admitted);
+        assert!(store.acquire_now(&[check("small", b"b")]).admitted);
+        assert!(store.acquire_now(&[check("small", b"a")]).admitted, "a held key has room");
+        let v = store.acquire_now(&[check("big", b"c"), check("small", b"c")]);
+        assert_eq!(v, ConnVerdict { admitted: false, rejected: Some(1), held: vec![0, 0] });
+        assert_eq!(store.lock().counts.get(&("big".to_string(), b"c".to_vec())), None, "all or none");
+        store.release_now(&[LeaseKey { zone: "small".into(), key: b"b".to_vec() }]);
+        assert!(store.acquire_now(&[check("small", b"c")]).admitted, "a released key frees its room");
     }
 }

@@ -1,18 +1,21 @@
 //! The deny cache: when the shared store rejects a key with a retry time, this instance rejects the
 //! same request locally until then, without asking the store. Exact for `limit_req`: a rejection
 //! changes no state, and other instances can only push the time later, never earlier. Bounded:
-//! LRUs with a size cap, sharded so concurrent decisions rarely wait on one lock.
+//! sharded [`Bounded`] maps (the `lru` crate) with a size cap; when full, an expired entry goes
+//! first, else the one that expires first among the least recently used (it saves the fewest
+//! store calls).
 //!
 //! Entries are keyed by everything the retry time depends on — zone, client key, burst and cost —
 //! since routes may share a zone's state with different bursts.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Independent LRUs; the configured size is spread over them.
+use super::bounded::{Bounded, Expiring};
+
+/// Independent maps; the configured size is spread over them.
 const SHARDS: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -23,18 +26,18 @@ pub struct DenyKey {
     pub cost: u64,
 }
 
-#[derive(Default)]
-struct Inner {
-    /// key → (denied until µs, recency stamp)
-    entries: HashMap<DenyKey, (u64, u64)>,
-    /// recency stamp → key, oldest first
-    by_recency: BTreeMap<u64, DenyKey>,
-    next_stamp: u64,
+/// Denied until this time (µs).
+#[derive(Debug, Clone, Copy)]
+struct Until(u64);
+
+impl Expiring for Until {
+    fn expires_us(&self) -> u64 {
+        self.0
+    }
 }
 
 pub struct DenyCache {
-    shard_capacity: usize,
-    shards: Vec<Mutex<Inner>>,
+    shards: Vec<Mutex<Bounded<DenyKey, Until>>>,
     /// Entries in all shards. While zero — nobody is being rejected, the common case — a lookup
     /// takes no lock at all.
     len: AtomicUsize,
@@ -44,9 +47,9 @@ impl DenyCache {
     /// `capacity` 0 turns the cache off.
     pub fn new(capacity: usize) -> Self {
         let shards = if capacity == 0 { 0 } else { SHARDS };
+        let shard_capacity = capacity.div_ceil(SHARDS);
         Self {
-            shard_capacity: capacity.div_ceil(SHARDS),
-            shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(Bounded::new(shard_capacity))).collect(),
             len: AtomicUsize::new(0),
         }
     }
@@ -60,39 +63,44 @@ impl DenyCache {
         if !self.is_enabled() || self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let mut inner = self.shard(key);
-        let until = inner.entries.get(key)?.0;
-        if until > now_us {
-            return Some(until);
-        }
-        if inner.remove(key) {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-        }
-        None
+        let mut shard = self.shard(key);
+        let before = shard.len();
+        // Any entry, live or not: an expired one is removed here, so that the lock-free fast
+        // path above comes back as soon as every rejection has run out.
+        let until = match shard.get_mut(key, 0).map(|u| u.0) {
+            Some(until) if until > now_us => Some(until),
+            Some(_) => {
+                shard.remove(key);
+                None
+            }
+            None => None,
+        };
+        self.account(before, shard.len());
+        until
     }
 
-    pub fn insert(&self, key: DenyKey, until_us: u64) {
+    pub fn insert(&self, key: DenyKey, until_us: u64, now_us: u64) {
         if !self.is_enabled() {
             return;
         }
-        let mut inner = self.shard(&key);
-        let mut removed = usize::from(inner.remove(&key));
-        while inner.entries.len() >= self.shard_capacity {
-            match inner.by_recency.pop_first() {
-                Some((_, oldest)) => {
-                    inner.entries.remove(&oldest);
-                    removed += 1;
-                }
-                None => break,
-            }
+        let mut shard = self.shard(&key);
+        let before = shard.len();
+        // Never full: nothing in the deny cache is protected.
+        if shard.contains(&key) || shard.make_room(now_us).is_ok() {
+            shard.put(key, Until(until_us));
         }
-        let stamp = inner.next_stamp;
-        inner.next_stamp += 1;
-        inner.by_recency.insert(stamp, key.clone());
-        inner.entries.insert(key, (until_us, stamp));
-        // Adjusted under the shard's lock, so it never stays below the true count.
-        self.len.fetch_add(1, Ordering::Relaxed);
-        self.len.fetch_sub(removed, Ordering::Relaxed);
+        shard.take_stats();
+        self.account(before, shard.len());
+    }
+
+    /// Keeps `len` in step with a shard's change; called under the shard's lock, so it never
+    /// stays below the true count.
+    fn account(&self, before: usize, after: usize) {
+        if after > before {
+            self.len.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.len.fetch_sub(before - after, Ordering::Relaxed);
+        }
     }
 
     #[cfg(test)]
@@ -100,24 +108,11 @@ impl DenyCache {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, key: &DenyKey) -> MutexGuard<'_, Inner> {
+    fn shard(&self, key: &DenyKey) -> MutexGuard<'_, Bounded<DenyKey, Until>> {
         let mut h = DefaultHasher::new();
         key.hash(&mut h);
         let shard = &self.shards[(h.finish() as usize) % self.shards.len()];
         shard.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Inner {
-    /// Whether the key was there.
-    fn remove(&mut self, key: &DenyKey) -> bool {
-        match self.entries.remove(key) {
-            Some((_, stamp)) => {
-                self.by_recency.remove(&stamp);
-                true
-            }
-            None => false,
-        }
     }
 }
 
@@ -132,33 +127,37 @@ mod tests {
     #[test]
     fn denies_until_the_retry_time_then_forgets() {
         let c = DenyCache::new(10);
-        c.insert(key("a"), 1_000);
+        c.insert(key("a"), 1_000, 0);
         assert_eq!(c.denied_until(&key("a"), 999), Some(1_000));
         assert_eq!(c.denied_until(&key("a"), 1_000), None);
         assert_eq!(c.len(), 0);
         let other_burst = DenyKey { burst: 5, ..key("a") };
-        c.insert(key("a"), 2_000);
+        c.insert(key("a"), 2_000, 0);
         assert_eq!(c.denied_until(&other_burst, 0), None);
     }
 
     #[test]
-    fn evicts_the_least_recently_inserted_at_capacity() {
-        // One shard makes the LRU order observable.
-        let c = DenyCache { shard_capacity: 2, shards: vec![Mutex::new(Inner::default())], len: AtomicUsize::new(0) };
-        c.insert(key("a"), 10);
-        c.insert(key("b"), 10);
-        c.insert(key("a"), 20); // refreshes a
-        c.insert(key("c"), 10); // evicts b
+    fn at_capacity_evicts_the_entry_that_expires_first() {
+        // One shard makes the order observable.
+        let c = DenyCache { shards: vec![Mutex::new(Bounded::new(2))], len: AtomicUsize::new(0) };
+        c.insert(key("a"), 10, 0);
+        c.insert(key("b"), 30, 0);
+        c.insert(key("a"), 20, 0); // refreshes a
+        c.insert(key("c"), 40, 0); // evicts a, the first to expire
         assert_eq!(c.len(), 2);
-        assert_eq!(c.denied_until(&key("b"), 0), None);
-        assert_eq!(c.denied_until(&key("a"), 0), Some(20));
-        assert_eq!(c.denied_until(&key("c"), 0), Some(10));
+        assert_eq!(c.denied_until(&key("a"), 0), None);
+        assert_eq!(c.denied_until(&key("b"), 0), Some(30));
+        assert_eq!(c.denied_until(&key("c"), 0), Some(40));
+        c.insert(key("d"), 50, 35); // b has expired: it goes
+        assert_eq!(c.denied_until(&key("c"), 35), Some(40));
+        assert_eq!(c.denied_until(&key("d"), 35), Some(50));
+        assert_eq!(c.len(), 2);
     }
 
     #[test]
     fn disabled_cache_stores_nothing() {
         let c = DenyCache::new(0);
-        c.insert(key("a"), 10);
+        c.insert(key("a"), 10, 0);
         assert_eq!(c.denied_until(&key("a"), 0), None);
     }
 }

@@ -5,7 +5,7 @@
 //! caller applies the route's failure policy; a background task pings the store and closes the
 //! circuit as soon as it answers.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::breaker::{Breaker, Transition};
 use super::deny_cache::{DenyCache, DenyKey};
-use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, ZoneCheck};
+use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, StoreHealth, ZoneCheck};
 use crate::limit::{BucketState, Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 
@@ -25,6 +25,8 @@ pub struct GuardedStore {
     deny_cache: DenyCache,
     clock: Arc<dyn Clock>,
     probe_interval: Duration,
+    /// The error of the latest failed call, for the log and `/readyz`.
+    last_error: Arc<Mutex<Option<String>>>,
 }
 
 impl GuardedStore {
@@ -42,6 +44,7 @@ impl GuardedStore {
             deny_cache: DenyCache::new(deny_cache_size),
             clock,
             probe_interval,
+            last_error: Arc::default(),
         }
     }
 
@@ -59,7 +62,8 @@ impl GuardedStore {
     fn observe<T>(&self, result: &Result<T, StoreError>) {
         match result {
             Ok(_) => self.breaker.record_success(),
-            Err(_) => {
+            Err(e) => {
+                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 if self.breaker.record_failure() == Transition::Opened {
                     self.start_probe();
                 }
@@ -71,20 +75,28 @@ impl GuardedStore {
         self.breaker.is_open()
     }
 
-    /// Pings the store until it answers, then closes the circuit. Runs on the caller's runtime
-    /// (the proxy's), like the store's own connection.
+    /// Probes the store until it answers *and accepts writes* (a Redis that answers PING but
+    /// refuses writes with `OOM` or `BUSY` cannot decide: closing on a PING made the circuit flap),
+    /// then closes the circuit. Runs on the caller's runtime (the proxy's), like the store's own
+    /// connection.
     fn start_probe(&self) {
         let (inner, breaker, interval) = (self.inner.clone(), self.breaker.clone(), self.probe_interval);
+        let last_error = self.last_error.clone();
         METRICS.store_circuit_open.set(1);
-        warn!(store = inner.kind(), "limit store unreachable: circuit open, failure policy applies until it answers");
+        METRICS.store_circuit_opens.inc();
+        let error = last_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        warn!(store = inner.kind(), error = %error, "limit store failing: circuit open, the failure policy applies until a probe succeeds");
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
-                if inner.ping().await.is_ok() {
-                    breaker.close();
-                    METRICS.store_circuit_open.set(0);
-                    info!(store = inner.kind(), "limit store answers again: circuit closed");
-                    return;
+                match inner.ping().await {
+                    Ok(()) => {
+                        breaker.close();
+                        METRICS.store_circuit_open.set(0);
+                        info!(store = inner.kind(), "limit store answers again: circuit closed");
+                        return;
+                    }
+                    Err(e) => *last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string()),
                 }
             }
         });
@@ -120,7 +132,7 @@ impl LimitStore for GuardedStore {
                         if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
                             // `now_us` was read before the store's own clock: the entry expires
                             // slightly early, never late.
-                            self.deny_cache.insert(Self::deny_key(check), now_us + retry);
+                            self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
                         }
                     }
                 }
@@ -140,6 +152,18 @@ impl LimitStore for GuardedStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+
+    /// Not ready while the circuit is open (every decision goes to the failure policy), with the
+    /// error that opened it or the probe's latest.
+    async fn health(&self) -> StoreHealth {
+        let mut health = self.inner.health().await;
+        if self.breaker.is_open() {
+            let error = self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+            health.ready = false;
+            health.reason = Some(format!("circuit open: the failure policy answers every request ({error})"));
+        }
+        health
     }
 }
 

@@ -1,37 +1,120 @@
-//! The embedded store: the limit model over sharded in-process maps. Exact for one instance;
-//! expired state is swept as the maps grow, so memory stays proportional to active keys.
+//! The embedded store: the limit model over in-process maps, one per zone, like nginx's
+//! `limit_req_zone` shared memory. Exact for one instance while a zone has room.
+//!
+//! **Bounded.** A zone holds at most `max_keys` keys (`[[limit_req_zone]] max_keys`, default
+//! [`DEFAULT_MAX_KEYS`]); when it is full, expired state goes first, then the live state closest to
+//! expiry among the least recently used, never the state of a key that is being rejected
+//! (`bounded.rs` says why this cannot be exploited the way nginx's LRU eviction can). When nothing
+//! can be evicted, the request is rejected for that zone with a one-second retry (nginx answers its
+//! limit status when it cannot allocate a state), and `weir_memory_zone_full_total` counts it.
+//! Keys are kept as 64-bit hashes under a per-process random seed: every entry has the same size,
+//! so `max_keys` bounds memory (~150 bytes per key; a sliding log adds 8 bytes per entry).
 
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
+use prometheus::{IntCounter, IntGauge};
 
+use super::bounded::{Bounded, Expiring};
 use super::{LimitStore, StoreError, ZoneCheck};
-use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput};
+use crate::limit::{decide_all, BucketState, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::metrics::METRICS;
 
-const SHARDS: usize = 64;
-/// A shard is swept for expired state once it has grown to this size, then again at twice the
-/// size it had after the previous sweep.
-const MIN_SWEEP_LEN: usize = 1024;
+/// Keys per zone when the config does not say (~150 MB for a full zone).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// Keys per shard a zone aims at; a zone has between 1 and [`MAX_SHARDS`] shards.
+const KEYS_PER_SHARD: usize = 1024;
+const MAX_SHARDS: usize = 64;
+/// The retry time of a request refused because its zone is full.
+const FULL_RETRY_US: u64 = 1_000_000;
 
-type StateKey = (Box<str>, Box<[u8]>);
+/// The capacity of a zone, by name (the config's `max_keys`, read at every decision so that a
+/// reload applies).
+pub type ZoneLimits = Arc<dyn Fn(&str) -> usize + Send + Sync>;
 
 struct Entry {
     state: State,
     expires_us: u64,
+    /// Set when the key is rejected: until its retry time it is never evicted.
+    protected_until_us: u64,
 }
 
-#[derive(Default)]
-struct Shard {
-    entries: HashMap<StateKey, Entry>,
-    sweep_at_len: usize,
+impl Expiring for Entry {
+    fn expires_us(&self) -> u64 {
+        self.expires_us
+    }
+    fn protected_until_us(&self) -> u64 {
+        self.protected_until_us
+    }
+}
+
+/// One zone: its shards and its metrics.
+pub(super) struct ZoneTable {
+    shards: Box<[Mutex<Bounded<u64, Entry>>]>,
+    /// The capacity the shards were last given.
+    cap: std::sync::atomic::AtomicUsize,
+    metrics: ZoneMetrics,
+}
+
+/// A zone's metric handles, resolved once.
+pub(super) struct ZoneMetrics {
+    pub keys: IntGauge,
+    pub capacity: IntGauge,
+    pub evicted: IntCounter,
+    pub expired: IntCounter,
+    pub full: IntCounter,
+}
+
+impl ZoneMetrics {
+    /// Zone names are unique across limit_req and limit_conn zones.
+    pub(super) fn new(zone: &str) -> Self {
+        Self {
+            keys: METRICS.memory_keys.with_label_values(&[zone]),
+            capacity: METRICS.memory_max_keys.with_label_values(&[zone]),
+            evicted: METRICS.memory_evictions.with_label_values(&[zone, "live"]),
+            expired: METRICS.memory_evictions.with_label_values(&[zone, "expired"]),
+            full: METRICS.memory_zone_full.with_label_values(&[zone]),
+        }
+    }
+}
+
+impl ZoneTable {
+    fn new(zone: &str, cap: usize) -> Self {
+        let shards = (cap / KEYS_PER_SHARD).clamp(1, MAX_SHARDS);
+        let per_shard = cap.div_ceil(shards);
+        let metrics = ZoneMetrics::new(zone);
+        metrics.capacity.set(i64::try_from(per_shard * shards).unwrap_or(i64::MAX));
+        Self { shards: (0..shards).map(|_| Mutex::new(Bounded::new(per_shard))).collect(), cap: cap.into(), metrics }
+    }
+
+    /// Applies a changed `max_keys` (a reload).
+    fn resize(&self, cap: usize) {
+        use std::sync::atomic::Ordering;
+        // A read on every decision; a write only when the config changed.
+        if self.cap.load(Ordering::Relaxed) == cap || self.cap.swap(cap, Ordering::Relaxed) == cap {
+            return;
+        }
+        let per_shard = cap.div_ceil(self.shards.len());
+        for shard in self.shards.iter() {
+            lock(shard).set_cap(per_shard);
+        }
+        self.metrics.capacity.set(i64::try_from(per_shard * self.shards.len()).unwrap_or(i64::MAX));
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
+        // The high bits: the maps inside hash the low ones again.
+        ((hash >> 32) as usize) % self.shards.len()
+    }
 }
 
 pub struct MemoryStore {
-    shards: Vec<Mutex<Shard>>,
+    zones: RwLock<HashMap<Box<str>, Arc<ZoneTable>>>,
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
+    limits: ZoneLimits,
 }
 
 impl Default for MemoryStore {
@@ -41,45 +124,108 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// Every zone holds up to [`DEFAULT_MAX_KEYS`] keys (see [`MemoryStore::with_zone_limits`]).
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let shards =
-            (0..SHARDS).map(|_| Mutex::new(Shard { entries: HashMap::new(), sweep_at_len: MIN_SWEEP_LEN })).collect();
-        Self { shards, clock }
+        Self {
+            zones: RwLock::new(HashMap::new()),
+            hasher: RandomState::new(),
+            clock,
+            limits: Arc::new(|_| DEFAULT_MAX_KEYS),
+        }
+    }
+
+    /// Takes each zone's capacity from `limits` (the running config's `max_keys`).
+    pub fn with_zone_limits(mut self, limits: ZoneLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The zone's table, made on first use; its capacity follows the config.
+    fn table(&self, zone: &str) -> Arc<ZoneTable> {
+        let cap = (self.limits)(zone).max(1);
+        let found = self.zones.read().unwrap_or_else(|p| p.into_inner()).get(zone).cloned();
+        let table = match found {
+            Some(table) => table,
+            None => {
+                let mut zones = self.zones.write().unwrap_or_else(|p| p.into_inner());
+                zones.entry(Box::from(zone)).or_insert_with(|| Arc::new(ZoneTable::new(zone, cap))).clone()
+            }
+        };
+        table.resize(cap);
+        table
+    }
+
+    fn existing_table(&self, zone: &str) -> Option<Arc<ZoneTable>> {
+        self.zones.read().unwrap_or_else(|p| p.into_inner()).get(zone).cloned()
     }
 
     /// Decides synchronously; `decide` is this behind the store trait.
     pub fn decide_now(&self, checks: &[ZoneCheck<'_>]) -> Verdict {
         let now_us = self.clock.now_us();
-        let shard_ids: Vec<usize> = checks.iter().map(|c| shard_of(c.zone, c.key)).collect();
-        // Lock each involved shard once, in ascending order, so concurrent requests never deadlock.
-        let mut order = shard_ids.clone();
+        let tables: Vec<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        // (table, shard) of each check; locked once each, in one global order, so concurrent
+        // requests never deadlock.
+        let slots: Vec<(usize, usize)> =
+            tables.iter().zip(&hashes).map(|(t, &h)| (Arc::as_ptr(t) as usize, t.shard_of(h))).collect();
+        let mut order: Vec<(usize, usize, usize)> =
+            slots.iter().enumerate().map(|(i, &(table, shard))| (table, shard, i)).collect();
         order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
-        let guard_index = |shard: usize| order.binary_search(&shard).unwrap_or(0);
-
-        let inputs: Vec<ZoneInput<'_>> = checks
+        order.dedup_by_key(|(table, shard, _)| (*table, *shard));
+        let mut guards: Vec<MutexGuard<'_, Bounded<u64, Entry>>> =
+            order.iter().map(|&(_, shard, i)| lock(&tables[i].shards[shard])).collect();
+        // Per check, the index of its guard.
+        let at: Vec<usize> = slots
             .iter()
-            .zip(&shard_ids)
-            .map(|(c, &s)| {
-                let shard = &guards[guard_index(s)].1;
-                let state = shard
-                    .entries
-                    .get(&(Box::from(c.zone), Box::from(c.key)))
-                    .filter(|e| e.expires_us > now_us)
-                    .map(|e| e.state.clone());
-                ZoneInput { limit: &c.limit, state, cost: c.cost }
-            })
+            .map(|slot| order.binary_search_by_key(slot, |&(table, shard, _)| (table, shard)).unwrap_or(0))
             .collect();
-        let verdict = decide_all(&inputs, now_us);
+        let lens_before: Vec<usize> = guards.iter().map(|g| g.len()).collect();
+
+        let mut inputs: Vec<ZoneInput<'_>> = Vec::with_capacity(checks.len());
+        for ((check, &g), hash) in checks.iter().zip(&at).zip(&hashes) {
+            let state = guards[g].get_mut(hash, now_us).map(|e| e.state.clone());
+            inputs.push(ZoneInput { limit: &check.limit, state, cost: check.cost });
+        }
+        let mut verdict = decide_all(&inputs, now_us);
         if verdict.admitted {
-            for ((check, &s), zone) in checks.iter().zip(&shard_ids).zip(&verdict.zones) {
-                let shard = &mut guards[guard_index(s)].1;
-                let entry = Entry { state: zone.next.clone(), expires_us: zone.expires_us };
-                shard.entries.insert((Box::from(check.zone), Box::from(check.key)), entry);
-                shard.sweep_if_grown(now_us);
+            // Room for every new key first, so that a full zone refuses the request before any
+            // zone is charged (all or nothing).
+            let mut full = None;
+            for (n, (input, &g)) in inputs.iter().zip(&at).enumerate() {
+                if input.state.is_none() && guards[g].make_room(now_us).is_err() {
+                    full = Some(n);
+                    break;
+                }
             }
+            match full {
+                Some(n) => {
+                    tables[n].metrics.full.inc();
+                    verdict = zone_full(checks, n, now_us);
+                }
+                None => {
+                    for ((zone, &g), &hash) in verdict.zones.iter().zip(&at).zip(&hashes) {
+                        let entry =
+                            Entry { state: zone.next.clone(), expires_us: zone.expires_us, protected_until_us: 0 };
+                        guards[g].put(hash, entry);
+                    }
+                }
+            }
+        } else {
+            // A rejected key keeps its state until its retry time, whatever floods the zone.
+            for ((zone, &g), hash) in verdict.zones.iter().zip(&at).zip(&hashes) {
+                if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
+                    if let Some(entry) = guards[g].get_mut(hash, now_us) {
+                        entry.protected_until_us = entry.protected_until_us.max(now_us.saturating_add(retry));
+                    }
+                }
+            }
+        }
+        for ((guard, before), &(_, _, i)) in guards.iter_mut().zip(lens_before).zip(&order) {
+            let metrics = &tables[i].metrics;
+            let dropped = guard.take_stats();
+            metrics.expired.inc_by(dropped.expired);
+            metrics.evicted.inc_by(dropped.evicted);
+            metrics.keys.add(guard.len() as i64 - before as i64);
         }
         verdict
     }
@@ -87,13 +233,16 @@ impl MemoryStore {
     /// The live state of one key, for tests and the admin API.
     pub fn state(&self, zone: &str, key: &[u8]) -> Option<State> {
         let now_us = self.clock.now_us();
-        let shard = lock(&self.shards[shard_of(zone, key)]);
-        shard.entries.get(&(Box::from(zone), Box::from(key))).filter(|e| e.expires_us > now_us).map(|e| e.state.clone())
+        let table = self.existing_table(zone)?;
+        let hash = self.hasher.hash_one(key);
+        let shard = lock(&table.shards[table.shard_of(hash)]);
+        shard.peek(&hash, now_us).map(|e| e.state.clone())
     }
 
     /// Number of keys held, expired or not (memory accounting).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).entries.len()).sum()
+        let zones = self.zones.read().unwrap_or_else(|p| p.into_inner());
+        zones.values().map(|t| t.shards.iter().map(|s| lock(s).len()).sum::<usize>()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -101,25 +250,44 @@ impl MemoryStore {
     }
 }
 
-impl Shard {
-    fn sweep_if_grown(&mut self, now_us: u64) {
-        if self.entries.len() < self.sweep_at_len {
-            return;
-        }
-        self.entries.retain(|_, e| e.expires_us > now_us);
-        self.sweep_at_len = (self.entries.len() * 2).max(MIN_SWEEP_LEN);
-    }
-}
-
-fn shard_of(zone: &str, key: &[u8]) -> usize {
-    let mut h = DefaultHasher::new();
-    zone.hash(&mut h);
-    key.hash(&mut h);
-    (h.finish() as usize) % SHARDS
+/// The verdict for a request whose zone `full` had no room for its key: that zone rejects with a
+/// short retry; the others are reported as admitted but not charged (nothing was written).
+fn zone_full(checks: &[ZoneCheck<'_>], full: usize, now_us: u64) -> Verdict {
+    let zones = checks
+        .iter()
+        .enumerate()
+        .map(|(n, check)| {
+            let next = State::Bucket(BucketState { level: 0.0, last_us: now_us });
+            if n == full {
+                ZoneOutcome {
+                    admitted: false,
+                    excess: check.limit.burst.saturating_add(check.cost) as f64,
+                    delay_us: 0,
+                    retry_after_us: Some(FULL_RETRY_US),
+                    remaining: 0,
+                    reset_us: FULL_RETRY_US,
+                    expires_us: now_us + FULL_RETRY_US,
+                    next,
+                }
+            } else {
+                ZoneOutcome {
+                    admitted: true,
+                    excess: 0.0,
+                    delay_us: 0,
+                    retry_after_us: None,
+                    remaining: check.limit.burst,
+                    reset_us: 0,
+                    expires_us: now_us,
+                    next,
+                }
+            }
+        })
+        .collect();
+    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones }
 }
 
 /// A poisoned shard only means another request panicked mid-update of plain numbers: keep serving.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
     shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -173,20 +341,67 @@ mod tests {
         assert_eq!(store.state("loose", b"k"), None);
     }
 
+    fn capped(clock: Arc<ManualClock>, max_keys: usize) -> MemoryStore {
+        MemoryStore::new(clock).with_zone_limits(Arc::new(move |_| max_keys))
+    }
+
     #[test]
-    fn state_expires_once_drained_and_is_swept() {
+    fn drained_state_is_absent_and_dropped_to_make_room() {
         let clock = Arc::new(ManualClock::new(T0));
-        let store = MemoryStore::new(clock.clone());
-        for i in 0..(SHARDS * MIN_SWEEP_LEN) as u32 {
-            store.decide_now(&[check("z", &i.to_be_bytes(), 0)]);
+        let store = capped(clock.clone(), 100);
+        for i in 0..100u32 {
+            assert!(store.decide_now(&[check("z", &i.to_be_bytes(), 0)]).admitted);
         }
-        assert!(store.len() >= SHARDS * MIN_SWEEP_LEN / 2);
+        assert_eq!(store.len(), 100);
         clock.advance_us(1_000_001);
         assert_eq!(store.state("z", &0u32.to_be_bytes()), None);
-        for i in 0..(SHARDS * MIN_SWEEP_LEN) as u32 {
-            store.decide_now(&[check("z2", &i.to_be_bytes(), 0)]);
+        for i in 100..200u32 {
+            assert!(store.decide_now(&[check("z", &i.to_be_bytes(), 0)]).admitted);
         }
-        // Every shard crossed its sweep threshold again and dropped the drained "z" keys.
-        assert!(store.len() < 2 * SHARDS * MIN_SWEEP_LEN, "len {}", store.len());
+        assert_eq!(store.len(), 100, "expired keys made room; the cap holds");
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_frees_a_limited_key() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = capped(clock.clone(), 64);
+        // The victim uses its burst and is rejected: far from drained, and protected.
+        for _ in 0..6 {
+            store.decide_now(&[check("z", b"victim", 5)]);
+        }
+        assert!(!store.decide_now(&[check("z", b"victim", 5)]).admitted);
+        for i in 0..10_000u32 {
+            clock.advance_us(10);
+            assert!(store.decide_now(&[check("z", &i.to_be_bytes(), 5)]).admitted, "new keys find room");
+        }
+        assert!(store.len() <= 64);
+        assert!(!store.decide_now(&[check("z", b"victim", 5)]).admitted, "still limited");
+        let level = match store.state("z", b"victim") {
+            Some(State::Bucket(b)) => b.level,
+            other => panic!("victim's state lost: {other:?}"),
+        };
+        assert!(level > 5.0, "{level}");
+    }
+
+    #[test]
+    fn a_zone_full_of_rejected_keys_refuses_new_ones_without_charging_anything() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = capped(clock.clone(), 2);
+        for key in [b"a", b"b"] {
+            assert!(store.decide_now(&[check("z", key, 1)]).admitted);
+            assert!(store.decide_now(&[check("z", key, 1)]).admitted);
+            assert!(!store.decide_now(&[check("z", key, 1)]).admitted, "protected for 1 s, drained in 2 s");
+        }
+        let v = store.decide_now(&[check("other", b"c", 0), check("z", b"c", 0)]);
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after_us, Some(FULL_RETRY_US));
+        assert!(v.zones[0].admitted && !v.zones[1].admitted);
+        assert_eq!(store.state("other", b"c"), None, "the other zone was not charged");
+        clock.advance_us(999_999);
+        assert!(!store.decide_now(&[check("z", b"c", 0)]).admitted);
+        // Once the rejected keys' retry time has come, the live one closest to expiry may go.
+        clock.advance_us(1);
+        assert!(store.decide_now(&[check("z", b"c", 0)]).admitted);
+        assert_eq!(store.len(), 2);
     }
 }

@@ -1,6 +1,7 @@
 //! Where limit state lives. Every store answers the same question — "may this request pass, and
 //! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing.
 
+mod bounded;
 mod breaker;
 mod conn;
 mod deny_cache;
@@ -9,6 +10,7 @@ mod memory;
 mod redis;
 mod redis_conn;
 mod redis_conn_kind;
+mod redis_eviction;
 mod redis_rollback;
 mod redis_slots;
 mod redis_url;
@@ -21,8 +23,9 @@ use crate::limit::{LimitReq, State, Verdict};
 
 pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
 pub use self::guarded::GuardedStore;
-pub use self::memory::MemoryStore;
+pub use self::memory::{MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
 pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
+pub use self::redis_eviction::{policy_can_evict, EvictionStatus};
 pub use self::redis_slots::key_slot;
 pub use self::redis_url::{parse_redis_url, RedisTopology};
 
@@ -35,6 +38,22 @@ pub struct ZoneCheck<'a> {
     pub key: &'a [u8],
     pub limit: LimitReq,
     pub cost: u64,
+}
+
+/// What `/readyz` says about the store.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StoreHealth {
+    /// Whether the store decides now (false: the failure policy answers every request).
+    pub ready: bool,
+    /// Why it is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Settings that put the limits at risk (e.g. a Redis eviction policy).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Redis's eviction settings, once read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<EvictionStatus>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +79,16 @@ pub trait LimitStore: Send + Sync {
     /// The stored state of one key (for the admin API); `None` when absent, i.e. fully drained.
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError>;
 
-    /// Whether the store answers now (for readiness).
+    /// Whether the store answers now, writes included (the breaker's probe).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Readiness and warnings, for `/readyz`.
+    async fn health(&self) -> StoreHealth {
+        match self.ping().await {
+            Ok(()) => StoreHealth { ready: true, ..StoreHealth::default() },
+            Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
+        }
     }
 }

@@ -28,9 +28,10 @@ use ::redis::Value;
 use async_trait::async_trait;
 
 use super::redis_conn_kind::{Connector, LuaScript, RedisConn, ScriptCall};
+use super::redis_eviction::{self, Latest};
 use super::redis_rollback::Rollback;
 use super::redis_slots::group_by_slot;
-use super::{LimitStore, StoreError, ZoneCheck};
+use super::{LimitStore, StoreError, StoreHealth, ZoneCheck};
 use crate::limit::{decide_all, Algorithm, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
@@ -64,6 +65,8 @@ pub struct RedisStore {
     pub(super) lease_ttl: Duration,
     /// Whether verdicts carry the sliding log's entries (see `with_log_entries`).
     log_entries: bool,
+    /// The eviction policy as last read (see `redis_eviction.rs`).
+    eviction: Latest,
 }
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
@@ -79,7 +82,14 @@ impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let conns = Connector::new(&config.url, config.timeout)?;
-        Ok(Self { config, clock, conns, lease_ttl: Duration::from_secs(30), log_entries: false })
+        Ok(Self {
+            config,
+            clock,
+            conns,
+            lease_ttl: Duration::from_secs(30),
+            log_entries: false,
+            eviction: Latest::default(),
+        })
     }
 
     /// Makes every verdict carry a sliding-log zone's entries in `ZoneOutcome::next`, exactly as
@@ -95,6 +105,12 @@ impl RedisStore {
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
+    }
+
+    /// Reads Redis's eviction policy now and every 30 s in the background, on a thread and
+    /// connection of its own, warning when it can evict limit state (`redis_eviction.rs`).
+    pub fn watch_eviction_policy(&self) -> Result<(), String> {
+        redis_eviction::watch(&self.config.url, self.config.timeout, self.eviction.clone())
     }
 
     /// "single", "cluster" or "sentinel": the deployment the URL names.
@@ -314,8 +330,24 @@ impl LimitStore for RedisStore {
         self.raw_state(zone, key).await
     }
 
+    /// A write, not only a PING: a Redis that answers PING but refuses writes (`OOM command not
+    /// allowed`, `BUSY` with a script running, a read-only replica) cannot decide.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(self.conns.ping()).await
+        let probe_key = format!("{}health", self.config.key_prefix);
+        self.bounded(self.conns.ping(probe_key.as_bytes())).await
+    }
+
+    async fn health(&self) -> StoreHealth {
+        let mut health = match self.ping().await {
+            Ok(()) => StoreHealth { ready: true, ..StoreHealth::default() },
+            Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
+        };
+        let latest = self.eviction.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(Ok(status)) = latest {
+            health.warnings.extend(status.warning());
+            health.redis = Some(status);
+        }
+        health
     }
 }
 

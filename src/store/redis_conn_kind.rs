@@ -149,9 +149,24 @@ impl Connector {
     /// Whether the deployment answers: PING for a server, `CLUSTER INFO` of any node saying
     /// `cluster_state:ok` for a cluster (a PING would go to every master and fail until a dead
     /// one is forgotten).
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+    ///
+    /// Then a write of `probe_key` (a short-lived key): a server that answers but refuses writes
+    /// (`OOM command not allowed`, `BUSY`, `READONLY`) cannot decide either.
+    pub(super) async fn ping(&self, probe_key: &[u8]) -> Result<(), StoreError> {
         let mut conn = self.get().await?;
-        match &mut conn {
+        self.answers(&mut conn).await?;
+        ::redis::cmd("SET")
+            .arg(probe_key)
+            .arg(std::process::id())
+            .arg("PX")
+            .arg(10_000)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn answers(&self, conn: &mut RedisConn) -> Result<(), StoreError> {
+        match conn {
             RedisConn::Cluster(cluster) => {
                 let mut info = ::redis::cmd("CLUSTER");
                 info.arg("INFO");
@@ -164,7 +179,7 @@ impl Connector {
                     Err(StoreError::Reply("the cluster reports cluster_state other than ok".into()))
                 }
             }
-            _ => Ok(::redis::cmd("PING").query_async::<()>(&mut conn).await?),
+            _ => Ok(::redis::cmd("PING").query_async::<()>(conn).await?),
         }
     }
 }

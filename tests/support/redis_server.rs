@@ -14,15 +14,23 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Extra `redis-server` arguments, e.g. `--maxmemory 2mb`.
+    args: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server on a port the kernel says is free. Another process may grab the port
     /// between our probe and redis' bind, so a server that exits at once is retried elsewhere.
     pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` arguments (also on restarts).
+    pub fn start_with_args(args: &[&str]) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
-            let mut server = Self { port: free_port(), child: None };
+            let mut server =
+                Self { port: free_port(), child: None, args: args.iter().map(|a| a.to_string()).collect() };
             match server.spawn() {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
@@ -75,6 +83,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

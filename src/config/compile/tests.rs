@@ -141,3 +141,28 @@ fn durations() {
         assert_eq!(parse_duration(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn max_keys_per_zone() {
+    let rt = compile(GOOD, "t.toml").unwrap();
+    assert_eq!(rt.zone_max_keys("per_ip"), crate::store::DEFAULT_MAX_KEYS);
+    let text = GOOD.replacen("rate = \"10r/s\"", "rate = \"10r/s\"\nmax_keys = 5000", 1);
+    let rt = compile(&text, "t.toml").unwrap();
+    assert_eq!(rt.zone_max_keys("per_ip"), 5000);
+    assert_eq!(rt.zone_max_keys("per_key"), crate::store::DEFAULT_MAX_KEYS);
+    for bad in ["0", "-1", "100000001"] {
+        assert_refused(
+            "rate = \"10r/s\"",
+            &format!("rate = \"10r/s\"\nmax_keys = {bad}"),
+            17,
+            "max_keys: must be 1..=",
+        );
+    }
+    let conn = format!("{GOOD}\n[[limit_conn_zone]]\nname = \"c\"\nkey = \"ip\"\nmax_keys = 0\n");
+    let err = compile_err(&conn);
+    let line = conn.lines().position(|l| l == "max_keys = 0").map(|i| i + 1);
+    assert_eq!(err.line, line, "{err}");
+    assert!(err.to_string().contains("limit_conn_zone \"c\": max_keys: must be 1..="), "{err}");
+    let conn = conn.replace("max_keys = 0", "max_keys = 7");
+    assert_eq!(compile(&conn, "t.toml").unwrap().zone_max_keys("c"), 7);
+}

@@ -1,0 +1,307 @@
+//! One request through the proxy's own steps, at a given time: route (`routes::find`), client IP
+//! (`keys::client_ip` with the trusted proxies), access rules, cost, keyed zones with overrides
+//! (`proxy::limiting`), then the embedded memory store on a simulated clock — enforced zones in
+//! one atomic call and dry-run zones in another, exactly as `proxy::limiting::enforce` does — and
+//! the status words of `proxy::limiting::record_statuses`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::header::{HeaderName, COOKIE};
+
+use super::parse::{Client, Record, Wanted};
+use crate::config::{allowed, OverrideMatch, Runtime};
+use crate::keys::{self, KeyPart, RequestFacts};
+use crate::limit::{LimitReq, ManualClock};
+use crate::proxy::limiting::{
+    checks, keyed_zones, record_statuses, request_cost, Action, Enforcement, KeyedZone, LimitStatus,
+};
+use crate::routes;
+use crate::store::MemoryStore;
+
+/// What happened to one request before or at the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// No route matches (404 live).
+    NoRoute,
+    /// Refused by the route's allow/deny rules (403), before any limit.
+    Denied,
+    /// A bad cost header (400), before any limit.
+    BadCost,
+    /// Went through the limit step (which may have had no zone with a key).
+    Limited,
+}
+
+/// One keyed zone of a decided request.
+#[derive(Debug, Clone)]
+pub struct ZoneDecision {
+    /// Index into the route's `limits`.
+    pub limit: usize,
+    pub key: Vec<u8>,
+    /// `None`: another zone rejected the request, this one was not charged.
+    pub status: Option<LimitStatus>,
+    /// This zone's own delay.
+    pub delay_us: u64,
+    /// The limit applied to this key (the reference's, or an override's) and the request's cost.
+    pub params: LimitReq,
+    pub cost: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub route: Option<usize>,
+    pub outcome: Outcome,
+    /// The request's `$limit_req_status`; `None` when no zone limited it.
+    pub status: Option<LimitStatus>,
+    /// How long the proxy would have held it (enforced zones).
+    pub delay_us: u64,
+    pub zones: Vec<ZoneDecision>,
+}
+
+impl Decision {
+    fn before_limits(route: Option<usize>, outcome: Outcome) -> Self {
+        Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new() }
+    }
+
+    /// The word written to `--decisions`: nginx's `$limit_req_status`, `-` when unset.
+    pub fn word(&self) -> &'static str {
+        self.status.map_or("-", LimitStatus::as_str)
+    }
+}
+
+pub struct Engine<'rt> {
+    rt: &'rt Runtime,
+    clock: Arc<ManualClock>,
+    store: MemoryStore,
+    route_names: HashMap<&'rt str, usize>,
+}
+
+impl<'rt> Engine<'rt> {
+    pub fn new(rt: &'rt Runtime) -> Self {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new(clock.clone());
+        let route_names = rt.routes.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
+        Self { rt, clock, store, route_names }
+    }
+
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.rt
+    }
+
+    /// Decides `rec` as the proxy would have at `now_us`.
+    pub fn decide(&self, rec: &Record, now_us: u64) -> Decision {
+        let rt = self.rt;
+        let client_ip = match rec.client {
+            Client::Peer(ip) => keys::client_ip(Some(ip), &rec.headers, rt.real_ip.as_ref()),
+            Client::Resolved(ip) => Some(ip),
+            Client::Unknown => None,
+        };
+        let (path, query) = match rec.target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rec.target.as_str(), None),
+        };
+        // Weir's own log names the route it took; other logs are routed like live requests.
+        let logged = rec.route.as_deref().and_then(|name| self.route_names.get(name).copied());
+        let Some(route_index) = logged.or_else(|| routes::find(&rt.matchers, rec.host.as_deref(), &rec.method, path))
+        else {
+            return Decision::before_limits(None, Outcome::NoRoute);
+        };
+        let route = &rt.routes[route_index];
+        if client_ip.is_some_and(|ip| !allowed(&route.access, ip)) {
+            return Decision::before_limits(Some(route_index), Outcome::Denied);
+        }
+        let Ok(cost) = request_cost(&route.cost, &rec.headers) else {
+            return Decision::before_limits(Some(route_index), Outcome::BadCost);
+        };
+        let facts = RequestFacts { client_ip, headers: &rec.headers, query };
+        let keyed = keyed_zones(rt, route, &facts, cost);
+        let mut decision = Decision::before_limits(Some(route_index), Outcome::Limited);
+        if keyed.is_empty() {
+            return decision;
+        }
+
+        self.clock.set_us(now_us);
+        let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
+            keyed.iter().partition(|k| route.limits[k.limit].dry_run);
+        let mut result = Enforcement {
+            action: Action::Forward,
+            headers: Vec::new(),
+            status: None,
+            zones: Vec::new(),
+            fallback: None,
+        };
+        let mut delays = HashMap::new();
+        for (group, dry_run) in [(&enforced, false), (&shadow, true)] {
+            if group.is_empty() {
+                continue;
+            }
+            let verdict = self.store.decide_now(&checks(rt, route, group));
+            if !dry_run && verdict.admitted {
+                decision.delay_us = verdict.delay_us;
+            }
+            for (k, out) in group.iter().zip(&verdict.zones) {
+                delays.insert(k.limit, if verdict.admitted { out.delay_us } else { 0 });
+            }
+            record_statuses(&mut result, route, group, &verdict, dry_run);
+        }
+        decision.status = result.status;
+        decision.zones = keyed
+            .into_iter()
+            .map(|k| {
+                let zone = route.limits[k.limit].zone;
+                let status = result.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
+                let delay_us = delays.get(&k.limit).copied().unwrap_or(0);
+                ZoneDecision { limit: k.limit, status, delay_us, params: k.params, cost: k.cost, key: k.key }
+            })
+            .collect();
+        decision
+    }
+}
+
+/// The request headers the config reads: zone keys and overrides, the cost header, the real-IP
+/// header. Parsers keep only these.
+pub fn wanted_headers(rt: &Runtime) -> Wanted {
+    let mut names: Vec<HeaderName> = Vec::new();
+    let mut add = |part: &KeyPart| match part {
+        KeyPart::Header(h) => names.push(h.clone()),
+        KeyPart::Cookie(_) => names.push(COOKIE),
+        KeyPart::ClientIp | KeyPart::Query(_) => {}
+    };
+    for zone in &rt.zones {
+        zone.key.0.iter().for_each(&mut add);
+        for o in &zone.overrides {
+            if let OverrideMatch::Part(part, _) = &o.matcher {
+                add(part);
+            }
+        }
+    }
+    for zone in &rt.conn_zones {
+        zone.key.0.iter().for_each(&mut add);
+    }
+    names.extend(rt.routes.iter().filter_map(|r| r.cost.header.clone()));
+    names.extend(rt.real_ip.as_ref().map(|r| r.header.clone()));
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup();
+    Wanted(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue, Method};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    pub(crate) fn runtime(zones: &str, routes: &str) -> Runtime {
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
+             [real_ip]\ntrusted = [\"10.0.0.0/8\"]\nheader = \"X-Forwarded-For\"\n\
+             [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n{zones}\n{routes}"
+        );
+        crate::config::from_text(&text, "test.toml").unwrap()
+    }
+
+    fn rec(ip: &str, path: &str) -> Record {
+        Record {
+            start_us: 0,
+            duration_us: None,
+            whole_second: false,
+            client: Client::Peer(ip.parse().unwrap()),
+            method: Method::GET,
+            target: path.to_string(),
+            host: None,
+            headers: HeaderMap::new(),
+            route: None,
+            logged_status: None,
+        }
+    }
+
+    const ONE_ZONE: &str = "[[limit_req_zone]]\nname = \"z\"\nkey = \"ip\"\nrate = \"1r/s\"\n";
+
+    #[test]
+    fn one_per_second_burst_zero() {
+        let rt = runtime(
+            ONE_ZONE,
+            "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\" } ]\n",
+        );
+        let e = Engine::new(&rt);
+        let r = rec("192.0.2.1", "/");
+        let words: Vec<&str> = [0, 500_000, 1_000_000].iter().map(|t| e.decide(&r, T0 + t).word()).collect();
+        assert_eq!(words, ["PASSED", "REJECTED", "PASSED"]);
+    }
+
+    #[test]
+    fn burst_with_delay_threshold() {
+        // rate 1r/s, burst 5, delay 2: at one instant 3 pass, 3 wait 1 s, 2 s, 3 s, the 7th is rejected.
+        let rt = runtime(
+            ONE_ZONE,
+            "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\", burst = 5, delay = 2 } ]\n",
+        );
+        let e = Engine::new(&rt);
+        let r = rec("192.0.2.1", "/");
+        let got: Vec<(&str, u64)> = (0..7).map(|_| e.decide(&r, T0)).map(|d| (d.word(), d.delay_us)).collect();
+        assert_eq!(
+            got,
+            [
+                ("PASSED", 0),
+                ("PASSED", 0),
+                ("PASSED", 0),
+                ("DELAYED", 1_000_000),
+                ("DELAYED", 2_000_000),
+                ("DELAYED", 3_000_000),
+                ("REJECTED", 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn real_ip_overrides_routes_and_all_or_nothing() {
+        let zones = "[[limit_req_zone]]\nname = \"ip\"\nkey = \"ip\"\nrate = \"1r/s\"\n\
+                     [[limit_req_zone.override]]\nmatch = \"203.0.113.0/24\"\nrate = \"unlimited\"\n\
+                     [[limit_req_zone]]\nname = \"k\"\nkey = \"header:X-Api-Key\"\nrate = \"1r/m\"\n";
+        let routes = "[[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n\
+                      limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
+        let rt = runtime(zones, routes);
+        let e = Engine::new(&rt);
+        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Outcome::NoRoute);
+        // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
+        let mut exempt = rec("10.0.0.1", "/api/x");
+        exempt.headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.5"));
+        for _ in 0..5 {
+            let d = e.decide(&exempt, T0);
+            assert_eq!((d.word(), d.zones.len()), ("-", 0));
+        }
+        // Two zones: the key zone (1r/m, burst 0) rejects the second request, and the ip zone is
+        // not charged for it, so a third request from the same ip with no key still passes twice.
+        let mut keyed = rec("192.0.2.1", "/api/x");
+        keyed.headers.insert("x-api-key", HeaderValue::from_static("k1"));
+        assert_eq!(e.decide(&keyed, T0).word(), "PASSED");
+        let d = e.decide(&keyed, T0);
+        assert_eq!(d.word(), "REJECTED");
+        assert_eq!(d.zones.iter().map(|z| z.status).collect::<Vec<_>>(), [None, Some(LimitStatus::Rejected)]);
+        let unkeyed = rec("192.0.2.1", "/api/x");
+        assert_eq!(e.decide(&unkeyed, T0).word(), "PASSED");
+        assert_eq!(e.decide(&unkeyed, T0).word(), "REJECTED");
+    }
+
+    #[test]
+    fn dry_run_zones_never_reject() {
+        let rt = runtime(
+            ONE_ZONE,
+            "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\ndry_run = true\nlimit_req = [ { zone = \"z\" } ]\n",
+        );
+        let e = Engine::new(&rt);
+        let r = rec("192.0.2.1", "/");
+        assert_eq!(e.decide(&r, T0).word(), "PASSED");
+        assert_eq!(e.decide(&r, T0).word(), "REJECTED_DRY_RUN");
+    }
+
+    #[test]
+    fn wanted_headers_follow_the_config() {
+        let zones = "[[limit_req_zone]]\nname = \"k\"\nkey = [\"header:X-Api-Key\", \"cookie:s\"]\nrate = \"1r/s\"\n";
+        let rt = runtime(zones, "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\n");
+        let wanted = wanted_headers(&rt);
+        let names: Vec<&str> = wanted.0.iter().map(|h| h.as_str()).collect();
+        assert_eq!(names, ["cookie", "x-api-key", "x-forwarded-for"]);
+    }
+}

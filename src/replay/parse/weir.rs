@@ -1,0 +1,67 @@
+//! Weir's own JSON access log (`[log] format = "json"`): one `weir::access` event per request
+//! with the RFC 3339 time it was written (its end), `duration_ms`, the resolved client address,
+//! the route and the `limit_req` status. Other events of the same stream are skipped.
+
+use http::{HeaderMap, Method};
+use serde_json::Value;
+
+use super::{target_path, time, Client, LineParser, Record};
+
+pub struct Parser;
+
+fn str_field<'v>(doc: &'v Value, name: &str) -> Option<&'v str> {
+    doc.get(name).and_then(Value::as_str)
+}
+
+impl LineParser for Parser {
+    fn parse(&mut self, line: &[u8]) -> Result<Option<Record>, String> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let doc: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+        if str_field(&doc, "target") != Some("weir::access") {
+            return Ok(None);
+        }
+        let ts = str_field(&doc, "timestamp").ok_or("no \"timestamp\"")?;
+        let end = time::rfc3339(ts).ok_or_else(|| format!("timestamp {ts:?} is not RFC 3339"))?;
+        let duration_ms = doc.get("duration_ms").and_then(Value::as_f64).unwrap_or(0.0);
+        let duration_us = (duration_ms * 1000.0).round().max(0.0) as u64;
+        let method = str_field(&doc, "method").ok_or("no \"method\"")?;
+        let method = Method::from_bytes(method.as_bytes()).map_err(|_| format!("bad method {method:?}"))?;
+        let path = str_field(&doc, "path").ok_or("no \"path\"")?;
+        let client = match str_field(&doc, "client") {
+            None | Some("-") => Client::Unknown,
+            Some(ip) => Client::Resolved(ip.parse().map_err(|_| format!("client {ip:?} is not an IP address"))?),
+        };
+        Ok(Some(Record {
+            start_us: end.us.saturating_sub(duration_us),
+            duration_us: Some(duration_us),
+            whole_second: false,
+            client,
+            method,
+            target: target_path(path.as_bytes())?,
+            host: None,
+            headers: HeaderMap::new(),
+            route: str_field(&doc, "route").filter(|r| *r != "-").map(str::to_string),
+            logged_status: str_field(&doc, "limit_req").map(str::to_string),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_events_become_records_and_others_are_skipped() {
+        let line = br#"{"timestamp":"2023-11-14T22:13:20.250000Z","level":"INFO","target":"weir::access","route":"api","client":"192.0.2.1","method":"GET","path":"/api/x","status":200,"limit_req":"PASSED","duration_ms":250.0,"message":"request"}"#;
+        let r = Parser.parse(line).unwrap().unwrap();
+        assert_eq!(r.start_us, 1_700_000_000_000_000);
+        assert_eq!(r.client, Client::Resolved("192.0.2.1".parse().unwrap()));
+        assert_eq!(r.route.as_deref(), Some("api"));
+        assert_eq!(r.logged_status.as_deref(), Some("PASSED"));
+        let other = br#"{"timestamp":"2023-11-14T22:13:20Z","level":"INFO","target":"weir::server","message":"up"}"#;
+        assert!(Parser.parse(other).unwrap().is_none());
+        assert!(Parser.parse(b"plain text").unwrap_err().contains("not JSON"));
+    }
+}

@@ -1,0 +1,91 @@
+//! Logs are written when requests end; limits were decided when they started. Records are held
+//! in a min-heap on their start time until no later line can start before them: the window is
+//! the longest `$request_time` seen so far plus a slack of five seconds (for loggers that write a
+//! little out of order), capped by `--reorder-window`. Memory is bounded by that window.
+//!
+//! For whole-second logs the records of one second are released together, so the replay can
+//! place them inside their second.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use super::parse::Record;
+
+const SLACK_US: u64 = 5_000_000;
+
+pub struct Pending {
+    pub seq: u64,
+    pub rec: Record,
+}
+
+impl Pending {
+    fn key(&self) -> (u64, u64) {
+        (self.rec.start_us, self.seq)
+    }
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+pub struct Reorder {
+    heap: BinaryHeap<Reverse<Pending>>,
+    cap_us: u64,
+    longest_us: u64,
+    /// The latest end time seen.
+    horizon_us: u64,
+}
+
+impl Reorder {
+    pub fn new(cap_us: u64) -> Self {
+        Self { heap: BinaryHeap::new(), cap_us, longest_us: 0, horizon_us: 0 }
+    }
+
+    pub fn push(&mut self, p: Pending) {
+        let took = p.rec.duration_us.unwrap_or(0);
+        self.longest_us = self.longest_us.max(took);
+        self.horizon_us = self.horizon_us.max(p.rec.start_us.saturating_add(took));
+        self.heap.push(Reverse(p));
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    fn window_us(&self) -> u64 {
+        (self.longest_us + SLACK_US).min(self.cap_us)
+    }
+
+    /// The next group of records that no later line can precede (all of one start time), or
+    /// everything left when `flush`.
+    pub fn pop_group(&mut self, flush: bool) -> Option<Vec<Pending>> {
+        let first = self.heap.peek()?.0.rec.start_us;
+        if !flush && first.saturating_add(self.window_us()) >= self.horizon_us {
+            return None;
+        }
+        let mut group = Vec::new();
+        while self.heap.peek().is_some_and(|p| p.0.rec.start_us == first) {
+            if let Some(Reverse(p)) = self.heap.pop() {
+                group.push(p);
+            }
+        }
+        Some(group)
+    }
+}

@@ -1,0 +1,564 @@
+//! The replay's findings as a terminal table (default) or JSON (`--json`), and the `--suggest`
+//! TOML snippet. Whole-second logs are replayed under two assumptions; every figure that differs
+//! between them is shown as a range `a–b`.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::stats::{percentile, RefStats, Series, Stats};
+use super::suggest::{Eval, Outcome as Suggest, Suggestion};
+use super::Summary;
+use crate::config::Runtime;
+use crate::keys::KeyPart;
+use crate::limit::{Algorithm, DelayPolicy, LimitReq, Rate};
+
+/// How many keys the report lists per zone.
+pub const TOP_KEYS: usize = 5;
+/// The time series is summed into at most this many points.
+pub const MAX_POINTS: usize = 600;
+
+/// `2r/s`, `600r/m`, `5r/h`, else `N per 10s`.
+pub fn rate_text(rate: &Rate) -> String {
+    match rate.period_us {
+        1_000_000 => format!("{}r/s", rate.count),
+        60_000_000 => format!("{}r/m", rate.count),
+        3_600_000_000 => format!("{}r/h", rate.count),
+        p => format!("{} per {}", rate.count, duration_text(p)),
+    }
+}
+
+fn duration_text(us: u64) -> String {
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else {
+        format!("{}ms", us / 1000)
+    }
+}
+
+/// A reference's limit in one line: `2r/s burst=5 nodelay`, `50 per 10s (fixed_window)`.
+pub fn limit_text(l: &LimitReq) -> String {
+    if l.algorithm.is_window() {
+        return format!("{} per {} ({})", l.rate.count, duration_text(l.rate.period_us), l.algorithm.as_str());
+    }
+    let mut s = format!("{} burst={}", rate_text(&l.rate), l.burst);
+    match (l.algorithm, l.delay) {
+        (Algorithm::TokenBucket, _) => s.push_str(" (token_bucket)"),
+        (_, DelayPolicy::NoDelay) => s.push_str(" nodelay"),
+        (_, DelayPolicy::After(0)) => {}
+        (_, DelayPolicy::After(d)) => {
+            let _ = write!(s, " delay={d}");
+        }
+    }
+    s
+}
+
+/// A key as text: bytes that are not UTF-8 escaped, composite parts joined by `|`.
+pub fn key_text(key: &[u8]) -> String {
+    key.escape_ascii().to_string().replace("\\x1f", "|")
+}
+
+fn range(values: &[u64]) -> String {
+    let (lo, hi) = (values.iter().min().copied().unwrap_or(0), values.iter().max().copied().unwrap_or(0));
+    if lo == hi {
+        lo.to_string()
+    } else {
+        format!("{lo}–{hi}")
+    }
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn percent_range(values: &[(u64, u64)]) -> String {
+    let shares: Vec<f64> = values.iter().map(|&(p, w)| 100.0 * share(p, w)).collect();
+    let lo = shares.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = shares.iter().copied().fold(0.0, f64::max);
+    if (hi - lo).abs() < 0.05 {
+        format!("{hi:.1}%")
+    } else {
+        format!("{lo:.1}–{hi:.1}%")
+    }
+}
+
+fn delays_ms(s: &RefStats) -> (f64, f64, f64) {
+    let mut d = s.delays.clone();
+    d.sort_unstable();
+    let ms = |us: u64| us as f64 / 1000.0;
+    (ms(percentile(&d, 50.0)), ms(percentile(&d, 99.0)), ms(d.last().copied().unwrap_or(0)))
+}
+
+/// Keys by rejections (then requests), the top `n`.
+fn top_keys(s: &RefStats, n: usize) -> Vec<(&Vec<u8>, &super::stats::KeyStats)> {
+    let mut keys: Vec<_> = s.keys.iter().filter(|(_, k)| k.rejected > 0).collect();
+    keys.sort_by(|a, b| b.1.rejected.cmp(&a.1.rejected).then(b.1.requests.cmp(&a.1.requests)).then(a.0.cmp(b.0)));
+    keys.truncate(n);
+    keys
+}
+
+/// A zone's series as dense arrays of at most [`MAX_POINTS`] steps: (first second, step, offered, admitted).
+pub fn dense(series: &Series) -> Option<(u64, u64, Vec<u64>, Vec<u64>)> {
+    let (&first, _) = series.first_key_value()?;
+    let (&last, _) = series.last_key_value()?;
+    let span = last - first + 1;
+    let step = span.div_ceil(MAX_POINTS as u64).max(1);
+    let n = span.div_ceil(step) as usize;
+    let (mut offered, mut admitted) = (vec![0; n], vec![0; n]);
+    for (&sec, &(o, a)) in series {
+        let i = ((sec - first) / step) as usize;
+        offered[i] += o;
+        admitted[i] += a;
+    }
+    Some((first, step, offered, admitted))
+}
+
+fn ref_json(rt: &Runtime, route: usize, limit: usize, s: &RefStats) -> Value {
+    let zl = &rt.routes[route].limits[limit];
+    let (p50, p99, max) = delays_ms(s);
+    let top: Vec<Value> = top_keys(s, TOP_KEYS)
+        .into_iter()
+        .map(|(k, v)| json!({"key": key_text(k), "requests": v.requests, "rejected": v.rejected, "peak_rps": v.peak}))
+        .collect();
+    json!({
+        "zone": rt.zones[zl.zone].name,
+        "limit": limit_text(&zl.limit),
+        "dry_run": zl.dry_run,
+        "requests": s.requests,
+        "passed": s.passed,
+        "delayed": s.delayed,
+        "delay_ms": {"p50": p50, "p99": p99, "max": max},
+        "rejected": s.rejected,
+        "rejected_share": share(s.rejected, s.requests),
+        "not_charged": s.not_charged,
+        "keys": s.keys.len(),
+        "keys_rejected": s.keys.values().filter(|k| k.rejected > 0).count(),
+        "top_keys": top,
+    })
+}
+
+fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
+    let routes: Vec<Value> = stats
+        .routes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.requests > 0)
+        .map(|(ri, r)| {
+            let zones: Vec<Value> = r.limits.iter().enumerate().map(|(li, s)| ref_json(rt, ri, li, s)).collect();
+            json!({
+                "route": rt.routes[ri].name,
+                "requests": r.requests,
+                "passed": r.passed,
+                "delayed": r.delayed,
+                "rejected": r.rejected,
+                "unlimited": r.unlimited,
+                "denied": r.denied,
+                "bad_cost": r.bad_cost,
+                "zones": zones,
+            })
+        })
+        .collect();
+    let series: Vec<Value> = stats
+        .series
+        .iter()
+        .enumerate()
+        .filter_map(|(zi, s)| {
+            let (first, step, offered, admitted) = dense(s)?;
+            Some(json!({"zone": rt.zones[zi].name, "start": first, "step_s": step, "offered": offered, "admitted": admitted}))
+        })
+        .collect();
+    json!({
+        "requests": stats.requests,
+        "no_route": stats.no_route,
+        "from_us": stats.first_us,
+        "to_us": stats.last_us,
+        "routes": routes,
+        "series": series,
+    })
+}
+
+fn eval_json(e: &Eval) -> Value {
+    json!({"requests": e.requests, "rejected": e.rejected, "rejected_share": share(e.rejected, e.requests),
+           "keys": e.keys, "keys_hit": e.keys_hit, "keys_hit_share": share(e.keys_hit, e.keys), "delayed": e.delayed})
+}
+
+fn suggest_json(rt: &Runtime, s: &Suggest) -> Value {
+    let list: Vec<Value> = s
+        .suggestions
+        .iter()
+        .map(|x| {
+            json!({
+                "route": rt.routes[x.route].name,
+                "zone": rt.zones[rt.routes[x.route].limits[x.limit].zone].name,
+                "current": {"limit": limit_text(&x.current), "result": eval_json(&x.current_eval)},
+                "proposed": x.proposed.as_ref().map(|(l, e)| json!({
+                    "limit": limit_text(l), "rate": rate_text(&l.rate), "burst": l.burst, "result": eval_json(e)})),
+            })
+        })
+        .collect();
+    json!({
+        "max_rejected": s.targets.max_rejected,
+        "max_keys_hit": s.targets.max_keys_hit,
+        "suggestions": list,
+        "toml": toml_snippet(rt, s),
+    })
+}
+
+pub fn json(rt: &Runtime, sum: &Summary<'_>) -> Value {
+    let runs: Vec<Value> = sum
+        .runs
+        .iter()
+        .map(|r| {
+            let mut v = stats_json(rt, &r.stats);
+            v["assumption"] = json!(r.assumption.as_str());
+            v["describe"] = json!(r.assumption.describe());
+            v
+        })
+        .collect();
+    json!({
+        "format": sum.format,
+        "files": sum.files,
+        "lines": sum.lines,
+        "ignored": sum.ignored,
+        "outside": sum.outside,
+        "bad": sum.bad,
+        "bad_examples": sum.bad_examples,
+        "late": sum.late,
+        "elapsed_s": sum.elapsed.as_secs_f64(),
+        "runs": runs,
+        "agreement": sum.agreement.as_ref().map(|a| json!({
+            "compared": a.compared, "matched": a.matched, "examples": a.examples})),
+        "suggest": sum.suggestions.as_ref().map(|s| suggest_json(rt, s)),
+    })
+}
+
+/// The readable report.
+pub fn table(rt: &Runtime, sum: &Summary<'_>) -> String {
+    let mut out = String::new();
+    let secs = sum.elapsed.as_secs_f64();
+    let _ = writeln!(
+        out,
+        "weir replay: {} line(s) of {} ({} format) in {:.2} s ({:.0} lines/s); {} bad, {} not requests, {} outside --from/--to",
+        sum.lines,
+        sum.files.join(", "),
+        sum.format,
+        secs,
+        sum.lines as f64 / secs.max(1e-9),
+        sum.bad,
+        sum.ignored,
+        sum.outside
+    );
+    for b in &sum.bad_examples {
+        let _ = writeln!(out, "  bad line {b}");
+    }
+    if sum.late > 0 {
+        let _ = writeln!(
+            out,
+            "  {} line(s) came later than the reorder window and were decided at its edge (raise --reorder-window)",
+            sum.late
+        );
+    }
+    let Some(first) = sum.runs.first() else {
+        let _ = writeln!(out, "no request to replay");
+        return out;
+    };
+    if sum.runs.len() > 1 {
+        let names: Vec<&str> = sum.runs.iter().map(|r| r.assumption.describe()).collect();
+        let _ = writeln!(out, "timestamps are whole seconds: replayed with {}; a–b shows both", names.join(" | "));
+    }
+    let _ = writeln!(out, "{} request(s), {} without a route", first.stats.requests, first.stats.no_route);
+    let header = [
+        "route",
+        "zone",
+        "limit",
+        "requests",
+        "passed",
+        "delayed",
+        "delay p50/p99/max ms",
+        "rejected",
+        "share",
+        "keys",
+        "keys rej.",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for (ri, route) in rt.routes.iter().enumerate() {
+        let rs: Vec<_> = sum.runs.iter().map(|r| &r.stats.routes[ri]).collect();
+        if rs[0].requests == 0 {
+            continue;
+        }
+        let pick = |f: &dyn Fn(&super::stats::RouteStats) -> u64| range(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        rows.push(vec![
+            route.name.clone(),
+            if route.limits.is_empty() { "(no limit)".into() } else { "(all)".into() },
+            String::new(),
+            pick(&|r| r.requests),
+            pick(&|r| r.passed),
+            pick(&|r| r.delayed),
+            String::new(),
+            pick(&|r| r.rejected),
+            percent_range(&rs.iter().map(|r| (r.rejected, r.requests)).collect::<Vec<_>>()),
+            String::new(),
+            String::new(),
+        ]);
+        for (li, zl) in route.limits.iter().enumerate() {
+            let ss: Vec<&RefStats> = rs.iter().map(|r| &r.limits[li]).collect();
+            let pick = |f: &dyn Fn(&RefStats) -> u64| range(&ss.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let delays: Vec<String> = ss
+                .iter()
+                .map(|s| {
+                    let (a, b, c) = delays_ms(s);
+                    if s.delayed == 0 {
+                        "-".to_string()
+                    } else {
+                        format!("{a:.0}/{b:.0}/{c:.0}")
+                    }
+                })
+                .collect();
+            let mut delays_cell = delays[0].clone();
+            if delays.iter().any(|d| *d != delays[0]) {
+                delays_cell = delays.join(" | ");
+            }
+            let dry = if zl.dry_run { " (dry run)" } else { "" };
+            rows.push(vec![
+                String::new(),
+                format!("{}{dry}", rt.zones[zl.zone].name),
+                limit_text(&zl.limit),
+                pick(&|s| s.requests),
+                pick(&|s| s.passed),
+                pick(&|s| s.delayed),
+                delays_cell,
+                pick(&|s| s.rejected),
+                percent_range(&ss.iter().map(|s| (s.rejected, s.requests)).collect::<Vec<_>>()),
+                pick(&|s| s.keys.len() as u64),
+                pick(&|s| s.keys.values().filter(|k| k.rejected > 0).count() as u64),
+            ]);
+        }
+    }
+    out.push_str(&columns(&rows));
+    let mut tops = String::new();
+    for (ri, route) in rt.routes.iter().enumerate() {
+        for (li, zl) in route.limits.iter().enumerate() {
+            let s = &first.stats.routes[ri].limits[li];
+            for (k, v) in top_keys(s, TOP_KEYS) {
+                let _ = writeln!(
+                    tops,
+                    "  {}/{}  {}  rejected {} of {}, peak {} r/s",
+                    route.name,
+                    rt.zones[zl.zone].name,
+                    key_text(k),
+                    v.rejected,
+                    v.requests,
+                    v.peak
+                );
+            }
+        }
+    }
+    if !tops.is_empty() {
+        let _ = writeln!(out, "top keys by rejections ({}):", first.assumption.describe());
+        out.push_str(&tops);
+    }
+    if let Some(a) = &sum.agreement {
+        let _ = writeln!(
+            out,
+            "logged $limit_req_status: {} of {} replayed the same ({:.2}%)",
+            a.matched,
+            a.compared,
+            100.0 * share(a.matched, a.compared)
+        );
+        for e in &a.examples {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    if let Some(s) = &sum.suggestions {
+        out.push_str(&suggest_text(rt, s));
+    }
+    out
+}
+
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..n).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c] - cell.chars().count();
+            // Text columns left, numbers right.
+            if c < 3 {
+                let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
+            } else {
+                let _ = write!(line, "{}{cell}  ", " ".repeat(pad));
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+fn eval_text(e: &Eval) -> String {
+    format!(
+        "{} of {} rejected ({:.2}%), {} of {} keys hit ({:.2}%), {} delayed",
+        e.rejected,
+        e.requests,
+        100.0 * share(e.rejected, e.requests),
+        e.keys_hit,
+        e.keys,
+        100.0 * share(e.keys_hit, e.keys),
+        e.delayed
+    )
+}
+
+fn suggest_text(rt: &Runtime, s: &Suggest) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nsuggest: at most {:.3}% of requests and {:.3}% of keys rejected, per zone on its own traffic",
+        100.0 * s.targets.max_rejected,
+        100.0 * s.targets.max_keys_hit
+    );
+    for x in &s.suggestions {
+        let route = &rt.routes[x.route];
+        let zone = &rt.zones[route.limits[x.limit].zone].name;
+        let _ =
+            writeln!(out, "  {}/{zone}: now {}: {}", route.name, limit_text(&x.current), eval_text(&x.current_eval));
+        match &x.proposed {
+            Some((l, e)) => {
+                let _ = writeln!(out, "  {}/{zone}: use {}: {}", route.name, limit_text(l), eval_text(e));
+            }
+            None => {
+                let _ = writeln!(out, "  {}/{zone}: no candidate meets the targets (bursts up to 1000)", route.name);
+            }
+        }
+    }
+    let _ = writeln!(out, "\n{}", toml_snippet(rt, s));
+    out
+}
+
+fn part_text(p: &KeyPart) -> String {
+    match p {
+        KeyPart::ClientIp => "ip".to_string(),
+        KeyPart::Header(h) => format!("header:{h}"),
+        KeyPart::Query(q) => format!("query:{q}"),
+        KeyPart::Cookie(c) => format!("cookie:{c}"),
+    }
+}
+
+fn reference_toml(zone: &str, l: &LimitReq, dry_run: bool) -> String {
+    let mut s = format!("{{ zone = \"{zone}\"");
+    if !l.algorithm.is_window() {
+        let _ = write!(s, ", burst = {}", l.burst);
+        match (l.algorithm, l.delay) {
+            (Algorithm::TokenBucket, _) | (_, DelayPolicy::After(0)) => {}
+            (_, DelayPolicy::NoDelay) => s.push_str(", nodelay = true"),
+            (_, DelayPolicy::After(d)) => {
+                let _ = write!(s, ", delay = {d}");
+            }
+        }
+    }
+    if dry_run {
+        s.push_str(", dry_run = true");
+    }
+    s.push_str(" }");
+    s
+}
+
+/// The suggested limits as config to paste: each zone's block and each route's `limit_req`.
+pub fn toml_snippet(rt: &Runtime, s: &Suggest) -> String {
+    let mut out = format!(
+        "# weir replay --suggest --max-rejected {:.3}% --max-keys-hit {:.3}%\n",
+        100.0 * s.targets.max_rejected,
+        100.0 * s.targets.max_keys_hit
+    );
+    let proposed = |ri: usize, li: usize| -> Option<&Suggestion> {
+        s.suggestions.iter().find(|x| x.route == ri && x.limit == li && x.proposed.is_some())
+    };
+    let mut zones_done = Vec::new();
+    for x in s.suggestions.iter().filter(|x| x.proposed.is_some()) {
+        let zi = rt.routes[x.route].limits[x.limit].zone;
+        if zones_done.contains(&zi) {
+            continue;
+        }
+        zones_done.push(zi);
+        let zone = &rt.zones[zi];
+        let Some((l, _)) = &x.proposed else { continue };
+        let parts: Vec<String> = zone.key.0.iter().map(|p| format!("\"{}\"", part_text(p))).collect();
+        let key = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
+        let _ = write!(out, "[[limit_req_zone]]\nname = \"{}\"\nkey = {key}\n", zone.name);
+        if zone.algorithm != Algorithm::LeakyBucket {
+            let _ = writeln!(out, "algorithm = \"{}\"", zone.algorithm.as_str());
+        }
+        if zone.algorithm.is_window() {
+            let _ = writeln!(out, "window = \"{}\"\nlimit = {}", duration_text(l.rate.period_us), l.rate.count);
+        } else {
+            let _ = writeln!(
+                out,
+                "rate = \"{}\"                    # was \"{}\"",
+                rate_text(&l.rate),
+                rate_text(&zone.rate)
+            );
+        }
+        if !zone.overrides.is_empty() {
+            let _ = writeln!(out, "# (keep this zone's [[limit_req_zone.override]] entries)");
+        }
+        out.push('\n');
+    }
+    for (ri, route) in rt.routes.iter().enumerate() {
+        if !(0..route.limits.len()).any(|li| proposed(ri, li).is_some()) {
+            continue;
+        }
+        let refs: Vec<String> = route
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(li, zl)| {
+                let l = proposed(ri, li).and_then(|x| x.proposed.as_ref()).map_or(zl.limit, |(l, _)| *l);
+                reference_toml(&rt.zones[zl.zone].name, &l, zl.dry_run)
+            })
+            .collect();
+        let _ = writeln!(out, "# in [[route]] name = \"{}\":\nlimit_req = [ {} ]", route.name, refs.join(", "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_rates_and_keys_as_text() {
+        let l = LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("600r/m").unwrap(),
+            burst: 20,
+            delay: DelayPolicy::After(10),
+        };
+        assert_eq!(limit_text(&l), "600r/m burst=20 delay=10");
+        assert_eq!(reference_toml("k", &l, false), "{ zone = \"k\", burst = 20, delay = 10 }");
+        let w = LimitReq {
+            algorithm: Algorithm::FixedWindow,
+            rate: Rate { count: 50, period_us: 10_000_000 },
+            burst: 0,
+            delay: DelayPolicy::After(0),
+        };
+        assert_eq!(limit_text(&w), "50 per 10s (fixed_window)");
+        assert_eq!(rate_text(&Rate { count: 3, period_us: 1_500_000 }), "3 per 1500ms");
+        assert_eq!(key_text(b"192.0.2.1\x1fk\xff"), "192.0.2.1|k\\xff");
+        assert_eq!(range(&[3, 5]), "3–5");
+        assert_eq!(range(&[4, 4]), "4");
+    }
+
+    #[test]
+    fn series_are_summed_into_few_points() {
+        let mut s = Series::new();
+        for sec in 0..1200u64 {
+            s.insert(1000 + sec, (2, 1));
+        }
+        let (first, step, offered, admitted) = dense(&s).unwrap();
+        assert_eq!((first, step, offered.len()), (1000, 2, 600));
+        assert!(offered.iter().all(|&o| o == 4) && admitted.iter().all(|&a| a == 2));
+    }
+}

@@ -1,0 +1,425 @@
+//! `weir replay` end to end: the real binary on generated logs (plain and gzip, every format),
+//! checked through `--decisions` and the `--json` report; a differential check of a seeded msec
+//! log against the limit model driven directly; `--suggest` whose proposal, replayed, meets its
+//! targets.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use weir::limit::{decide_all, Algorithm, DelayPolicy, LimitReq, Rate, State, ZoneInput};
+
+const T0: u64 = 1_700_000_000; // 2023-11-14T22:13:20Z
+const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+fn config(zones_and_routes: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
+         [real_ip]\ntrusted = [\"127.0.0.1/32\"]\nheader = \"X-Forwarded-For\"\n\
+         [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n{zones_and_routes}"
+    )
+}
+
+/// nginx `$time_local` of an epoch second (UTC).
+fn local_time(secs: u64) -> String {
+    let t = chrono::DateTime::from_timestamp(secs as i64, 0).unwrap();
+    let month = MONTHS[t.format("%m").to_string().parse::<usize>().unwrap() - 1];
+    format!("{}/{month}/{}", t.format("%d"), t.format("%Y:%H:%M:%S +0000"))
+}
+
+fn combined(secs: u64, ip: &str, target: &str, ua: &str, xff: &str) -> String {
+    format!("{ip} - - [{}] \"GET {target} HTTP/1.1\" 200 12 \"-\" \"{ua}\" \"{xff}\"", local_time(secs))
+}
+
+struct Dir {
+    dir: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Self {
+        Dir { dir: tempfile::tempdir().unwrap() }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    fn write_gz(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(text.as_bytes()).unwrap();
+        std::fs::write(&p, enc.finish().unwrap()).unwrap();
+        p
+    }
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn weir(args: &[&str]) -> Out {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir")).args(args).output().unwrap();
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs a replay with `--json --decisions`, returning the report and the decision words.
+fn replay(conf: &Path, extra: &[&str], files: &[&Path], decisions: &Path) -> (Value, Vec<String>) {
+    let mut args = vec!["replay", "-c", conf.to_str().unwrap(), "--json", "--quiet", "--decisions"];
+    args.push(decisions.to_str().unwrap());
+    args.extend_from_slice(extra);
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    let out = weir(&args);
+    assert!(out.ok, "weir {args:?} failed: {}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let text = std::fs::read_to_string(decisions).unwrap();
+    let words = text.lines().map(|l| l.split('\t').nth(1).unwrap().to_string()).collect();
+    for (i, line) in text.lines().enumerate() {
+        if files.len() == 1 {
+            assert_eq!(line.split('\t').next().unwrap(), (i + 1).to_string(), "line numbers in order");
+        }
+    }
+    (report, words)
+}
+
+fn zone<'v>(run: &'v Value, route: &str, zone: &str) -> &'v Value {
+    let r = run["routes"].as_array().unwrap().iter().find(|r| r["route"] == route).unwrap();
+    r["zones"].as_array().unwrap().iter().find(|z| z["zone"] == zone).unwrap()
+}
+
+const TWO_PER_SECOND: &str = "[[limit_req_zone]]\nname = \"per_ip\"\nkey = \"ip\"\nrate = \"2r/s\"\n\
+    [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_ip\" } ]\n";
+
+#[test]
+fn combined_logs_replay_under_both_assumptions_plain_and_gzip() {
+    let d = Dir::new();
+    let conf = d.write("weir.toml", &config(TWO_PER_SECOND));
+    // Two requests in one second: spread over it (t, t+0.5) both pass at 2r/s; both at its start,
+    // the second is rejected. Then a bad line, then one request a second later (passes).
+    // The last line comes through a trusted proxy for another client: its own key, passes.
+    let log = [
+        combined(T0, "192.0.2.1", "/a", "-", "-"),
+        combined(T0, "192.0.2.1", "/b?x=1", "-", "-"),
+        "this is not a log line".to_string(),
+        combined(T0 + 1, "192.0.2.1", "/c", "-", "-"),
+        combined(T0 + 1, "127.0.0.1", "/d", "-", "198.51.100.4"),
+    ]
+    .join("\n");
+    let plain = d.write("access.log", &log);
+    let gz = d.write_gz("access.log.gz", &log);
+    let mut got = Vec::new();
+    for file in [&plain, &gz] {
+        let (report, words) = replay(&conf, &[], &[file], &d.path("decisions.tsv"));
+        assert_eq!(words, ["PASSED", "PASSED", "BAD", "PASSED", "PASSED"]);
+        assert_eq!(report["bad"], 1);
+        let example = report["bad_examples"][0].as_str().unwrap();
+        assert!(example.starts_with(&format!("{}:3: ", file.display())), "{example}");
+        let runs = report["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2);
+        assert_eq!((runs[0]["assumption"].as_str(), runs[1]["assumption"].as_str()), (Some("spread"), Some("start")));
+        let (spread, start) = (zone(&runs[0], "all", "per_ip"), zone(&runs[1], "all", "per_ip"));
+        assert_eq!((spread["requests"].as_u64(), spread["rejected"].as_u64()), (Some(4), Some(0)));
+        assert_eq!((start["requests"].as_u64(), start["rejected"].as_u64()), (Some(4), Some(1)));
+        assert_eq!(start["keys"], 2);
+        assert_eq!(start["top_keys"][0]["key"], "192.0.2.1");
+        assert_eq!(start["top_keys"][0]["peak_rps"], 2);
+        let series = &runs[1]["series"][0];
+        assert_eq!(
+            (series["offered"].clone(), series["admitted"].clone()),
+            (serde_json::json!([2, 2]), serde_json::json!([1, 2]))
+        );
+        got.push(words);
+    }
+    // The table says both assumptions, as a range.
+    let out = weir(&["replay", "-c", conf.to_str().unwrap(), "--quiet", plain.to_str().unwrap()]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains("0–1"), "{}", out.stdout);
+    assert!(out.stdout.contains(&format!("bad line {}:3:", plain.display())), "{}", out.stdout);
+}
+
+#[test]
+fn msec_logs_replay_in_start_order() {
+    let d = Dir::new();
+    let conf = d.write("weir.toml", &config(&TWO_PER_SECOND.replace("2r/s", "1r/s")));
+    // Logged in end order; the second line started first (101.0 − 0.5 = 100.5), so it passes and
+    // the first (started 100.9, 0.4 s later) is rejected at 1r/s, burst 0.
+    let tail = |ip: &str| format!("{ip} - - [{}] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"", local_time(T0 + 100));
+    let log = format!(
+        "{}.900 0.000 {} -\n{}.000 0.500 {} PASSED\n{}.000 0.000 {}\n",
+        T0 + 100,
+        tail("192.0.2.1"),
+        T0 + 101,
+        tail("192.0.2.1"),
+        T0 + 102,
+        tail("192.0.2.1")
+    );
+    let file = d.write("access.log", &log);
+    let (report, words) = replay(&conf, &["--format", "msec"], &[&file], &d.path("dec.tsv"));
+    assert_eq!(words, ["REJECTED", "PASSED", "PASSED"]);
+    assert_eq!(report["runs"].as_array().unwrap().len(), 1);
+    assert_eq!(report["runs"][0]["assumption"], "exact");
+    // Two lines carry a logged status (`-` and PASSED): the first disagrees, the second agrees.
+    assert_eq!((report["agreement"]["compared"].as_u64(), report["agreement"]["matched"].as_u64()), (Some(2), Some(1)));
+    // --from drops the line that started before it.
+    let from = (T0 + 100).to_string() + ".6";
+    let (_, words) = replay(&conf, &["--format", "msec", "--from", &from], &[&file], &d.path("dec2.tsv"));
+    assert_eq!(words, ["PASSED", "-", "PASSED"]);
+}
+
+#[test]
+fn json_and_weir_logs_with_keys_from_headers() {
+    let d = Dir::new();
+    let conf = d.write(
+        "weir.toml",
+        &config(
+            "[[limit_req_zone]]\nname = \"per_key\"\nkey = \"header:X-Api-Key\"\nrate = \"1r/s\"\n\
+             [[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_key\", burst = 1, delay = 0 } ]\n\
+             [[route]]\nname = \"other\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+        ),
+    );
+    // Same key twice at one instant with burst 1: the second waits 1 s. Other keys are apart.
+    let lines = [
+        r#"{"time":"2023-11-14T22:13:20.000Z","addr":"192.0.2.1","req":"GET /api/a HTTP/1.1","key":"k1"}"#,
+        r#"{"time":"2023-11-14T22:13:20.000Z","addr":"192.0.2.1","req":"GET /api/a HTTP/1.1","key":"k1"}"#,
+        r#"{"time":"2023-11-14T22:13:20.000Z","addr":"192.0.2.1","req":"GET /api/a HTTP/1.1","key":"k1"}"#,
+        r#"{"time":"2023-11-14T22:13:20.000Z","addr":"192.0.2.1","req":"GET /api/a HTTP/1.1"}"#,
+        r#"{"time":"2023-11-14T22:13:20.500Z","addr":"192.0.2.1","req":"GET /home HTTP/1.1","key":"k1"}"#,
+        r#"{"time":"oops","req":"GET / HTTP/1.1"}"#,
+    ]
+    .join("\n");
+    let file = d.write_gz("access.json.gz", &lines);
+    let (report, words) = replay(
+        &conf,
+        &["--format", "json", "--field", "ts=time,ip=addr,request=req", "--field", "header.X-Api-Key=key"],
+        &[&file],
+        &d.path("dec.tsv"),
+    );
+    assert_eq!(words, ["PASSED", "DELAYED", "REJECTED", "-", "-", "BAD"]);
+    let z = zone(&report["runs"][0], "api", "per_key");
+    assert_eq!(z["delay_ms"]["max"], 1000.0);
+    assert_eq!(z["keys_rejected"], 1);
+
+    // Weir's own log: the route and resolved client are taken from it, the start is time − duration.
+    let conf_ip = d.write(
+        "ip.toml",
+        &config(&TWO_PER_SECOND.replace("2r/s", "1r/s").replace("path_prefix = \"/\"", "path_prefix = \"/x/\"")),
+    );
+    let ev = |ts: &str, dur: f64, client: &str| {
+        format!(
+            r#"{{"timestamp":"{ts}","level":"INFO","target":"weir::access","route":"all","client":"{client}","method":"GET","path":"/somewhere","status":200,"limit_req":"PASSED","duration_ms":{dur}}}"#
+        )
+    };
+    let log = [
+        ev("2023-11-14T22:13:20.900000Z", 0.0, "192.0.2.1"),
+        r#"{"timestamp":"2023-11-14T22:13:20.950000Z","level":"INFO","target":"weir::reload","message":"reloaded"}"#
+            .to_string(),
+        ev("2023-11-14T22:13:21.000000Z", 500.0, "192.0.2.1"),
+    ]
+    .join("\n");
+    let file = d.write("weir.log", &log);
+    let (report, words) = replay(&conf_ip, &["--format", "weir"], &[&file], &d.path("dec3.tsv"));
+    assert_eq!(words, ["REJECTED", "-", "PASSED"]);
+    assert_eq!(report["ignored"], 1);
+}
+
+#[test]
+fn bad_formats_and_files_are_clear_errors() {
+    let d = Dir::new();
+    let conf = d.write("weir.toml", &config(TWO_PER_SECOND));
+    let out = weir(&["replay", "-c", conf.to_str().unwrap(), "--format", "apache", "x.log"]);
+    assert!(!out.ok);
+    assert!(out.stderr.contains("unknown --format \"apache\""), "{}", out.stderr);
+    let missing = d.path("missing.log");
+    let out = weir(&["replay", "-c", conf.to_str().unwrap(), missing.to_str().unwrap()]);
+    assert!(!out.ok);
+    assert!(out.stderr.contains(&format!("{}: cannot open", missing.display())), "{}", out.stderr);
+    let out = weir(&["replay", "-c", conf.to_str().unwrap(), "--format", "json", "x.log"]);
+    assert!(!out.ok && out.stderr.contains("ts=FIELD"), "{}", out.stderr);
+}
+
+/// The limit model driven directly: per (zone, key) state with the memory store's expiry, all
+/// zones of a request decided together.
+fn model_decisions(limits: &[LimitReq], requests: &[(u64, Vec<String>)]) -> Vec<&'static str> {
+    let mut states: HashMap<(usize, String), (State, u64)> = HashMap::new();
+    requests
+        .iter()
+        .map(|(now, keys)| {
+            let inputs: Vec<ZoneInput<'_>> = limits
+                .iter()
+                .enumerate()
+                .map(|(z, l)| ZoneInput {
+                    limit: l,
+                    state: states.get(&(z, keys[z].clone())).filter(|(_, exp)| *exp > *now).map(|(s, _)| s.clone()),
+                    cost: 1,
+                })
+                .collect();
+            let v = decide_all(&inputs, *now);
+            if !v.admitted {
+                return "REJECTED";
+            }
+            for (z, out) in v.zones.iter().enumerate() {
+                states.insert((z, keys[z].clone()), (out.next.clone(), out.expires_us));
+            }
+            if v.delay_us > 0 {
+                "DELAYED"
+            } else {
+                "PASSED"
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn msec_replay_matches_the_model_driven_directly() {
+    let d = Dir::new();
+    let conf = d.write(
+        "weir.toml",
+        &config(
+            "[[limit_req_zone]]\nname = \"per_ip\"\nkey = \"ip\"\nrate = \"5r/s\"\n\
+             [[limit_req_zone]]\nname = \"per_agent\"\nkey = \"header:User-Agent\"\nrate = \"720r/m\"\n\
+             [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n\
+             limit_req = [ { zone = \"per_ip\", burst = 4, delay = 2 }, { zone = \"per_agent\", burst = 3, nodelay = true } ]\n",
+        ),
+    );
+    let limits = [
+        LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("5r/s").unwrap(),
+            burst: 4,
+            delay: DelayPolicy::After(2),
+        },
+        LimitReq {
+            algorithm: Algorithm::LeakyBucket,
+            rate: Rate::parse("720r/m").unwrap(),
+            burst: 3,
+            delay: DelayPolicy::NoDelay,
+        },
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    // 3000 requests over ~60 s from 6 addresses and 4 agents; logged in end order.
+    let mut reqs: Vec<(u64, u64, String, String)> = (0..3000)
+        .map(|_| {
+            let start_ms = T0 * 1000 + rng.gen_range(0..60_000);
+            let took_ms = if rng.gen_bool(0.2) { rng.gen_range(0..3000) } else { rng.gen_range(0..20) };
+            (start_ms, took_ms, format!("192.0.2.{}", rng.gen_range(1..7)), format!("agent{}", rng.gen_range(0..4)))
+        })
+        .collect();
+    reqs.sort_by_key(|r| r.0 + r.1);
+    let log: String = reqs
+        .iter()
+        .map(|(start, took, ip, ua)| {
+            let end = start + took;
+            format!(
+                "{}.{:03} {}.{:03} {}\n",
+                end / 1000,
+                end % 1000,
+                took / 1000,
+                took % 1000,
+                combined(end / 1000, ip, "/p", ua, "-")
+            )
+        })
+        .collect();
+    let file = d.write("access.log", &log);
+    let (_, words) = replay(&conf, &["--format", "msec"], &[&file], &d.path("dec.tsv"));
+
+    // The model in start order (ties in log order), mapped back to log order.
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by_key(|&i| (reqs[i].0, i));
+    let inputs: Vec<(u64, Vec<String>)> =
+        order.iter().map(|&i| (reqs[i].0 * 1000, vec![reqs[i].2.clone(), reqs[i].3.clone()])).collect();
+    let decided = model_decisions(&limits, &inputs);
+    let mut want = vec![""; reqs.len()];
+    for (k, &i) in order.iter().enumerate() {
+        want[i] = decided[k];
+    }
+    assert_eq!(words, want);
+    for word in ["PASSED", "DELAYED", "REJECTED"] {
+        let n = want.iter().filter(|w| **w == word).count();
+        assert!(n > 50, "the schedule exercises {word}: {n}");
+    }
+}
+
+#[test]
+fn suggested_limits_replayed_meet_their_targets() {
+    let d = Dir::new();
+    let template = "[[limit_req_zone]]\nname = \"per_ip\"\nkey = \"ip\"\nrate = \"RATE\"\n\
+        [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_ip\", burst = BURST, nodelay = true } ]\n";
+    let conf = d.write("weir.toml", &config(&template.replace("RATE", "1r/s").replace("BURST", "0")));
+    // 20 clients at steady rates of 1..=5 r/s (phase-shifted), for 60 s: known per-key rates.
+    let mut reqs: Vec<(u64, String)> = Vec::new();
+    for c in 0..20u64 {
+        let rate = c % 5 + 1;
+        let interval_us = 1_000_000 / rate;
+        let phase = c * 7_919 % interval_us;
+        let mut t = T0 * 1_000_000 + phase;
+        while t < (T0 + 60) * 1_000_000 {
+            reqs.push((t, format!("198.51.100.{}", c + 1)));
+            t += interval_us;
+        }
+    }
+    reqs.sort();
+    let log: String = reqs
+        .iter()
+        .map(|(t, ip)| format!(r#"{{"ts":"{}.{:06}","ip":"{ip}","path":"/x"}}"#, t / 1_000_000, t % 1_000_000) + "\n")
+        .collect();
+    let file = d.write("access.json", &log);
+    let json_args = ["--format", "json", "--field", "ts=ts,ip=ip,path=path"];
+    let mut args = json_args.to_vec();
+    args.extend(["--suggest", "--max-rejected", "0.1%", "--max-keys-hit", "0%"]);
+    let (report, _) = replay(&conf, &args, &[&file], &d.path("dec.tsv"));
+    let s = &report["suggest"]["suggestions"][0];
+    assert!(s["current"]["result"]["rejected"].as_u64().unwrap() > 1000, "1r/s rejects the faster clients");
+    let proposed = &s["proposed"];
+    // The fastest key sends exactly 5r/s: 5r/s with no burst admits everything; anything slower
+    // needs a burst worth more than that over ten seconds.
+    assert_eq!((proposed["rate"].as_str(), proposed["burst"].as_u64()), (Some("5r/s"), Some(0)), "{s}");
+    assert!(report["suggest"]["toml"].as_str().unwrap().contains("rate = \"5r/s\""));
+
+    // Replayed with the proposed limit, the targets hold.
+    let conf2 = d.write(
+        "suggested.toml",
+        &config(
+            &template
+                .replace("RATE", proposed["rate"].as_str().unwrap())
+                .replace("BURST", &proposed["burst"].to_string()),
+        ),
+    );
+    let (report, _) = replay(&conf2, &json_args, &[&file], &d.path("dec2.tsv"));
+    let z = zone(&report["runs"][0], "all", "per_ip");
+    assert!(z["rejected_share"].as_f64().unwrap() <= 0.001, "{z}");
+    assert_eq!(z["keys_rejected"], 0);
+    assert_eq!(z["requests"].as_u64(), Some(reqs.len() as u64));
+}
+
+#[test]
+fn svg_plot_and_stdin() {
+    let d = Dir::new();
+    let conf = d.write("weir.toml", &config(TWO_PER_SECOND));
+    let log: String = (0..10).map(|i| combined(T0 + i / 3, "192.0.2.1", "/", "-", "-") + "\n").collect();
+    let svg = d.path("plot.svg");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["replay", "-c", conf.to_str().unwrap(), "--quiet", "--svg", svg.to_str().unwrap(), "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(log.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("10 request(s)"));
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 2, "offered and admitted for the one zone");
+    assert!(svg.contains("zone per_ip"));
+}
