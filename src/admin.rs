@@ -1,7 +1,8 @@
 //! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
 //! `GET /healthz` (process up), `GET /readyz` (the store decides; 503 with the reason while it
 //! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
-//! `POST /reload`, and `GET /limits?zone=Z&key=K` (one key's state, for support). With `admin_token` set, every
+//! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
+//! (servers with health, weight and requests in flight). With `admin_token` set, every
 //! endpoint but the probes needs `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
@@ -61,13 +62,14 @@ impl AdminApp {
                 }
             },
             (&Method::GET, "/limits") => self.limits(query).await,
-            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits") => {
+            (&Method::GET, "/upstreams") => (StatusCode::OK, Body::Json(self.upstreams())),
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams") => {
                 (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" })))
             }
             _ => (
                 StatusCode::NOT_FOUND,
                 Body::Json(json!({ "error": "not found",
-                    "endpoints": ["/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits"] })),
+                    "endpoints": ["/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams"] })),
             ),
         }
     }
@@ -95,6 +97,29 @@ impl AdminApp {
         }
         let status = if health.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
         (status, Body::Json(body))
+    }
+
+    /// `GET /upstreams`: each upstream of the running config with its servers' health, weight and
+    /// requests in flight on this instance.
+    fn upstreams(&self) -> Value {
+        let runtime = self.reloader.runtime().load_full();
+        let list: Vec<Value> = runtime
+            .upstreams
+            .iter()
+            .map(|u| {
+                let pool = u.pool();
+                let spec = pool.spec();
+                json!({
+                    "name": u.name,
+                    "servers": pool.status(),
+                    "health_check": spec.health_check.as_ref().map(|h| json!({
+                        "type": match h.kind { crate::upstream::CheckKind::Tcp => "tcp", _ => "http" },
+                        "interval_ms": h.interval.as_millis() as u64, "rise": h.rise, "fall": h.fall,
+                    })),
+                })
+            })
+            .collect();
+        json!({ "upstreams": list })
     }
 
     /// `GET /limits?zone=per_ip&key=203.0.113.7`: the key's bucket now, and per route using the zone

@@ -42,6 +42,22 @@ pub struct Metrics {
     pub store_fallbacks: IntCounterVec,
     pub config_reloads: IntCounter,
     pub config_reload_failures: IntCounter,
+    /// Requests in flight per upstream server on this instance.
+    pub upstream_in_flight: IntGaugeVec,
+    /// 1 while a server may get traffic (active check up, not out for `max_fails`).
+    pub upstream_server_up: IntGaugeVec,
+    /// Active health flips per server, `to` = `up` | `down`.
+    pub upstream_health_changes: IntCounterVec,
+    /// Failures counted toward `max_fails` (connect errors, timeouts, `next_upstream` statuses).
+    pub upstream_passive_failures: IntCounterVec,
+    /// Connections to a server that could not be established.
+    pub upstream_connect_errors: IntCounterVec,
+    /// Requests sent to another server, by what failed (`error`, `timeout`, `http_502`, …).
+    pub upstream_retries: IntCounterVec,
+    /// Requests answered without any server: `down` (502) or `busy` (503, `max_conns`).
+    pub upstream_unavailable: IntCounterVec,
+    /// Re-resolutions of a server name that failed (its last good addresses stay).
+    pub upstream_resolve_failures: IntCounterVec,
     /// Client connections open now.
     pub connections_open: IntGauge,
     /// Client connections refused at accept, by cap (`max_connections`, `max_connections_per_ip`).
@@ -78,6 +94,10 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     register(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
@@ -203,6 +223,54 @@ impl Metrics {
             config_generation,
             config_reloads,
             config_reload_failures,
+            upstream_in_flight: gauge(
+                &registry,
+                "weir_upstream_in_flight",
+                "Requests in flight per upstream server on this instance.",
+                &["upstream", "server"],
+            ),
+            upstream_server_up: gauge(
+                &registry,
+                "weir_upstream_server_up",
+                "1 while the server may get traffic: active check up and not out for max_fails.",
+                &["upstream", "server"],
+            ),
+            upstream_health_changes: counter(
+                &registry,
+                "weir_upstream_health_changes_total",
+                "Active health check flips per server.",
+                &["upstream", "server", "to"],
+            ),
+            upstream_passive_failures: counter(
+                &registry,
+                "weir_upstream_passive_failures_total",
+                "Failed attempts counted toward max_fails (errors, timeouts, next_upstream statuses).",
+                &["upstream", "server"],
+            ),
+            upstream_connect_errors: counter(
+                &registry,
+                "weir_upstream_connect_errors_total",
+                "Connections to an upstream server that could not be established.",
+                &["upstream", "server"],
+            ),
+            upstream_retries: counter(
+                &registry,
+                "weir_upstream_retries_total",
+                "Requests sent to another server after a failed attempt, by cause.",
+                &["upstream", "reason"],
+            ),
+            upstream_unavailable: counter(
+                &registry,
+                "weir_upstream_unavailable_total",
+                "Requests answered without a server: down (502) or busy (503, max_conns).",
+                &["upstream", "reason"],
+            ),
+            upstream_resolve_failures: counter(
+                &registry,
+                "weir_upstream_resolve_failures_total",
+                "Failed re-resolutions of an upstream server name (its last good addresses stay).",
+                &["upstream", "server"],
+            ),
             memory_keys: register(
                 &registry,
                 IntGaugeVec::new(
@@ -242,6 +310,12 @@ impl Metrics {
             ),
             registry,
         }
+    }
+
+    /// Drops the per-server series of an address that left an upstream.
+    pub fn forget_upstream_server(&self, upstream: &str, server: &str) {
+        let _ = self.upstream_in_flight.remove_label_values(&[upstream, server]);
+        let _ = self.upstream_server_up.remove_label_values(&[upstream, server]);
     }
 
     /// The Prometheus text exposition of every metric.

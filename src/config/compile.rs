@@ -2,7 +2,7 @@
 //! resolved to an index, every address parsed and every regex compiled here, once.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -14,6 +14,7 @@ use super::error::{ConfigError, Source};
 use super::route::{self, Route};
 use super::schema;
 use super::store::{self, StoreSettings};
+use super::upstream;
 use super::zones::{self, Zone};
 use crate::keys::{KeyPart, KeySpec, RealIp};
 use crate::request::EncodedSlash;
@@ -124,7 +125,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let server = compile_server(&src, server)?;
     let store = store::compile_store(&src, store)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
-    let upstreams = compile_upstreams(&src, upstream)?;
+    let upstreams = upstream::compile_upstreams(&src, upstream)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
@@ -282,50 +283,6 @@ fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result
 
 fn parse_cidr(text: &str) -> Option<IpNet> {
     text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
-}
-
-fn compile_upstreams(src: &Source<'_>, list: Vec<Spanned<schema::Upstream>>) -> Result<Vec<Upstream>, ConfigError> {
-    let mut seen = HashMap::new();
-    let mut out = Vec::new();
-    for up in list {
-        let schema::Upstream { name, servers, max_conns } = up.into_inner();
-        check_name(src, &name, "upstream.name")?;
-        unique(src, &mut seen, &name, "upstream")?;
-        if servers.get_ref().is_empty() {
-            return Err(src.error_at(
-                &servers.span(),
-                format!("upstream {:?}: servers must list at least one address", name.get_ref()),
-            ));
-        }
-        let mut addrs = Vec::new();
-        for server in servers.get_ref() {
-            // Resolved once here: per-request resolution would block the proxy's workers.
-            let resolved = server.get_ref().to_socket_addrs().ok().and_then(|mut a| a.next());
-            let addr = resolved.ok_or_else(|| {
-                src.error_at(
-                    &server.span(),
-                    format!(
-                        "upstream {:?}: cannot resolve server {:?} (expected host:port)",
-                        name.get_ref(),
-                        server.get_ref()
-                    ),
-                )
-            })?;
-            addrs.push(addr);
-        }
-        let max_conns = match max_conns {
-            None => None,
-            Some(m) if (1..=1_000_000).contains(m.get_ref()) => Some(*m.get_ref() as usize),
-            Some(m) => {
-                return Err(src.error_at(
-                    &m.span(),
-                    format!("upstream {:?}: max_conns must be 1..=1000000, got {}", name.get_ref(), m.get_ref()),
-                ))
-            }
-        };
-        out.push(Upstream::new(name.into_inner(), addrs, max_conns));
-    }
-    Ok(out)
 }
 
 /// A zone's `key`: one part or a list (composite).

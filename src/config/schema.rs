@@ -81,8 +81,37 @@ pub struct RealIp {
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     pub name: Spanned<String>,
+    /// `"host:port"`, optionally followed by `weight=N max_fails=N fail_timeout=T max_conns=N`.
     pub servers: Spanned<Vec<Spanned<String>>>,
     pub max_conns: Option<Spanned<i64>>,
+    pub max_fails: Option<Spanned<i64>>,
+    pub fail_timeout: Option<Spanned<String>>,
+    pub connect_timeout: Option<Spanned<String>>,
+    pub read_timeout: Option<Spanned<String>>,
+    pub send_timeout: Option<Spanned<String>>,
+    pub idle_timeout: Option<Spanned<String>>,
+    pub keepalive: Option<Spanned<i64>>,
+    pub tries: Option<Spanned<i64>>,
+    pub next_upstream: Option<Spanned<Vec<Spanned<String>>>>,
+    pub next_upstream_timeout: Option<Spanned<String>>,
+    pub resolve_interval: Option<Spanned<String>>,
+    pub resolver: Option<Spanned<String>>,
+    pub health_check: Option<Spanned<HealthCheck>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    #[serde(rename = "type")]
+    pub kind: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub host: Option<Spanned<String>>,
+    pub status: Option<Spanned<String>>,
+    pub interval: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub rise: Option<Spanned<i64>>,
+    pub fall: Option<Spanned<i64>>,
+    pub port: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -34,6 +34,7 @@ pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: 
         zones = %zones.join(","),
         delay_ms = ctx.delay.as_millis() as u64,
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
+        upstream_addr = %ctx.upstream.addrs(),
         duration_ms = ctx.started.elapsed().as_secs_f64() * 1000.0,
         error = error.map(|e| e.to_string()),
         "request"

@@ -39,14 +39,27 @@ pub fn forbidden(route: &str) -> String {
     line(json!({ "error": "forbidden", "route": route }))
 }
 
-/// 400: `error` says which check failed, `detail` what was wrong.
-pub fn bad_request(error: &str, detail: &str) -> String {
-    line(json!({ "error": error, "detail": detail }))
+/// 400: `error` says which check failed, `detail` what was wrong; `route` once one matched.
+pub fn bad_request(error: &str, detail: &str, route: Option<&str>) -> String {
+    match route {
+        Some(route) => line(json!({ "error": error, "route": route, "detail": detail })),
+        None => line(json!({ "error": error, "detail": detail })),
+    }
 }
 
 /// Every upstream server is at `max_conns`.
 pub fn upstream_busy(route: &str) -> String {
     line(json!({ "error": "upstream_busy", "route": route, "retry_after": 1 }))
+}
+
+/// No server of the upstream is up: 502.
+pub fn no_healthy_upstream(upstream: &str, route: &str) -> String {
+    line(json!({ "error": "no_healthy_upstream", "upstream": upstream, "route": route }))
+}
+
+/// The last attempt failed: `error` is `upstream_error` (502) or `upstream_timeout` (504).
+pub fn upstream_failed(error: &str, upstream: &str, route: &str, tries: usize) -> String {
+    line(json!({ "error": error, "upstream": upstream, "route": route, "tries": tries }))
 }
 
 /// A connection over `max_connections` / `max_connections_per_ip`, refused at accept.
@@ -67,8 +80,11 @@ mod tests {
             too_many_concurrent("api", "c", 10),
             no_route(),
             forbidden("api"),
-            bad_request("bad_path", "a \"quoted\" detail"),
+            bad_request("bad_path", "a \"quoted\" detail", None),
+            bad_request("bad_cost", "x", Some("api")),
             upstream_busy("api"),
+            no_healthy_upstream("app", "api"),
+            upstream_failed("upstream_timeout", "app", "api", 2),
             too_many_connections("max_connections"),
         ] {
             assert!(body.ends_with('\n') && body.matches('\n').count() == 1, "{body}");

@@ -11,6 +11,7 @@ pub mod limiting;
 mod outcome;
 mod policy;
 mod respond;
+mod upstreaming;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use async_trait::async_trait;
 use http::header::HOST;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
-use pingora::proxy::{ProxyHttp, Session};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::config::{allowed, FailurePolicy, Route, Runtime};
 use crate::edge::GuardedStream;
@@ -30,7 +31,6 @@ use crate::metrics::METRICS;
 use crate::request::{forwarded, hygiene, normalize_path};
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimits};
-use crate::upstream::ServerSlot;
 
 use conn_limiting::ConnStores;
 use lease::Lease;
@@ -53,6 +53,7 @@ impl WeirProxy {
         let local_conns = Arc::new(MemoryConnStore::default().with_zone_limits(limits.clone()));
         let conn_stores = ConnStores { primary: conn_store, kind: store.kind(), local: local_conns };
         let stores = Stores { primary: store, local: MemoryStore::default().with_zone_limits(limits) };
+        crate::upstream::REGISTRY.watch(runtime.clone());
         Self { runtime, stores, conn_stores }
     }
 }
@@ -75,8 +76,8 @@ pub struct RequestCtx {
     /// Concurrency leases held until the request ends.
     leases: Vec<Lease>,
     conn_statuses: Vec<(usize, LimitStatus)>,
-    /// The upstream server chosen, holding its `max_conns` place.
-    slot: Option<ServerSlot>,
+    /// The upstream servers chosen and tried; the current one holds its `max_conns` place.
+    upstream: upstreaming::Attempts,
     /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
     peer: Option<IpAddr>,
     peer_trusted: bool,
@@ -101,7 +102,7 @@ impl ProxyHttp for WeirProxy {
             upstream_time: None,
             leases: Vec::new(),
             conn_statuses: Vec::new(),
-            slot: None,
+            upstream: upstreaming::Attempts::default(),
             peer: None,
             peer_trusted: false,
         }
@@ -228,22 +229,56 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
-        let Some(slot) = rt.upstreams.get(route.upstream).and_then(|u| u.pick()) else {
-            ctx.outcome = Outcome::UpstreamBusy;
-            let body = bodies::upstream_busy(&route.name);
-            return respond::json(session, 503, &[("Retry-After", "1".to_string())], body).await;
-        };
-        ctx.slot = Some(slot);
+        let upstream = &rt.upstreams[route.upstream];
+        if let Err(why) = ctx.upstream.first(upstream) {
+            ctx.outcome = match why {
+                crate::upstream::Unavailable::Busy => Outcome::UpstreamBusy,
+                crate::upstream::Unavailable::Down => Outcome::UpstreamDown,
+            };
+            return upstreaming::unavailable(session, why, &upstream.name, &route.name).await;
+        }
         Ok(false)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
-        let addr = ctx
-            .slot
-            .as_ref()
-            .map(|s| s.addr)
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no upstream server for this request"))?;
-        Ok(Box::new(HttpPeer::new(addr, false, String::new())))
+        ctx.upstream.peer()
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        e: Box<Error>,
+    ) -> Box<Error> {
+        ctx.upstream.connect_failed(e)
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let e = e.more_context(format!("Peer: {peer}"));
+        ctx.upstream.proxy_failed(session, e, client_reused)
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.upstream.response_status(session, upstream_response.status.as_u16())
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
+        let rt = ctx.runtime.clone();
+        let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
+        upstreaming::fail_to_proxy(session, e, &ctx.upstream, route).await
     }
 
     async fn upstream_request_filter(
@@ -288,7 +323,7 @@ impl ProxyHttp for WeirProxy {
         for lease in ctx.leases.drain(..) {
             lease.release().await;
         }
-        ctx.slot = None;
+        ctx.upstream.release();
         let rt = &ctx.runtime;
         let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
@@ -328,7 +363,9 @@ async fn bad_request(
     if close {
         session.set_keepalive(None);
     }
-    respond::json(session, 400, &[], bodies::bad_request(error, detail)).await
+    let route = ctx.route.and_then(|i| ctx.runtime.routes.get(i)).map(|r| r.name.as_str());
+    let body = bodies::bad_request(error, detail, route);
+    respond::json(session, 400, &[], body).await
 }
 
 /// Sleeps `delay`; returns false as soon as the client closes its connection (`watch_client`:

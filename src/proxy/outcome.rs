@@ -22,6 +22,8 @@ pub enum Outcome {
     BadRequest,
     /// Every upstream server was at `max_conns`.
     UpstreamBusy,
+    /// No upstream server was up (active or passive health).
+    UpstreamDown,
     /// The client left while its request was delayed.
     ClientGone,
 }
@@ -38,6 +40,7 @@ impl Outcome {
             Outcome::Denied => "denied",
             Outcome::BadRequest => "bad_request",
             Outcome::UpstreamBusy => "upstream_busy",
+            Outcome::UpstreamDown => "upstream_down",
             Outcome::ClientGone => "client_gone",
         }
     }
@@ -63,6 +66,7 @@ mod tests {
             Outcome::Denied,
             Outcome::BadRequest,
             Outcome::UpstreamBusy,
+            Outcome::UpstreamDown,
             Outcome::ClientGone,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();

@@ -1,0 +1,370 @@
+//! `[[upstream]]`: servers with weights, timeouts, passive and active health, retries and DNS
+//! re-resolution, compiled into [`UpstreamSpec`]s. Names are nginx's where nginx has one.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::compile::{check_name, parse_duration, unique};
+use super::error::{ConfigError, Source};
+use super::schema;
+use crate::upstream::{
+    CheckKind, HealthCheckSpec, RetryPolicy, ServerSpec, Timeouts, Upstream, UpstreamSpec, MAX_TRIES,
+};
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(30);
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_RISE: i64 = 2;
+const DEFAULT_FALL: i64 = 3;
+const MAX_WEIGHT: i64 = 1000;
+const MAX_CONNS: i64 = 1_000_000;
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+pub(super) fn compile_upstreams(
+    src: &Source<'_>,
+    list: Vec<Spanned<schema::Upstream>>,
+) -> Result<Vec<Upstream>, ConfigError> {
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for up in list {
+        let up = up.into_inner();
+        check_name(src, &up.name, "upstream.name")?;
+        unique(src, &mut seen, &up.name, "upstream")?;
+        out.push(Upstream::new(compile_one(src, up)?));
+    }
+    Ok(out)
+}
+
+/// Errors about one upstream: `file:line: upstream "app": field: what`.
+struct Ctx<'a, 'b> {
+    src: &'a Source<'b>,
+    name: String,
+}
+
+impl Ctx<'_, '_> {
+    fn err(&self, span: &Range<usize>, field: &str, what: impl std::fmt::Display) -> ConfigError {
+        self.src.error_at(span, format!("upstream {:?}: {field}: {what}", self.name))
+    }
+
+    fn int(&self, v: &Option<Spanned<i64>>, field: &str, range: (i64, i64), default: i64) -> Result<i64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(v) if (range.0..=range.1).contains(v.get_ref()) => Ok(*v.get_ref()),
+            Some(v) => {
+                Err(self.err(&v.span(), field, format!("must be {}..={}, got {}", range.0, range.1, v.get_ref())))
+            }
+        }
+    }
+
+    fn duration(
+        &self,
+        v: &Option<Spanned<String>>,
+        field: &str,
+        min: Duration,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        self.duration_text(v.get_ref(), &v.span(), field, min)
+    }
+
+    fn duration_text(
+        &self,
+        text: &str,
+        span: &Range<usize>,
+        field: &str,
+        min: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match parse_duration(text) {
+            Some(d) if d >= min && d <= MAX_TIMEOUT => Ok(d),
+            Some(_) => Err(self.err(span, field, format!("must be between {min:?} and 24h, got {text:?}"))),
+            None => Err(self.err(
+                span,
+                field,
+                format!("expected a duration like \"500ms\", \"5s\" or \"1m\", got {text:?}"),
+            )),
+        }
+    }
+}
+
+fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, ConfigError> {
+    let cx = Ctx { src, name: up.name.get_ref().clone() };
+    if up.servers.get_ref().is_empty() {
+        return Err(cx.err(&up.servers.span(), "servers", "must list at least one address"));
+    }
+    let max_fails = cx.int(&up.max_fails, "max_fails", (0, 1000), 1)? as u32;
+    let fail_timeout = cx.duration(&up.fail_timeout, "fail_timeout", Duration::from_millis(1), DEFAULT_FAIL_TIMEOUT)?;
+    let max_conns = up.max_conns.as_ref().map(|_| cx.int(&up.max_conns, "max_conns", (1, MAX_CONNS), 0)).transpose()?;
+    let defaults = ServerSpec {
+        target: String::new(),
+        is_name: false,
+        weight: 1,
+        max_fails,
+        fail_timeout,
+        max_conns: max_conns.map(|m| m as usize),
+        addrs: Vec::new(),
+    };
+    let resolver = match &up.resolver {
+        None => None,
+        Some(r) => Some(
+            r.get_ref()
+                .parse::<SocketAddr>()
+                .or_else(|_| r.get_ref().parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| cx.err(&r.span(), "resolver", format!("{:?} is not an IP or IP:port", r.get_ref())))?,
+        ),
+    };
+    let servers = up
+        .servers
+        .get_ref()
+        .iter()
+        .map(|s| compile_server(&cx, s, &defaults, resolver))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let timeouts = Timeouts {
+        connect: cx.duration(
+            &up.connect_timeout,
+            "connect_timeout",
+            Duration::from_millis(1),
+            DEFAULT_CONNECT_TIMEOUT,
+        )?,
+        read: cx.duration(&up.read_timeout, "read_timeout", Duration::from_millis(1), DEFAULT_IO_TIMEOUT)?,
+        send: cx.duration(&up.send_timeout, "send_timeout", Duration::from_millis(1), DEFAULT_IO_TIMEOUT)?,
+        idle: cx.duration(&up.idle_timeout, "idle_timeout", Duration::from_millis(1), DEFAULT_IO_TIMEOUT)?,
+    };
+    let keepalive = cx.int(&up.keepalive, "keepalive", (0, 100_000), 32)? > 0;
+    let tries = up.tries.as_ref().map(|_| cx.int(&up.tries, "tries", (1, i64::from(MAX_TRIES)), 1)).transpose()?;
+    let timeout = match &up.next_upstream_timeout {
+        // nginx: 0 turns the limit off.
+        Some(t) if t.get_ref().trim() == "0" => None,
+        t => t
+            .as_ref()
+            .map(|t| cx.duration_text(t.get_ref(), &t.span(), "next_upstream_timeout", Duration::from_millis(1)))
+            .transpose()?,
+    };
+    let retry = compile_next_upstream(&cx, up.next_upstream.as_ref(), tries.map(|t| t as u32), timeout)?;
+    let resolve_interval =
+        cx.duration(&up.resolve_interval, "resolve_interval", MIN_INTERVAL, DEFAULT_RESOLVE_INTERVAL)?;
+    let health_check = up.health_check.map(|h| compile_check(&cx, h)).transpose()?;
+    Ok(UpstreamSpec {
+        name: cx.name.clone(),
+        servers,
+        timeouts,
+        keepalive,
+        health_check,
+        retry,
+        resolve_interval,
+        resolver,
+    })
+}
+
+/// `"10.0.0.1:8080 weight=3 max_fails=2 fail_timeout=5s max_conns=100"`.
+fn compile_server(
+    cx: &Ctx<'_, '_>,
+    entry: &Spanned<String>,
+    defaults: &ServerSpec,
+    resolver: Option<SocketAddr>,
+) -> Result<ServerSpec, ConfigError> {
+    let span = entry.span();
+    let mut words = entry.get_ref().split_whitespace();
+    let Some(target) = words.next() else {
+        return Err(cx.err(&span, "servers", "an entry is empty; expected \"host:port\""));
+    };
+    let mut server = ServerSpec { target: target.to_string(), ..defaults.clone() };
+    for word in words {
+        let Some((key, value)) = word.split_once('=') else {
+            return Err(cx.err(
+                &span,
+                "servers",
+                format!("{word:?}: expected weight=N, max_fails=N, fail_timeout=T or max_conns=N"),
+            ));
+        };
+        let number = |range: (i64, i64)| -> Result<i64, ConfigError> {
+            value.parse::<i64>().ok().filter(|n| (range.0..=range.1).contains(n)).ok_or_else(|| {
+                cx.err(&span, "servers", format!("{key} must be {}..={}, got {value:?}", range.0, range.1))
+            })
+        };
+        match key {
+            "weight" => server.weight = number((1, MAX_WEIGHT))? as usize,
+            "max_fails" => server.max_fails = number((0, 1000))? as u32,
+            "max_conns" => server.max_conns = Some(number((1, MAX_CONNS))? as usize),
+            "fail_timeout" => {
+                server.fail_timeout =
+                    cx.duration_text(value, &span, "servers: fail_timeout", Duration::from_millis(1))?
+            }
+            _ => {
+                return Err(cx.err(
+                    &span,
+                    "servers",
+                    format!("unknown parameter {key:?} (known: weight, max_fails, fail_timeout, max_conns)"),
+                ));
+            }
+        }
+    }
+    if let Ok(addr) = target.parse::<SocketAddr>() {
+        server.addrs = vec![addr];
+        return Ok(server);
+    }
+    // A name: resolved once here (per-request resolution would block the proxy's workers), then
+    // again every resolve_interval in the background.
+    let resolved = target
+        .rsplit_once(':')
+        .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        .and_then(|_| crate::upstream::resolve_now(target, resolver).ok())
+        .filter(|addrs| !addrs.is_empty());
+    match resolved {
+        Some(addrs) => {
+            server.is_name = true;
+            server.addrs = addrs;
+            Ok(server)
+        }
+        None => Err(cx.err(&span, "servers", format!("cannot resolve server {target:?} (expected host:port)"))),
+    }
+}
+
+fn compile_next_upstream(
+    cx: &Ctx<'_, '_>,
+    list: Option<&Spanned<Vec<Spanned<String>>>>,
+    tries: Option<u32>,
+    timeout: Option<Duration>,
+) -> Result<RetryPolicy, ConfigError> {
+    let mut policy =
+        RetryPolicy { tries, timeout, on_error: true, on_timeout: true, on_status: Vec::new(), non_idempotent: false };
+    let Some(list) = list else { return Ok(policy) };
+    policy.on_error = false;
+    policy.on_timeout = false;
+    let mut off = false;
+    for item in list.get_ref() {
+        match item.get_ref().as_str() {
+            "error" => policy.on_error = true,
+            "timeout" => policy.on_timeout = true,
+            "non_idempotent" => policy.non_idempotent = true,
+            "off" => off = true,
+            other => match other.strip_prefix("http_").and_then(|c| c.parse::<u16>().ok()) {
+                Some(code @ (429 | 500 | 502 | 503 | 504)) => policy.on_status.push(code),
+                _ => {
+                    return Err(cx.err(
+                        &item.span(),
+                        "next_upstream",
+                        format!("unknown condition {other:?} (known: error, timeout, http_500, http_502, http_503, http_504, http_429, non_idempotent, off)"),
+                    ))
+                }
+            },
+        }
+    }
+    if off && (policy.on_error || policy.on_timeout || !policy.on_status.is_empty() || policy.non_idempotent) {
+        return Err(cx.err(&list.span(), "next_upstream", "\"off\" cannot be combined with other conditions"));
+    }
+    Ok(policy)
+}
+
+fn compile_check(cx: &Ctx<'_, '_>, check: Spanned<schema::HealthCheck>) -> Result<HealthCheckSpec, ConfigError> {
+    let span = check.span();
+    let h = check.into_inner();
+    let kind_name =
+        h.kind.as_ref().map(|k| k.get_ref().as_str()).unwrap_or(if h.path.is_some() { "http" } else { "tcp" });
+    let kind_span = h.kind.as_ref().map_or(span.clone(), |k| k.span());
+    let kind = match kind_name {
+        "tcp" => {
+            for (set, field) in [(h.path.is_some(), "path"), (h.host.is_some(), "host"), (h.status.is_some(), "status")]
+            {
+                if set {
+                    return Err(cx.err(&kind_span, &format!("health_check.{field}"), "only for type = \"http\""));
+                }
+            }
+            CheckKind::Tcp
+        }
+        "http" => {
+            let path = match &h.path {
+                None => "/".to_string(),
+                Some(p)
+                    if p.get_ref().starts_with('/')
+                        && http::uri::PathAndQuery::try_from(p.get_ref().as_str()).is_ok() =>
+                {
+                    p.get_ref().clone()
+                }
+                Some(p) => {
+                    return Err(cx.err(
+                        &p.span(),
+                        "health_check.path",
+                        format!("{:?} is not a path like \"/healthz\"", p.get_ref()),
+                    ))
+                }
+            };
+            let host = match &h.host {
+                None => cx.name.clone(),
+                Some(v) if http::HeaderValue::from_str(v.get_ref()).is_ok() && !v.get_ref().is_empty() => {
+                    v.get_ref().clone()
+                }
+                Some(v) => {
+                    return Err(cx.err(
+                        &v.span(),
+                        "health_check.host",
+                        format!("{:?} is not a Host value", v.get_ref()),
+                    ))
+                }
+            };
+            let statuses = match &h.status {
+                None => vec![(200, 399)],
+                Some(s) => parse_statuses(s.get_ref()).ok_or_else(|| {
+                    cx.err(
+                        &s.span(),
+                        "health_check.status",
+                        format!(
+                            "expected codes or ranges like \"200\", \"200-399\" or \"200,204\", got {:?}",
+                            s.get_ref()
+                        ),
+                    )
+                })?,
+            };
+            CheckKind::Http { path, host, statuses }
+        }
+        other => {
+            return Err(cx.err(&kind_span, "health_check.type", format!("expected \"tcp\" or \"http\", got {other:?}")))
+        }
+    };
+    Ok(HealthCheckSpec {
+        kind,
+        interval: cx.duration(&h.interval, "health_check.interval", MIN_INTERVAL, DEFAULT_CHECK_INTERVAL)?,
+        timeout: cx.duration(&h.timeout, "health_check.timeout", Duration::from_millis(1), DEFAULT_CHECK_TIMEOUT)?,
+        rise: cx.int(&h.rise, "health_check.rise", (1, 100), DEFAULT_RISE)? as usize,
+        fall: cx.int(&h.fall, "health_check.fall", (1, 100), DEFAULT_FALL)? as usize,
+        port: h
+            .port
+            .as_ref()
+            .map(|_| cx.int(&h.port, "health_check.port", (1, 65535), 0))
+            .transpose()?
+            .map(|p| p as u16),
+    })
+}
+
+/// `"200"`, `"200-399"`, `"200,204,301-302"`: inclusive ranges of 100..=599.
+fn parse_statuses(text: &str) -> Option<Vec<(u16, u16)>> {
+    let code = |s: &str| s.trim().parse::<u16>().ok().filter(|c| (100..=599).contains(c));
+    text.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((lo, hi)) => Some((code(lo)?, code(hi)?)).filter(|(lo, hi)| lo <= hi),
+            None => code(part).map(|c| (c, c)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_statuses;
+
+    #[test]
+    fn statuses() {
+        assert_eq!(parse_statuses("200"), Some(vec![(200, 200)]));
+        assert_eq!(parse_statuses("200-399, 404"), Some(vec![(200, 399), (404, 404)]));
+        assert_eq!(parse_statuses("399-200"), None);
+        assert_eq!(parse_statuses("2xx"), None);
+        assert_eq!(parse_statuses(""), None);
+    }
+}

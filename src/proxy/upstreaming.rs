@@ -1,0 +1,229 @@
+//! One request's way to an upstream server: the first pick (in `request_filter`), the peer with
+//! the upstream's timeouts, and nginx's `proxy_next_upstream`: on a connect error, a timeout or a
+//! listed status, the next server is picked — at most `tries` servers within
+//! `next_upstream_timeout`, and once the request was sent only for idempotent methods unless
+//! `non_idempotent` is set. Failures count toward the server's `max_fails`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pingora::prelude::*;
+use pingora::proxy::{FailToProxy, Session};
+use pingora::{ErrorSource, RetryType};
+
+use super::{bodies, respond};
+use crate::metrics::METRICS;
+use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
+
+/// The upstream part of the request context.
+#[derive(Default)]
+pub struct Attempts {
+    pool: Option<Arc<Pool>>,
+    /// The server of the current (or next) attempt, holding its `max_conns` place.
+    slot: Option<ServerSlot>,
+    /// Servers this request was sent to, in order.
+    tried: Vec<SocketAddr>,
+    first_at: Option<Instant>,
+    /// Set when a response status asked for the next server: the error it raised is ours.
+    status_retry: bool,
+}
+
+impl Attempts {
+    /// Picks the first server; a request that gets none is answered by [`unavailable`].
+    pub fn first(&mut self, upstream: &Upstream) -> Result<(), Unavailable> {
+        let pool = upstream.pool().clone();
+        let picked = pool.pick(&[]);
+        self.pool = Some(pool);
+        self.slot = Some(picked?);
+        Ok(())
+    }
+
+    pub fn tries(&self) -> usize {
+        self.tried.len()
+    }
+
+    /// The servers tried, like nginx's `$upstream_addr` (`"10.0.0.1:80, 10.0.0.2:80"`), or `-`.
+    pub fn addrs(&self) -> String {
+        if self.tried.is_empty() {
+            return "-".to_string();
+        }
+        self.tried.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The request is over: give the place back.
+    pub fn release(&mut self) {
+        self.slot = None;
+    }
+
+    /// The peer of the next attempt, with the upstream's timeouts.
+    pub fn peer(&mut self) -> Result<Box<HttpPeer>> {
+        let (Some(pool), Some(slot)) = (&self.pool, &self.slot) else {
+            return Error::e_explain(ErrorType::InternalError, "no upstream server for this request");
+        };
+        let spec = pool.spec();
+        let addr = slot.addr();
+        self.tried.push(addr);
+        self.first_at.get_or_insert_with(Instant::now);
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        let t = spec.timeouts;
+        peer.options.connection_timeout = Some(t.connect);
+        peer.options.read_timeout = Some(t.read);
+        peer.options.write_timeout = Some(t.send);
+        peer.options.idle_timeout = Some(if spec.keepalive { t.idle } else { Duration::ZERO });
+        Ok(Box::new(peer))
+    }
+
+    /// Whether policy allows another attempt; if so the next server is picked (and its place
+    /// taken) now, so that a retry never ends in "no server" when the last answer was usable.
+    fn next_server(&mut self, spec: &UpstreamSpec) -> bool {
+        let limit = spec.retry.tries.unwrap_or(MAX_TRIES).min(MAX_TRIES) as usize;
+        if self.tried.len() >= limit {
+            return false;
+        }
+        if let (Some(timeout), Some(first)) = (spec.retry.timeout, self.first_at) {
+            if first.elapsed() >= timeout {
+                return false;
+            }
+        }
+        let Some(pool) = &self.pool else { return false };
+        match pool.pick(&self.tried) {
+            Ok(next) => {
+                self.slot = Some(next);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The current attempt failed: count it against the server and give its place back.
+    fn fail(&mut self) -> Option<Arc<UpstreamSpec>> {
+        let pool = self.pool.clone()?;
+        let slot = self.slot.take()?;
+        pool.record_failure(slot.addr());
+        drop(slot);
+        Some(pool.spec())
+    }
+
+    fn retry_counted(&self, reason: &str) {
+        if let Some(pool) = &self.pool {
+            METRICS.upstream_retries.with_label_values(&[&pool.name, reason]).inc();
+        }
+    }
+
+    /// `fail_to_connect`: nothing was sent, so any method may go to the next server (nginx).
+    pub fn connect_failed(&mut self, mut e: Box<Error>) -> Box<Error> {
+        if let (Some(pool), Some(slot)) = (&self.pool, &self.slot) {
+            METRICS.upstream_connect_errors.with_label_values(&[&pool.name, &slot.addr().to_string()]).inc();
+        }
+        let timeout = matches!(e.etype(), ErrorType::ConnectTimedout);
+        let reason = if timeout { "timeout" } else { "error" };
+        let Some(spec) = self.fail() else { return e };
+        let allowed = if timeout { spec.retry.on_timeout } else { spec.retry.on_error };
+        let retry = allowed && self.next_server(&spec);
+        if retry {
+            self.retry_counted(reason);
+        }
+        e.set_retry(retry);
+        e
+    }
+
+    /// `error_while_proxy`: the request may have reached the server.
+    pub fn proxy_failed(&mut self, session: &Session, mut e: Box<Error>, client_reused: bool) -> Box<Error> {
+        if std::mem::take(&mut self.status_retry) {
+            return e;
+        }
+        let idempotent = session.req_header().method.is_idempotent();
+        let replayable = !session.as_ref().retry_buffer_truncated() && session.response_written().is_none();
+        if *e.esource() != ErrorSource::Upstream {
+            // The client went away or sent garbage: not the server's fault, nothing to retry.
+            e.set_retry(false);
+            return e;
+        }
+        // A kept-alive connection the server had closed: the same server may get it again.
+        if client_reused && matches!(e.retry, RetryType::ReusedOnly) {
+            let retry = idempotent && replayable && self.slot.is_some();
+            if retry {
+                self.tried.pop();
+                self.retry_counted("stale_connection");
+            }
+            e.set_retry(retry);
+            return e;
+        }
+        let timeout = matches!(e.etype(), ErrorType::ReadTimedout | ErrorType::WriteTimedout);
+        let reason = if timeout { "timeout" } else { "error" };
+        let Some(spec) = self.fail() else { return e };
+        let allowed = if timeout { spec.retry.on_timeout } else { spec.retry.on_error };
+        let method_ok = idempotent || spec.retry.non_idempotent;
+        let retry = allowed && method_ok && replayable && self.next_server(&spec);
+        if retry {
+            self.retry_counted(reason);
+        }
+        e.set_retry(retry);
+        e
+    }
+
+    /// `upstream_response_filter`: a status listed in `next_upstream` sends the request to the
+    /// next server when one is available; otherwise this response goes to the client (nginx).
+    pub fn response_status(&mut self, session: &Session, status: u16) -> Result<()> {
+        let Some(pool) = self.pool.clone() else { return Ok(()) };
+        let spec = pool.spec();
+        if !spec.retry.on_status.contains(&status) {
+            return Ok(());
+        }
+        let reason = format!("http_{status}");
+        let Some(spec) = self.fail() else { return Ok(()) };
+        let method_ok = session.req_header().method.is_idempotent() || spec.retry.non_idempotent;
+        let replayable = !session.as_ref().retry_buffer_truncated() && session.response_written().is_none();
+        if !(method_ok && replayable && self.next_server(&spec)) {
+            return Ok(());
+        }
+        self.retry_counted(&reason);
+        self.status_retry = true;
+        let mut e = Error::explain(ErrorType::HTTPStatus(status), "upstream status listed in next_upstream");
+        e.as_up();
+        e.set_retry(true);
+        Err(e)
+    }
+}
+
+/// No server for the request: 503 when they are all at `max_conns` (as before), 502 when none is up.
+pub async fn unavailable(session: &mut Session, why: Unavailable, upstream: &str, route: &str) -> Result<bool> {
+    match why {
+        Unavailable::Busy => {
+            METRICS.upstream_unavailable.with_label_values(&[upstream, "busy"]).inc();
+            let body = bodies::upstream_busy(route);
+            respond::json(session, 503, &[("Retry-After", "1".to_string())], body).await
+        }
+        Unavailable::Down => {
+            METRICS.upstream_unavailable.with_label_values(&[upstream, "down"]).inc();
+            let body = bodies::no_healthy_upstream(upstream, route);
+            respond::json(session, 502, &[], body).await
+        }
+    }
+}
+
+/// `fail_to_proxy`: 504 when the last attempt timed out, 502 for other upstream failures, each
+/// with a JSON body naming the upstream; client-side errors as Pingora does them.
+pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts, route: &str) -> FailToProxy {
+    let upstream = attempts.pool.as_ref().map_or("-", |p| p.name.as_str());
+    let (code, error) = match (e.etype(), e.esource()) {
+        (ErrorType::HTTPStatus(code), _) => (*code, "upstream_error"),
+        (ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout, ErrorSource::Upstream) => {
+            (504, "upstream_timeout")
+        }
+        (_, ErrorSource::Upstream) => (502, "upstream_error"),
+        (ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed, ErrorSource::Downstream) => {
+            (0, "")
+        }
+        (_, ErrorSource::Downstream) => (400, "bad_request"),
+        _ => (500, "internal_error"),
+    };
+    if code > 0 && session.response_written().is_none() {
+        let body = bodies::upstream_failed(error, upstream, route, attempts.tries());
+        if let Err(write_error) = respond::json(session, code, &[], body).await {
+            tracing::debug!(error = %write_error, "cannot send the error response");
+        }
+    }
+    FailToProxy { error_code: code, can_reuse_downstream: false }
+}

@@ -1,0 +1,113 @@
+//! Active health checks, built on Pingora's `TcpHealthCheck` and `HttpHealthCheck`: `rise`
+//! consecutive passes bring a server back, `fall` consecutive failures take it out. Changes are
+//! logged and exported as metrics.
+
+use async_trait::async_trait;
+use pingora::http::RequestHeader;
+use pingora::lb::health_check::{HealthCheck, HealthObserve, HttpHealthCheck, TcpHealthCheck};
+use pingora::lb::Backend;
+use pingora::prelude::*;
+
+use super::pool::{lock, States};
+use super::{CheckKind, HealthCheckSpec};
+use crate::metrics::METRICS;
+
+/// Logs health changes and counts them; a server coming back also forgets its passive failures.
+struct Observer {
+    upstream: String,
+    states: States,
+}
+
+#[async_trait]
+impl HealthObserve for Observer {
+    async fn observe(&self, target: &Backend, healthy: bool) {
+        let server = target.addr.to_string();
+        if healthy {
+            let state = target.addr.as_inet().and_then(|a| lock(&self.states).get(a).cloned());
+            if let Some(state) = state {
+                state.clear_failures();
+            }
+            tracing::info!(upstream = %self.upstream, %server, "upstream server is healthy again (active check)");
+        } else {
+            tracing::warn!(upstream = %self.upstream, %server, "upstream server is unhealthy (active check)");
+        }
+        let to = if healthy { "up" } else { "down" };
+        METRICS.upstream_health_changes.with_label_values(&[&self.upstream, &server, to]).inc();
+        // At once rather than at the next refresh (passive health may still keep it out).
+        if !healthy {
+            METRICS.upstream_server_up.with_label_values(&[&self.upstream, &server]).set(0);
+        }
+    }
+}
+
+pub(super) fn build(
+    upstream: &str,
+    spec: &HealthCheckSpec,
+    states: States,
+) -> Box<dyn HealthCheck + Send + Sync + 'static> {
+    let observer = Box::new(Observer { upstream: upstream.to_string(), states });
+    match &spec.kind {
+        CheckKind::Tcp => {
+            let mut check = TcpHealthCheck::new();
+            check.consecutive_success = spec.rise;
+            check.consecutive_failure = spec.fall;
+            check.peer_template.options.connection_timeout = Some(spec.timeout);
+            check.health_changed_callback = Some(observer);
+            if let Some(port) = spec.port {
+                return Box::new(PortOverride { inner: check, port });
+            }
+            check
+        }
+        CheckKind::Http { path, host, statuses } => {
+            let mut check = HttpHealthCheck::new(host, false);
+            check.consecutive_success = spec.rise;
+            check.consecutive_failure = spec.fall;
+            check.peer_template.options.connection_timeout = Some(spec.timeout);
+            check.peer_template.options.read_timeout = Some(spec.timeout);
+            check.peer_template.options.write_timeout = Some(spec.timeout);
+            check.port_override = spec.port;
+            check.health_changed_callback = Some(observer);
+            // The path and host were validated at compile time; a failure here keeps GET /.
+            if let Ok(mut req) = RequestHeader::build("GET", path.as_bytes(), None) {
+                if req.append_header("Host", host.as_str()).is_ok()
+                    && req.append_header("User-Agent", "weir-health-check").is_ok()
+                {
+                    check.req = req;
+                }
+            }
+            let statuses = statuses.clone();
+            check.validator = Some(Box::new(move |resp| {
+                let code = resp.status.as_u16();
+                if statuses.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
+                    Ok(())
+                } else {
+                    Error::e_explain(ErrorType::CustomCode("unexpected status", code), "during http health check")
+                }
+            }));
+            Box::new(check)
+        }
+    }
+}
+
+/// A TCP check on another port of the server's address.
+struct PortOverride {
+    inner: Box<TcpHealthCheck>,
+    port: u16,
+}
+
+#[async_trait]
+impl HealthCheck for PortOverride {
+    async fn check(&self, target: &Backend) -> Result<()> {
+        let mut target = target.clone();
+        target.addr.set_port(self.port);
+        self.inner.check(&target).await
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        self.inner.health_status_change(target, healthy).await
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.inner.health_threshold(success)
+    }
+}

@@ -1,0 +1,149 @@
+//! Upstreams: what `[[upstream]]` compiles to ([`UpstreamSpec`], immutable, part of the config
+//! snapshot) and the state that must outlive a reload ([`Pool`]: round-robin position, requests in
+//! flight, active and passive health, last good DNS answers), kept by name in the [`REGISTRY`].
+//!
+//! - `pool`: server selection (Pingora's weighted round robin), `max_conns`, passive failures.
+//! - `health`: active TCP / HTTP checks (Pingora's `TcpHealthCheck` / `HttpHealthCheck`).
+//! - `resolve`: re-resolution of host names every `resolve_interval`.
+//! - `registry`: the pools by upstream name, and the background task that runs checks and DNS.
+
+mod dns;
+mod health;
+mod pool;
+mod registry;
+mod resolve;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use pool::{Pick, Pool, ServerSlot, ServerStatus, Unavailable};
+pub use registry::{Registry, REGISTRY};
+pub use resolve::resolve_now;
+
+/// One `[[upstream]]` as compiled: pure data, compared on reload to decide what to rebuild.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamSpec {
+    pub name: String,
+    pub servers: Vec<ServerSpec>,
+    pub timeouts: Timeouts,
+    /// Idle connections kept for reuse: `false` when `keepalive = 0`.
+    pub keepalive: bool,
+    pub health_check: Option<HealthCheckSpec>,
+    pub retry: RetryPolicy,
+    /// How often host names in `servers` are resolved again.
+    pub resolve_interval: Duration,
+    /// The DNS server to ask (nginx `resolver`); the system resolver when `None`.
+    pub resolver: Option<SocketAddr>,
+}
+
+/// One entry of `servers`: `"host:port weight=3 max_fails=2 fail_timeout=5s max_conns=10"`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSpec {
+    /// `host:port` as written.
+    pub target: String,
+    /// True when the host is a name (re-resolved), false for an IP literal.
+    pub is_name: bool,
+    pub weight: usize,
+    /// Failures within `fail_timeout` that make the server unavailable for `fail_timeout`
+    /// (nginx); 0 turns passive health off for this server.
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Requests in flight to this server from this instance.
+    pub max_conns: Option<usize>,
+    /// Addresses the name resolved to when the config was compiled.
+    pub addrs: Vec<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub read: Duration,
+    pub send: Duration,
+    pub idle: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckKind {
+    Tcp,
+    Http {
+        path: String,
+        host: String,
+        /// Inclusive ranges of statuses that count as healthy.
+        statuses: Vec<(u16, u16)>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheckSpec {
+    pub kind: CheckKind,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive passes that make a down server up again.
+    pub rise: usize,
+    /// Consecutive failures that make an up server down.
+    pub fall: usize,
+    /// Check this port instead of the server's.
+    pub port: Option<u16>,
+}
+
+/// `proxy_next_upstream` and friends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// At most this many servers per request, the first included; `None`: each server once.
+    pub tries: Option<u32>,
+    /// No new try once this long has passed since the first; `None`: no limit.
+    pub timeout: Option<Duration>,
+    pub on_error: bool,
+    pub on_timeout: bool,
+    /// Response statuses that make Weir try the next server (`http_502`, …).
+    pub on_status: Vec<u16>,
+    /// Retry POST, PATCH, … too once the request was sent (nginx `non_idempotent`).
+    pub non_idempotent: bool,
+}
+
+impl RetryPolicy {
+    pub fn off(&self) -> bool {
+        !self.on_error && !self.on_timeout && self.on_status.is_empty()
+    }
+}
+
+/// Largest `tries`: Pingora makes at most 16 attempts per request.
+pub const MAX_TRIES: u32 = 16;
+
+static SEQUENCE: AtomicU64 = AtomicU64::new(1);
+
+/// A compiled upstream in the config snapshot. Its [`Pool`] is looked up by name in the
+/// [`REGISTRY`] the first time it is needed, and the snapshot's order number makes sure an older
+/// snapshot never overwrites the settings of a newer one.
+pub struct Upstream {
+    pub spec: Arc<UpstreamSpec>,
+    seq: u64,
+    pool: OnceLock<Arc<Pool>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.spec.fmt(f)
+    }
+}
+
+impl std::ops::Deref for Upstream {
+    type Target = UpstreamSpec;
+
+    fn deref(&self) -> &UpstreamSpec {
+        &self.spec
+    }
+}
+
+impl Upstream {
+    pub fn new(spec: UpstreamSpec) -> Self {
+        Self { spec: Arc::new(spec), seq: SEQUENCE.fetch_add(1, Ordering::Relaxed), pool: OnceLock::new() }
+    }
+
+    /// The live state of this upstream, shared with every other snapshot naming it.
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.pool.get_or_init(|| REGISTRY.attach(&self.spec, self.seq))
+    }
+}

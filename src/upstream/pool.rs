@@ -1,0 +1,543 @@
+//! The live state of one upstream: its servers (addresses with weights, as resolved last), the
+//! Pingora load balancer that picks among them (weighted round robin, active health), and per
+//! address the requests in flight (`max_conns`) and the passive failures (`max_fails` /
+//! `fail_timeout`). A reload hands the pool a new spec; the per-address state stays.
+
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::lb::discovery::ServiceDiscovery;
+use pingora::lb::selection::RoundRobin;
+use pingora::lb::{Backend, Backends, LoadBalancer};
+use prometheus::IntGauge;
+
+use super::{health, ServerSpec, UpstreamSpec};
+use crate::metrics::METRICS;
+
+/// The current membership, handed to Pingora's `Backends` as its service discovery.
+#[derive(Default)]
+struct Members(ArcSwap<BTreeSet<Backend>>);
+
+#[async_trait]
+impl ServiceDiscovery for Members {
+    async fn discover(&self) -> pingora::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        Ok((BTreeSet::clone(&self.0.load()), HashMap::new()))
+    }
+}
+
+/// Milliseconds on a process-wide monotonic clock.
+fn now_ms() -> u64 {
+    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+    EPOCH.elapsed().as_millis() as u64
+}
+
+/// What one address remembers across reloads and DNS changes.
+pub struct ServerState {
+    pub addr: SocketAddr,
+    in_flight: AtomicUsize,
+    in_flight_gauge: IntGauge,
+    /// Until when (ms, [`now_ms`]) passive health keeps the server out; 0: it is in.
+    down_until: AtomicU64,
+    fails: Mutex<(u32, u64)>,
+}
+
+impl ServerState {
+    fn new(upstream: &str, addr: SocketAddr) -> Self {
+        let in_flight_gauge = METRICS.upstream_in_flight.with_label_values(&[upstream, &addr.to_string()]);
+        Self {
+            addr,
+            in_flight: AtomicUsize::new(0),
+            in_flight_gauge,
+            down_until: AtomicU64::new(0),
+            fails: Mutex::new((0, 0)),
+        }
+    }
+
+    fn lock_fails(&self) -> MutexGuard<'_, (u32, u64)> {
+        self.fails.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The active check passed `rise` times: positive evidence that beats earlier failures.
+    pub(super) fn clear_failures(&self) {
+        self.down_until.store(0, Ordering::Release);
+        *self.lock_fails() = (0, 0);
+    }
+
+    fn passive_down(&self, now: u64) -> bool {
+        self.down_until.load(Ordering::Acquire) > now
+    }
+
+    /// Takes a place on the server unless it already has `max` requests in flight.
+    fn take(&self, max: Option<usize>) -> bool {
+        let taken = match max {
+            None => {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+            Some(max) => {
+                self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1)).is_ok()
+            }
+        };
+        if taken {
+            self.in_flight_gauge.inc();
+        }
+        taken
+    }
+}
+
+/// A place on one server, given back when dropped (at the end of the attempt or the request,
+/// however it ends).
+pub struct ServerSlot {
+    state: Arc<ServerState>,
+}
+
+impl ServerSlot {
+    pub fn addr(&self) -> SocketAddr {
+        self.state.addr
+    }
+}
+
+impl std::fmt::Debug for ServerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ServerSlot({})", self.state.addr)
+    }
+}
+
+impl Drop for ServerSlot {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.state.in_flight_gauge.dec();
+    }
+}
+
+/// Why no server could be picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Every server that is up has `max_conns` requests in flight.
+    Busy,
+    /// No server is up (or every one was tried already by this request).
+    Down,
+}
+
+pub type Pick = Result<ServerSlot, Unavailable>;
+
+/// One address of the current membership.
+struct Member {
+    backend: Backend,
+    /// Index into `spec.servers` of the entry it came from.
+    entry: usize,
+    state: Arc<ServerState>,
+}
+
+/// Everything that changes together on a reload or a DNS change.
+struct Shape {
+    spec: Arc<UpstreamSpec>,
+    lb: Arc<LoadBalancer<RoundRobin>>,
+    members: Vec<Member>,
+    by_addr: HashMap<SocketAddr, usize>,
+}
+
+/// Per address, the state of every current (and still busy former) server.
+pub(super) type States = Arc<Mutex<HashMap<SocketAddr, Arc<ServerState>>>>;
+
+/// One upstream's state, found by name in the registry and shared by every config snapshot.
+pub struct Pool {
+    pub name: String,
+    shape: ArcSwap<Shape>,
+    /// The config snapshot order number of the spec in use (see `Upstream::seq`).
+    seq: AtomicU64,
+    discovery: Arc<Members>,
+    /// Per address, kept while the address is a member.
+    states: States,
+    /// Per entry of `servers` (by target text): the last good addresses.
+    resolved: Mutex<HashMap<String, Vec<SocketAddr>>>,
+    /// Serialises changes of the shape (reload vs DNS).
+    change: Mutex<()>,
+}
+
+/// A server as `GET /upstreams` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerStatus {
+    pub server: String,
+    pub address: String,
+    pub weight: usize,
+    /// Up for active checks (always true without `health_check`).
+    pub healthy: bool,
+    /// Kept out by passive health (`max_fails`) for this many more milliseconds.
+    pub passive_down_ms: u64,
+    pub in_flight: usize,
+    pub max_conns: Option<usize>,
+}
+
+impl Pool {
+    pub(super) fn new(spec: &Arc<UpstreamSpec>, seq: u64) -> Self {
+        let discovery = Arc::new(Members::default());
+        let states = States::default();
+        let lb = new_lb(spec, &discovery, &states);
+        let pool = Self {
+            name: spec.name.clone(),
+            shape: ArcSwap::from_pointee(Shape {
+                spec: spec.clone(),
+                lb,
+                members: Vec::new(),
+                by_addr: HashMap::new(),
+            }),
+            seq: AtomicU64::new(seq),
+            discovery,
+            states,
+            resolved: Mutex::new(HashMap::new()),
+            change: Mutex::new(()),
+        };
+        pool.reshape(spec.clone(), false);
+        pool
+    }
+
+    pub fn spec(&self) -> Arc<UpstreamSpec> {
+        self.shape.load().spec.clone()
+    }
+
+    pub(super) fn lb(&self) -> Arc<LoadBalancer<RoundRobin>> {
+        self.shape.load().lb.clone()
+    }
+
+    /// Applies the spec of a newer config snapshot; older snapshots change nothing.
+    pub(super) fn configure(&self, spec: &Arc<UpstreamSpec>, seq: u64) {
+        if self.seq.fetch_max(seq, Ordering::AcqRel) > seq {
+            return;
+        }
+        let current = self.spec();
+        if *current == **spec {
+            return;
+        }
+        let new_check = current.health_check != spec.health_check;
+        // Fresh compile results replace older DNS answers.
+        lock(&self.resolved).clear();
+        self.reshape(spec.clone(), new_check);
+    }
+
+    /// Records the addresses a name resolves to now; rebuilds the membership when they changed.
+    pub(super) fn set_resolved(&self, target: &str, addrs: Vec<SocketAddr>) {
+        {
+            let mut resolved = lock(&self.resolved);
+            let spec = self.spec();
+            let compiled = spec.servers.iter().find(|s| s.target == target).map(|s| &s.addrs);
+            let previous = resolved.get(target).or(compiled);
+            if previous == Some(&addrs) {
+                return;
+            }
+            tracing::info!(upstream = %self.name, server = target, addresses = ?addrs, "upstream server resolves to new addresses");
+            resolved.insert(target.to_string(), addrs);
+        }
+        self.reshape(self.spec(), false);
+    }
+
+    fn addrs_of(&self, server: &ServerSpec) -> Vec<SocketAddr> {
+        lock(&self.resolved).get(&server.target).cloned().unwrap_or_else(|| server.addrs.clone())
+    }
+
+    /// Rebuilds the membership from `spec` and the latest DNS answers. The load balancer is kept
+    /// (and with it active health and the round-robin position) unless the health check changed.
+    fn reshape(&self, spec: Arc<UpstreamSpec>, new_check: bool) {
+        let _serial = lock(&self.change);
+        let old = self.shape.load_full();
+        let lb = if new_check { new_lb(&spec, &self.discovery, &self.states) } else { old.lb.clone() };
+        let mut states = lock(&self.states);
+        let mut members = Vec::new();
+        let mut by_addr = HashMap::new();
+        for (entry, server) in spec.servers.iter().enumerate() {
+            for addr in self.addrs_of(server) {
+                if by_addr.contains_key(&addr) {
+                    continue;
+                }
+                let state = states.entry(addr).or_insert_with(|| Arc::new(ServerState::new(&self.name, addr))).clone();
+                let backend = Backend {
+                    addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
+                    weight: server.weight,
+                    ext: Default::default(),
+                };
+                by_addr.insert(addr, members.len());
+                members.push(Member { backend, entry, state });
+            }
+        }
+        // Addresses that left: forget their state once nothing is in flight there.
+        states.retain(|addr, state| {
+            let keep = by_addr.contains_key(addr) || state.in_flight() > 0;
+            if !keep {
+                METRICS.forget_upstream_server(&self.name, &addr.to_string());
+            }
+            keep
+        });
+        drop(states);
+        self.discovery.0.store(Arc::new(members.iter().map(|m| m.backend.clone()).collect()));
+        // Static membership: the update completes without waiting.
+        poll_once(lb.update());
+        self.shape.store(Arc::new(Shape { spec, lb, members, by_addr }));
+    }
+
+    /// Picks a server for a request: weighted round robin among servers that are up (active and
+    /// passive health), have room (`max_conns`) and were not tried by this request yet.
+    pub fn pick(&self, tried: &[SocketAddr]) -> Pick {
+        let shape = self.shape.load();
+        let now = now_ms();
+        // nginx: with a single server, max_fails / fail_timeout are ignored.
+        let single = shape.members.len() == 1;
+        let busy = Cell::new(false);
+        let taken: Cell<Option<usize>> = Cell::new(None);
+        let accept = |backend: &Backend, healthy: bool| {
+            let Some(&i) = backend.addr.as_inet().and_then(|a| shape.by_addr.get(a)) else {
+                return false;
+            };
+            let member = &shape.members[i];
+            if !healthy || tried.contains(&member.state.addr) {
+                return false;
+            }
+            if !single && member.state.passive_down(now) {
+                return false;
+            }
+            if !member.state.take(shape.spec.servers[member.entry].max_conns) {
+                busy.set(true);
+                return false;
+            }
+            taken.set(Some(i));
+            true
+        };
+        // Round robin may revisit servers under concurrency: bound it, then scan in order.
+        let n = shape.members.len();
+        if shape.lb.select_with(b"", 2 * n + 4, accept).is_none() {
+            let backends = shape.lb.backends();
+            let _ = shape.members.iter().find(|m| accept(&m.backend, backends.ready(&m.backend)));
+        }
+        if let Some(i) = taken.get() {
+            return Ok(ServerSlot { state: shape.members[i].state.clone() });
+        }
+        // Like nginx ("no live upstreams"): servers out for max_fails stay out for fail_timeout,
+        // even when that leaves none.
+        if busy.get() {
+            return Err(Unavailable::Busy);
+        }
+        Err(Unavailable::Down)
+    }
+
+    /// A request to `addr` failed in a way `proxy_next_upstream` counts (nginx `max_fails`).
+    pub fn record_failure(&self, addr: SocketAddr) {
+        let shape = self.shape.load();
+        let Some(&i) = shape.by_addr.get(&addr) else { return };
+        let member = &shape.members[i];
+        let server = &shape.spec.servers[member.entry];
+        METRICS.upstream_passive_failures.with_label_values(&[&self.name, &addr.to_string()]).inc();
+        if server.max_fails == 0 || shape.members.len() == 1 {
+            return;
+        }
+        let now = now_ms();
+        let window = server.fail_timeout.as_millis() as u64;
+        let mut fails = member.state.lock_fails();
+        if now.saturating_sub(fails.1) > window {
+            *fails = (0, now);
+        }
+        fails.0 += 1;
+        if fails.0 >= server.max_fails {
+            *fails = (0, now);
+            member.state.down_until.store(now + window, Ordering::Release);
+            METRICS.upstream_server_up.with_label_values(&[&self.name, &addr.to_string()]).set(0);
+            tracing::warn!(upstream = %self.name, server = %addr, fail_timeout = ?server.fail_timeout,
+                "upstream server failed max_fails times: skipped for fail_timeout");
+        }
+    }
+
+    /// Each current server with its health and load.
+    pub fn status(&self) -> Vec<ServerStatus> {
+        let shape = self.shape.load();
+        let now = now_ms();
+        let backends = shape.lb.backends();
+        shape
+            .members
+            .iter()
+            .map(|m| {
+                let server = &shape.spec.servers[m.entry];
+                ServerStatus {
+                    server: server.target.clone(),
+                    address: m.state.addr.to_string(),
+                    weight: server.weight,
+                    healthy: backends.ready(&m.backend),
+                    passive_down_ms: m.state.down_until.load(Ordering::Acquire).saturating_sub(now),
+                    in_flight: m.state.in_flight(),
+                    max_conns: server.max_conns,
+                }
+            })
+            .collect()
+    }
+
+    /// Publishes each server's health to the `weir_upstream_server_up` gauge.
+    pub(super) fn export_health(&self) {
+        for s in self.status() {
+            let up = s.healthy && s.passive_down_ms == 0;
+            METRICS.upstream_server_up.with_label_values(&[&self.name, &s.address]).set(i64::from(up));
+        }
+    }
+
+    /// Targets whose host is a name, to resolve again.
+    pub(super) fn names(&self) -> Vec<String> {
+        self.spec().servers.iter().filter(|s| s.is_name).map(|s| s.target.clone()).collect()
+    }
+
+    /// Runs one pass of the active health check, if the upstream has one.
+    pub(super) async fn check_health(&self) {
+        let lb = self.lb();
+        lb.backends().run_health_check(true).await;
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn new_lb(spec: &UpstreamSpec, discovery: &Arc<Members>, states: &States) -> Arc<LoadBalancer<RoundRobin>> {
+    let mut lb = LoadBalancer::from_backends(Backends::new(Box::new(SharedMembers(discovery.clone()))));
+    if let Some(check) = &spec.health_check {
+        lb.set_health_check(health::build(&spec.name, check, states.clone()));
+    }
+    Arc::new(lb)
+}
+
+/// `Box<dyn ServiceDiscovery>` over the pool's shared membership.
+struct SharedMembers(Arc<Members>);
+
+#[async_trait]
+impl ServiceDiscovery for SharedMembers {
+    async fn discover(&self) -> pingora::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        self.0.discover().await
+    }
+}
+
+/// Polls a future that never waits (static discovery) to completion, once.
+fn poll_once<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if future.as_mut().poll(&mut cx).is_pending() {
+        tracing::error!("upstream membership update did not complete at once");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::{RetryPolicy, Timeouts};
+    use std::time::Duration;
+
+    fn spec(servers: &[(&str, usize)], max_conns: Option<usize>) -> Arc<UpstreamSpec> {
+        Arc::new(UpstreamSpec {
+            name: "app".into(),
+            servers: servers
+                .iter()
+                .map(|(a, w)| ServerSpec {
+                    target: a.to_string(),
+                    is_name: false,
+                    weight: *w,
+                    max_fails: 1,
+                    fail_timeout: Duration::from_secs(10),
+                    max_conns,
+                    addrs: vec![a.parse().unwrap()],
+                })
+                .collect(),
+            timeouts: Timeouts {
+                connect: Duration::from_secs(1),
+                read: Duration::from_secs(1),
+                send: Duration::from_secs(1),
+                idle: Duration::from_secs(1),
+            },
+            keepalive: true,
+            health_check: None,
+            retry: RetryPolicy {
+                tries: None,
+                timeout: None,
+                on_error: true,
+                on_timeout: true,
+                on_status: vec![],
+                non_idempotent: false,
+            },
+            resolve_interval: Duration::from_secs(30),
+            resolver: None,
+        })
+    }
+
+    fn addr(p: Pick) -> Option<SocketAddr> {
+        p.ok().map(|s| s.addr())
+    }
+
+    const A: &str = "127.0.0.1:1";
+    const B: &str = "127.0.0.1:2";
+
+    #[test]
+    fn weighted_round_robin() {
+        let pool = Pool::new(&spec(&[(A, 3), (B, 1)], None), 1);
+        let mut counts = HashMap::new();
+        for _ in 0..400 {
+            *counts.entry(addr(pool.pick(&[])).unwrap()).or_insert(0) += 1;
+        }
+        assert_eq!(counts[&A.parse().unwrap()], 300, "{counts:?}");
+        assert_eq!(counts[&B.parse().unwrap()], 100, "{counts:?}");
+    }
+
+    #[test]
+    fn max_conns_skips_full_servers_and_frees_slots_on_drop() {
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], Some(1)), 1);
+        let first = pool.pick(&[]).unwrap();
+        let second = pool.pick(&[]).unwrap();
+        assert_ne!(first.addr(), second.addr());
+        assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Busy);
+        drop(first);
+        assert!(pool.pick(&[]).is_ok());
+    }
+
+    #[test]
+    fn in_flight_survives_a_new_spec() {
+        let pool = Pool::new(&spec(&[(A, 1)], Some(2)), 1);
+        let _held = [pool.pick(&[]).unwrap(), pool.pick(&[]).unwrap()];
+        // A reload with other settings, same server: the places taken still count.
+        pool.configure(&spec(&[(A, 2)], Some(2)), 2);
+        assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Busy);
+        // An older snapshot cannot undo the newer one.
+        pool.configure(&spec(&[(A, 1), (B, 1)], Some(2)), 1);
+        assert_eq!(pool.status().len(), 1);
+    }
+
+    #[test]
+    fn passive_failures_skip_a_server_until_fail_timeout() {
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None), 1);
+        let a: SocketAddr = A.parse().unwrap();
+        let b: SocketAddr = B.parse().unwrap();
+        pool.record_failure(a);
+        for _ in 0..10 {
+            assert_eq!(addr(pool.pick(&[])), Some(b));
+        }
+        assert_eq!(addr(pool.pick(&[b])), None, "a is out, b already tried");
+        pool.record_failure(b);
+        assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Down, "nginx: no live upstreams");
+
+        // A single server is never taken out by passive health (nginx).
+        let single = Pool::new(&spec(&[(A, 1)], None), 1);
+        single.record_failure(a);
+        assert_eq!(addr(single.pick(&[])), Some(a));
+    }
+
+    #[test]
+    fn tried_servers_are_skipped() {
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None), 1);
+        let a: SocketAddr = A.parse().unwrap();
+        let b: SocketAddr = B.parse().unwrap();
+        for _ in 0..5 {
+            assert_eq!(addr(pool.pick(&[a])), Some(b));
+        }
+        assert_eq!(pool.pick(&[a, b]).unwrap_err(), Unavailable::Down);
+    }
+}
