@@ -3,6 +3,8 @@
 //! log against the limit model driven directly; `--suggest` whose proposal, replayed, meets its
 //! targets.
 
+mod support;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -422,4 +424,66 @@ fn svg_plot_and_stdin() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<polyline").count(), 2, "offered and admitted for the one zone");
     assert!(svg.contains("zone per_ip"));
+}
+
+#[test]
+fn weir_json_log_of_a_live_run_replays_to_the_same_decisions() {
+    use std::time::{Duration, Instant};
+    use support::access_log::access_lines;
+    use support::http;
+    use support::upstream::Upstream;
+    use support::weir::Weir;
+
+    // Weir's log names the client (resolved through the trusted proxy) but no headers: the zones
+    // key on the address. Two zones (one delays).
+    let up = Upstream::start();
+    let w = Weir::start(&support::config::with_app(
+        "",
+        "[store]\nkind = \"memory\"\n[log]\nformat = \"json\"\n\
+         [real_ip]\ntrusted = [\"127.0.0.1/32\"]\nheader = \"X-Forwarded-For\"\n",
+        up.addr(),
+        "[[limit_req_zone]]\nname = \"fast\"\nkey = \"ip\"\nrate = \"5r/s\"\n\
+         [[limit_req_zone]]\nname = \"slow\"\nkey = \"ip\"\nrate = \"2r/s\"\n\
+         [[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n\
+         limit_req = [ { zone = \"fast\", burst = 3, nodelay = true }, { zone = \"slow\", burst = 2, delay = 1 } ]\n\
+         [[route]]\nname = \"open\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+    ));
+    // Four clients in parallel (two of them the same address), 10 requests each, 40 ms apart.
+    let n = 40;
+    let addr = w.addr;
+    let threads: Vec<_> = ["203.0.113.1", "203.0.113.2", "203.0.113.1", "203.0.113.3"]
+        .into_iter()
+        .enumerate()
+        .map(|(t, client)| {
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let r = http::get_with(addr, &format!("/api/{t}/{i}"), &[("X-Forwarded-For", client)]);
+                    assert!(r.status == 200 || r.status == 429, "{}", r.status);
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(http::get(w.addr, "/open").status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while access_lines(&w).len() < n + 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let live: Vec<String> = access_lines(&w).iter().map(|l| l["limit_req"].as_str().unwrap().to_string()).collect();
+    assert_eq!(live.len(), n + 1, "one access line per request");
+    for word in ["PASSED", "DELAYED", "REJECTED"] {
+        assert!(live.iter().any(|l| l == word), "the run exercises {word}: {live:?}");
+    }
+
+    let d = Dir::new();
+    let log = d.write("weir.log", &w.stderr());
+    let (report, words) = replay(&w.config_path, &["--format", "weir"], &[&log], &d.path("dec.tsv"));
+    let replayed: Vec<&str> = words.iter().map(String::as_str).filter(|w| *w != "-").collect();
+    let agreement = &report["agreement"];
+    assert_eq!(agreement["compared"].as_u64(), Some(n as u64 + 1), "{report}");
+    assert_eq!(agreement["matched"], agreement["compared"], "{}", agreement["examples"]);
+    assert_eq!(replayed.len(), n, "one limited decision per /api/ request: {words:?}");
 }
