@@ -3,7 +3,7 @@
 //! access log and metrics when the request ends.
 
 mod access_log;
-mod conn_limiting;
+pub mod conn_limiting;
 mod headers;
 mod lease;
 pub mod limiting;

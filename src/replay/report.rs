@@ -149,8 +149,28 @@ fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
         .filter(|(_, r)| r.requests > 0)
         .map(|(ri, r)| {
             let zones: Vec<Value> = r.limits.iter().enumerate().map(|(li, s)| ref_json(rt, ri, li, s)).collect();
+            let conns: Vec<Value> = r
+                .conns
+                .iter()
+                .enumerate()
+                .map(|(ci, c)| {
+                    let cl = &rt.routes[ri].conn_limits[ci];
+                    json!({
+                        "zone": rt.conn_zones[cl.zone].name,
+                        "max": cl.max,
+                        "dry_run": cl.dry_run,
+                        "estimated": true,
+                        "requests": c.requests,
+                        "rejected": c.rejected,
+                        "keys": c.keys.len(),
+                        "keys_rejected": c.keys.values().filter(|k| k.1).count(),
+                        "peak_in_flight": c.keys.values().map(|k| k.0).max().unwrap_or(0),
+                    })
+                })
+                .collect();
             json!({
                 "route": rt.routes[ri].name,
+                "conn_zones": conns,
                 "requests": r.requests,
                 "passed": r.passed,
                 "delayed": r.delayed,
@@ -335,6 +355,30 @@ pub fn table(rt: &Runtime, sum: &Summary<'_>) -> String {
                 percent_range(&ss.iter().map(|s| (s.rejected, s.requests)).collect::<Vec<_>>()),
                 pick(&|s| s.keys.len() as u64),
                 pick(&|s| s.keys.values().filter(|k| k.rejected > 0).count() as u64),
+            ]);
+        }
+    }
+    for (ri, route) in rt.routes.iter().enumerate() {
+        for (ci, cl) in route.conn_limits.iter().enumerate() {
+            let cs: Vec<_> = sum.runs.iter().map(|r| &r.stats.routes[ri].conns[ci]).collect();
+            if cs[0].requests == 0 {
+                continue;
+            }
+            let pick =
+                |f: &dyn Fn(&super::stats::ConnStats) -> u64| range(&cs.iter().map(|c| f(c)).collect::<Vec<_>>());
+            let dry = if cl.dry_run { " (dry run)" } else { "" };
+            rows.push(vec![
+                route.name.clone(),
+                format!("{}{dry}", rt.conn_zones[cl.zone].name),
+                format!("limit_conn max={} (estimated)", cl.max),
+                pick(&|c| c.requests),
+                pick(&|c| c.requests - c.rejected),
+                String::new(),
+                format!("peak {} in flight", pick(&|c| u64::from(c.keys.values().map(|k| k.0).max().unwrap_or(0)))),
+                pick(&|c| c.rejected),
+                percent_range(&cs.iter().map(|c| (c.rejected, c.requests)).collect::<Vec<_>>()),
+                pick(&|c| c.keys.len() as u64),
+                pick(&|c| c.keys.values().filter(|k| k.1).count() as u64),
             ]);
         }
     }
