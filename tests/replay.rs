@@ -487,3 +487,278 @@ fn weir_json_log_of_a_live_run_replays_to_the_same_decisions() {
     assert_eq!(agreement["matched"], agreement["compared"], "{}", agreement["examples"]);
     assert_eq!(replayed.len(), n, "one limited decision per /api/ request: {words:?}");
 }
+
+/// nginx on `PATH` or in /usr/sbin (scripts/setup.sh installs nginx-light).
+fn nginx_bin() -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file());
+    found.expect("nginx is needed for the differential test: run scripts/setup.sh (installs nginx-light)")
+}
+
+#[test]
+fn replay_of_an_nginx_log_gives_nginx_decisions() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    use support::http;
+
+    // Rates of 125 and 250 r/s drain 1/8 and 1/4 request per millisecond: nginx's integer
+    // milli-requests and Weir's doubles are both exact on nginx's millisecond clock, so there
+    // is no rounding boundary at which they could legitimately differ.
+    let d = Dir::new();
+    std::fs::create_dir_all(d.path("www")).unwrap();
+    std::fs::create_dir_all(d.path("logs")).unwrap();
+    std::fs::write(d.path("www/ok.txt"), "ok\n").unwrap();
+    let port = support::weir::free_port();
+    let access = d.path("logs/access.json");
+    let nginx_conf = format!(
+        r#"daemon off;
+master_process off;
+worker_processes 1;
+pid {prefix}/logs/nginx.pid;
+error_log {prefix}/logs/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    limit_req_zone $http_x_client zone=per_client:1m rate=125r/s;
+    limit_req_zone $http_x_tenant zone=per_tenant:1m rate=250r/s;
+    log_format replay escape=json '{{"ts":"$msec","rt":"$request_time","conn":"$connection","ip":"$remote_addr","req":"$request","client":"$http_x_client","tenant":"$http_x_tenant","status":"$limit_req_status"}}';
+    server {{
+        listen 127.0.0.1:{port};
+        access_log {access} replay;
+        root {prefix}/www;
+        location /a/ {{
+            limit_req zone=per_client burst=5 nodelay;
+            limit_req zone=per_tenant burst=10 delay=4;
+            try_files /ok.txt =404;
+        }}
+        location /b/ {{
+            limit_req zone=per_client burst=3;
+            try_files /ok.txt =404;
+        }}
+    }}
+}}
+"#,
+        prefix = d.dir.path().display(),
+        access = access.display()
+    );
+    let conf_path = d.write("nginx.conf", &nginx_conf);
+    /// Stops nginx however the test ends.
+    struct Nginx(std::process::Child);
+    impl Drop for Nginx {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let nginx = Command::new(nginx_bin())
+        .args(["-p", d.dir.path().to_str().unwrap(), "-c", conf_path.to_str().unwrap()])
+        .arg("-e")
+        .arg(d.path("logs/error.log"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(Nginx)
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "nginx did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A seeded schedule: one request every 3-5 ms for about 3 s (so that no two requests share
+    // nginx's millisecond), from 4 clients in 2 tenants (and some without a client key), in runs
+    // of one client that go over its rate; sent by 16 threads in parallel (delays do not hold
+    // the schedule up).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1515);
+    let mut schedule: Vec<(u64, String, String, String)> = Vec::new();
+    let mut at_ms = 0;
+    while at_ms < 3000 {
+        let client = if rng.gen_bool(0.1) { String::new() } else { format!("c{}", rng.gen_range(0..4)) };
+        let tenant = format!("t{}", rng.gen_range(0..2));
+        let path = if rng.gen_bool(0.7) { "/a/x" } else { "/b/y" };
+        for _ in 0..rng.gen_range(1..=12u64) {
+            schedule.push((at_ms, path.to_string(), client.clone(), tenant.clone()));
+            at_ms += rng.gen_range(3..=5u64);
+        }
+    }
+    schedule.sort();
+    let total = schedule.len();
+    let queue = Arc::new(Mutex::new(schedule.into_iter().rev().collect::<Vec<_>>()));
+    let t0 = Instant::now();
+    let senders: Vec<_> = (0..16)
+        .map(|_| {
+            let queue = queue.clone();
+            std::thread::spawn(move || loop {
+                let Some((at, path, client, tenant)) = queue.lock().unwrap().pop() else { break };
+                if let Some(wait) = Duration::from_millis(at).checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                let mut headers = vec![("X-Tenant", tenant.as_str())];
+                if !client.is_empty() {
+                    headers.push(("X-Client", client.as_str()));
+                }
+                let r = http::get_with(addr, &path, &headers);
+                assert!(r.status == 200 || r.status == 503, "nginx answered {}", r.status);
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    drop(nginx);
+
+    let log = std::fs::read_to_string(&access).unwrap();
+    if let Ok(keep) = std::env::var("WEIR_KEEP_NGINX_LOG") {
+        std::fs::write(keep, &log).unwrap();
+    }
+    assert_eq!(log.lines().count(), total, "one nginx log line per request");
+    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).collect();
+    // With escape=json nginx writes an unset $limit_req_status as "".
+    let logged: Vec<String> = lines
+        .iter()
+        .map(|l| match l["status"].as_str().unwrap() {
+            "" => "-".to_string(),
+            s => s.to_string(),
+        })
+        .collect();
+    for word in ["PASSED", "DELAYED", "REJECTED"] {
+        let n = logged.iter().filter(|w| *w == word).count();
+        assert!(n >= 20, "the schedule makes nginx {word} ({n} of {total})");
+    }
+
+    let conf = d.write(
+        "weir.toml",
+        &config(
+            "[[limit_req_zone]]\nname = \"per_client\"\nkey = \"header:X-Client\"\nrate = \"125r/s\"\n\
+             [[limit_req_zone]]\nname = \"per_tenant\"\nkey = \"header:X-Tenant\"\nrate = \"250r/s\"\n\
+             [[route]]\nname = \"a\"\npath_prefix = \"/a/\"\nupstream = \"app\"\n\
+             limit_req = [ { zone = \"per_client\", burst = 5, nodelay = true }, { zone = \"per_tenant\", burst = 10, delay = 4 } ]\n\
+             [[route]]\nname = \"b\"\npath_prefix = \"/b/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_client\", burst = 3 } ]\n",
+        ),
+    );
+    let (report, words) = replay(
+        &conf,
+        &[
+            "--format",
+            "json",
+            "--field",
+            "ts=ts,request_time=rt,order=conn,ip=ip,request=req,header.X-Client=client,header.X-Tenant=tenant,limit_req_status=status",
+        ],
+        &[&access],
+        &d.path("dec.tsv"),
+    );
+    // nginx decides on a millisecond clock read when the request's headers are in, which may be
+    // a millisecond after `$msec - $request_time`; it truncates delays to whole milliseconds (a
+    // delay under 1 ms is PASSED); and it does not log the order of requests within a
+    // millisecond. Lines where any of this can matter are "at a boundary" (nginx_boundaries). A
+    // disagreement must be at a boundary, or follow one for the same key within 200 ms (the
+    // replayed state differs from there on).
+    let boundary = nginx_boundaries(&lines);
+    let mut rooted: Vec<(u64, String)> = Vec::new();
+    let mut unexplained = Vec::new();
+    let mut differ = 0;
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| (start_ms(&lines[i]), lines[i]["conn"].as_str().unwrap().parse::<u64>().unwrap(), i));
+    for &i in &order {
+        if words[i] == logged[i] {
+            continue;
+        }
+        differ += 1;
+        let l = &lines[i];
+        let keys = [format!("c:{}", l["client"]), format!("t:{}", l["tenant"])];
+        let at = start_ms(l);
+        let follows = rooted.iter().any(|(t, k)| at <= t + 200 && keys.contains(k));
+        if boundary[i] || follows {
+            rooted.extend(keys.iter().map(|k| (at, k.clone())));
+        } else {
+            unexplained.push(format!("line {}: nginx {}, replay {}: {l}", i + 1, logged[i], words[i]));
+        }
+    }
+    let at_boundary = boundary.iter().filter(|b| **b).count();
+    eprintln!("nginx differential: {total} lines, {differ} differ, {at_boundary} at a 1 ms boundary");
+    assert!(
+        unexplained.is_empty(),
+        "{} lines differ away from any boundary:\n{}",
+        unexplained.len(),
+        unexplained.join("\n")
+    );
+    assert!(differ * 20 <= total, "{differ} of {total} lines differ: more than 5 %");
+    assert_eq!(report["agreement"]["compared"].as_u64(), Some(total as u64));
+}
+
+fn start_ms(line: &Value) -> u64 {
+    let ms = |field: &str| {
+        let text = line[field].as_str().unwrap();
+        let (s, f) = text.split_once('.').unwrap();
+        s.parse::<u64>().unwrap() * 1000 + f.parse::<u64>().unwrap()
+    };
+    ms("ts") - ms("rt")
+}
+
+/// For each nginx log line of the differential test: whether it is at a 1 ms boundary: it shares
+/// its millisecond with another request of one of its keys (nginx does not log their order), or
+/// by nginx's integer `limit_req` arithmetic (milli-requests, the rate per millisecond, the state
+/// following nginx's own logged outcomes) a 1 ms shift would change its decision, or its delay is
+/// under 1 ms (nginx truncates it to 0: PASSED).
+fn nginx_boundaries(lines: &[Value]) -> Vec<bool> {
+    // (zone, key field, burst, delay) in milli-requests; rates in milli-requests per ms.
+    let rate = |zone: &str| if zone == "per_client" { 125 } else { 250 };
+    let refs = |path: &str| -> Vec<(&str, &str, i64, i64)> {
+        if path.starts_with("/a/") {
+            vec![("per_client", "client", 5000, i64::MAX), ("per_tenant", "tenant", 10_000, 4000)]
+        } else {
+            vec![("per_client", "client", 3000, 0)]
+        }
+    };
+    let mut state: HashMap<(String, String), (i64, u64)> = HashMap::new();
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| (start_ms(&lines[i]), lines[i]["conn"].as_str().unwrap().parse::<u64>().unwrap(), i));
+    let mut out = vec![false; lines.len()];
+    // Requests of one key that nginx saw in the same millisecond: their order is not logged.
+    let mut same_ms: HashMap<(u64, String), Vec<usize>> = HashMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        for field in ["client", "tenant"] {
+            let key = l[field].as_str().unwrap();
+            if !key.is_empty() {
+                same_ms.entry((start_ms(l), format!("{field}:{key}"))).or_default().push(i);
+            }
+        }
+    }
+    for group in same_ms.values().filter(|g| g.len() > 1) {
+        for &i in group {
+            out[i] = true;
+        }
+    }
+    for i in order {
+        let l = &lines[i];
+        let now = start_ms(l);
+        let path = l["req"].as_str().unwrap().split(' ').nth(1).unwrap().to_string();
+        let mut charged = Vec::new();
+        for (zone, field, burst, delay) in refs(&path) {
+            let key = l[field].as_str().unwrap().to_string();
+            if key.is_empty() {
+                continue;
+            }
+            let r = rate(zone);
+            let excess = match state.get(&(zone.to_string(), key.clone())) {
+                None => 0,
+                Some(&(e, last)) => (e - r * (now - last) as i64 + 1000).max(0),
+            };
+            let near = |threshold: i64| threshold != i64::MAX && (excess - threshold).abs() <= r;
+            let sub_ms_delay = excess > delay && (excess - delay) * 1000 / (r * 1000) == 0;
+            out[i] |= near(burst) || near(delay) || sub_ms_delay;
+            charged.push((zone.to_string(), key, excess));
+        }
+        if matches!(l["status"].as_str(), Some("PASSED" | "DELAYED")) {
+            for (zone, key, excess) in charged {
+                state.insert((zone, key), (excess, now));
+            }
+        }
+    }
+    out
+}

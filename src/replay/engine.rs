@@ -283,6 +283,7 @@ mod tests {
             headers: HeaderMap::new(),
             route: None,
             logged_status: None,
+            order: None,
         }
     }
 

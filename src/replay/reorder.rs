@@ -19,8 +19,9 @@ pub struct Pending {
 }
 
 impl Pending {
-    fn key(&self) -> (u64, u64) {
-        (self.rec.start_us, self.seq)
+    /// Start time, then the log's own order key for requests of the same start, then the line.
+    fn key(&self) -> (u64, u64, u64) {
+        (self.rec.start_us, self.rec.order.unwrap_or(0), self.seq)
     }
 }
 

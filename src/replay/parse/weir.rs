@@ -48,6 +48,7 @@ impl LineParser for Parser {
             headers: HeaderMap::new(),
             route: str_field(&doc, "route").filter(|r| *r != "-").map(str::to_string),
             logged_status: str_field(&doc, "limit_req").map(str::to_string),
+            order: None,
         }))
     }
 }
