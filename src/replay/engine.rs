@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use http::header::{HeaderName, COOKIE};
 
+use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
 use crate::config::{allowed, OverrideMatch, Route, Runtime};
 use crate::keys::{self, KeyPart, RequestFacts};
@@ -92,7 +93,7 @@ pub struct Engine<'rt> {
     store: MemoryStore,
     route_names: HashMap<&'rt str, usize>,
     /// Per (conn zone, key): when its requests in flight end (µs).
-    in_flight: HashMap<(usize, Vec<u8>), BinaryHeap<Reverse<u64>>>,
+    in_flight: FastMap<(usize, Vec<u8>), BinaryHeap<Reverse<u64>>>,
     /// Sweep `in_flight` of drained keys when it reaches this size.
     sweep_at: usize,
 }
@@ -102,7 +103,7 @@ impl<'rt> Engine<'rt> {
         let clock = Arc::new(ManualClock::new(0));
         let store = MemoryStore::new(clock.clone());
         let route_names = rt.routes.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
-        Self { rt, clock, store, route_names, in_flight: HashMap::new(), sweep_at: 1024 }
+        Self { rt, clock, store, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
     }
 
     pub fn runtime(&self) -> &'rt Runtime {
@@ -167,7 +168,7 @@ impl<'rt> Engine<'rt> {
             zones: Vec::new(),
             fallback: None,
         };
-        let mut delays = HashMap::new();
+        let mut delays: Vec<(usize, u64)> = Vec::with_capacity(keyed.len());
         for (group, dry_run) in [(&enforced, false), (&shadow, true)] {
             if group.is_empty() {
                 continue;
@@ -177,7 +178,7 @@ impl<'rt> Engine<'rt> {
                 decision.delay_us = verdict.delay_us;
             }
             for (k, out) in group.iter().zip(&verdict.zones) {
-                delays.insert(k.limit, if verdict.admitted { out.delay_us } else { 0 });
+                delays.push((k.limit, if verdict.admitted { out.delay_us } else { 0 }));
             }
             record_statuses(&mut result, route, group, &verdict, dry_run);
         }
@@ -187,7 +188,7 @@ impl<'rt> Engine<'rt> {
             .map(|k| {
                 let zone = route.limits[k.limit].zone;
                 let status = result.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
-                let delay_us = delays.get(&k.limit).copied().unwrap_or(0);
+                let delay_us = delays.iter().find(|(l, _)| *l == k.limit).map_or(0, |(_, d)| *d);
                 ZoneDecision { limit: k.limit, status, delay_us, params: k.params, cost: k.cost, key: k.key }
             })
             .collect();

@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod hash;
 pub mod input;
 pub mod parse;
 pub mod plot;
@@ -152,7 +153,6 @@ impl DecisionsOut {
 struct Driver<'rt> {
     runs: Vec<Run<'rt>>,
     rt: &'rt Runtime,
-    origins: BTreeMap<u64, Origin>,
     decisions: Option<DecisionsOut>,
     agreement: Option<Agreement>,
     collector: Option<suggest::Collector>,
@@ -200,7 +200,7 @@ impl<'rt> Driver<'rt> {
                     }
                 }
             }
-            let origin = self.origins.remove(&p.seq).unwrap_or(Origin { file: 0, line: 0 });
+            let origin = Origin { file: p.origin.0, line: p.origin.1 };
             if let (Some(agreement), Some(logged)) = (self.agreement.as_mut(), p.rec.logged_status.as_deref()) {
                 agreement.compared += 1;
                 if logged == primary_word {
@@ -246,7 +246,6 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
     let mut d = Driver {
         runs: Vec::new(),
         rt,
-        origins: BTreeMap::new(),
         decisions,
         agreement: None,
         collector: opts.suggest.is_some().then(|| suggest::Collector::new(rt)),
@@ -287,8 +286,8 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
                     if d.agreement.is_none() && rec.logged_status.is_some() {
                         d.agreement = Some(Agreement::default());
                     }
-                    d.origins.insert(this, origin);
-                    reorder.push(Pending { seq: this, rec: truncate_to_second(rec, d.runs[0].assumption) });
+                    let rec = Box::new(truncate_to_second(rec, d.runs[0].assumption));
+                    reorder.push(Pending { seq: this, origin: (fi, line_no), rec });
                     while let Some(group) = reorder.pop_group(false) {
                         d.decide_group(group, &opts.files)?;
                     }

@@ -15,7 +15,10 @@ const SLACK_US: u64 = 5_000_000;
 
 pub struct Pending {
     pub seq: u64,
-    pub rec: Record,
+    /// Which file and line (index into the file list, 1-based line).
+    pub origin: (usize, u64),
+    /// Boxed: the heap moves its entries on every push and pop.
+    pub rec: Box<Record>,
 }
 
 impl Pending {

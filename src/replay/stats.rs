@@ -1,7 +1,9 @@
 //! What a replay did, counted per route and per `limit_req` reference (route + zone), per key,
 //! and per second per zone (offered vs admitted).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use super::hash::FastMap;
 
 use super::engine::{Decision, Outcome};
 use crate::config::Runtime;
@@ -30,7 +32,7 @@ pub struct RefStats {
     pub not_charged: u64,
     /// This zone's delays of delayed requests (µs).
     pub delays: Vec<u64>,
-    pub keys: HashMap<Vec<u8>, KeyStats>,
+    pub keys: FastMap<Vec<u8>, KeyStats>,
 }
 
 /// One `limit_conn` reference, estimated from durations.
@@ -39,7 +41,7 @@ pub struct ConnStats {
     pub requests: u64,
     pub rejected: u64,
     /// Per key: the most requests in flight at once and whether it was ever full.
-    pub keys: HashMap<Vec<u8>, (u32, bool)>,
+    pub keys: FastMap<Vec<u8>, (u32, bool)>,
 }
 
 #[derive(Debug, Clone, Default)]

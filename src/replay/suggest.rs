@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 
 use super::engine::Decision;
+use super::hash::FastMap;
 use crate::config::Runtime;
 use crate::limit::{evaluate, DelayPolicy, LimitReq, Rate, State};
 
@@ -56,7 +57,7 @@ struct Event {
 #[derive(Default)]
 struct Trace {
     events: Vec<Event>,
-    keys: HashMap<Vec<u8>, u32>,
+    keys: FastMap<Vec<u8>, u32>,
 }
 
 /// The keyed requests of every reference, recorded during the replay.
