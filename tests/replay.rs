@@ -169,6 +169,8 @@ fn msec_logs_replay_in_start_order() {
     let file = d.write("access.log", &log);
     let (report, words) = replay(&conf, &["--format", "msec"], &[&file], &d.path("dec.tsv"));
     assert_eq!(words, ["REJECTED", "PASSED", "PASSED"]);
+    let gz = d.write_gz("access.log.gz", &log);
+    assert_eq!(replay(&conf, &["--format", "msec"], &[&gz], &d.path("dec-gz.tsv")).1, words);
     assert_eq!(report["runs"].as_array().unwrap().len(), 1);
     assert_eq!(report["runs"][0]["assumption"], "exact");
     // Two lines carry a logged status (`-` and PASSED): the first disagrees, the second agrees.
@@ -208,6 +210,9 @@ fn json_and_weir_logs_with_keys_from_headers() {
         &d.path("dec.tsv"),
     );
     assert_eq!(words, ["PASSED", "DELAYED", "REJECTED", "-", "-", "BAD"]);
+    let plain = d.write("access.json", &lines);
+    let json_args = ["--format", "json", "--field", "ts=time,ip=addr,request=req,header.X-Api-Key=key"];
+    assert_eq!(replay(&conf, &json_args, &[&plain], &d.path("dec-plain.tsv")).1, words);
     let z = zone(&report["runs"][0], "api", "per_key");
     assert_eq!(z["delay_ms"]["max"], 1000.0);
     assert_eq!(z["keys_rejected"], 1);
@@ -232,6 +237,8 @@ fn json_and_weir_logs_with_keys_from_headers() {
     let file = d.write("weir.log", &log);
     let (report, words) = replay(&conf_ip, &["--format", "weir"], &[&file], &d.path("dec3.tsv"));
     assert_eq!(words, ["REJECTED", "-", "PASSED"]);
+    let gz = d.write_gz("weir.log.gz", &log);
+    assert_eq!(replay(&conf_ip, &["--format", "weir"], &[&gz], &d.path("dec3-gz.tsv")).1, words);
     assert_eq!(report["ignored"], 1);
 }
 

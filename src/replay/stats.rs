@@ -155,7 +155,7 @@ impl Stats {
     }
 }
 
-/// Nearest-rank percentile of unsorted values (0 for none).
+/// Nearest-rank percentile of sorted values (0 for none).
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
