@@ -394,6 +394,8 @@ fn suggested_limits_replayed_meet_their_targets() {
     // needs a burst worth more than that over ten seconds.
     assert_eq!((proposed["rate"].as_str(), proposed["burst"].as_u64()), (Some("5r/s"), Some(0)), "{s}");
     assert!(report["suggest"]["toml"].as_str().unwrap().contains("rate = \"5r/s\""));
+    // The replay with the proposal in place, done by --suggest itself.
+    assert_eq!(report["suggest"]["verified"][0]["rejected"], 0, "{}", report["suggest"]);
 
     // Replayed with the proposed limit, the targets hold.
     let conf2 = d.write(

@@ -220,7 +220,9 @@ fn suggest_json(rt: &Runtime, s: &Suggest) -> Value {
             })
         })
         .collect();
+    let verified: Option<Vec<Value>> = s.verified.as_ref().map(|v| v.iter().map(eval_json).collect());
     json!({
+        "verified": verified,
         "max_rejected": s.targets.max_rejected,
         "max_keys_hit": s.targets.max_keys_hit,
         "suggestions": list,
@@ -476,6 +478,15 @@ fn suggest_text(rt: &Runtime, s: &Suggest) -> String {
             None => {
                 let _ = writeln!(out, "  {}/{zone}: no candidate meets the targets (bursts up to 1000)", route.name);
             }
+        }
+    }
+    if let Some(verified) = &s.verified {
+        let _ = writeln!(out, "  replayed with all the proposals together (zones of a route all-or-nothing):");
+        for (x, e) in s.suggestions.iter().zip(verified) {
+            let route = &rt.routes[x.route];
+            let zone = &rt.zones[route.limits[x.limit].zone].name;
+            let ok = if e.meets(&s.targets) { "meets the targets" } else { "MISSES the targets" };
+            let _ = writeln!(out, "  {}/{zone}: {}: {ok}", route.name, eval_text(e));
         }
     }
     let _ = writeln!(out, "\n{}", toml_snippet(rt, s));
