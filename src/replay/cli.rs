@@ -15,7 +15,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "combined")]
     format: String,
     /// For --format json: NAME=FIELD[,NAME=FIELD...] with NAME one of ts, ip, method, path, request, host,
-    /// request_time, route, limit_req_status, header.NAME; FIELD a top-level name or a JSON pointer.
+    /// request_time, route, limit_req_status, order (same-millisecond order, e.g. nginx $connection),
+    /// header.NAME; FIELD a top-level name or a JSON pointer.
     #[arg(long = "field")]
     fields: Vec<String>,
     /// Replay only requests that started at or after this time (RFC 3339, epoch seconds or nginx time).
