@@ -3,7 +3,8 @@
 //!
 //! `input` reads files (gzip, stdin), `parse` turns lines into requests, `reorder` puts them in
 //! the order their limits were decided, `engine` decides each, `stats` counts, `report` prints
-//! (table or JSON), `plot` draws offered vs admitted, `suggest` searches limits that meet targets.
+//! (table or JSON) with `text` for limits and keys, `plot` draws offered vs admitted, `suggest`
+//! searches limits that meet targets and `snippet` writes them as TOML.
 
 pub mod cli;
 pub mod engine;
@@ -13,8 +14,10 @@ pub mod parse;
 pub mod plot;
 pub mod reorder;
 pub mod report;
+pub mod snippet;
 pub mod stats;
 pub mod suggest;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::fs::File;
