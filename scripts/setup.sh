@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
-# cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), curl,
-# and a Rust toolchain through rustup when cargo is missing.
+# cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), nginx-light
+# (the replay differential test), curl, and a Rust toolchain through rustup when cargo is missing.
 set -euo pipefail
 
 need_apt=()
@@ -10,6 +10,8 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+# nginx: the `weir replay` differential test runs it (its own instance on a free loopback port).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
@@ -18,6 +20,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   # The Debian package starts a system redis on :6379; Weir's tests start their own on free ports.
+  # Debian's nginx package starts a system nginx on :80; the tests never use it: stop it.
+  if [[ " ${need_apt[*]} " == *" nginx-light "* ]]; then
+    $sudo service nginx stop >/dev/null 2>&1 || $sudo nginx -s stop >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

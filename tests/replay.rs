@@ -3,6 +3,8 @@
 //! log against the limit model driven directly; `--suggest` whose proposal, replayed, meets its
 //! targets.
 
+mod support;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -167,6 +169,8 @@ fn msec_logs_replay_in_start_order() {
     let file = d.write("access.log", &log);
     let (report, words) = replay(&conf, &["--format", "msec"], &[&file], &d.path("dec.tsv"));
     assert_eq!(words, ["REJECTED", "PASSED", "PASSED"]);
+    let gz = d.write_gz("access.log.gz", &log);
+    assert_eq!(replay(&conf, &["--format", "msec"], &[&gz], &d.path("dec-gz.tsv")).1, words);
     assert_eq!(report["runs"].as_array().unwrap().len(), 1);
     assert_eq!(report["runs"][0]["assumption"], "exact");
     // Two lines carry a logged status (`-` and PASSED): the first disagrees, the second agrees.
@@ -206,6 +210,9 @@ fn json_and_weir_logs_with_keys_from_headers() {
         &d.path("dec.tsv"),
     );
     assert_eq!(words, ["PASSED", "DELAYED", "REJECTED", "-", "-", "BAD"]);
+    let plain = d.write("access.json", &lines);
+    let json_args = ["--format", "json", "--field", "ts=time,ip=addr,request=req,header.X-Api-Key=key"];
+    assert_eq!(replay(&conf, &json_args, &[&plain], &d.path("dec-plain.tsv")).1, words);
     let z = zone(&report["runs"][0], "api", "per_key");
     assert_eq!(z["delay_ms"]["max"], 1000.0);
     assert_eq!(z["keys_rejected"], 1);
@@ -230,6 +237,8 @@ fn json_and_weir_logs_with_keys_from_headers() {
     let file = d.write("weir.log", &log);
     let (report, words) = replay(&conf_ip, &["--format", "weir"], &[&file], &d.path("dec3.tsv"));
     assert_eq!(words, ["REJECTED", "-", "PASSED"]);
+    let gz = d.write_gz("weir.log.gz", &log);
+    assert_eq!(replay(&conf_ip, &["--format", "weir"], &[&gz], &d.path("dec3-gz.tsv")).1, words);
     assert_eq!(report["ignored"], 1);
 }
 
@@ -385,6 +394,8 @@ fn suggested_limits_replayed_meet_their_targets() {
     // needs a burst worth more than that over ten seconds.
     assert_eq!((proposed["rate"].as_str(), proposed["burst"].as_u64()), (Some("5r/s"), Some(0)), "{s}");
     assert!(report["suggest"]["toml"].as_str().unwrap().contains("rate = \"5r/s\""));
+    // The replay with the proposal in place, done by --suggest itself.
+    assert_eq!(report["suggest"]["verified"][0]["rejected"], 0, "{}", report["suggest"]);
 
     // Replayed with the proposed limit, the targets hold.
     let conf2 = d.write(
@@ -422,4 +433,344 @@ fn svg_plot_and_stdin() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<polyline").count(), 2, "offered and admitted for the one zone");
     assert!(svg.contains("zone per_ip"));
+}
+
+#[test]
+fn weir_json_log_of_a_live_run_replays_to_the_same_decisions() {
+    use std::time::{Duration, Instant};
+    use support::access_log::access_lines;
+    use support::http;
+    use support::upstream::Upstream;
+    use support::weir::Weir;
+
+    // Weir's log names the client (resolved through the trusted proxy) but no headers: the zones
+    // key on the address. Two zones (one delays).
+    let up = Upstream::start();
+    let w = Weir::start(&support::config::with_app(
+        "",
+        "[store]\nkind = \"memory\"\n[log]\nformat = \"json\"\n\
+         [real_ip]\ntrusted = [\"127.0.0.1/32\"]\nheader = \"X-Forwarded-For\"\n",
+        up.addr(),
+        "[[limit_req_zone]]\nname = \"fast\"\nkey = \"ip\"\nrate = \"5r/s\"\n\
+         [[limit_req_zone]]\nname = \"slow\"\nkey = \"ip\"\nrate = \"2r/s\"\n\
+         [[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n\
+         limit_req = [ { zone = \"fast\", burst = 3, nodelay = true }, { zone = \"slow\", burst = 2, delay = 1 } ]\n\
+         [[route]]\nname = \"open\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+    ));
+    // Four clients in parallel (two of them the same address), 10 requests each, 40 ms apart.
+    let n = 40;
+    let addr = w.addr;
+    let threads: Vec<_> = ["203.0.113.1", "203.0.113.2", "203.0.113.1", "203.0.113.3"]
+        .into_iter()
+        .enumerate()
+        .map(|(t, client)| {
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let r = http::get_with(addr, &format!("/api/{t}/{i}"), &[("X-Forwarded-For", client)]);
+                    assert!(r.status == 200 || r.status == 429, "{}", r.status);
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(http::get(w.addr, "/open").status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while access_lines(&w).len() < n + 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let live: Vec<String> = access_lines(&w).iter().map(|l| l["limit_req"].as_str().unwrap().to_string()).collect();
+    assert_eq!(live.len(), n + 1, "one access line per request");
+    for word in ["PASSED", "DELAYED", "REJECTED"] {
+        assert!(live.iter().any(|l| l == word), "the run exercises {word}: {live:?}");
+    }
+
+    let d = Dir::new();
+    let log = d.write("weir.log", &w.stderr());
+    let (report, words) = replay(&w.config_path, &["--format", "weir"], &[&log], &d.path("dec.tsv"));
+    let replayed: Vec<&str> = words.iter().map(String::as_str).filter(|w| *w != "-").collect();
+    let agreement = &report["agreement"];
+    assert_eq!(agreement["compared"].as_u64(), Some(n as u64 + 1), "{report}");
+    assert_eq!(agreement["matched"], agreement["compared"], "{}", agreement["examples"]);
+    assert_eq!(replayed.len(), n, "one limited decision per /api/ request: {words:?}");
+}
+
+/// nginx on `PATH` or in /usr/sbin (scripts/setup.sh installs nginx-light).
+fn nginx_bin() -> PathBuf {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("nginx"))
+        .find(|p| p.is_file());
+    found.expect("nginx is needed for the differential test: run scripts/setup.sh (installs nginx-light)")
+}
+
+#[test]
+fn replay_of_an_nginx_log_gives_nginx_decisions() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    use support::http;
+
+    // Rates of 125 and 250 r/s drain 1/8 and 1/4 request per millisecond: nginx's integer
+    // milli-requests and Weir's doubles are both exact on nginx's millisecond clock, so there
+    // is no rounding boundary at which they could legitimately differ.
+    let d = Dir::new();
+    std::fs::create_dir_all(d.path("www")).unwrap();
+    std::fs::create_dir_all(d.path("logs")).unwrap();
+    std::fs::write(d.path("www/ok.txt"), "ok\n").unwrap();
+    let port = support::weir::free_port();
+    let access = d.path("logs/access.json");
+    let nginx_conf = format!(
+        r#"daemon off;
+master_process off;
+worker_processes 1;
+pid {prefix}/logs/nginx.pid;
+error_log {prefix}/logs/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    limit_req_zone $http_x_client zone=per_client:1m rate=125r/s;
+    limit_req_zone $http_x_tenant zone=per_tenant:1m rate=250r/s;
+    log_format replay escape=json '{{"ts":"$msec","rt":"$request_time","conn":"$connection","ip":"$remote_addr","req":"$request","client":"$http_x_client","tenant":"$http_x_tenant","status":"$limit_req_status"}}';
+    server {{
+        listen 127.0.0.1:{port};
+        access_log {access} replay;
+        root {prefix}/www;
+        location /a/ {{
+            limit_req zone=per_client burst=5 nodelay;
+            limit_req zone=per_tenant burst=10 delay=4;
+            try_files /ok.txt =404;
+        }}
+        location /b/ {{
+            limit_req zone=per_client burst=3;
+            try_files /ok.txt =404;
+        }}
+    }}
+}}
+"#,
+        prefix = d.dir.path().display(),
+        access = access.display()
+    );
+    let conf_path = d.write("nginx.conf", &nginx_conf);
+    /// Stops nginx however the test ends.
+    struct Nginx(std::process::Child);
+    impl Drop for Nginx {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let nginx = Command::new(nginx_bin())
+        .args(["-p", d.dir.path().to_str().unwrap(), "-c", conf_path.to_str().unwrap()])
+        .arg("-e")
+        .arg(d.path("logs/error.log"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(Nginx)
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "nginx did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A seeded schedule: one request every 3-5 ms for about 3 s (so that no two requests share
+    // nginx's millisecond), from 4 clients in 2 tenants (and some without a client key), in runs
+    // of one client that go over its rate; sent by 16 threads in parallel (delays do not hold
+    // the schedule up).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1515);
+    let mut schedule: Vec<(u64, String, String, String)> = Vec::new();
+    let mut at_ms = 0;
+    while at_ms < 3000 {
+        let client = if rng.gen_bool(0.1) { String::new() } else { format!("c{}", rng.gen_range(0..4)) };
+        let tenant = format!("t{}", rng.gen_range(0..2));
+        let path = if rng.gen_bool(0.7) { "/a/x" } else { "/b/y" };
+        for _ in 0..rng.gen_range(1..=12u64) {
+            schedule.push((at_ms, path.to_string(), client.clone(), tenant.clone()));
+            at_ms += rng.gen_range(3..=5u64);
+        }
+    }
+    schedule.sort();
+    let total = schedule.len();
+    let queue = Arc::new(Mutex::new(schedule.into_iter().rev().collect::<Vec<_>>()));
+    let t0 = Instant::now();
+    let senders: Vec<_> = (0..16)
+        .map(|_| {
+            let queue = queue.clone();
+            std::thread::spawn(move || loop {
+                let Some((at, path, client, tenant)) = queue.lock().unwrap().pop() else { break };
+                if let Some(wait) = Duration::from_millis(at).checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                let mut headers = vec![("X-Tenant", tenant.as_str())];
+                if !client.is_empty() {
+                    headers.push(("X-Client", client.as_str()));
+                }
+                let r = http::get_with(addr, &path, &headers);
+                assert!(r.status == 200 || r.status == 503, "nginx answered {}", r.status);
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    drop(nginx);
+
+    let log = std::fs::read_to_string(&access).unwrap();
+    if let Ok(keep) = std::env::var("WEIR_KEEP_NGINX_LOG") {
+        std::fs::write(keep, &log).unwrap();
+    }
+    assert_eq!(log.lines().count(), total, "one nginx log line per request");
+    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).collect();
+    // With escape=json nginx writes an unset $limit_req_status as "".
+    let logged: Vec<String> = lines
+        .iter()
+        .map(|l| match l["status"].as_str().unwrap() {
+            "" => "-".to_string(),
+            s => s.to_string(),
+        })
+        .collect();
+    for word in ["PASSED", "DELAYED", "REJECTED"] {
+        let n = logged.iter().filter(|w| *w == word).count();
+        assert!(n >= 20, "the schedule makes nginx {word} ({n} of {total})");
+    }
+
+    let conf = d.write(
+        "weir.toml",
+        &config(
+            "[[limit_req_zone]]\nname = \"per_client\"\nkey = \"header:X-Client\"\nrate = \"125r/s\"\n\
+             [[limit_req_zone]]\nname = \"per_tenant\"\nkey = \"header:X-Tenant\"\nrate = \"250r/s\"\n\
+             [[route]]\nname = \"a\"\npath_prefix = \"/a/\"\nupstream = \"app\"\n\
+             limit_req = [ { zone = \"per_client\", burst = 5, nodelay = true }, { zone = \"per_tenant\", burst = 10, delay = 4 } ]\n\
+             [[route]]\nname = \"b\"\npath_prefix = \"/b/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_client\", burst = 3 } ]\n",
+        ),
+    );
+    let (report, words) = replay(
+        &conf,
+        &[
+            "--format",
+            "json",
+            "--field",
+            "ts=ts,request_time=rt,order=conn,ip=ip,request=req,header.X-Client=client,header.X-Tenant=tenant,limit_req_status=status",
+        ],
+        &[&access],
+        &d.path("dec.tsv"),
+    );
+    // nginx decides on a millisecond clock read when the request's headers are in, which may be
+    // a millisecond after `$msec - $request_time`; it truncates delays to whole milliseconds (a
+    // delay under 1 ms is PASSED); and it does not log the order of requests within a
+    // millisecond. Lines where any of this can matter are "at a boundary" (nginx_boundaries). A
+    // disagreement must be at a boundary, or follow one for the same key within 200 ms (the
+    // replayed state differs from there on).
+    let boundary = nginx_boundaries(&lines);
+    let mut rooted: Vec<(u64, String)> = Vec::new();
+    let mut unexplained = Vec::new();
+    let mut differ = 0;
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| (start_ms(&lines[i]), lines[i]["conn"].as_str().unwrap().parse::<u64>().unwrap(), i));
+    for &i in &order {
+        if words[i] == logged[i] {
+            continue;
+        }
+        differ += 1;
+        let l = &lines[i];
+        let keys = [format!("c:{}", l["client"]), format!("t:{}", l["tenant"])];
+        let at = start_ms(l);
+        let follows = rooted.iter().any(|(t, k)| at <= t + 200 && keys.contains(k));
+        if boundary[i] || follows {
+            rooted.extend(keys.iter().map(|k| (at, k.clone())));
+        } else {
+            unexplained.push(format!("line {}: nginx {}, replay {}: {l}", i + 1, logged[i], words[i]));
+        }
+    }
+    let at_boundary = boundary.iter().filter(|b| **b).count();
+    eprintln!("nginx differential: {total} lines, {differ} differ, {at_boundary} at a millisecond boundary");
+    assert!(
+        unexplained.is_empty(),
+        "{} lines differ away from any boundary:\n{}",
+        unexplained.len(),
+        unexplained.join("\n")
+    );
+    assert!(differ * 20 <= total, "{differ} of {total} lines differ: more than 5 %");
+    assert_eq!(report["agreement"]["compared"].as_u64(), Some(total as u64));
+}
+
+fn start_ms(line: &Value) -> u64 {
+    let ms = |field: &str| {
+        let text = line[field].as_str().unwrap();
+        let (s, f) = text.split_once('.').unwrap();
+        s.parse::<u64>().unwrap() * 1000 + f.parse::<u64>().unwrap()
+    };
+    ms("ts") - ms("rt")
+}
+
+/// For each nginx log line of the differential test: whether it is at a millisecond boundary: it
+/// shares its millisecond with another request of one of its keys (nginx does not log their
+/// order), or by nginx's integer `limit_req` arithmetic (milli-requests, the rate per
+/// millisecond, the state following nginx's own logged outcomes) a shift of up to 2 ms would
+/// change its decision, or its delay is under 1 ms (nginx truncates it to 0: PASSED).
+fn nginx_boundaries(lines: &[Value]) -> Vec<bool> {
+    // How far nginx's decision may be from `$msec - $request_time`: its clock is cached per event
+    // loop turn, and the headers may be read a turn or two after the request began.
+    const SHIFT_MS: i64 = 2;
+    // (zone, key field, burst, delay) in milli-requests; rates in milli-requests per ms.
+    let rate = |zone: &str| if zone == "per_client" { 125 } else { 250 };
+    let refs = |path: &str| -> Vec<(&str, &str, i64, i64)> {
+        if path.starts_with("/a/") {
+            vec![("per_client", "client", 5000, i64::MAX), ("per_tenant", "tenant", 10_000, 4000)]
+        } else {
+            vec![("per_client", "client", 3000, 0)]
+        }
+    };
+    let mut state: HashMap<(String, String), (i64, u64)> = HashMap::new();
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| (start_ms(&lines[i]), lines[i]["conn"].as_str().unwrap().parse::<u64>().unwrap(), i));
+    let mut out = vec![false; lines.len()];
+    // Requests of one key that nginx saw in the same millisecond: their order is not logged.
+    let mut same_ms: HashMap<(u64, String), Vec<usize>> = HashMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        for field in ["client", "tenant"] {
+            let key = l[field].as_str().unwrap();
+            if !key.is_empty() {
+                same_ms.entry((start_ms(l), format!("{field}:{key}"))).or_default().push(i);
+            }
+        }
+    }
+    for group in same_ms.values().filter(|g| g.len() > 1) {
+        for &i in group {
+            out[i] = true;
+        }
+    }
+    for i in order {
+        let l = &lines[i];
+        let now = start_ms(l);
+        let path = l["req"].as_str().unwrap().split(' ').nth(1).unwrap().to_string();
+        let mut charged = Vec::new();
+        for (zone, field, burst, delay) in refs(&path) {
+            let key = l[field].as_str().unwrap().to_string();
+            if key.is_empty() {
+                continue;
+            }
+            let r = rate(zone);
+            let excess = match state.get(&(zone.to_string(), key.clone())) {
+                None => 0,
+                Some(&(e, last)) => (e - r * (now - last) as i64 + 1000).max(0),
+            };
+            let near = |threshold: i64| threshold != i64::MAX && (excess - threshold).abs() <= SHIFT_MS * r;
+            let sub_ms_delay = excess > delay && (excess - delay) * 1000 / (r * 1000) == 0;
+            out[i] |= near(burst) || near(delay) || sub_ms_delay;
+            charged.push((zone.to_string(), key, excess));
+        }
+        if matches!(l["status"].as_str(), Some("PASSED" | "DELAYED")) {
+            for (zone, key, excess) in charged {
+                state.insert((zone, key), (excess, now));
+            }
+        }
+    }
+    out
 }

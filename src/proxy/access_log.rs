@@ -33,6 +33,7 @@ pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: 
         limit_conn = conn_status(ctx),
         zones = %zones.join(","),
         delay_ms = ctx.delay.as_millis() as u64,
+        decided_us = ctx.decided_us,
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
         upstream_addr = %ctx.upstream.addrs(),
         duration_ms = ctx.started.elapsed().as_secs_f64() * 1000.0,

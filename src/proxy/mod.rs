@@ -4,7 +4,7 @@
 
 mod access_log;
 pub(crate) mod bodies;
-mod conn_limiting;
+pub mod conn_limiting;
 mod headers;
 mod lease;
 pub mod limiting;
@@ -71,6 +71,8 @@ pub struct RequestCtx {
     zone_statuses: Vec<(usize, LimitStatus)>,
     outcome: Outcome,
     delay: Duration,
+    /// When the limits were decided (µs since the epoch), for the access log and `weir replay`.
+    decided_us: Option<u64>,
     upstream_sent: Option<Instant>,
     upstream_time: Option<Duration>,
     /// Concurrency leases held until the request ends.
@@ -98,6 +100,7 @@ impl ProxyHttp for WeirProxy {
             zone_statuses: Vec::new(),
             outcome: Outcome::Unlimited,
             delay: Duration::ZERO,
+            decided_us: None,
             upstream_sent: None,
             upstream_time: None,
             leases: Vec::new(),
@@ -181,6 +184,7 @@ impl ProxyHttp for WeirProxy {
         let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
 
         if !keyed.is_empty() {
+            ctx.decided_us = Some(crate::limit::Clock::now_us(&crate::limit::SystemClock));
             let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
             ctx.limit_status = enforcement.status;
             ctx.zone_statuses = enforcement.zones;

@@ -15,7 +15,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "combined")]
     format: String,
     /// For --format json: NAME=FIELD[,NAME=FIELD...] with NAME one of ts, ip, method, path, request, host,
-    /// request_time, route, limit_req_status, header.NAME; FIELD a top-level name or a JSON pointer.
+    /// request_time, route, limit_req_status, order (same-millisecond order, e.g. nginx $connection),
+    /// header.NAME; FIELD a top-level name or a JSON pointer.
     #[arg(long = "field")]
     fields: Vec<String>,
     /// Replay only requests that started at or after this time (RFC 3339, epoch seconds or nginx time).
@@ -93,7 +94,18 @@ fn options(args: &ReplayArgs) -> Result<Options, ReplayError> {
 fn run_inner(config: &Path, args: &ReplayArgs) -> Result<(), ReplayError> {
     let opts = options(args)?;
     let rt = load_config(config, opts.enforce)?;
-    let summary = replay(&rt, &opts)?;
+    let mut summary = replay(&rt, &opts)?;
+    // Replay the whole log again with every proposal in place: the zones of a route interact
+    // (all-or-nothing), which the per-reference search does not see.
+    if let Some(outcome) = summary.suggestions.as_mut() {
+        if !opts.files.iter().any(|f| f == "-") {
+            let mut proposed = load_config(config, opts.enforce)?;
+            suggest::apply(&mut proposed, outcome);
+            let again = Options { decisions: None, suggest: None, ..opts.clone() };
+            let check = replay(&proposed, &again)?;
+            outcome.verified = check.runs.first().map(|run| suggest::verify(&run.stats, outcome));
+        }
+    }
     if let Some(path) = &args.svg {
         let Some(run) = summary.runs.first() else {
             return Err(ReplayError(format!("{}: nothing to plot: no request was replayed", path.display())));

@@ -4,15 +4,18 @@
 //! one atomic call and dry-run zones in another, exactly as `proxy::limiting::enforce` does — and
 //! the status words of `proxy::limiting::record_statuses`.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use http::header::{HeaderName, COOKIE};
 
+use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
-use crate::config::{allowed, OverrideMatch, Runtime};
+use crate::config::{allowed, OverrideMatch, Route, Runtime};
 use crate::keys::{self, KeyPart, RequestFacts};
 use crate::limit::{LimitReq, ManualClock};
+use crate::proxy::conn_limiting::{keyed_conns, KeyedConn};
 use crate::proxy::limiting::{
     checks, keyed_zones, record_statuses, request_cost, Action, Enforcement, KeyedZone, LimitStatus,
 };
@@ -56,11 +59,26 @@ pub struct Decision {
     /// How long the proxy would have held it (enforced zones).
     pub delay_us: u64,
     pub zones: Vec<ZoneDecision>,
+    /// `limit_conn`, estimated from the logged durations; empty when the log has none.
+    pub conns: Vec<ConnDecision>,
+}
+
+/// One keyed `limit_conn` zone of a request, estimated: the requests of the same key in flight
+/// (from their logged start and `$request_time`) when this one passed `limit_req`.
+#[derive(Debug, Clone)]
+pub struct ConnDecision {
+    /// Index into the route's `conn_limits`.
+    pub limit: usize,
+    pub key: Vec<u8>,
+    /// In flight before this request (its own lease not counted).
+    pub in_flight: u32,
+    /// This zone was full (the request, or with dry run the zone, rejects).
+    pub rejected: bool,
 }
 
 impl Decision {
     fn before_limits(route: Option<usize>, outcome: Outcome) -> Self {
-        Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new() }
+        Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new(), conns: Vec::new() }
     }
 
     /// The word written to `--decisions`: nginx's `$limit_req_status`, `-` when unset.
@@ -74,6 +92,10 @@ pub struct Engine<'rt> {
     clock: Arc<ManualClock>,
     store: MemoryStore,
     route_names: HashMap<&'rt str, usize>,
+    /// Per (conn zone, key): when its requests in flight end (µs).
+    in_flight: FastMap<(usize, Vec<u8>), BinaryHeap<Reverse<u64>>>,
+    /// Sweep `in_flight` of drained keys when it reaches this size.
+    sweep_at: usize,
 }
 
 impl<'rt> Engine<'rt> {
@@ -81,7 +103,7 @@ impl<'rt> Engine<'rt> {
         let clock = Arc::new(ManualClock::new(0));
         let store = MemoryStore::new(clock.clone());
         let route_names = rt.routes.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
-        Self { rt, clock, store, route_names }
+        Self { rt, clock, store, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
     }
 
     pub fn runtime(&self) -> &'rt Runtime {
@@ -89,7 +111,7 @@ impl<'rt> Engine<'rt> {
     }
 
     /// Decides `rec` as the proxy would have at `now_us`.
-    pub fn decide(&self, rec: &Record, now_us: u64) -> Decision {
+    pub fn decide(&mut self, rec: &Record, now_us: u64) -> Decision {
         let rt = self.rt;
         let client_ip = match rec.client {
             Client::Peer(ip) => keys::client_ip(Some(ip), &rec.headers, rt.real_ip.as_ref()),
@@ -116,9 +138,25 @@ impl<'rt> Engine<'rt> {
         let facts = RequestFacts { client_ip, headers: &rec.headers, query };
         let keyed = keyed_zones(rt, route, &facts, cost);
         let mut decision = Decision::before_limits(Some(route_index), Outcome::Limited);
-        if keyed.is_empty() {
-            return decision;
+        if !keyed.is_empty() {
+            self.decide_rates(route, keyed, now_us, &mut decision);
         }
+        // limit_conn after limit_req, like the proxy: only when the log says how long requests
+        // took, and not for a request limit_req rejected.
+        if let Some(took) = rec.duration_us {
+            if !route.conn_limits.is_empty() && decision.status != Some(LimitStatus::Rejected) {
+                let keyed_conns = keyed_conns(rt, route, &facts);
+                let from = now_us + decision.delay_us;
+                let until = rec.start_us.saturating_add(took).max(from);
+                decision.conns = self.decide_conns(route, keyed_conns, from, until);
+            }
+        }
+        decision
+    }
+
+    /// The `limit_req` step: enforced zones in one atomic store call, dry-run zones in another.
+    fn decide_rates(&self, route: &Route, keyed: Vec<KeyedZone>, now_us: u64, decision: &mut Decision) {
+        let rt = self.rt;
 
         self.clock.set_us(now_us);
         let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
@@ -130,7 +168,7 @@ impl<'rt> Engine<'rt> {
             zones: Vec::new(),
             fallback: None,
         };
-        let mut delays = HashMap::new();
+        let mut delays: Vec<(usize, u64)> = Vec::with_capacity(keyed.len());
         for (group, dry_run) in [(&enforced, false), (&shadow, true)] {
             if group.is_empty() {
                 continue;
@@ -140,7 +178,7 @@ impl<'rt> Engine<'rt> {
                 decision.delay_us = verdict.delay_us;
             }
             for (k, out) in group.iter().zip(&verdict.zones) {
-                delays.insert(k.limit, if verdict.admitted { out.delay_us } else { 0 });
+                delays.push((k.limit, if verdict.admitted { out.delay_us } else { 0 }));
             }
             record_statuses(&mut result, route, group, &verdict, dry_run);
         }
@@ -150,11 +188,44 @@ impl<'rt> Engine<'rt> {
             .map(|k| {
                 let zone = route.limits[k.limit].zone;
                 let status = result.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
-                let delay_us = delays.get(&k.limit).copied().unwrap_or(0);
+                let delay_us = delays.iter().find(|(l, _)| *l == k.limit).map_or(0, |(_, d)| *d);
                 ZoneDecision { limit: k.limit, status, delay_us, params: k.params, cost: k.cost, key: k.key }
             })
             .collect();
-        decision
+    }
+
+    /// The `limit_conn` step, estimated: each group (enforced, dry run) takes a place in all its
+    /// zones or none, from `from` to `until`.
+    fn decide_conns(&mut self, route: &Route, keyed: Vec<KeyedConn>, from: u64, until: u64) -> Vec<ConnDecision> {
+        let mut out = Vec::with_capacity(keyed.len());
+        for dry_run in [false, true] {
+            let group: Vec<&KeyedConn> =
+                keyed.iter().filter(|k| route.conn_limits[k.limit].dry_run == dry_run).collect();
+            let mut full = false;
+            let first = out.len();
+            for k in &group {
+                let cl = &route.conn_limits[k.limit];
+                let ends = self.in_flight.entry((cl.zone, k.key.clone())).or_default();
+                while ends.peek().is_some_and(|Reverse(end)| *end <= from) {
+                    ends.pop();
+                }
+                let in_flight = ends.len() as u32;
+                let rejected = in_flight >= cl.max;
+                full |= rejected;
+                out.push(ConnDecision { limit: k.limit, key: k.key.clone(), in_flight, rejected });
+            }
+            if !full {
+                for d in &out[first..] {
+                    let zone = route.conn_limits[d.limit].zone;
+                    self.in_flight.entry((zone, d.key.clone())).or_default().push(Reverse(until));
+                }
+            }
+        }
+        if self.in_flight.len() >= self.sweep_at {
+            self.in_flight.retain(|_, ends| ends.peek().is_some_and(|Reverse(end)| *end > from));
+            self.sweep_at = (self.in_flight.len() * 2).max(1024);
+        }
+        out
     }
 }
 
@@ -213,6 +284,7 @@ mod tests {
             headers: HeaderMap::new(),
             route: None,
             logged_status: None,
+            order: None,
         }
     }
 
@@ -224,7 +296,7 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\" } ]\n",
         );
-        let e = Engine::new(&rt);
+        let mut e = Engine::new(&rt);
         let r = rec("192.0.2.1", "/");
         let words: Vec<&str> = [0, 500_000, 1_000_000].iter().map(|t| e.decide(&r, T0 + t).word()).collect();
         assert_eq!(words, ["PASSED", "REJECTED", "PASSED"]);
@@ -237,7 +309,7 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\", burst = 5, delay = 2 } ]\n",
         );
-        let e = Engine::new(&rt);
+        let mut e = Engine::new(&rt);
         let r = rec("192.0.2.1", "/");
         let got: Vec<(&str, u64)> = (0..7).map(|_| e.decide(&r, T0)).map(|d| (d.word(), d.delay_us)).collect();
         assert_eq!(
@@ -262,7 +334,7 @@ mod tests {
         let routes = "[[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n\
                       limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
         let rt = runtime(zones, routes);
-        let e = Engine::new(&rt);
+        let mut e = Engine::new(&rt);
         assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Outcome::NoRoute);
         // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
         let mut exempt = rec("10.0.0.1", "/api/x");
@@ -290,10 +362,33 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\ndry_run = true\nlimit_req = [ { zone = \"z\" } ]\n",
         );
-        let e = Engine::new(&rt);
+        let mut e = Engine::new(&rt);
         let r = rec("192.0.2.1", "/");
         assert_eq!(e.decide(&r, T0).word(), "PASSED");
         assert_eq!(e.decide(&r, T0).word(), "REJECTED_DRY_RUN");
+    }
+
+    #[test]
+    fn limit_conn_is_estimated_from_durations() {
+        let zones = "[[limit_conn_zone]]\nname = \"c\"\nkey = \"ip\"\n";
+        let rt = runtime(
+            zones,
+            "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_conn = [ { zone = \"c\", max = 1 } ]\n",
+        );
+        let mut e = Engine::new(&rt);
+        let at =
+            |start: u64, took: u64| Record { start_us: T0 + start, duration_us: Some(took), ..rec("192.0.2.1", "/") };
+        // [0, 1 s) holds the place; a request at 0.5 s finds it full (and holds nothing); at 1 s it is free.
+        let got: Vec<(u32, bool)> = [(0, 1_000_000), (500_000, 1_000_000), (1_000_000, 10)]
+            .iter()
+            .map(|&(s, t)| {
+                let d = e.decide(&at(s, t), T0 + s);
+                (d.conns[0].in_flight, d.conns[0].rejected)
+            })
+            .collect();
+        assert_eq!(got, [(0, false), (1, true), (0, false)]);
+        // Without durations there is no estimate.
+        assert!(e.decide(&rec("192.0.2.1", "/"), T0 + 2_000_000).conns.is_empty());
     }
 
     #[test]

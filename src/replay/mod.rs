@@ -3,17 +3,21 @@
 //!
 //! `input` reads files (gzip, stdin), `parse` turns lines into requests, `reorder` puts them in
 //! the order their limits were decided, `engine` decides each, `stats` counts, `report` prints
-//! (table or JSON), `plot` draws offered vs admitted, `suggest` searches limits that meet targets.
+//! (table or JSON) with `text` for limits and keys, `plot` draws offered vs admitted, `suggest`
+//! searches limits that meet targets and `snippet` writes them as TOML.
 
 pub mod cli;
 pub mod engine;
+pub mod hash;
 pub mod input;
 pub mod parse;
 pub mod plot;
 pub mod reorder;
 pub mod report;
+pub mod snippet;
 pub mod stats;
 pub mod suggest;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -152,7 +156,6 @@ impl DecisionsOut {
 struct Driver<'rt> {
     runs: Vec<Run<'rt>>,
     rt: &'rt Runtime,
-    origins: BTreeMap<u64, Origin>,
     decisions: Option<DecisionsOut>,
     agreement: Option<Agreement>,
     collector: Option<suggest::Collector>,
@@ -200,7 +203,7 @@ impl<'rt> Driver<'rt> {
                     }
                 }
             }
-            let origin = self.origins.remove(&p.seq).unwrap_or(Origin { file: 0, line: 0 });
+            let origin = Origin { file: p.origin.0, line: p.origin.1 };
             if let (Some(agreement), Some(logged)) = (self.agreement.as_mut(), p.rec.logged_status.as_deref()) {
                 agreement.compared += 1;
                 if logged == primary_word {
@@ -246,7 +249,6 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
     let mut d = Driver {
         runs: Vec::new(),
         rt,
-        origins: BTreeMap::new(),
         decisions,
         agreement: None,
         collector: opts.suggest.is_some().then(|| suggest::Collector::new(rt)),
@@ -287,8 +289,8 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
                     if d.agreement.is_none() && rec.logged_status.is_some() {
                         d.agreement = Some(Agreement::default());
                     }
-                    d.origins.insert(this, origin);
-                    reorder.push(Pending { seq: this, rec: truncate_to_second(rec, d.runs[0].assumption) });
+                    let rec = Box::new(truncate_to_second(rec, d.runs[0].assumption));
+                    reorder.push(Pending { seq: this, origin: (fi, line_no), rec });
                     while let Some(group) = reorder.pop_group(false) {
                         d.decide_group(group, &opts.files)?;
                     }

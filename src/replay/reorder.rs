@@ -15,12 +15,16 @@ const SLACK_US: u64 = 5_000_000;
 
 pub struct Pending {
     pub seq: u64,
-    pub rec: Record,
+    /// Which file and line (index into the file list, 1-based line).
+    pub origin: (usize, u64),
+    /// Boxed: the heap moves its entries on every push and pop.
+    pub rec: Box<Record>,
 }
 
 impl Pending {
-    fn key(&self) -> (u64, u64) {
-        (self.rec.start_us, self.seq)
+    /// Start time, then the log's own order key for requests of the same start, then the line.
+    fn key(&self) -> (u64, u64, u64) {
+        (self.rec.start_us, self.rec.order.unwrap_or(0), self.seq)
     }
 }
 
@@ -87,5 +91,60 @@ impl Reorder {
             }
         }
         Some(group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::parse::Client;
+    use http::{HeaderMap, Method};
+
+    fn pending(seq: u64, start_ms: u64, took_ms: u64) -> Pending {
+        let rec = Record {
+            start_us: start_ms * 1000,
+            duration_us: Some(took_ms * 1000),
+            whole_second: false,
+            client: Client::Unknown,
+            method: Method::GET,
+            target: "/".into(),
+            host: None,
+            headers: HeaderMap::new(),
+            route: None,
+            logged_status: None,
+            order: None,
+        };
+        Pending { seq, origin: (0, seq + 1), rec: Box::new(rec) }
+    }
+
+    fn seqs(group: Option<Vec<Pending>>) -> Vec<u64> {
+        group.map(|g| g.iter().map(|p| p.seq).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn releases_in_start_order_once_the_window_has_passed() {
+        let mut r = Reorder::new(300_000_000);
+        // Logged in end order: the second line started first (a 1.5 s request).
+        r.push(pending(0, 1_000, 0));
+        r.push(pending(1, 0, 1_500));
+        assert!(r.pop_group(false).is_none(), "nothing is sure before the window (1.5 s + 5 s) has passed");
+        r.push(pending(2, 6_600, 0));
+        assert_eq!(seqs(r.pop_group(false)), [1]);
+        assert!(r.pop_group(false).is_none(), "1.0 s + 6.5 s is not yet past 6.6 s");
+        r.push(pending(3, 6_600, 0));
+        r.push(pending(4, 9_000, 0));
+        assert_eq!(seqs(r.pop_group(false)), [0]);
+        // Same start: one group, in log order.
+        assert_eq!(seqs(r.pop_group(true)), [2, 3]);
+        assert_eq!(seqs(r.pop_group(true)), [4]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn the_window_is_capped() {
+        let mut r = Reorder::new(1_000_000);
+        r.push(pending(0, 0, 60_000));
+        r.push(pending(1, 61_500, 0));
+        assert_eq!(seqs(r.pop_group(false)), [0], "a 60 s request does not hold 60 s of lines with a 1 s cap");
     }
 }

@@ -6,57 +6,17 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+use super::snippet::toml_snippet;
 use super::stats::{percentile, RefStats, Series, Stats};
-use super::suggest::{Eval, Outcome as Suggest, Suggestion};
+use super::suggest::{Eval, Outcome as Suggest};
+pub use super::text::{key_text, limit_text, rate_text};
 use super::Summary;
 use crate::config::Runtime;
-use crate::keys::KeyPart;
-use crate::limit::{Algorithm, DelayPolicy, LimitReq, Rate};
 
 /// How many keys the report lists per zone.
 pub const TOP_KEYS: usize = 5;
 /// The time series is summed into at most this many points.
 pub const MAX_POINTS: usize = 600;
-
-/// `2r/s`, `600r/m`, `5r/h`, else `N per 10s`.
-pub fn rate_text(rate: &Rate) -> String {
-    match rate.period_us {
-        1_000_000 => format!("{}r/s", rate.count),
-        60_000_000 => format!("{}r/m", rate.count),
-        3_600_000_000 => format!("{}r/h", rate.count),
-        p => format!("{} per {}", rate.count, duration_text(p)),
-    }
-}
-
-fn duration_text(us: u64) -> String {
-    if us.is_multiple_of(1_000_000) {
-        format!("{}s", us / 1_000_000)
-    } else {
-        format!("{}ms", us / 1000)
-    }
-}
-
-/// A reference's limit in one line: `2r/s burst=5 nodelay`, `50 per 10s (fixed_window)`.
-pub fn limit_text(l: &LimitReq) -> String {
-    if l.algorithm.is_window() {
-        return format!("{} per {} ({})", l.rate.count, duration_text(l.rate.period_us), l.algorithm.as_str());
-    }
-    let mut s = format!("{} burst={}", rate_text(&l.rate), l.burst);
-    match (l.algorithm, l.delay) {
-        (Algorithm::TokenBucket, _) => s.push_str(" (token_bucket)"),
-        (_, DelayPolicy::NoDelay) => s.push_str(" nodelay"),
-        (_, DelayPolicy::After(0)) => {}
-        (_, DelayPolicy::After(d)) => {
-            let _ = write!(s, " delay={d}");
-        }
-    }
-    s
-}
-
-/// A key as text: bytes that are not UTF-8 escaped, composite parts joined by `|`.
-pub fn key_text(key: &[u8]) -> String {
-    key.escape_ascii().to_string().replace("\\x1f", "|")
-}
 
 fn range(values: &[u64]) -> String {
     let (lo, hi) = (values.iter().min().copied().unwrap_or(0), values.iter().max().copied().unwrap_or(0));
@@ -149,8 +109,28 @@ fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
         .filter(|(_, r)| r.requests > 0)
         .map(|(ri, r)| {
             let zones: Vec<Value> = r.limits.iter().enumerate().map(|(li, s)| ref_json(rt, ri, li, s)).collect();
+            let conns: Vec<Value> = r
+                .conns
+                .iter()
+                .enumerate()
+                .map(|(ci, c)| {
+                    let cl = &rt.routes[ri].conn_limits[ci];
+                    json!({
+                        "zone": rt.conn_zones[cl.zone].name,
+                        "max": cl.max,
+                        "dry_run": cl.dry_run,
+                        "estimated": true,
+                        "requests": c.requests,
+                        "rejected": c.rejected,
+                        "keys": c.keys.len(),
+                        "keys_rejected": c.keys.values().filter(|k| k.1).count(),
+                        "peak_in_flight": c.keys.values().map(|k| k.0).max().unwrap_or(0),
+                    })
+                })
+                .collect();
             json!({
                 "route": rt.routes[ri].name,
+                "conn_zones": conns,
                 "requests": r.requests,
                 "passed": r.passed,
                 "delayed": r.delayed,
@@ -200,7 +180,9 @@ fn suggest_json(rt: &Runtime, s: &Suggest) -> Value {
             })
         })
         .collect();
+    let verified: Option<Vec<Value>> = s.verified.as_ref().map(|v| v.iter().map(eval_json).collect());
     json!({
+        "verified": verified,
         "max_rejected": s.targets.max_rejected,
         "max_keys_hit": s.targets.max_keys_hit,
         "suggestions": list,
@@ -338,6 +320,30 @@ pub fn table(rt: &Runtime, sum: &Summary<'_>) -> String {
             ]);
         }
     }
+    for (ri, route) in rt.routes.iter().enumerate() {
+        for (ci, cl) in route.conn_limits.iter().enumerate() {
+            let cs: Vec<_> = sum.runs.iter().map(|r| &r.stats.routes[ri].conns[ci]).collect();
+            if cs[0].requests == 0 {
+                continue;
+            }
+            let pick =
+                |f: &dyn Fn(&super::stats::ConnStats) -> u64| range(&cs.iter().map(|c| f(c)).collect::<Vec<_>>());
+            let dry = if cl.dry_run { " (dry run)" } else { "" };
+            rows.push(vec![
+                route.name.clone(),
+                format!("{}{dry}", rt.conn_zones[cl.zone].name),
+                format!("limit_conn max={} (estimated)", cl.max),
+                pick(&|c| c.requests),
+                pick(&|c| c.requests - c.rejected),
+                String::new(),
+                format!("peak {} in flight", pick(&|c| u64::from(c.keys.values().map(|k| k.0).max().unwrap_or(0)))),
+                pick(&|c| c.rejected),
+                percent_range(&cs.iter().map(|c| (c.rejected, c.requests)).collect::<Vec<_>>()),
+                pick(&|c| c.keys.len() as u64),
+                pick(&|c| c.keys.values().filter(|k| k.1).count() as u64),
+            ]);
+        }
+    }
     out.push_str(&columns(&rows));
     let mut tops = String::new();
     for (ri, route) in rt.routes.iter().enumerate() {
@@ -434,93 +440,16 @@ fn suggest_text(rt: &Runtime, s: &Suggest) -> String {
             }
         }
     }
+    if let Some(verified) = &s.verified {
+        let _ = writeln!(out, "  replayed with all the proposals together (zones of a route all-or-nothing):");
+        for (x, e) in s.suggestions.iter().zip(verified) {
+            let route = &rt.routes[x.route];
+            let zone = &rt.zones[route.limits[x.limit].zone].name;
+            let ok = if e.meets(&s.targets) { "meets the targets" } else { "MISSES the targets" };
+            let _ = writeln!(out, "  {}/{zone}: {}: {ok}", route.name, eval_text(e));
+        }
+    }
     let _ = writeln!(out, "\n{}", toml_snippet(rt, s));
-    out
-}
-
-fn part_text(p: &KeyPart) -> String {
-    match p {
-        KeyPart::ClientIp => "ip".to_string(),
-        KeyPart::Header(h) => format!("header:{h}"),
-        KeyPart::Query(q) => format!("query:{q}"),
-        KeyPart::Cookie(c) => format!("cookie:{c}"),
-    }
-}
-
-fn reference_toml(zone: &str, l: &LimitReq, dry_run: bool) -> String {
-    let mut s = format!("{{ zone = \"{zone}\"");
-    if !l.algorithm.is_window() {
-        let _ = write!(s, ", burst = {}", l.burst);
-        match (l.algorithm, l.delay) {
-            (Algorithm::TokenBucket, _) | (_, DelayPolicy::After(0)) => {}
-            (_, DelayPolicy::NoDelay) => s.push_str(", nodelay = true"),
-            (_, DelayPolicy::After(d)) => {
-                let _ = write!(s, ", delay = {d}");
-            }
-        }
-    }
-    if dry_run {
-        s.push_str(", dry_run = true");
-    }
-    s.push_str(" }");
-    s
-}
-
-/// The suggested limits as config to paste: each zone's block and each route's `limit_req`.
-pub fn toml_snippet(rt: &Runtime, s: &Suggest) -> String {
-    let mut out = format!(
-        "# weir replay --suggest --max-rejected {:.3}% --max-keys-hit {:.3}%\n",
-        100.0 * s.targets.max_rejected,
-        100.0 * s.targets.max_keys_hit
-    );
-    let proposed = |ri: usize, li: usize| -> Option<&Suggestion> {
-        s.suggestions.iter().find(|x| x.route == ri && x.limit == li && x.proposed.is_some())
-    };
-    let mut zones_done = Vec::new();
-    for x in s.suggestions.iter().filter(|x| x.proposed.is_some()) {
-        let zi = rt.routes[x.route].limits[x.limit].zone;
-        if zones_done.contains(&zi) {
-            continue;
-        }
-        zones_done.push(zi);
-        let zone = &rt.zones[zi];
-        let Some((l, _)) = &x.proposed else { continue };
-        let parts: Vec<String> = zone.key.0.iter().map(|p| format!("\"{}\"", part_text(p))).collect();
-        let key = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
-        let _ = write!(out, "[[limit_req_zone]]\nname = \"{}\"\nkey = {key}\n", zone.name);
-        if zone.algorithm != Algorithm::LeakyBucket {
-            let _ = writeln!(out, "algorithm = \"{}\"", zone.algorithm.as_str());
-        }
-        if zone.algorithm.is_window() {
-            let _ = writeln!(out, "window = \"{}\"\nlimit = {}", duration_text(l.rate.period_us), l.rate.count);
-        } else {
-            let _ = writeln!(
-                out,
-                "rate = \"{}\"                    # was \"{}\"",
-                rate_text(&l.rate),
-                rate_text(&zone.rate)
-            );
-        }
-        if !zone.overrides.is_empty() {
-            let _ = writeln!(out, "# (keep this zone's [[limit_req_zone.override]] entries)");
-        }
-        out.push('\n');
-    }
-    for (ri, route) in rt.routes.iter().enumerate() {
-        if !(0..route.limits.len()).any(|li| proposed(ri, li).is_some()) {
-            continue;
-        }
-        let refs: Vec<String> = route
-            .limits
-            .iter()
-            .enumerate()
-            .map(|(li, zl)| {
-                let l = proposed(ri, li).and_then(|x| x.proposed.as_ref()).map_or(zl.limit, |(l, _)| *l);
-                reference_toml(&rt.zones[zl.zone].name, &l, zl.dry_run)
-            })
-            .collect();
-        let _ = writeln!(out, "# in [[route]] name = \"{}\":\nlimit_req = [ {} ]", route.name, refs.join(", "));
-    }
     out
 }
 
@@ -529,24 +458,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn limits_rates_and_keys_as_text() {
-        let l = LimitReq {
-            algorithm: Algorithm::LeakyBucket,
-            rate: Rate::parse("600r/m").unwrap(),
-            burst: 20,
-            delay: DelayPolicy::After(10),
-        };
-        assert_eq!(limit_text(&l), "600r/m burst=20 delay=10");
-        assert_eq!(reference_toml("k", &l, false), "{ zone = \"k\", burst = 20, delay = 10 }");
-        let w = LimitReq {
-            algorithm: Algorithm::FixedWindow,
-            rate: Rate { count: 50, period_us: 10_000_000 },
-            burst: 0,
-            delay: DelayPolicy::After(0),
-        };
-        assert_eq!(limit_text(&w), "50 per 10s (fixed_window)");
-        assert_eq!(rate_text(&Rate { count: 3, period_us: 1_500_000 }), "3 per 1500ms");
-        assert_eq!(key_text(b"192.0.2.1\x1fk\xff"), "192.0.2.1|k\\xff");
+    fn ranges() {
         assert_eq!(range(&[3, 5]), "3–5");
         assert_eq!(range(&[4, 4]), "4");
     }

@@ -1,7 +1,9 @@
 //! What a replay did, counted per route and per `limit_req` reference (route + zone), per key,
 //! and per second per zone (offered vs admitted).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use super::hash::FastMap;
 
 use super::engine::{Decision, Outcome};
 use crate::config::Runtime;
@@ -30,7 +32,16 @@ pub struct RefStats {
     pub not_charged: u64,
     /// This zone's delays of delayed requests (µs).
     pub delays: Vec<u64>,
-    pub keys: HashMap<Vec<u8>, KeyStats>,
+    pub keys: FastMap<Vec<u8>, KeyStats>,
+}
+
+/// One `limit_conn` reference, estimated from durations.
+#[derive(Debug, Clone, Default)]
+pub struct ConnStats {
+    pub requests: u64,
+    pub rejected: u64,
+    /// Per key: the most requests in flight at once and whether it was ever full.
+    pub keys: FastMap<Vec<u8>, (u32, bool)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -44,6 +55,7 @@ pub struct RouteStats {
     pub delayed: u64,
     pub rejected: u64,
     pub limits: Vec<RefStats>,
+    pub conns: Vec<ConnStats>,
 }
 
 /// Per second: (offered, admitted).
@@ -65,7 +77,11 @@ impl Stats {
         let routes = rt
             .routes
             .iter()
-            .map(|r| RouteStats { limits: vec![RefStats::default(); r.limits.len()], ..RouteStats::default() })
+            .map(|r| RouteStats {
+                limits: vec![RefStats::default(); r.limits.len()],
+                conns: vec![ConnStats::default(); r.conn_limits.len()],
+                ..RouteStats::default()
+            })
             .collect();
         Stats { routes, series: vec![Series::new(); rt.zones.len()], ..Stats::default() }
     }
@@ -93,6 +109,17 @@ impl Stats {
             Some(LimitStatus::Passed | LimitStatus::DelayedDryRun | LimitStatus::RejectedDryRun) => route.passed += 1,
             Some(LimitStatus::Delayed) => route.delayed += 1,
             Some(LimitStatus::Rejected) => route.rejected += 1,
+        }
+        for c in &d.conns {
+            let s = &mut route.conns[c.limit];
+            s.requests += 1;
+            s.rejected += u64::from(c.rejected);
+            let key = match s.keys.get_mut(&c.key) {
+                Some(k) => k,
+                None => s.keys.entry(c.key.clone()).or_default(),
+            };
+            key.0 = key.0.max(c.in_flight + u32::from(!c.rejected));
+            key.1 |= c.rejected;
         }
         let second = now_us / 1_000_000;
         for z in &d.zones {
@@ -128,7 +155,7 @@ impl Stats {
     }
 }
 
-/// Nearest-rank percentile of unsorted values (0 for none).
+/// Nearest-rank percentile of sorted values (0 for none).
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 
 use super::engine::Decision;
+use super::hash::FastMap;
 use crate::config::Runtime;
 use crate::limit::{evaluate, DelayPolicy, LimitReq, Rate, State};
 
@@ -56,7 +57,7 @@ struct Event {
 #[derive(Default)]
 struct Trace {
     events: Vec<Event>,
-    keys: HashMap<Vec<u8>, u32>,
+    keys: FastMap<Vec<u8>, u32>,
 }
 
 /// The keyed requests of every reference, recorded during the replay.
@@ -140,6 +141,38 @@ pub struct Suggestion {
 pub struct Outcome {
     pub targets: Targets,
     pub suggestions: Vec<Suggestion>,
+    /// The whole log replayed again with every proposal at once (zones all-or-nothing, as
+    /// live), per suggestion in the same order; `None` when the input cannot be read twice (stdin).
+    pub verified: Option<Vec<Eval>>,
+}
+
+/// Puts every proposal into `rt`: the zone's rate and the reference's limit.
+pub fn apply(rt: &mut Runtime, outcome: &Outcome) {
+    for s in &outcome.suggestions {
+        if let Some((limit, _)) = &s.proposed {
+            let zone = rt.routes[s.route].limits[s.limit].zone;
+            rt.zones[zone].rate = limit.rate;
+            rt.routes[s.route].limits[s.limit].limit = *limit;
+        }
+    }
+}
+
+/// What a replay with the proposals did to each suggestion's reference.
+pub fn verify(stats: &super::stats::Stats, outcome: &Outcome) -> Vec<Eval> {
+    outcome
+        .suggestions
+        .iter()
+        .map(|s| {
+            let r = &stats.routes[s.route].limits[s.limit];
+            Eval {
+                requests: r.requests,
+                keys: r.keys.len() as u64,
+                rejected: r.rejected,
+                keys_hit: r.keys.values().filter(|k| k.rejected > 0).count() as u64,
+                delayed: r.delayed,
+            }
+        })
+        .collect()
 }
 
 /// The i-th rate of the ladder 1r/m … 59r/m, 1r/s … 1000000r/s (increasing).
@@ -247,7 +280,7 @@ pub fn search(rt: &Runtime, c: &Collector, targets: &Targets) -> Outcome {
             }
         }
     }
-    Outcome { targets: *targets, suggestions }
+    Outcome { targets: *targets, suggestions, verified: None }
 }
 
 #[cfg(test)]

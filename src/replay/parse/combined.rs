@@ -105,6 +105,7 @@ impl LineParser for Parser {
             headers,
             route: None,
             logged_status,
+            order: None,
         }))
     }
 }

@@ -4,7 +4,8 @@
 //! (the peer address), `method`, `path` (may carry the query string), `request` (a whole
 //! `GET /p HTTP/1.1` line, instead of method and path), `host`, `request_time` (seconds; when
 //! given, `ts` is the end of the request, as nginx writes `$msec`), `route`, `limit_req_status`,
-//! and `header.NAME` for any request header. On the right: a top-level field name, or a JSON
+//! `order` (a number that orders requests started in the same millisecond, e.g. nginx's
+//! `$connection`), and `header.NAME` for any request header. On the right: a top-level field name, or a JSON
 //! pointer (`/request/headers/x-api-key`) for nested objects.
 
 use http::header::HeaderName;
@@ -25,6 +26,7 @@ pub struct JsonFields {
     request_time: Option<String>,
     route: Option<String>,
     status: Option<String>,
+    order: Option<String>,
     headers: Vec<(HeaderName, String)>,
 }
 
@@ -50,11 +52,12 @@ impl JsonFields {
                 "request_time" => &mut f.request_time,
                 "route" => &mut f.route,
                 "limit_req_status" => &mut f.status,
+                "order" => &mut f.order,
                 _ => {
                     let Some(header) = name.strip_prefix("header.") else {
                         return Err(format!(
                             "--field {item:?}: unknown name {name:?}: expected ts, ip, method, path, request, host, \
-                             request_time, route, limit_req_status or header.NAME"
+                             request_time, route, limit_req_status, order or header.NAME"
                         ));
                     };
                     let header = HeaderName::from_bytes(header.as_bytes())
@@ -139,7 +142,12 @@ impl LineParser for Parser {
                 self.wanted.insert(&mut headers, name, value.as_bytes())?;
             }
         }
+        let order = match field_text(&doc, f.order.as_ref()) {
+            None => None,
+            Some(o) => Some(o.parse().map_err(|_| format!("order {o:?} is not a whole number"))?),
+        };
         Ok(Some(Record {
+            order,
             start_us: stamp.us.saturating_sub(duration_us.unwrap_or(0)),
             duration_us,
             whole_second: stamp.whole_second,
@@ -149,7 +157,11 @@ impl LineParser for Parser {
             host: field_text(&doc, f.host.as_ref()),
             headers,
             route: field_text(&doc, f.route.as_ref()),
-            logged_status: field_text(&doc, f.status.as_ref()).or_else(|| f.status.as_ref().map(|_| "-".to_string())),
+            // nginx writes an unset `$limit_req_status` as `-`, or as `""` with `escape=json`.
+            logged_status: f
+                .status
+                .as_ref()
+                .map(|_| field_text(&doc, f.status.as_ref()).unwrap_or_else(|| "-".to_string())),
         }))
     }
 }

@@ -35,6 +35,9 @@ pub struct Record {
     pub route: Option<String>,
     /// The `$limit_req_status` the log recorded, to compare with the replay.
     pub logged_status: Option<String>,
+    /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
+    /// without it they go in log order.
+    pub order: Option<u64>,
 }
 
 /// Who sent the request.

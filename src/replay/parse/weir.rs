@@ -1,6 +1,8 @@
 //! Weir's own JSON access log (`[log] format = "json"`): one `weir::access` event per request
 //! with the RFC 3339 time it was written (its end), `duration_ms`, the resolved client address,
-//! the route and the `limit_req` status. Other events of the same stream are skipped.
+//! the route and the `limit_req` status, and for limited requests `decided_us`, the time (µs) the
+//! proxy read just before deciding, which replay uses as the decision time. Other events of the
+//! same stream are skipped.
 
 use http::{HeaderMap, Method};
 use serde_json::Value;
@@ -33,8 +35,10 @@ impl LineParser for Parser {
             None | Some("-") => Client::Unknown,
             Some(ip) => Client::Resolved(ip.parse().map_err(|_| format!("client {ip:?} is not an IP address"))?),
         };
+        // The decision's own time when the line has it (limited requests); else the start.
+        let decided = doc.get("decided_us").and_then(Value::as_u64);
         Ok(Some(Record {
-            start_us: end.us.saturating_sub(duration_us),
+            start_us: decided.unwrap_or(end.us.saturating_sub(duration_us)),
             duration_us: Some(duration_us),
             whole_second: false,
             client,
@@ -44,6 +48,7 @@ impl LineParser for Parser {
             headers: HeaderMap::new(),
             route: str_field(&doc, "route").filter(|r| *r != "-").map(str::to_string),
             logged_status: str_field(&doc, "limit_req").map(str::to_string),
+            order: None,
         }))
     }
 }
@@ -63,5 +68,7 @@ mod tests {
         let other = br#"{"timestamp":"2023-11-14T22:13:20Z","level":"INFO","target":"weir::server","message":"up"}"#;
         assert!(Parser.parse(other).unwrap().is_none());
         assert!(Parser.parse(b"plain text").unwrap_err().contains("not JSON"));
+        let decided = br#"{"timestamp":"2023-11-14T22:13:21Z","target":"weir::access","method":"GET","path":"/","client":"-","duration_ms":900.0,"decided_us":1700000000000123}"#;
+        assert_eq!(Parser.parse(decided).unwrap().unwrap().start_us, 1_700_000_000_000_123);
     }
 }
