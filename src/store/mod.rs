@@ -1,19 +1,15 @@
 //! Where limit state lives. Every store answers the same question — "may this request pass, and
-//! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing.
+//! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing; and takes
+//! concurrency leases (nginx `limit_conn`) in all conn zones of a request, all or none.
+//!
+//! The two traits are here; `memory/` is the in-process twin (the model itself), `redis/` the
+//! fleet-wide store (Lua scripts in `lua/`), `guard/` what stands in front of Redis (circuit
+//! breaker, deny cache), `bounded` the size-capped map both in-process caches share.
 
 mod bounded;
-mod breaker;
-mod conn;
-mod deny_cache;
-mod guarded;
+mod guard;
 mod memory;
 mod redis;
-mod redis_conn;
-mod redis_conn_kind;
-mod redis_eviction;
-mod redis_rollback;
-mod redis_slots;
-mod redis_url;
 
 use std::time::Duration;
 
@@ -21,13 +17,12 @@ use async_trait::async_trait;
 
 use crate::limit::{LimitReq, State, Verdict};
 
-pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
-pub use self::guarded::GuardedStore;
-pub use self::memory::{MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
-pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
-pub use self::redis_eviction::{policy_can_evict, EvictionStatus};
-pub use self::redis_slots::key_slot;
-pub use self::redis_url::{parse_redis_url, RedisTopology};
+pub use self::guard::GuardedStore;
+pub use self::memory::{MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
+pub use self::redis::{
+    key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
+    RedisTopology,
+};
 
 /// One zone of one request, as the store sees it.
 #[derive(Debug, Clone, Copy)]
@@ -91,4 +86,41 @@ pub trait LimitStore: Send + Sync {
             Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
         }
     }
+}
+
+/// One conn zone of one request.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnCheck<'a> {
+    pub zone: &'a str,
+    pub key: &'a [u8],
+    pub max: u32,
+}
+
+/// Where a held lease lives, to renew and release it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseKey {
+    pub zone: String,
+    pub key: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnVerdict {
+    pub admitted: bool,
+    /// Index of the first zone at its max, when rejected.
+    pub rejected: Option<usize>,
+    /// Leases each zone held before this request.
+    pub held: Vec<u32>,
+}
+
+#[async_trait]
+pub trait ConnStore: Send + Sync {
+    /// Takes `lease` in every zone if each holds fewer than its max; otherwise takes nothing.
+    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError>;
+    /// Extends a held lease (only where it still exists).
+    async fn renew(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
+    async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
+    /// How often a held lease must be renewed; `None` when leases never expire (in-process).
+    fn renew_every(&self) -> Option<Duration>;
+    /// Leases held for one key (admin API, tests).
+    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError>;
 }

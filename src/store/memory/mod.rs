@@ -10,6 +10,9 @@
 //! Keys are kept as 64-bit hashes under a per-process random seed: every entry has the same size,
 //! so `max_keys` bounds memory (~150 bytes per key; a sliding log adds 8 bytes per entry).
 
+mod conn;
+
+pub use conn::MemoryConnStore;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -18,10 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 
-use super::bounded::{Bounded, Expiring};
-use super::{LimitStore, StoreError, ZoneCheck};
 use crate::limit::{decide_all, BucketState, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
+use crate::store::bounded::{Bounded, Expiring};
+use crate::store::{LimitStore, StoreError, ZoneCheck};
 
 /// Keys per zone when the config does not say (~150 MB for a full zone).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -52,7 +55,7 @@ impl Expiring for Entry {
 }
 
 /// One zone: its shards and its metrics.
-pub(super) struct ZoneTable {
+struct ZoneTable {
     shards: Box<[Mutex<Bounded<u64, Entry>>]>,
     /// The capacity the shards were last given.
     cap: std::sync::atomic::AtomicUsize,
@@ -60,7 +63,7 @@ pub(super) struct ZoneTable {
 }
 
 /// A zone's metric handles, resolved once.
-pub(super) struct ZoneMetrics {
+struct ZoneMetrics {
     pub keys: IntGauge,
     pub capacity: IntGauge,
     pub evicted: IntCounter,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ::redis::Value;
 use tracing::warn;
 
-use super::redis_conn_kind::{RedisConn, ScriptCall};
+use super::connection::{RedisConn, ScriptCall};
 
 pub(super) struct Rollback {
     conn: RedisConn,

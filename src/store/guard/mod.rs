@@ -5,17 +5,19 @@
 //! caller applies the route's failure policy; a background task pings the store and closes the
 //! circuit as soon as it answers.
 
+mod breaker;
+mod deny_cache;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::breaker::{Breaker, Transition};
-use super::deny_cache::{DenyCache, DenyKey};
-use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, StoreHealth, ZoneCheck};
+use self::breaker::{Breaker, Transition};
+use self::deny_cache::{DenyCache, DenyKey};
 use crate::limit::{BucketState, Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
+use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, StoreHealth, ZoneCheck};
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,

@@ -21,18 +21,28 @@
 //! nodes' clocks differ by little, and the script never runs a key's time backwards, so a skew can
 //! only make a limit stricter.)
 
+mod connection;
+mod eviction;
+mod limit_conn;
+mod rollback;
+mod slots;
+mod url;
+
+pub use eviction::{policy_can_evict, EvictionStatus};
+pub use slots::key_slot;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
+pub use url::{parse_redis_url, RedisTopology};
 
 use ::redis::Value;
 use async_trait::async_trait;
 
-use super::redis_conn_kind::{Connector, LuaScript, RedisConn, ScriptCall};
-use super::redis_eviction::{self, Latest};
-use super::redis_rollback::Rollback;
-use super::redis_slots::group_by_slot;
-use super::{LimitStore, StoreError, StoreHealth, ZoneCheck};
+use self::connection::{Connector, LuaScript, RedisConn, ScriptCall};
+use self::eviction::Latest;
+use self::rollback::Rollback;
+use self::slots::group_by_slot;
 use crate::limit::{decide_all, Algorithm, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
+use crate::store::{LimitStore, StoreError, StoreHealth, ZoneCheck};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,18 +61,17 @@ pub struct RedisStoreConfig {
     pub key_prefix: String,
 }
 
-static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../lua/limit_req.lua")));
-static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../lua/restore.lua")));
+static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_req.lua")));
+static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/restore.lua")));
 /// `lua/limit_conn.lua` (see `redis_conn.rs`).
-pub(super) static LIMIT_CONN: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../lua/limit_conn.lua")));
+static LIMIT_CONN: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_conn.lua")));
 
 pub struct RedisStore {
     config: RedisStoreConfig,
     clock: Arc<dyn Clock>,
     conns: Connector,
     /// How long a concurrency lease lives without renewal (see `redis_conn.rs`).
-    pub(super) lease_ttl: Duration,
+    lease_ttl: Duration,
     /// Whether verdicts carry the sliding log's entries (see `with_log_entries`).
     log_entries: bool,
     /// The eviction policy as last read (see `redis_eviction.rs`).
@@ -110,7 +119,7 @@ impl RedisStore {
     /// Reads Redis's eviction policy now and every 30 s in the background, on a thread and
     /// connection of its own, warning when it can evict limit state (`redis_eviction.rs`).
     pub fn watch_eviction_policy(&self) -> Result<(), String> {
-        redis_eviction::watch(&self.config.url, self.config.timeout, self.eviction.clone())
+        eviction::watch(&self.config.url, self.config.timeout, self.eviction.clone())
     }
 
     /// "single", "cluster" or "sentinel": the deployment the URL names.
@@ -118,16 +127,16 @@ impl RedisStore {
         self.conns.kind()
     }
 
-    pub(super) fn config(&self) -> &RedisStoreConfig {
+    fn config(&self) -> &RedisStoreConfig {
         &self.config
     }
 
-    pub(super) fn clock(&self) -> &dyn Clock {
+    fn clock(&self) -> &dyn Clock {
         self.clock.as_ref()
     }
 
     /// Whether keys of different hash slots need separate calls.
-    pub(super) fn is_cluster(&self) -> bool {
+    fn is_cluster(&self) -> bool {
         self.conns.is_cluster()
     }
 
@@ -185,11 +194,11 @@ impl RedisStore {
 
     /// The shared connection, made on first use. A failed connect is not cached: the next call
     /// tries again.
-    pub(super) async fn connection(&self) -> Result<RedisConn, StoreError> {
+    async fn connection(&self) -> Result<RedisConn, StoreError> {
         self.conns.get().await
     }
 
-    pub(super) async fn bounded<T>(
+    async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
@@ -203,7 +212,7 @@ impl RedisStore {
     }
 
     /// `now` as the scripts take it: the proxy's clock, or `None` for Redis `TIME`.
-    pub(super) fn now_arg(&self, local_now: impl FnOnce(&dyn Clock) -> u64) -> Option<u64> {
+    fn now_arg(&self, local_now: impl FnOnce(&dyn Clock) -> u64) -> Option<u64> {
         match self.config.clock {
             RedisClock::Local => Some(local_now(self.clock.as_ref())),
             RedisClock::Redis => None,

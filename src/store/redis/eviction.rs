@@ -15,9 +15,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use super::redis_conn_kind::{Connector, RedisConn};
-use super::StoreError;
+use super::connection::{Connector, RedisConn};
 use crate::metrics::METRICS;
+use crate::store::StoreError;
 
 /// How often the policy is read again (an operator may change it at run time).
 pub const CHECK_EVERY: Duration = Duration::from_secs(30);

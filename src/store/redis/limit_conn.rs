@@ -13,11 +13,11 @@ use std::time::Duration;
 use ::redis::Value;
 use async_trait::async_trait;
 
-use super::redis::{redis_key, RedisStore, LIMIT_CONN};
-use super::redis_conn_kind::ScriptCall;
-use super::redis_rollback::Rollback;
-use super::redis_slots::group_by_slot;
-use super::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, StoreError};
+use super::connection::ScriptCall;
+use super::rollback::Rollback;
+use super::slots::group_by_slot;
+use super::{redis_key, RedisStore, LIMIT_CONN};
+use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, StoreError};
 
 impl RedisStore {
     /// The Redis key of one conn zone's lease set for one client key.

@@ -1,6 +1,5 @@
-//! Concurrency caps (nginx `limit_conn`): at most N requests in flight per key. A request takes
-//! one lease in every conn zone of its route, all or none, and gives it back when it ends.
-//! In Redis a lease expires unless renewed, so a crashed proxy's slots come back by themselves.
+//! The in-process twin of the concurrency store: exact for one instance, a lease is a count that
+//! its request gives back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,45 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::memory::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
-use super::StoreError;
-
-/// One conn zone of one request.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnCheck<'a> {
-    pub zone: &'a str,
-    pub key: &'a [u8],
-    pub max: u32,
-}
-
-/// Where a held lease lives, to renew and release it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseKey {
-    pub zone: String,
-    pub key: Vec<u8>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnVerdict {
-    pub admitted: bool,
-    /// Index of the first zone at its max, when rejected.
-    pub rejected: Option<usize>,
-    /// Leases each zone held before this request.
-    pub held: Vec<u32>,
-}
-
-#[async_trait]
-pub trait ConnStore: Send + Sync {
-    /// Takes `lease` in every zone if each holds fewer than its max; otherwise takes nothing.
-    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError>;
-    /// Extends a held lease (only where it still exists).
-    async fn renew(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
-    async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
-    /// How often a held lease must be renewed; `None` when leases never expire (in-process).
-    fn renew_every(&self) -> Option<Duration>;
-    /// Leases held for one key (admin API, tests).
-    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError>;
-}
+use super::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
+use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, StoreError};
 
 /// In-process counters: exact for one instance; a lease is a count released by its request.
 ///

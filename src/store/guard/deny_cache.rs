@@ -13,7 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::bounded::{Bounded, Expiring};
+use crate::store::bounded::{Bounded, Expiring};
 
 /// Independent maps; the configured size is spread over them.
 const SHARDS: usize = 16;

@@ -34,8 +34,8 @@ use ::redis::{
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-use super::redis_url::{parse_redis_url, RedisTopology};
-use super::StoreError;
+use super::url::{parse_redis_url, RedisTopology};
+use crate::store::StoreError;
 
 /// Decisions in a row that time out before a Sentinel-resolved connection is dropped.
 const SENTINEL_TIMEOUTS_TO_DROP: u32 = 3;
