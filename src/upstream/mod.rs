@@ -7,7 +7,6 @@
 //! - `resolve`: re-resolution of host names every `resolve_interval`.
 //! - `registry`: the pools by upstream name, and the background task that runs checks and DNS.
 
-mod dns;
 mod health;
 mod pool;
 mod registry;
