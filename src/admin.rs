@@ -14,7 +14,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::{json, Value};
 
-use crate::limit::{evaluate, State};
+use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
 use crate::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
@@ -172,9 +172,9 @@ impl AdminApp {
 fn state_json(state: &State) -> Value {
     match state {
         State::Bucket(b) => json!({ "level": b.level, "last_us": b.last_us }),
-        State::Tokens { tokens, last_us } => json!({ "tokens": tokens, "last_us": last_us }),
-        State::Window { start_us, count } => json!({ "window_start_us": start_us, "count": count }),
-        State::Sliding { start_us, prev, curr } => {
+        State::Tokens(TokenState { tokens, last_us }) => json!({ "tokens": tokens, "last_us": last_us }),
+        State::Window(WindowState { start_us, count }) => json!({ "window_start_us": start_us, "count": count }),
+        State::Sliding(SlidingState { start_us, prev, curr }) => {
             json!({ "window_start_us": start_us, "previous": prev, "current": curr })
         }
         State::Log(entries) => {

@@ -28,7 +28,8 @@ use rand::{Rng, SeedableRng};
 use redis::Value;
 use support::redis_server::RedisServer;
 use weir::limit::{
-    decide_all, evaluate, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, State, Verdict, ZoneInput,
+    decide_all, evaluate, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, SlidingState, State,
+    TokenState, Verdict, WindowState, ZoneInput,
 };
 use weir::store::{redis_key, LimitStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
 
@@ -262,9 +263,9 @@ fn parse_string_state(ctx: &str, raw: &[u8]) -> State {
     let n = |w: &str| -> u64 { w.parse().unwrap_or_else(|_| panic!("{ctx}: {w:?} in {text:?} is not an integer")) };
     let f = |w: &str| -> f64 { w.parse().unwrap_or_else(|_| panic!("{ctx}: {w:?} in {text:?} is not a number")) };
     match words.as_slice() {
-        ["t", tokens, last] => State::Tokens { tokens: f(tokens), last_us: n(last) },
-        ["f", start, count] => State::Window { start_us: n(start), count: n(count) },
-        ["s", start, prev, curr] => State::Sliding { start_us: n(start), prev: n(prev), curr: n(curr) },
+        ["t", tokens, last] => State::Tokens(TokenState { tokens: f(tokens), last_us: n(last) }),
+        ["f", start, count] => State::Window(WindowState { start_us: n(start), count: n(count) }),
+        ["s", start, prev, curr] => State::Sliding(SlidingState { start_us: n(start), prev: n(prev), curr: n(curr) }),
         [level, last] => State::Bucket(BucketState { level: f(level), last_us: n(last) }),
         _ => panic!("{ctx}: unknown state {text:?}"),
     }
@@ -412,10 +413,10 @@ fn lua_script_matches_the_model() {
                 let own = match (&input.state, input.limit.algorithm) {
                     (None, _) => None,
                     (Some(s @ State::Bucket(_)), Algorithm::LeakyBucket)
-                    | (Some(s @ State::Tokens { .. }), Algorithm::TokenBucket)
-                    | (Some(s @ State::Window { .. }), Algorithm::FixedWindow)
+                    | (Some(s @ State::Tokens(TokenState { .. })), Algorithm::TokenBucket)
+                    | (Some(s @ State::Window(WindowState { .. })), Algorithm::FixedWindow)
                     | (Some(s @ State::Log(_)), Algorithm::SlidingLog)
-                    | (Some(s @ State::Sliding { .. }), Algorithm::SlidingWindow) => Some(s),
+                    | (Some(s @ State::Sliding(SlidingState { .. })), Algorithm::SlidingWindow) => Some(s),
                     (Some(_), _) => {
                         c.foreign_state += 1;
                         None
@@ -423,8 +424,10 @@ fn lua_script_matches_the_model() {
                 };
                 c.behind += usize::from(match own {
                     Some(State::Bucket(b)) => now_us < b.last_us,
-                    Some(State::Tokens { last_us, .. }) => now_us < *last_us,
-                    Some(State::Window { start_us, .. } | State::Sliding { start_us, .. }) => now_us < *start_us,
+                    Some(State::Tokens(TokenState { last_us, .. })) => now_us < *last_us,
+                    Some(
+                        State::Window(WindowState { start_us, .. }) | State::Sliding(SlidingState { start_us, .. }),
+                    ) => now_us < *start_us,
                     Some(State::Log(e)) => e.last().is_some_and(|&t| now_us < t),
                     None => false,
                 });
@@ -438,7 +441,7 @@ fn lua_script_matches_the_model() {
                 }
                 c.special += usize::from(match &zone.next {
                     State::Bucket(b) => b.level.fract() != 0.0,
-                    State::Tokens { tokens, .. } => tokens.fract() != 0.0,
+                    State::Tokens(TokenState { tokens, .. }) => tokens.fract() != 0.0,
                     _ => zone.retry_after_us.is_some_and(|r| r > 0),
                 });
             }

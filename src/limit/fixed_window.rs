@@ -8,22 +8,30 @@
 //! reject   if used + cost > limit                           # rejected requests are free
 //! ```
 
-use super::{LimitReq, State, ZoneOutcome};
+use super::evaluation::Evaluation;
+use super::LimitReq;
 
-pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64)>, now_us: u64, cost: u64) -> ZoneOutcome {
+/// Admissions (in cost units) in the window starting at `start_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowState {
+    pub start_us: u64,
+    pub count: u64,
+}
+
+pub fn evaluate(limit: &LimitReq, state: Option<WindowState>, now_us: u64, cost: u64) -> Evaluation<WindowState> {
     let window = limit.rate.period_us;
     let aligned = now_us - now_us % window;
     let (start_us, used) = match state {
-        Some((start, count)) if start == aligned => (start, count),
+        Some(WindowState { start_us: start, count }) if start == aligned => (start, count),
         // A late clock never moves a key back to an earlier window.
-        Some((start, count)) if start > aligned => (start, count),
+        Some(WindowState { start_us: start, count }) if start > aligned => (start, count),
         _ => (aligned, 0),
     };
     let end_us = start_us + window;
     let reset_us = end_us.saturating_sub(now_us);
     let limit_count = limit.rate.count;
     if used + cost > limit_count {
-        return ZoneOutcome {
+        return Evaluation {
             admitted: false,
             excess: (used + cost - limit_count) as f64,
             delay_us: 0,
@@ -31,11 +39,11 @@ pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64)>, now_us: u64, cost: 
             remaining: 0,
             reset_us,
             expires_us: end_us,
-            next: State::Window { start_us, count: used },
+            next: WindowState { start_us, count: used },
         };
     }
     let count = used + cost;
-    ZoneOutcome {
+    Evaluation {
         admitted: true,
         excess: 0.0,
         delay_us: 0,
@@ -43,7 +51,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64)>, now_us: u64, cost: 
         remaining: limit_count - count,
         reset_us,
         expires_us: end_us,
-        next: State::Window { start_us, count },
+        next: WindowState { start_us, count },
     }
 }
 
@@ -64,11 +72,8 @@ mod tests {
         }
     }
 
-    fn window(out: &ZoneOutcome) -> Option<(u64, u64)> {
-        match out.next {
-            State::Window { start_us, count } => Some((start_us, count)),
-            _ => None,
-        }
+    fn window(out: &Evaluation<WindowState>) -> Option<WindowState> {
+        Some(out.next)
     }
 
     #[test]
@@ -87,7 +92,7 @@ mod tests {
         let out = evaluate(&l, state, T0 + 20 * SEC, 1);
         assert!(out.admitted);
         assert_eq!(out.remaining, 2);
-        assert_eq!(window(&out), Some((T0 + 20 * SEC, 1)));
+        assert_eq!(window(&out), Some(WindowState { start_us: T0 + 20 * SEC, count: 1 }));
     }
 
     #[test]

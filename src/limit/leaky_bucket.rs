@@ -15,8 +15,8 @@
 //! delay  = max(0, excess - delay) / rate    # 0 with nodelay
 //! ```
 
-use super::state::ceil_us;
-use super::{DelayPolicy, LimitReq, State, ZoneOutcome};
+use super::evaluation::{ceil_us, Evaluation};
+use super::{DelayPolicy, LimitReq};
 
 /// The state of a leaky bucket per (zone, key).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,7 +29,7 @@ pub struct BucketState {
 
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
 /// store `next` (only when every zone of the request admits it).
-pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost: u64) -> ZoneOutcome {
+pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost: u64) -> Evaluation<BucketState> {
     let (level_now, anchor_us) = match state {
         None => (0.0, now_us),
         // The clock went backwards (another instance's clock, a Redis failover): keep the stored
@@ -48,7 +48,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
 
     if excess > limit.burst as f64 {
         let room_needed = level_now - (capacity - cost as f64);
-        return ZoneOutcome {
+        return Evaluation {
             admitted: false,
             excess,
             delay_us: 0,
@@ -56,7 +56,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
             remaining: 0,
             reset_us: ceil_us(limit.rate.time_for_us(level_now)),
             expires_us: anchor_us + ceil_us(limit.rate.time_for_us(level_now)),
-            next: State::Bucket(BucketState { level: level_now, last_us: anchor_us }),
+            next: BucketState { level: level_now, last_us: anchor_us },
         };
     }
 
@@ -67,7 +67,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
         _ => 0,
     };
     let room = (capacity - level_new).floor();
-    ZoneOutcome {
+    Evaluation {
         admitted: true,
         excess,
         delay_us,
@@ -75,7 +75,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
         remaining: if room > 0.0 { room as u64 } else { 0 },
         reset_us: ceil_us(limit.rate.time_for_us(level_new)),
         expires_us: anchor_us + ceil_us(limit.rate.time_for_us(level_new)),
-        next: State::Bucket(BucketState { level: level_new, last_us: anchor_us }),
+        next: BucketState { level: level_new, last_us: anchor_us },
     }
 }
 
@@ -87,12 +87,9 @@ mod tests {
     trait Next {
         fn b(&self) -> BucketState;
     }
-    impl Next for ZoneOutcome {
+    impl Next for Evaluation<BucketState> {
         fn b(&self) -> BucketState {
-            match &self.next {
-                State::Bucket(b) => *b,
-                other => panic!("not a bucket: {other:?}"),
-            }
+            self.next
         }
     }
 
@@ -104,7 +101,7 @@ mod tests {
     }
 
     /// Sends `n` requests at the same instant, storing state after each admitted one.
-    fn burst_at(limit: &LimitReq, now: u64, n: usize) -> Vec<ZoneOutcome> {
+    fn burst_at(limit: &LimitReq, now: u64, n: usize) -> Vec<Evaluation<BucketState>> {
         let mut state = None;
         (0..n)
             .map(|_| {

@@ -7,6 +7,7 @@
 //! `lua/` are tested against (see `tests/lua_differential.rs`).
 
 mod clock;
+mod evaluation;
 mod fixed_window;
 mod leaky_bucket;
 mod params;
@@ -18,8 +19,12 @@ mod token_bucket;
 mod verdict;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use evaluation::Evaluation;
+pub use fixed_window::WindowState;
 pub use leaky_bucket::BucketState;
 pub use params::{Algorithm, DelayPolicy, LimitReq};
 pub use rate::{Rate, RateError};
+pub use sliding_window::SlidingState;
 pub use state::{evaluate, State, ZoneOutcome};
+pub use token_bucket::TokenState;
 pub use verdict::{decide_all, Verdict, ZoneInput};

@@ -8,9 +8,10 @@
 //! retry  = the (len + cost - limit)-th oldest entry + window - now
 //! ```
 
-use super::{LimitReq, State, ZoneOutcome};
+use super::evaluation::Evaluation;
+use super::LimitReq;
 
-pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> ZoneOutcome {
+pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> Evaluation<Vec<u64>> {
     let window = limit.rate.period_us;
     // Entries are sorted; a late clock stamps new entries at the newest time, keeping them sorted.
     let anchor_us = entries.last().map_or(now_us, |&newest| newest.max(now_us));
@@ -24,7 +25,7 @@ pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> Zo
             (live[k - 1] + window).saturating_sub(now_us)
         });
         let expires_us = live.last().map_or(now_us, |&t| t + window);
-        return ZoneOutcome {
+        return Evaluation {
             admitted: false,
             excess: (used + cost - limit_count) as f64,
             delay_us: 0,
@@ -32,13 +33,13 @@ pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> Zo
             remaining: 0,
             reset_us: expires_us.saturating_sub(now_us),
             expires_us,
-            next: State::Log(live),
+            next: live,
         };
     }
     let mut next = live;
     next.extend(std::iter::repeat_n(anchor_us, cost as usize));
     let expires_us = anchor_us + window;
-    ZoneOutcome {
+    Evaluation {
         admitted: true,
         excess: 0.0,
         delay_us: 0,
@@ -46,7 +47,7 @@ pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> Zo
         remaining: limit_count - used - cost,
         reset_us: expires_us - now_us,
         expires_us,
-        next: State::Log(next),
+        next,
     }
 }
 
@@ -67,11 +68,8 @@ mod tests {
         }
     }
 
-    fn log(out: &ZoneOutcome) -> Vec<u64> {
-        match &out.next {
-            State::Log(e) => e.clone(),
-            _ => vec![],
-        }
+    fn log(out: &Evaluation<Vec<u64>>) -> Vec<u64> {
+        out.next.clone()
     }
 
     #[test]

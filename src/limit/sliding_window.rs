@@ -8,17 +8,25 @@
 //! reject     if estimate + cost > limit                     # nothing counted
 //! ```
 
-use super::state::ceil_us;
-use super::{LimitReq, State, ZoneOutcome};
+use super::evaluation::{ceil_us, Evaluation};
+use super::LimitReq;
 
-pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64, u64)>, now_us: u64, cost: u64) -> ZoneOutcome {
+/// The window starting at `start_us` (`curr` admissions) and the one before it (`prev`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingState {
+    pub start_us: u64,
+    pub prev: u64,
+    pub curr: u64,
+}
+
+pub fn evaluate(limit: &LimitReq, state: Option<SlidingState>, now_us: u64, cost: u64) -> Evaluation<SlidingState> {
     let window = limit.rate.period_us;
     let aligned = now_us - now_us % window;
     let (start_us, prev, curr) = match state {
-        Some((start, prev, curr)) if start == aligned => (start, prev, curr),
-        Some((start, _, curr)) if start + window == aligned => (aligned, curr, 0),
+        Some(SlidingState { start_us: start, prev, curr }) if start == aligned => (start, prev, curr),
+        Some(SlidingState { start_us: start, curr, .. }) if start + window == aligned => (aligned, curr, 0),
         // A late clock keeps the key in its newer window.
-        Some((start, prev, curr)) if start > aligned => (start, prev, curr),
+        Some(SlidingState { start_us: start, prev, curr }) if start > aligned => (start, prev, curr),
         _ => (aligned, 0, 0),
     };
     let elapsed = now_us.saturating_sub(start_us);
@@ -30,7 +38,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64, u64)>, now_us: u64, c
     if estimate + cost_f > limit_f {
         let retry_after_us =
             (cost <= limit.rate.count).then(|| retry_us(limit_f - cost_f, prev, curr, elapsed, window));
-        return ZoneOutcome {
+        return Evaluation {
             admitted: false,
             excess: estimate + cost_f - limit_f,
             delay_us: 0,
@@ -38,11 +46,11 @@ pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64, u64)>, now_us: u64, c
             remaining: 0,
             reset_us: expires_us.saturating_sub(now_us),
             expires_us,
-            next: State::Sliding { start_us, prev, curr },
+            next: SlidingState { start_us, prev, curr },
         };
     }
     let room = (limit_f - estimate - cost_f).floor();
-    ZoneOutcome {
+    Evaluation {
         admitted: true,
         excess: 0.0,
         delay_us: 0,
@@ -50,7 +58,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<(u64, u64, u64)>, now_us: u64, c
         remaining: if room > 0.0 { room as u64 } else { 0 },
         reset_us: expires_us.saturating_sub(now_us),
         expires_us,
-        next: State::Sliding { start_us, prev, curr: curr + cost },
+        next: SlidingState { start_us, prev, curr: curr + cost },
     }
 }
 
@@ -86,11 +94,8 @@ mod tests {
         }
     }
 
-    fn sliding(out: &ZoneOutcome) -> Option<(u64, u64, u64)> {
-        match out.next {
-            State::Sliding { start_us, prev, curr } => Some((start_us, prev, curr)),
-            _ => None,
-        }
+    fn sliding(out: &Evaluation<SlidingState>) -> Option<SlidingState> {
+        Some(out.next)
     }
 
     #[test]

@@ -1,94 +1,63 @@
-//! The state each algorithm keeps per (zone, key), what one zone says about one request, and the
-//! dispatch from a zone's algorithm to its decision function.
+//! The state each algorithm keeps per (zone, key), as one enum for the stores, and the dispatch
+//! from a zone's algorithm to its decision function. The algorithms know only their own state type.
 
+use super::evaluation::Evaluation;
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
-use super::{Algorithm, BucketState, LimitReq};
+use super::{Algorithm, BucketState, LimitReq, SlidingState, TokenState, WindowState};
 
 /// Per (zone, key) state; which variant depends on the zone's algorithm.
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
-    /// Leaky bucket: requests in the bucket at `last_us`.
     Bucket(BucketState),
-    /// Token bucket: tokens available at `last_us`.
-    Tokens { tokens: f64, last_us: u64 },
-    /// Fixed window: admissions (in cost units) in the window starting at `start_us`.
-    Window { start_us: u64, count: u64 },
-    /// Sliding window counter: the window starting at `start_us` and the one before it.
-    Sliding { start_us: u64, prev: u64, curr: u64 },
+    Tokens(TokenState),
+    Window(WindowState),
+    Sliding(SlidingState),
     /// Sliding log: admission times, oldest first, one entry per cost unit.
     Log(Vec<u64>),
 }
 
-/// What one zone says about one request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ZoneOutcome {
-    pub admitted: bool,
-    /// How far over the limit this request would go (leaky bucket: nginx's `excess`).
-    pub excess: f64,
-    /// How long an admitted request waits before it is forwarded (leaky bucket only).
-    pub delay_us: u64,
-    /// For a rejected request: how long until the same request would be admitted; `None` if it never
-    /// can (its cost exceeds what the zone can ever admit).
-    pub retry_after_us: Option<u64>,
-    /// Requests of cost 1 that could still be admitted right now (the `r` of the RateLimit header).
-    pub remaining: u64,
-    /// Time until the quota is whole again (the `t` of the RateLimit header).
-    pub reset_us: u64,
-    /// When the state can be forgotten (absolute µs): from then on, no state equals this state.
-    pub expires_us: u64,
-    /// The state to store if the whole request is admitted (when rejected: the current state, not
-    /// stored).
-    pub next: State,
-}
+/// What one zone says about one request, with the state as the stores keep it.
+pub type ZoneOutcome = Evaluation<State>;
 
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
 /// store `next` (only when every zone of the request admits it). State of another algorithm (the
 /// zone's algorithm changed in a reload) counts as no state.
 pub fn evaluate(limit: &LimitReq, state: Option<&State>, now_us: u64, cost: u64) -> ZoneOutcome {
-    match limit.algorithm {
-        Algorithm::LeakyBucket => {
+    match (limit.algorithm, state) {
+        (Algorithm::LeakyBucket, state) => {
             let s = match state {
                 Some(State::Bucket(b)) => Some(*b),
                 _ => None,
             };
-            leaky_bucket::evaluate(limit, s, now_us, cost)
+            leaky_bucket::evaluate(limit, s, now_us, cost).map_state(State::Bucket)
         }
-        Algorithm::TokenBucket => {
+        (Algorithm::TokenBucket, state) => {
             let s = match state {
-                Some(State::Tokens { tokens, last_us }) => Some((*tokens, *last_us)),
+                Some(State::Tokens(t)) => Some(*t),
                 _ => None,
             };
-            token_bucket::evaluate(limit, s, now_us, cost)
+            token_bucket::evaluate(limit, s, now_us, cost).map_state(State::Tokens)
         }
-        Algorithm::FixedWindow => {
+        (Algorithm::FixedWindow, state) => {
             let s = match state {
-                Some(State::Window { start_us, count }) => Some((*start_us, *count)),
+                Some(State::Window(w)) => Some(*w),
                 _ => None,
             };
-            fixed_window::evaluate(limit, s, now_us, cost)
+            fixed_window::evaluate(limit, s, now_us, cost).map_state(State::Window)
         }
-        Algorithm::SlidingWindow => {
+        (Algorithm::SlidingWindow, state) => {
             let s = match state {
-                Some(State::Sliding { start_us, prev, curr }) => Some((*start_us, *prev, *curr)),
+                Some(State::Sliding(w)) => Some(*w),
                 _ => None,
             };
-            sliding_window::evaluate(limit, s, now_us, cost)
+            sliding_window::evaluate(limit, s, now_us, cost).map_state(State::Sliding)
         }
-        Algorithm::SlidingLog => {
-            let s = match state {
+        (Algorithm::SlidingLog, state) => {
+            let entries = match state {
                 Some(State::Log(entries)) => entries.as_slice(),
                 _ => &[],
             };
-            sliding_log::evaluate(limit, s, now_us, cost)
+            sliding_log::evaluate(limit, entries, now_us, cost).map_state(State::Log)
         }
-    }
-}
-
-/// Rounds a time up to whole microseconds; negative or zero is 0. Mirrored in the Lua scripts.
-pub(crate) fn ceil_us(us: f64) -> u64 {
-    if us > 0.0 {
-        us.ceil() as u64
-    } else {
-        0
     }
 }

@@ -8,20 +8,29 @@
 //! tokens''= tokens' - cost
 //! ```
 
-use super::state::ceil_us;
-use super::{LimitReq, State, ZoneOutcome};
+use super::evaluation::{ceil_us, Evaluation};
+use super::LimitReq;
 
-pub fn evaluate(limit: &LimitReq, state: Option<(f64, u64)>, now_us: u64, cost: u64) -> ZoneOutcome {
+/// Tokens available at `last_us`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenState {
+    pub tokens: f64,
+    pub last_us: u64,
+}
+
+pub fn evaluate(limit: &LimitReq, state: Option<TokenState>, now_us: u64, cost: u64) -> Evaluation<TokenState> {
     let capacity = limit.burst as f64 + 1.0;
     let (tokens_now, anchor_us) = match state {
         None => (capacity, now_us),
         // Time never runs backwards for a key: a late clock refills nothing.
-        Some((tokens, last_us)) if now_us <= last_us => (tokens, last_us),
+        Some(TokenState { tokens, last_us }) if now_us <= last_us => (tokens, last_us),
         // Full again (the state's expiry): exactly no state, whatever the float residue.
-        Some((tokens, last_us)) if now_us >= last_us + ceil_us(limit.rate.time_for_us(capacity - tokens)) => {
+        Some(TokenState { tokens, last_us })
+            if now_us >= last_us + ceil_us(limit.rate.time_for_us(capacity - tokens)) =>
+        {
             (capacity, now_us)
         }
-        Some((tokens, last_us)) => {
+        Some(TokenState { tokens, last_us }) => {
             let refilled = tokens + limit.rate.drained_in(now_us - last_us);
             (if refilled < capacity { refilled } else { capacity }, now_us)
         }
@@ -29,7 +38,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<(f64, u64)>, now_us: u64, cost: 
     let cost_f = cost as f64;
     if cost_f > tokens_now {
         let reset_us = ceil_us(limit.rate.time_for_us(capacity - tokens_now));
-        return ZoneOutcome {
+        return Evaluation {
             admitted: false,
             excess: cost_f - tokens_now,
             delay_us: 0,
@@ -37,12 +46,12 @@ pub fn evaluate(limit: &LimitReq, state: Option<(f64, u64)>, now_us: u64, cost: 
             remaining: 0,
             reset_us,
             expires_us: anchor_us + reset_us,
-            next: State::Tokens { tokens: tokens_now, last_us: anchor_us },
+            next: TokenState { tokens: tokens_now, last_us: anchor_us },
         };
     }
     let tokens_new = tokens_now - cost_f;
     let reset_us = ceil_us(limit.rate.time_for_us(capacity - tokens_new));
-    ZoneOutcome {
+    Evaluation {
         admitted: true,
         excess: 0.0,
         delay_us: 0,
@@ -50,7 +59,7 @@ pub fn evaluate(limit: &LimitReq, state: Option<(f64, u64)>, now_us: u64, cost: 
         remaining: tokens_new.floor() as u64,
         reset_us,
         expires_us: anchor_us + reset_us,
-        next: State::Tokens { tokens: tokens_new, last_us: anchor_us },
+        next: TokenState { tokens: tokens_new, last_us: anchor_us },
     }
 }
 
@@ -71,11 +80,8 @@ mod tests {
         }
     }
 
-    fn tokens(out: &ZoneOutcome) -> Option<(f64, u64)> {
-        match out.next {
-            State::Tokens { tokens, last_us } => Some((tokens, last_us)),
-            _ => None,
-        }
+    fn tokens(out: &Evaluation<TokenState>) -> Option<TokenState> {
+        Some(out.next)
     }
 
     #[test]
@@ -108,7 +114,7 @@ mod tests {
         };
         let last_us = 1_700_870_204_949_505;
         let expires = last_us + ceil_us(l.rate.time_for_us(8.0 - 3.210200333333333));
-        let out = evaluate(&l, Some((3.210200333333333, last_us)), expires, 8);
+        let out = evaluate(&l, Some(TokenState { tokens: 3.210200333333333, last_us }), expires, 8);
         assert_eq!(out, evaluate(&l, None, expires, 8));
         assert!(out.admitted);
     }

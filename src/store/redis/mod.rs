@@ -41,7 +41,10 @@ use self::connection::{Connector, LuaScript, RedisConn, ScriptCall};
 use self::eviction::Latest;
 use self::rollback::Rollback;
 use self::slots::group_by_slot;
-use crate::limit::{decide_all, Algorithm, BucketState, Clock, DelayPolicy, State, Verdict, ZoneOutcome};
+use crate::limit::{
+    decide_all, Algorithm, BucketState, Clock, DelayPolicy, SlidingState, State, TokenState, Verdict, WindowState,
+    ZoneOutcome,
+};
 use crate::store::{LimitStore, StoreError, StoreHealth, ZoneCheck};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
@@ -430,11 +433,15 @@ fn parse_state(raw: &[u8]) -> Option<State> {
     let words: Vec<&str> = text.split(' ').collect();
     let float = |w: &str| w.parse::<f64>().ok().filter(|f| f.is_finite());
     Some(match words.as_slice() {
-        ["t", tokens, last_us] => State::Tokens { tokens: float(tokens)?, last_us: parse_time(last_us)? },
-        ["f", start_us, count] => State::Window { start_us: parse_time(start_us)?, count: parse_time(count)? },
-        ["s", start_us, prev, curr] => {
-            State::Sliding { start_us: parse_time(start_us)?, prev: parse_time(prev)?, curr: parse_time(curr)? }
+        ["t", tokens, last_us] => State::Tokens(TokenState { tokens: float(tokens)?, last_us: parse_time(last_us)? }),
+        ["f", start_us, count] => {
+            State::Window(WindowState { start_us: parse_time(start_us)?, count: parse_time(count)? })
         }
+        ["s", start_us, prev, curr] => State::Sliding(SlidingState {
+            start_us: parse_time(start_us)?,
+            prev: parse_time(prev)?,
+            curr: parse_time(curr)?,
+        }),
         [level, last_us] => State::Bucket(BucketState { level: float(level)?, last_us: parse_time(last_us)? }),
         _ => return None,
     })
@@ -499,10 +506,10 @@ fn parse_zone(value: &Value, algorithm: Algorithm, log_entries: bool) -> Result<
     let s = &z[REPLY_ZONE_COMMON..];
     let next = match algorithm {
         Algorithm::LeakyBucket => State::Bucket(BucketState { level: float(&s[0])?, last_us: micros(&s[1])? }),
-        Algorithm::TokenBucket => State::Tokens { tokens: float(&s[0])?, last_us: micros(&s[1])? },
-        Algorithm::FixedWindow => State::Window { start_us: micros(&s[0])?, count: micros(&s[1])? },
+        Algorithm::TokenBucket => State::Tokens(TokenState { tokens: float(&s[0])?, last_us: micros(&s[1])? }),
+        Algorithm::FixedWindow => State::Window(WindowState { start_us: micros(&s[0])?, count: micros(&s[1])? }),
         Algorithm::SlidingWindow => {
-            State::Sliding { start_us: micros(&s[0])?, prev: micros(&s[1])?, curr: micros(&s[2])? }
+            State::Sliding(SlidingState { start_us: micros(&s[0])?, prev: micros(&s[1])?, curr: micros(&s[2])? })
         }
         Algorithm::SlidingLog => {
             let len = micros(&s[0])?;
@@ -596,15 +603,15 @@ mod tests {
         assert_eq!(parse_state(b"0.10000000000000001 1700000000000000"), Some(leaky));
         assert_eq!(
             parse_state(b"t 2.5 1700000000000000"),
-            Some(State::Tokens { tokens: 2.5, last_us: 1_700_000_000_000_000 })
+            Some(State::Tokens(TokenState { tokens: 2.5, last_us: 1_700_000_000_000_000 }))
         );
         assert_eq!(
             parse_state(b"f 1699999980000000 7"),
-            Some(State::Window { start_us: 1_699_999_980_000_000, count: 7 })
+            Some(State::Window(WindowState { start_us: 1_699_999_980_000_000, count: 7 }))
         );
         assert_eq!(
             parse_state(b"s 1699999980000000 3 4"),
-            Some(State::Sliding { start_us: 1_699_999_980_000_000, prev: 3, curr: 4 })
+            Some(State::Sliding(SlidingState { start_us: 1_699_999_980_000_000, prev: 3, curr: 4 }))
         );
         for bad in ["garbage", "1 -5", "t 1", "f 1.5 2", "s 1 2", "x 1 2", "1 2 3", "inf 5", ""] {
             assert_eq!(parse_state(bad.as_bytes()), None, "{bad:?}");
@@ -666,11 +673,11 @@ mod tests {
         assert_eq!(v.zones[0].retry_after_us, Some(250_000));
         assert_eq!(v.zones[0].expires_us, t0 + 1_750_000);
         assert_eq!(v.zones[0].next, State::Bucket(BucketState { level: 1.75, last_us: t0 }));
-        assert_eq!(v.zones[1].next, State::Tokens { tokens: 0.5, last_us: t0 });
+        assert_eq!(v.zones[1].next, State::Tokens(TokenState { tokens: 0.5, last_us: t0 }));
         assert_eq!(v.zones[1].remaining, 3);
-        assert_eq!(v.zones[2].next, State::Window { start_us: t0 - 5, count: 2 });
+        assert_eq!(v.zones[2].next, State::Window(WindowState { start_us: t0 - 5, count: 2 }));
         assert_eq!(v.zones[3].next, State::Log(vec![t0 - 1, t0]));
-        assert_eq!(v.zones[4].next, State::Sliding { start_us: t0 - 5, prev: 4, curr: 1 });
+        assert_eq!(v.zones[4].next, State::Sliding(SlidingState { start_us: t0 - 5, prev: 4, curr: 1 }));
         // Entries sent although not asked for, or missing although asked for.
         assert!(parse_reply(&reply, &algorithms, false).is_err());
         let mut no_entries = head();
