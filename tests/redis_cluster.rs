@@ -306,10 +306,7 @@ async fn per_slot_decisions_equal_one_call() {
     use rand::{Rng, SeedableRng};
     use support::redis_server::RedisServer;
     use tokio::task::block_in_place;
-    use weir::limit::{
-        evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, SlidingState, State, TokenState,
-        WindowState,
-    };
+    use weir::limit::{evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State};
     use weir::store::{LimitStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
 
     let cluster = block_in_place(|| Cluster::start(3));
