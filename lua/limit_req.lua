@@ -98,7 +98,7 @@ end
 local flags = ARGV[2]
 local want_log = string.sub(flags, 1, 1) == '1'
 local want_undo = string.find(flags, 'u', 2, true) ~= nil
-local dry_run = string.find(flags, 'n', 2, true) ~= nil
+local evaluate_only = string.find(flags, 'n', 2, true) ~= nil
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -519,41 +519,45 @@ local EVALUATE = {
   [SLIDING] = sliding_window,
 }
 
--- verdict::decide_all: evaluate every zone, then write all or none.
-local params, zones = {}, {}
-local admitted = true
-for i = 1, #KEYS do
-  local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
-  local p = {
-    algorithm = tonumber(ARGV[base + 1]),
-    count = tonumber(ARGV[base + 2]),
-    period_us = tonumber(ARGV[base + 3]),
-    burst = tonumber(ARGV[base + 4]),
-    delay = tonumber(ARGV[base + 5]),
-    cost = tonumber(ARGV[base + 6]),
-  }
-  local evaluate = p.algorithm and EVALUATE[p.algorithm]
-  if not evaluate then
-    return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(ARGV[base + 1]))
+-- Verdict::combine: admitted only if every zone admits; the largest delay; when rejected, the
+-- largest retry of the rejecting zones (-1 if one of them never admits).
+local function combine(zones)
+  local admitted = true
+  for i = 1, #zones do
+    if not zones[i].admitted then
+      admitted = false
+    end
   end
-  if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
-    return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
+  if admitted then
+    local delay_us = 0
+    for i = 1, #zones do
+      if zones[i].delay_us > delay_us then
+        delay_us = zones[i].delay_us
+      end
+    end
+    return true, delay_us, -1
   end
-  params[i] = p
-  zones[i] = evaluate(KEYS[i], p)
-  if not zones[i].admitted then
-    admitted = false
+  local retry_after_us = 0
+  for i = 1, #zones do
+    local z = zones[i]
+    if not z.admitted then
+      if z.retry_us < 0 then
+        return false, 0, -1
+      elseif z.retry_us > retry_after_us then
+        retry_after_us = z.retry_us
+      end
+    end
   end
+  return false, 0, retry_after_us
 end
 
-local delay_us, retry_after_us = 0, -1
-local undo = {}
-if admitted then
+-- The store's write of an admitted request (memory store: `decide_now` inserting every
+-- `zone.next`): each key's new state with a TTL of its expiry; with `want_undo`, what
+-- lua/restore.lua needs to put each key back. Returns the undo records.
+local function persist(zones, params, want_undo)
+  local undo = {}
   for i = 1, #KEYS do
     local z = zones[i]
-    if z.delay_us > delay_us then
-      delay_us = z.delay_us
-    end
     -- A key given twice (one zone referenced twice) stores the last zone's state, as the memory
     -- store does.
     local last = true
@@ -562,7 +566,7 @@ if admitted then
         last = false
       end
     end
-    if last and not dry_run then
+    if last then
       -- Keep the key until its state expires: `expires_us`, rounded up to ms, plus 1 ms.
       local ttl_ms = int(math.ceil((z.expires_us - now) / 1000) + 1)
       local kind = z.log and 'z' or 's'
@@ -591,22 +595,36 @@ if admitted then
       end
     end
   end
-else
-  local never = false
-  retry_after_us = 0
-  for i = 1, #KEYS do
-    local z = zones[i]
-    if not z.admitted then
-      if z.retry_us < 0 then
-        never = true
-      elseif z.retry_us > retry_after_us then
-        retry_after_us = z.retry_us
-      end
-    end
+  return undo
+end
+
+-- verdict::decide_all: evaluate every zone, combine, then write all or none.
+local params, zones = {}, {}
+for i = 1, #KEYS do
+  local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
+  local p = {
+    algorithm = tonumber(ARGV[base + 1]),
+    count = tonumber(ARGV[base + 2]),
+    period_us = tonumber(ARGV[base + 3]),
+    burst = tonumber(ARGV[base + 4]),
+    delay = tonumber(ARGV[base + 5]),
+    cost = tonumber(ARGV[base + 6]),
+  }
+  local evaluate = p.algorithm and EVALUATE[p.algorithm]
+  if not evaluate then
+    return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(ARGV[base + 1]))
   end
-  if never then
-    retry_after_us = -1
+  if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
+    return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
   end
+  params[i] = p
+  zones[i] = evaluate(KEYS[i], p)
+end
+
+local admitted, delay_us, retry_after_us = combine(zones)
+local undo = {}
+if admitted and not evaluate_only then
+  undo = persist(zones, params, want_undo)
 end
 
 local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }

@@ -127,6 +127,13 @@ impl KeySpec {
 }
 
 impl KeyPart {
+    /// This part's value for a request alone (bounded like a whole key; empty when absent).
+    pub fn value(&self, req: &RequestFacts<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        part_value(self, req, &mut out);
+        bound(out)
+    }
+
     fn describe(&self) -> String {
         match self {
             KeyPart::ClientIp => "ip".to_string(),

@@ -142,14 +142,10 @@ pub fn access_rules(
     Ok(rules.into_iter().map(|(_, r)| r).collect())
 }
 
-/// Whether `ip` may pass the rules: the first matching rule decides; no match allows.
-pub fn allowed(rules: &[AccessRule], ip: std::net::IpAddr) -> bool {
-    rules.iter().find(|r| r.net.contains(&ip)).is_none_or(|r| r.allow)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::allowed;
 
     #[test]
     fn first_matching_rule_in_file_order_wins() {

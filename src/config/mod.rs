@@ -14,7 +14,7 @@ mod zones;
 use std::path::Path;
 
 pub use compile::{parse_duration, ClientLimits, LogSettings, Runtime, ServerSettings};
-pub use conn::{allowed, AccessRule, ConnLimit, ConnZone};
+pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};

@@ -10,7 +10,7 @@ use toml::Spanned;
 use super::compile::{check_name, key_spec, parse_duration, unique, MAX_BURST};
 use super::error::{ConfigError, Source};
 use super::schema;
-use crate::keys::{KeyPart, KeySpec, RequestFacts};
+use crate::keys::{KeyPart, KeySpec};
 use crate::limit::{Algorithm, Rate};
 use crate::store::DEFAULT_MAX_KEYS;
 
@@ -45,16 +45,6 @@ pub enum OverrideMatch {
     /// `match = "header:X-Api-Key=partner-123"` (also `query:` and `cookie:`): that part of the
     /// key equals the value.
     Part(KeyPart, Vec<u8>),
-}
-
-impl Zone {
-    /// The override for this request, if one matches.
-    pub fn override_for(&self, facts: &RequestFacts<'_>) -> Option<&Override> {
-        self.overrides.iter().find(|o| match &o.matcher {
-            OverrideMatch::ClientIp(net) => facts.client_ip.is_some_and(|ip| net.contains(&ip)),
-            OverrideMatch::Part(part, value) => KeySpec(vec![part.clone()]).extract(facts) == *value,
-        })
-    }
 }
 
 pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>) -> Result<Vec<Zone>, ConfigError> {

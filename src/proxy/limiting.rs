@@ -39,7 +39,7 @@ pub fn keyed_zones(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>, cost: 
             continue;
         }
         let mut params = zl.limit;
-        if let Some(o) = zone.override_for(facts) {
+        if let Some(o) = crate::request::override_for(zone, facts) {
             let Some(rate) = o.rate else { continue };
             params.rate = rate;
             if let Some(burst) = o.burst {

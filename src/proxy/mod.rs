@@ -24,11 +24,11 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::config::{allowed, FailurePolicy, Route, Runtime};
+use crate::config::{FailurePolicy, Route, Runtime};
 use crate::edge::GuardedStream;
 use crate::keys::{self, AmbiguousKey, RequestFacts};
 use crate::metrics::METRICS;
-use crate::request::{forwarded, hygiene, normalize_path};
+use crate::request::{allowed, forwarded, hygiene, normalize_path};
 use crate::routes;
 use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimits};
 

@@ -12,13 +12,14 @@ use http::header::{HeaderName, COOKIE};
 
 use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
-use crate::config::{allowed, OverrideMatch, Route, Runtime};
+use crate::config::{OverrideMatch, Route, Runtime};
 use crate::keys::{self, KeyPart, RequestFacts};
 use crate::limit::{LimitReq, ManualClock};
 use crate::proxy::conn_limiting::{keyed_conns, KeyedConn};
 use crate::proxy::limiting::{
     checks, keyed_zones, record_statuses, request_cost, Action, Enforcement, KeyedZone, LimitStatus,
 };
+use crate::request::allowed;
 use crate::routes;
 use crate::store::MemoryStore;
 

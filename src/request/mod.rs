@@ -1,9 +1,14 @@
-//! Request-time checks that come before routing and limits: the canonical path, framing that an
-//! upstream could read differently, and the client headers sent upstream. Pure functions over
-//! `http` types; the proxy applies them.
+//! Request-time logic over the compiled config, kept out of `config` (which only compiles): the
+//! canonical path, framing that an upstream could read differently, the client headers sent
+//! upstream, allow/deny, and per-key overrides. Pure functions over `http` types; the proxy (and
+//! `weir replay`) apply them.
 
+pub mod access;
 pub mod forwarded;
 pub mod hygiene;
+pub mod overrides;
 pub mod path;
 
+pub use access::allowed;
+pub use overrides::override_for;
 pub use path::{normalize as normalize_path, EncodedSlash, PathError};
