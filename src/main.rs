@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
+                for warning in &rt.warnings {
+                    eprintln!("weir: warning: {warning}");
+                }
                 println!(
                     "{}: ok ({} routes, {} limit_req zones, {} upstreams)",
                     cli.config.display(),

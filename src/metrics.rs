@@ -47,6 +47,8 @@ pub struct Metrics {
     /// Client connections closed by a timeout or size cap, by cause (`header_timeout`,
     /// `keepalive_timeout`, `header_size`).
     pub connections_cut: IntCounterVec,
+    /// TLS handshakes on `listen_tls`, by result (`ok`, `failed`, `timeout`).
+    pub tls_handshakes: IntCounterVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -118,6 +120,12 @@ impl Metrics {
                 "weir_connections_cut_total",
                 "Client connections closed by a timeout or size cap, by cause.",
                 &["cause"],
+            ),
+            tls_handshakes: counter(
+                &registry,
+                "weir_tls_handshakes_total",
+                "TLS handshakes on listen_tls addresses, by result (ok, failed, timeout).",
+                &["result"],
             ),
             active_leases,
             conn_decisions: counter(

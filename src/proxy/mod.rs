@@ -187,7 +187,7 @@ impl ProxyHttp for WeirProxy {
             };
             match enforcement.action {
                 Action::Reject { status, body } => {
-                    return respond::json(session, status, &enforcement.headers, body).await;
+                    return respond::rejection(session, route.grpc_status, status, &enforcement.headers, body).await;
                 }
                 Action::Delay(delay) => {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
@@ -220,7 +220,8 @@ impl ProxyHttp for WeirProxy {
                     Some(FailurePolicy::Deny) => Outcome::FailClosed,
                     _ => Outcome::ConnRejected,
                 };
-                return respond::json(session, reject.status, &reject.headers, reject.body).await;
+                return respond::rejection(session, route.grpc_status, reject.status, &reject.headers, reject.body)
+                    .await;
             }
         }
 

@@ -1,0 +1,376 @@
+//! TLS listeners, HTTP/2 and gRPC rejections, against a real `weir` process. Certificates come
+//! from a CA generated in the test (rcgen); HTTPS clients are rustls (verifying against that CA)
+//! and curl (`--http2`, `--http2-prior-knowledge`).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::config::{line_of, memory_with_app};
+use support::poll::{poll, wait_until};
+use support::upstream::Upstream;
+use support::weir::{check_config, Weir};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A test CA that signs leaf certificates.
+struct Ca {
+    cert: Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new() -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, "Weir test CA");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Ca { cert, key }
+    }
+
+    /// A leaf for `names`, with `cn` as subject CN, valid for `days` from now: (cert PEM, key PEM).
+    fn leaf(&self, names: &[&str], cn: &str, days: i64) -> (String, String) {
+        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(days);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+}
+
+/// Writes a pair atomically (temp file + rename), as certbot and Kubernetes do.
+fn install(dir: &Path, name: &str, pair: &(String, String)) -> (PathBuf, PathBuf) {
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    for (path, text) in [(&key, &pair.1), (&cert, &pair.0)] {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    (cert, key)
+}
+
+/// A rustls client connection that trusts only the test CA.
+struct TlsConn {
+    stream: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+}
+
+impl TlsConn {
+    fn connect(
+        addr: SocketAddr,
+        sni: &str,
+        ca_pem: &str,
+        version: &'static rustls::SupportedProtocolVersion,
+    ) -> Result<TlsConn, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = rustls::pki_types::pem::PemObject::from_pem_slice(ca_pem.as_bytes()).unwrap();
+        roots.add(ca).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from(sni.to_string()).unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+        let tcp = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| e.to_string())?;
+        tcp.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        while stream.conn.is_handshaking() {
+            stream.conn.complete_io(&mut stream.sock).map_err(|e| e.to_string())?;
+        }
+        Ok(TlsConn { stream })
+    }
+
+    fn leaf(&self) -> CertificateDer<'static> {
+        self.stream.conn.peer_certificates().unwrap()[0].clone().into_owned()
+    }
+
+    fn version(&self) -> Option<rustls::ProtocolVersion> {
+        self.stream.conn.protocol_version()
+    }
+
+    /// A keep-alive HTTP/1.1 GET; returns the status and the body.
+    fn get(&mut self, host: &str, path: &str) -> std::io::Result<(u16, String)> {
+        write!(self.stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n")?;
+        self.stream.flush()?;
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if self.stream.read(&mut byte)? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).into_owned();
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body)?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// The subject CN of a DER certificate.
+fn common_name(der: &CertificateDer<'_>) -> String {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der.as_ref()).unwrap();
+    let cn = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or("").to_string();
+    cn
+}
+
+fn tls_config(up: SocketAddr, server_extra: &str, certs: &[(PathBuf, PathBuf)], rest: &str) -> String {
+    let entries: String = certs
+        .iter()
+        .map(|(c, k)| format!("[[server.tls]]\ncert = \"{}\"\nkey = \"{}\"\n\n", c.display(), k.display()))
+        .collect();
+    let config = memory_with_app(up, &format!("{entries}{rest}"));
+    config.replacen("threads = 2", &format!("threads = 2\nlisten_tls = [\"$LISTEN2\"]\n{server_extra}"), 1)
+}
+
+const ROUTES: &str = r#"
+[[limit_req_zone]]
+name = "per_key"
+key = "header:X-Key"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_key", burst = 2, nodelay = true } ]
+
+[[route]]
+name = "plain"
+path_prefix = "/plain/"
+upstream = "app"
+limit_req = [ { zone = "per_key", burst = 2, nodelay = true } ]
+grpc_rejections = false
+
+[[route]]
+name = "open"
+path_prefix = "/"
+upstream = "app"
+"#;
+
+#[test]
+fn https_sni_tls12_and_13_and_certificates_reload_without_dropping_connections() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test v1", 90));
+    let b = install(dir.path(), "b", &ca.leaf(&["*.b.test", "b.test"], "b.test", 90));
+    let w = Weir::start(&tls_config(up.addr(), "", &[a.clone(), b.clone()], ROUTES));
+    let tls_addr = w.addrs[1];
+
+    // SNI picks the certificate, over TLS 1.3 and 1.2; the rustls client verifies it against the CA.
+    let mut first = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
+    assert_eq!(common_name(&first.leaf()), "a.test v1");
+    assert_eq!(first.version(), Some(rustls::ProtocolVersion::TLSv1_3));
+    assert_eq!(first.get("a.test", "/x").unwrap().0, 200);
+    let mut wild = TlsConn::connect(tls_addr, "api.b.test", &ca.pem(), &rustls::version::TLS12).unwrap();
+    assert_eq!(common_name(&wild.leaf()), "b.test");
+    assert_eq!(wild.version(), Some(rustls::ProtocolVersion::TLSv1_2));
+    assert_eq!(wild.get("api.b.test", "/x").unwrap().0, 200);
+    // An unknown name gets the first certificate (which then fails verification for that name).
+    let unknown = TlsConn::connect(tls_addr, "c.test", &ca.pem(), &rustls::version::TLS13);
+    assert!(unknown.is_err_and(|e| e.contains("NotValidForName") || e.contains("name")), "default cert for c.test");
+
+    // The files are replaced: new connections get the new certificate...
+    install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test v2", 90));
+    let served = poll(
+        TIMEOUT,
+        Duration::from_millis(100),
+        || TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).map(|c| common_name(&c.leaf())),
+        |cn| cn.as_deref() == Ok("a.test v2"),
+    );
+    assert!(served.is_ok(), "new certificate not served: {served:?}\n{}", w.stderr());
+    // ... while the connection opened before keeps working.
+    assert_eq!(first.get("a.test", "/after-reload").unwrap().0, 200);
+    assert_eq!(common_name(&first.leaf()), "a.test v1");
+
+    // A broken renewal (key of another certificate) is refused and logged; v2 keeps serving.
+    let other = ca.leaf(&["a.test"], "a.test v3", 90);
+    let bad = ca.leaf(&["a.test"], "mismatch", 90);
+    install(dir.path(), "a", &(other.0, bad.1));
+    assert!(
+        wait_until(TIMEOUT, Duration::from_millis(100), || w.stderr().contains("certificate reload refused")).is_some(),
+        "{}",
+        w.stderr()
+    );
+    assert!(w.stderr().contains("does not match"), "{}", w.stderr());
+    let still = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
+    assert_eq!(common_name(&still.leaf()), "a.test v2");
+}
+
+#[test]
+fn min_tls_13_refuses_tls12_clients() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let w = Weir::start(&tls_config(up.addr(), "min_tls = \"1.3\"", &[a], ROUTES));
+    let tls_addr = w.addrs[1];
+    assert!(TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS12).is_err());
+    let mut ok = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
+    assert_eq!(ok.get("a.test", "/x").unwrap().0, 200);
+}
+
+/// One curl request: (HTTP version, status, lower-cased headers).
+fn curl(args: &[&str]) -> (String, u16, Vec<(String, String)>) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl is installed (apt-get install curl)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let status_line = lines.next().unwrap_or_else(|| panic!("no response: {args:?} {out:?}"));
+    let mut parts = status_line.split_whitespace();
+    let version = parts.next().unwrap_or("").to_string();
+    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (version, status, headers)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn http2_over_tls_and_h2c_have_the_same_limits_and_headers_as_http11() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], ROUTES));
+    let (plain, tls) = (w.addrs[0], w.addrs[1]);
+    let resolve = format!("a.test:{}:127.0.0.1", tls.port());
+    let https = format!("https://a.test:{}/api/x", tls.port());
+    let h2c = format!("http://{plain}/api/x");
+    let ca_path = ca_file.to_str().unwrap();
+
+    let mut runs = Vec::new();
+    for (key, args) in [
+        ("h1", vec!["--http1.1", &h2c]),
+        ("h2", vec!["--http2", "--cacert", ca_path, "--resolve", &resolve, &https]),
+        ("h2c", vec!["--http2-prior-knowledge", &h2c]),
+    ] {
+        let key_header = format!("X-Key: {key}");
+        let mut all: Vec<&str> = vec!["-H", &key_header];
+        all.extend(args.iter().copied());
+        let responses: Vec<_> = (0..4).map(|_| curl(&all)).collect();
+        runs.push((key, responses));
+    }
+    let expect_version = |key: &str| if key == "h1" { "HTTP/1.1" } else { "HTTP/2" };
+    for (key, responses) in &runs {
+        let statuses: Vec<u16> = responses.iter().map(|r| r.1).collect();
+        assert_eq!(statuses, [200, 200, 200, 429], "{key}: 1 + burst 2, then rejected");
+        assert!(responses.iter().all(|r| r.0 == expect_version(key)), "{key}: {responses:?}");
+    }
+    // The same rate-limit fields, whatever the protocol.
+    let fields = ["ratelimit-policy", "ratelimit", "retry-after", "content-type"];
+    for i in 0..4 {
+        let h1: Vec<_> = fields.iter().map(|f| header(&runs[0].1[i].2, f).map(str::to_string)).collect();
+        for (key, responses) in &runs[1..] {
+            let other: Vec<_> = fields.iter().map(|f| header(&responses[i].2, f).map(str::to_string)).collect();
+            // The upstream's own Content-Type is the same too; only the date and framing differ.
+            assert_eq!(other, h1, "{key} response {i}");
+        }
+    }
+    assert!(header(&runs[0].1[3].2, "retry-after").is_some());
+}
+
+#[test]
+fn grpc_requests_over_the_limit_get_resource_exhausted() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], ROUTES));
+    let grpc = |path: &str| {
+        let url = format!("http://{}{path}", w.addrs[0]);
+        curl(&[
+            "--http2-prior-knowledge",
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "-H",
+            "X-Key: grpc",
+            "--data-binary",
+            "",
+            &url,
+        ])
+    };
+    let responses: Vec<_> = (0..4).map(|_| grpc("/api/demo.Greeter/SayHello")).collect();
+    let last = &responses[3].2;
+    assert_eq!(responses[3].1, 200, "{responses:?}");
+    assert_eq!(header(last, "grpc-status"), Some("8"), "{last:?}");
+    assert_eq!(header(last, "content-type"), Some("application/grpc"));
+    let message = header(last, "grpc-message").unwrap();
+    assert!(message.starts_with("rate limited: route api, zone per_key, retry after"), "{message}");
+    assert!(header(last, "retry-after").is_some() && header(last, "ratelimit").is_some(), "{last:?}");
+    assert!(responses[..3].iter().all(|r| header(&r.2, "grpc-status").is_none()), "{responses:?}");
+
+    // A route with grpc_rejections = false answers gRPC clients with the HTTP status.
+    let plain: Vec<u16> = (0..1).map(|_| grpc("/plain/demo.Greeter/SayHello").1).collect();
+    assert_eq!(plain, [429], "the per_key bucket is shared and empty");
+}
+
+#[test]
+fn check_refuses_a_key_of_another_certificate_and_warns_of_expiry() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let good = install(dir.path(), "good", &ca.leaf(&["a.test"], "a.test", 90));
+    let soon = install(dir.path(), "soon", &ca.leaf(&["soon.test"], "soon.test", 3));
+    let (cert, _) = ca.leaf(&["b.test"], "b.test", 90);
+    let (_, other_key) = ca.leaf(&["b.test"], "b.test", 90);
+    let bad = install(dir.path(), "bad", &(cert, other_key));
+    let up: SocketAddr = "127.0.0.1:9".parse().unwrap();
+
+    let text = tls_config(up, "", &[good.clone(), bad.clone()], "").replace("$LISTEN2", "127.0.0.1:8443");
+    let text = text.replace("$LISTEN", "127.0.0.1:8080");
+    let out = check_config("bad.toml", &text, TIMEOUT);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let line = line_of(&text, &format!("cert = \"{}\"", bad.0.display()));
+    assert!(out.stderr.contains(&format!("bad.toml:{line}: server.tls: the key")), "{}", out.describe());
+    assert!(out.stderr.contains("does not match the certificate"), "{}", out.describe());
+
+    let text = tls_config(up, "", &[good, soon.clone()], "").replace("$LISTEN2", "127.0.0.1:8443");
+    let text = text.replace("$LISTEN", "127.0.0.1:8080");
+    let out = check_config("soon.toml", &text, TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let line = line_of(&text, &format!("cert = \"{}\"", soon.0.display()));
+    assert!(out.stderr.contains(&format!("warning: ")), "{}", out.describe());
+    assert!(out.stderr.contains(&format!("soon.toml:{line}: server.tls: certificate")), "{}", out.describe());
+    assert!(
+        out.stderr.contains("(soon.test) expires in 2 days") || out.stderr.contains("(soon.test) expires in 3 days"),
+        "{}",
+        out.describe()
+    );
+}
