@@ -366,7 +366,7 @@ fn check_refuses_a_key_of_another_certificate_and_warns_of_expiry() {
     let out = check_config("soon.toml", &text, TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.describe());
     let line = line_of(&text, &format!("cert = \"{}\"", soon.0.display()));
-    assert!(out.stderr.contains(&format!("warning: ")), "{}", out.describe());
+    assert!(out.stderr.contains("warning: "), "{}", out.describe());
     assert!(out.stderr.contains(&format!("soon.toml:{line}: server.tls: certificate")), "{}", out.describe());
     assert!(
         out.stderr.contains("(soon.test) expires in 2 days") || out.stderr.contains("(soon.test) expires in 3 days"),
