@@ -6,63 +6,19 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, ServerName};
+use support::certs::{install, Ca};
 use support::config::{line_of, memory_with_app};
 use support::poll::{poll, wait_until};
 use support::upstream::Upstream;
 use support::weir::{check_config, Weir};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A test CA that signs leaf certificates.
-struct Ca {
-    cert: Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new() -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, "Weir test CA");
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    /// A leaf for `names`, with `cn` as subject CN, valid for `days` from now: (cert PEM, key PEM).
-    fn leaf(&self, names: &[&str], cn: &str, days: i64) -> (String, String) {
-        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
-        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(days);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    fn pem(&self) -> String {
-        self.cert.pem()
-    }
-}
-
-/// Writes a pair atomically (temp file + rename), as certbot and Kubernetes do.
-fn install(dir: &Path, name: &str, pair: &(String, String)) -> (PathBuf, PathBuf) {
-    let cert = dir.join(format!("{name}.crt"));
-    let key = dir.join(format!("{name}.key"));
-    for (path, text) in [(&key, &pair.1), (&cert, &pair.0)] {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, path).unwrap();
-    }
-    (cert, key)
-}
 
 /// A rustls client connection that trusts only the test CA.
 struct TlsConn {

@@ -85,6 +85,11 @@ pub struct Store {
     pub lease_ttl: Option<Spanned<String>>,
     /// Redis Cluster nodes as a list, instead of one `redis+cluster://` URL.
     pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `rediss://`: the CA that signed the servers' certificates (default: the system's and
+    /// Mozilla's roots), and an optional client certificate and key (mutual TLS).
+    pub tls_ca: Option<Spanned<String>>,
+    pub tls_cert: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -76,14 +76,14 @@ pub fn compile_tls(
 }
 
 /// Relative cert and key paths are read from the config file's directory, like nginx's `conf/`.
-fn base_dir(file: &str) -> PathBuf {
+pub(super) fn base_dir(file: &str) -> PathBuf {
     match Path::new(file).parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     }
 }
 
-fn resolve(base: &Path, path: &str) -> PathBuf {
+pub(super) fn resolve(base: &Path, path: &str) -> PathBuf {
     let p = Path::new(path);
     if p.is_absolute() {
         p.to_path_buf()

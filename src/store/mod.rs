@@ -22,7 +22,7 @@ use crate::limit::{LimitReq, State, Verdict};
 pub use self::conn::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, MemoryConnStore};
 pub use self::guarded::GuardedStore;
 pub use self::memory::MemoryStore;
-pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig};
+pub use self::redis::{redis_key, RedisClock, RedisStore, RedisStoreConfig, RedisTls};
 pub use self::redis_slots::key_slot;
 pub use self::redis_url::{parse_redis_url, RedisTopology};
 

@@ -104,6 +104,12 @@ pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
+/// Makes `ring` the process's default rustls provider, for clients that do not take one
+/// explicitly (redis-rs's `rediss://`). Idempotent.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The crypto provider of every TLS object Weir makes: rustls on `ring`, as in Pingora's build.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
