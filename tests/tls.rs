@@ -330,3 +330,71 @@ fn check_refuses_a_key_of_another_certificate_and_warns_of_expiry() {
         out.describe()
     );
 }
+
+#[test]
+fn delays_work_over_http2_and_the_head_deadline_does_not_cut_h2_connections() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    // 40 r/m: the second request of a key waits 1.5 s, longer than header_timeout.
+    let routes = r#"
+[[limit_req_zone]]
+name = "per_key"
+key = "header:X-Key"
+rate = "40r/m"
+
+[[route]]
+name = "slow"
+path_prefix = "/"
+upstream = "app"
+limit_req = [ { zone = "per_key", burst = 1 } ]
+"#;
+    let w = Weir::start(&tls_config(up.addr(), "h2c = true\nheader_timeout = \"1s\"", &[a], routes));
+    let (plain, tls) = (w.addrs[0], w.addrs[1]);
+    let resolve = format!("a.test:{}:127.0.0.1", tls.port());
+    let https = format!("https://a.test:{}/x", tls.port());
+    let h2c = format!("http://{plain}/x");
+    let ca_path = ca_file.to_str().unwrap();
+    for (key, args) in [
+        ("h2", vec!["--http2", "--cacert", ca_path, "--resolve", &resolve, &https]),
+        ("h2c", vec!["--http2-prior-knowledge", &h2c]),
+    ] {
+        let key_header = format!("X-Key: {key}");
+        let mut all: Vec<&str> = vec!["-H", &key_header];
+        all.extend(args.iter().copied());
+        assert_eq!(curl(&all).1, 200, "{key}: first request");
+        let started = std::time::Instant::now();
+        let (version, status, _) = curl(&all);
+        let waited = started.elapsed();
+        assert_eq!((version.as_str(), status), ("HTTP/2", 200), "{key}: delayed, then forwarded\n{}", w.stderr());
+        assert!(waited >= Duration::from_millis(1300), "{key}: answered after {waited:?}, expected the 1.5 s delay");
+    }
+}
+
+#[test]
+fn a_tls_handshake_must_finish_within_header_timeout() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let w = Weir::start(&tls_config(up.addr(), "header_timeout = \"1s\"", &[a], ROUTES));
+    // A client that connects and never says hello is closed at the head deadline.
+    let mut silent = TcpStream::connect(w.addrs[1]).unwrap();
+    silent.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = silent.read(&mut buf);
+    let waited = started.elapsed();
+    assert!(matches!(read, Ok(0)) || read.is_err(), "{read:?}");
+    assert!(waited >= Duration::from_millis(800) && waited < Duration::from_secs(5), "closed after {waited:?}");
+    // A plain HTTP request on the TLS port is not HTTP: the handshake fails, the connection closes.
+    let mut wrong = TcpStream::connect(w.addrs[1]).unwrap();
+    wrong.set_read_timeout(Some(TIMEOUT)).unwrap();
+    wrong.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = wrong.read_to_end(&mut answer);
+    assert!(!String::from_utf8_lossy(&answer).contains("HTTP/1.1 200"), "{answer:?}");
+}
