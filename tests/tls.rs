@@ -398,3 +398,76 @@ fn a_tls_handshake_must_finish_within_header_timeout() {
     let _ = wrong.read_to_end(&mut answer);
     assert!(!String::from_utf8_lossy(&answer).contains("HTTP/1.1 200"), "{answer:?}");
 }
+
+#[test]
+fn grpc_requests_over_a_limit_conn_cap_get_resource_exhausted_too() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let routes = r#"
+[[limit_conn_zone]]
+name = "conns"
+key = "header:X-Key"
+
+[[route]]
+name = "svc"
+path_prefix = "/"
+upstream = "app"
+limit_conn = [ { zone = "conns", max = 1 } ]
+grpc_status = 14
+"#;
+    let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], routes));
+    up.set_sleep(Duration::from_millis(1500));
+    let url = format!("http://{}/demo.Greeter/SayHello", w.addrs[0]);
+    let args = |url: &str| -> Vec<String> {
+        ["--http2-prior-knowledge", "-X", "POST", "-H", "content-type: application/grpc+proto", "-H", "X-Key: k"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--data-binary".to_string(), String::new(), url.to_string()])
+            .collect()
+    };
+    let first_args = args(&url);
+    let first = std::thread::spawn(move || {
+        let refs: Vec<&str> = first_args.iter().map(String::as_str).collect();
+        curl(&refs)
+    });
+    assert!(up.wait_hits(1, TIMEOUT), "the first call reached the upstream");
+    let second_args = args(&url);
+    let refs: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let (_, status, headers) = curl(&refs);
+    assert_eq!(status, 200, "{headers:?}");
+    assert_eq!(header(&headers, "grpc-status"), Some("14"), "the route's grpc_status: {headers:?}");
+    assert_eq!(
+        header(&headers, "grpc-message"),
+        Some("too many concurrent requests: route svc, zone conns, max 1, retry after 1s")
+    );
+    assert_eq!(header(&headers, "retry-after"), Some("1"));
+    assert_eq!(first.join().unwrap().1, 200, "the call holding the place is served");
+}
+
+#[test]
+fn a_config_reload_brings_new_certificates() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let w = Weir::start(&tls_config(up.addr(), "", &[a], ROUTES));
+    let tls_addr = w.addrs[1];
+    let before = TlsConn::connect(tls_addr, "new.test", &ca.pem(), &rustls::version::TLS13);
+    assert!(before.is_err(), "new.test gets the default certificate (a.test), which does not verify");
+
+    let (cert, key) = install(dir.path(), "new", &ca.leaf(&["new.test"], "new.test", 90));
+    let text = std::fs::read_to_string(&w.config_path).unwrap();
+    let text = format!("{text}\n[[server.tls]]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display());
+    std::fs::write(&w.config_path, text).unwrap();
+    let served = poll(
+        TIMEOUT,
+        Duration::from_millis(100),
+        || TlsConn::connect(tls_addr, "new.test", &ca.pem(), &rustls::version::TLS13).map(|c| common_name(&c.leaf())),
+        |cn| cn.as_deref() == Ok("new.test"),
+    );
+    assert!(served.is_ok(), "{served:?}\n{}", w.stderr());
+    let a = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
+    assert_eq!(common_name(&a.leaf()), "a.test");
+}
