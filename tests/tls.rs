@@ -471,3 +471,32 @@ fn a_config_reload_brings_new_certificates() {
     let a = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
     assert_eq!(common_name(&a.leaf()), "a.test");
 }
+
+#[test]
+fn http2_routes_match_on_authority() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let routes = r#"
+[[route]]
+name = "a"
+host = "a.test"
+path_prefix = "/"
+upstream = "app"
+"#;
+    let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], routes));
+    let (plain, tls) = (w.addrs[0], w.addrs[1]);
+    let resolve = format!("a.test:{}:127.0.0.1", tls.port());
+    let https = format!("https://a.test:{}/x", tls.port());
+    let h2 = curl(&["--http2", "--cacert", ca_file.to_str().unwrap(), "--resolve", &resolve, &https]);
+    assert_eq!((h2.0.as_str(), h2.1), ("HTTP/2", 200));
+    let connect_to = format!("a.test:80:127.0.0.1:{}", plain.port());
+    let h2c = curl(&["--http2-prior-knowledge", "--connect-to", &connect_to, "http://a.test/x"]);
+    assert_eq!((h2c.0.as_str(), h2c.1), ("HTTP/2", 200));
+    let other = curl(&["--http2-prior-knowledge", &format!("http://{plain}/x")]);
+    assert_eq!(other.1, 404, ":authority 127.0.0.1 matches no route");
+    assert_eq!(up.seen().last().and_then(|s| s.header("host")).as_deref(), Some("a.test"), "the upstream gets Host");
+}
