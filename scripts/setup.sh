@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
 # cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), curl,
-# and a Rust toolchain through rustup when cargo is missing.
+# Debian's python3-grpcio (a real gRPC client for tests/tls.rs), and a Rust toolchain through rustup when cargo is missing.
 set -euo pipefail
 
 need_apt=()
@@ -10,6 +10,7 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+/usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || need_apt+=(python3-grpcio)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""

@@ -500,3 +500,67 @@ upstream = "app"
     assert_eq!(other.1, 404, ":authority 127.0.0.1 matches no route");
     assert_eq!(up.seen().last().and_then(|s| s.header("host")).as_deref(), Some("a.test"), "the upstream gets Host");
 }
+
+/// Four unary calls of `/demo.Greeter/SayHello` with Debian's python3-grpcio (raw bytes, no
+/// stubs), `x-key: py`; one line per call: `OK` or `CODE|details`.
+const GRPC_CLIENT: &str = r#"
+import sys, grpc
+target, ca = sys.argv[1], sys.argv[2]
+if ca == "-":
+    channel = grpc.insecure_channel(target)
+else:
+    creds = grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read())
+    channel = grpc.secure_channel(target, creds, options=(("grpc.ssl_target_name_override", "a.test"),))
+call = channel.unary_unary("/demo.Greeter/SayHello")
+for _ in range(4):
+    try:
+        call(b"", timeout=5, metadata=(("x-key", "py"),))
+        print("OK")
+    except grpc.RpcError as e:
+        print(e.code().name + "|" + (e.details() or ""))
+"#;
+
+#[test]
+fn a_real_grpc_client_sees_resource_exhausted_with_the_message() {
+    let up = Upstream::start();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let routes = r#"
+[[limit_req_zone]]
+name = "per_key"
+key = "header:X-Key"
+rate = "1r/m"
+
+[[route]]
+name = "greeter"
+path_prefix = "/demo.Greeter/"
+upstream = "app"
+limit_req = [ { zone = "per_key", burst = 2, nodelay = true } ]
+"#;
+    for (name, tls) in [("h2c", false), ("h2 over TLS", true)] {
+        let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a.clone()], routes));
+        let target = if tls { format!("127.0.0.1:{}", w.addrs[1].port()) } else { w.addrs[0].to_string() };
+        let ca_arg = if tls { ca_file.to_str().unwrap().to_string() } else { "-".to_string() };
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", GRPC_CLIENT, &target, &ca_arg])
+            .output()
+            .expect("/usr/bin/python3 with grpcio (apt-get install python3-grpcio; scripts/setup.sh does)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let calls: Vec<&str> = stdout.lines().collect();
+        assert_eq!(calls.len(), 4, "{name}: {out:?}");
+        // The first three pass the limit and reach the (HTTP/1.1, non-gRPC) test upstream, which
+        // the client reports as some error of its own; the fourth is Weir's rejection.
+        assert!(calls[..3].iter().all(|c| !c.starts_with("RESOURCE_EXHAUSTED")), "{name}: {calls:?}");
+        let (code, details) = calls[3].split_once('|').unwrap_or((calls[3], ""));
+        assert_eq!(code, "RESOURCE_EXHAUSTED", "{name}: {calls:?}");
+        assert!(details.starts_with("rate limited: route greeter, zone per_key, retry after "), "{name}: {details}");
+        assert_eq!(
+            up.hits_with_prefix("/demo.Greeter/"),
+            if tls { 6 } else { 3 },
+            "{name}: the rejected call never reached the upstream"
+        );
+    }
+}

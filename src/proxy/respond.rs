@@ -62,11 +62,16 @@ async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)
     resp.insert_header("content-type", "application/grpc")?;
     resp.insert_header("grpc-status", code.to_string())?;
     resp.insert_header("grpc-message", encode_grpc_message(message))?;
-    if session.req_header().version != http::Version::HTTP_2 {
-        // gRPC-Web and other HTTP/1.1 clients need the end of the (empty) body marked.
-        resp.insert_header("Content-Length", "0")?;
-    }
     session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
+    // HTTP/2: one HEADERS frame with END_STREAM. Pingora's proxy session would follow the header
+    // with an empty DATA frame, and gRPC clients read `grpc-status` only from a frame that ends
+    // the stream (they report "Stream removed"/UNKNOWN otherwise).
+    if let pingora::protocols::http::ServerSession::H2(h2) = session.as_downstream_mut() {
+        h2.write_response_header(Box::new(resp), true)?;
+        return Ok(true);
+    }
+    // gRPC-Web and other HTTP/1.1 clients need the end of the (empty) body marked.
+    resp.insert_header("Content-Length", "0")?;
     session.write_response_header(Box::new(resp), true).await?;
     Ok(true)
 }
