@@ -541,7 +541,7 @@ upstream = "app"
 limit_req = [ { zone = "per_key", burst = 2, nodelay = true } ]
 "#;
     for (name, tls) in [("h2c", false), ("h2 over TLS", true)] {
-        let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a.clone()], routes));
+        let w = Weir::start(&tls_config(up.addr(), "h2c = true", std::slice::from_ref(&a), routes));
         let target = if tls { format!("127.0.0.1:{}", w.addrs[1].port()) } else { w.addrs[0].to_string() };
         let ca_arg = if tls { ca_file.to_str().unwrap().to_string() } else { "-".to_string() };
         let out = Command::new("/usr/bin/python3")
