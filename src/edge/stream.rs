@@ -5,7 +5,9 @@
 //!
 //! The stream cannot see where a head ends, so the proxy tells it: `request_started` once the
 //! head is parsed, `request_finished` when the response is done. Everything else is forwarded
-//! to the socket untouched.
+//! to the socket untouched. On a TLS listener it wraps the decrypted stream (the handshake is
+//! bounded by the edge). An HTTP/2 connection (`multiplexed`) carries many requests whose heads
+//! the proxy cannot report here: only its preface is timed (see the field's doc).
 
 use std::future::Future;
 use std::io;
