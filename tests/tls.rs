@@ -177,16 +177,23 @@ fn https_sni_tls12_and_13_and_certificates_reload_without_dropping_connections()
 }
 
 #[test]
-fn min_tls_13_refuses_tls12_clients() {
+fn min_tls_13_refuses_tls12_clients_and_http2_false_keeps_http11() {
     let up = Upstream::start();
     let ca = Ca::new();
     let dir = tempfile::tempdir().unwrap();
     let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
-    let w = Weir::start(&tls_config(up.addr(), "min_tls = \"1.3\"", &[a], ROUTES));
+    let w = Weir::start(&tls_config(up.addr(), "min_tls = \"1.3\"\nhttp2 = false", &[a], ROUTES));
     let tls_addr = w.addrs[1];
     assert!(TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS12).is_err());
     let mut ok = TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS13).unwrap();
     assert_eq!(ok.get("a.test", "/x").unwrap().0, 200);
+    // http2 = false: ALPN offers only http/1.1, so an h2-capable client falls back to it.
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let resolve = format!("a.test:{}:127.0.0.1", tls_addr.port());
+    let url = format!("https://a.test:{}/x", tls_addr.port());
+    let (version, status, _) = curl(&["--http2", "--cacert", ca_file.to_str().unwrap(), "--resolve", &resolve, &url]);
+    assert_eq!((version.as_str(), status), ("HTTP/1.1", 200));
 }
 
 /// One curl request: (HTTP version, status, lower-cased headers).
