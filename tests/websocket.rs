@@ -9,8 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use support::config::memory_with_app;
-use support::http::get_with;
+use support::metrics::scrape;
 use support::poll::poll;
 use support::redis_server::RedisServer;
 use support::weir::Weir;
@@ -75,11 +74,53 @@ fn open(weir: SocketAddr, key: &str) -> (String, Option<TcpStream>) {
     }
 }
 
-fn echo(conn: &mut TcpStream, message: &[u8]) -> Vec<u8> {
-    conn.write_all(message).unwrap();
+/// Sends `message` and reads as many bytes back (or what came before the socket closed).
+fn echo(conn: &mut TcpStream, message: &[u8]) -> String {
+    if conn.write_all(message).is_err() {
+        return "<write failed>".to_string();
+    }
     let mut got = vec![0u8; message.len()];
-    conn.read_exact(&mut got).unwrap();
-    got
+    let mut filled = 0;
+    while filled < got.len() {
+        match conn.read(&mut got[filled..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => filled += n,
+        }
+    }
+    got.truncate(filled);
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Opens a tunnel that carries data: Pingora 0.9.1 sometimes tears an upgrade down right after
+/// the 101 when the upstream answers faster than the request's empty body is processed
+/// (cloudflare/pingora#946, fixes pending), and the client sees EOF; like any WebSocket client,
+/// open again. Returns the socket and how many upgrade requests it took.
+fn tunnel(weir: SocketAddr, key: &str) -> (TcpStream, u32) {
+    let mut attempts = 0;
+    let opened = poll(
+        TIMEOUT,
+        Duration::from_millis(50),
+        || {
+            attempts += 1;
+            let (status, conn) = open(weir, key);
+            match conn {
+                Some(mut conn) => {
+                    if echo(&mut conn, b"probe") == "probe" {
+                        Ok(conn)
+                    } else {
+                        Err(format!("{status}, then EOF"))
+                    }
+                }
+                None => Err(status),
+            }
+        },
+        Result::is_ok,
+    );
+    match opened {
+        Ok(Ok(conn)) => (conn, attempts),
+        Ok(Err(status)) | Err(Err(status)) => panic!("no working tunnel after {attempts} upgrades: {status}"),
+        Err(Ok(_)) => unreachable!(),
+    }
 }
 
 const ZONES: &str = r#"
@@ -96,39 +137,44 @@ key = "header:X-Key"
 name = "chat"
 path_prefix = "/"
 upstream = "app"
-limit_req = [ { zone = "per_key", burst = 2, nodelay = true } ]
+limit_req = [ { zone = "per_key", burst = 100, nodelay = true } ]
 limit_conn = [ { zone = "sockets", max = 1 } ]
 "#;
 
 #[test]
 fn websockets_pass_through_count_once_and_hold_their_limit_conn_place_while_open() {
     let up = echo_upstream();
-    let w = Weir::start(&memory_with_app(up, ZONES));
+    let config = support::config::with_app(support::admin::LISTEN, "[store]\nkind = \"memory\"", up, ZONES);
+    let w = Weir::start(&config);
+    let admin = support::admin::addr(&w);
 
-    let (status, first) = open(w.addr, "alice");
-    let mut first = first.unwrap_or_else(|| panic!("upgrade refused: {status}\n{}", w.stderr()));
+    let (mut first, mut upgrades) = tunnel(w.addr, "alice");
     for i in 0..20 {
         let message = format!("message {i}");
-        assert_eq!(echo(&mut first, message.as_bytes()), message.as_bytes());
+        assert_eq!(echo(&mut first, message.as_bytes()), message, "message {i}\n{}", w.stderr());
     }
     // limit_req before limit_conn, as in nginx: this upgrade is charged, then refused for the place.
     let (status, second) = open(w.addr, "alice");
+    upgrades += 1;
     assert!(status.contains(" 503 "), "limit_conn max = 1 while the first socket is open: {status}");
     assert!(second.is_none());
-    assert_eq!(echo(&mut first, b"still open"), b"still open");
+    assert_eq!(echo(&mut first, b"still open"), "still open", "{}", w.stderr());
 
     drop(first);
-    // The place comes back when the socket closes (its lease is released as the request ends).
-    let reopened = poll(TIMEOUT, Duration::from_millis(50), || open(w.addr, "alice"), |(s, _)| s.contains(" 101 "));
-    let (status, third) = reopened.unwrap_or_else(|(s, _)| panic!("not accepted after the first closed: {s}"));
-    assert!(status.contains(" 101 "));
-    let mut third = third.unwrap();
-    assert_eq!(echo(&mut third, b"again"), b"again");
+    // The place comes back when the socket closes: its lease is released as the request ends.
+    let (mut third, more) = tunnel(w.addr, "alice");
+    upgrades += more;
+    assert_eq!(echo(&mut third, b"again"), "again", "{}", w.stderr());
     drop(third);
-    // Three upgrades (1 + burst 2) used the limit_req allowance; the 21 messages did not.
-    let r =
-        poll(TIMEOUT, Duration::from_millis(50), || get_with(w.addr, "/x", &[("X-Key", "alice")]), |r| r.status != 503);
-    assert_eq!(r.map(|r| r.status).unwrap_or_else(|r| r.status), 429);
+    // Each upgrade request passed limit_req once; the messages (and probes) were never counted.
+    // (Decisions are counted as requests end: the last upgrade's once its socket has closed.)
+    let passed = poll(
+        TIMEOUT,
+        Duration::from_millis(50),
+        || scrape(admin).value_or_zero("weir_limit_req_decisions_total", &[("zone", "per_key"), ("status", "passed")]),
+        |n| *n >= f64::from(upgrades),
+    );
+    assert_eq!(passed, Ok(f64::from(upgrades)));
 }
 
 #[test]
@@ -138,11 +184,10 @@ fn a_long_lived_websocket_keeps_renewing_its_redis_lease() {
     let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\nlease_ttl = \"1s\"\n", redis.url());
     let config = support::config::with_app("", &store, up, ZONES);
     let w = Weir::start(&config);
-    let (status, first) = open(w.addr, "bob");
-    let mut first = first.unwrap_or_else(|| panic!("upgrade refused: {status}\n{}", w.stderr()));
+    let (mut first, _) = tunnel(w.addr, "bob");
     // Three lease lifetimes later the socket still holds its place.
     std::thread::sleep(Duration::from_millis(3000));
-    assert_eq!(echo(&mut first, b"ping"), b"ping");
+    assert_eq!(echo(&mut first, b"ping"), "ping");
     let (status, _) = open(w.addr, "bob");
     assert!(status.contains(" 503 "), "the renewed lease still holds the only place: {status}");
 }
