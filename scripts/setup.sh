@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
 # cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), nginx-light
-# (the replay differential test), curl, and a Rust toolchain through rustup when cargo is missing.
+# (the replay differential test), curl, Debian's python3-grpcio (a real gRPC client for
+# tests/tls.rs), and a Rust toolchain through rustup when cargo is missing.
 set -euo pipefail
 
 need_apt=()
@@ -12,6 +13,7 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 # nginx: the `weir replay` differential test runs it (its own instance on a free loopback port).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+/usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || need_apt+=(python3-grpcio)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""

@@ -16,4 +16,5 @@ pub mod request;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod upstream;

@@ -46,6 +46,9 @@ fn main() -> ExitCode {
         Command::Replay(args) => weir::replay::cli::run(&cli.config, args),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
+                for warning in &rt.warnings {
+                    eprintln!("weir: warning: {warning}");
+                }
                 println!(
                     "{}: ok ({} routes, {} limit_req zones, {} upstreams)",
                     cli.config.display(),

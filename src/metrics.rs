@@ -78,6 +78,8 @@ pub struct Metrics {
     pub redis_eviction_risk: IntGauge,
     /// Times the store's circuit breaker opened.
     pub store_circuit_opens: IntCounter,
+    /// TLS handshakes on `listen_tls`, by result (`ok`, `failed`, `timeout`).
+    pub tls_handshakes: IntCounterVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -153,6 +155,12 @@ impl Metrics {
                 "weir_connections_cut_total",
                 "Client connections closed by a timeout or size cap, by cause.",
                 &["cause"],
+            ),
+            tls_handshakes: counter(
+                &registry,
+                "weir_tls_handshakes_total",
+                "TLS handshakes on listen_tls addresses, by result (ok, failed, timeout).",
+                &["result"],
             ),
             active_leases,
             conn_decisions: counter(

@@ -80,7 +80,11 @@ pub struct Reloader {
     /// What the process really runs with for settings read once at start-up: later files are
     /// compared with this, not with the previous file, to report what awaits a restart.
     started: Startup,
+    /// Called with every config applied after the first (the TLS certificates follow it).
+    on_apply: Mutex<Vec<ApplyHook>>,
 }
+
+type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
 
 struct Startup {
     server: ServerSettings,
@@ -107,7 +111,13 @@ impl Reloader {
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             status: Mutex::new(status),
             started,
+            on_apply: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Runs `hook` with each config a reload applies.
+    pub fn on_apply(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
+        self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
     }
 
     /// The live config, shared with the proxy.
@@ -161,7 +171,14 @@ impl Reloader {
         for change in &status.pending_restart {
             warn!(trigger, "{change}: restart Weir to apply it; everything else is applied now");
         }
-        self.runtime.store(Arc::new(next));
+        for warning in &next.warnings {
+            warn!(trigger, "{warning}");
+        }
+        let next = Arc::new(next);
+        self.runtime.store(next.clone());
+        for hook in self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            hook(&next);
+        }
         status.generation += 1;
         METRICS.config_generation.set(status.generation as i64);
         METRICS.config_reloads.inc();
@@ -333,6 +350,21 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
         changes
             .push(format!("server.threads: running {}, the file says {}", current.server.threads, next.server.threads));
     }
+    if current.server.listen_tls != next.server.listen_tls {
+        changes.push(format!(
+            "server.listen_tls: running {:?}, the file says {:?}",
+            current.server.listen_tls, next.server.listen_tls
+        ));
+    }
+    for (field, running, file) in [
+        ("server.min_tls", current.server.min_tls.as_str(), next.server.min_tls.as_str()),
+        ("server.http2", bool_str(current.server.http2), bool_str(next.server.http2)),
+        ("server.h2c", bool_str(current.server.h2c), bool_str(next.server.h2c)),
+    ] {
+        if running != file {
+            changes.push(format!("{field}: running {running}, the file says {file}"));
+        }
+    }
     if current.server.admin != next.server.admin {
         changes
             .push(format!("server.admin: running {:?}, the file says {:?}", current.server.admin, next.server.admin));
@@ -342,6 +374,14 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
         changes.push("store: the file changes the store settings".to_string());
     }
     changes
+}
+
+fn bool_str(b: bool) -> &'static str {
+    if b {
+        "true"
+    } else {
+        "false"
+    }
 }
 
 fn fingerprint(text: &str) -> String {

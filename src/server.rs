@@ -8,11 +8,12 @@ use pingora::server::Server;
 use crate::admin::AdminApp;
 use crate::config::Runtime;
 use crate::config::StoreSettings;
-use crate::edge::EdgeApp;
+use crate::edge::{EdgeApp, TlsListeners};
 use crate::limit::SystemClock;
 use crate::proxy::WeirProxy;
 use crate::reload::Reloader;
 use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
+use crate::tls::{self, CertResolver, CertWatcher};
 use arc_swap::ArcSwap;
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
@@ -67,6 +68,10 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     // The store (and its Redis connection) is made once and outlives every reload.
     let stores = build_stores(&reloader.runtime())?;
     let listen = runtime.server.listen.clone();
+    let listen_tls = runtime.server.listen_tls.clone();
+    for warning in &runtime.warnings {
+        tracing::warn!("{warning}");
+    }
     reloader.reload_on_sighup()?;
     reloader.watch()?;
 
@@ -84,8 +89,11 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     // Pingora retries a busy address every second forever; a service manager would see a live
     // process that serves nothing. Fail at once instead, naming the address.
-    for (field, addr) in
-        listen.iter().map(|a| ("server.listen", a)).chain(runtime.server.admin.iter().map(|a| ("server.admin", a)))
+    for (field, addr) in listen
+        .iter()
+        .map(|a| ("server.listen", a))
+        .chain(listen_tls.iter().map(|a| ("server.listen_tls", a)))
+        .chain(runtime.server.admin.iter().map(|a| ("server.admin", a)))
     {
         if let Err(e) = std::net::TcpListener::bind(addr) {
             return Err(format!("{field}: cannot listen on {addr}: {e}"));
@@ -96,10 +104,23 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let proxy = WeirProxy::new(reloader.runtime(), stores.limits.clone(), stores.conns);
-    let proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
-    let edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
+    let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
+    proxy.server_options = Some(http_options(&runtime.server));
+    let mut h2 = pingora::protocols::http::v2::server::H2Options::new();
+    // The h2 counterpart of max_header_size (HPACK-decoded size of one request's header list).
+    h2.max_header_list_size(u32::try_from(runtime.server.clients.max_header_size).unwrap_or(u32::MAX));
+    proxy.h2_options = Some(h2);
+    let mut edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
+    if !listen_tls.is_empty() {
+        let resolver = Arc::new(CertResolver::new(runtime.tls_certs.clone()));
+        let config = tls::server_config(resolver.clone(), runtime.server.min_tls, runtime.server.http2)?;
+        let watcher = CertWatcher::start(resolver)?;
+        reloader.on_apply(move |next| watcher.apply_config(next.tls_certs.clone()));
+        edge = edge.with_tls(TlsListeners::new(listen_tls.clone(), config));
+    }
     let mut service = pingora::services::listening::Service::new("weir proxy".to_string(), edge);
-    for addr in &listen {
+    // TLS listeners are plain TCP to Pingora: the edge does their handshake (see edge/tls.rs).
+    for addr in listen.iter().chain(&listen_tls) {
         service.add_tcp(&addr.to_string());
     }
     server.add_service(service);
@@ -112,8 +133,17 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         admin_service.add_tcp(&admin.to_string());
         server.add_service(admin_service);
     }
-    tracing::info!(listen = ?listen, "weir started");
+    tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
     server.run_forever()
+}
+
+/// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle
+/// HTTP/2 connections closed after `keepalive_timeout` like idle HTTP/1.1 ones. Read at start-up.
+fn http_options(server: &crate::config::ServerSettings) -> pingora::apps::HttpServerOptions {
+    let mut options = pingora::apps::HttpServerOptions::default();
+    options.h2c = server.h2c;
+    options.h2_idle_timeout = Some(server.clients.keepalive_timeout);
+    options
 }
 
 /// Raises the soft file-descriptor limit to the hard one (nginx's `worker_rlimit_nofile`) and

@@ -316,6 +316,7 @@ fn lua_script_matches_the_model() {
             timeout: Duration::from_secs(5),
             clock: RedisClock::Local,
             key_prefix: PREFIX.to_string(),
+            tls: None,
         },
         clock.clone(),
     )

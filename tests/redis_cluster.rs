@@ -318,6 +318,7 @@ async fn per_slot_decisions_equal_one_call() {
             timeout: Duration::from_secs(2),
             clock: RedisClock::Local,
             key_prefix: "weir:".into(),
+            tls: None,
         };
         RedisStore::new(config, clock.clone()).expect("store").with_log_entries(true)
     };

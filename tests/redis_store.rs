@@ -19,7 +19,7 @@ use weir::store::{LimitStore, RedisClock, RedisStore, RedisStoreConfig, StoreErr
 const PREFIX: &str = "weir:";
 
 fn store(url: String, clock: RedisClock, timeout: Duration) -> Arc<RedisStore> {
-    let config = RedisStoreConfig { url, timeout, clock, key_prefix: PREFIX.to_string() };
+    let config = RedisStoreConfig { url, timeout, clock, key_prefix: PREFIX.to_string(), tls: None };
     Arc::new(RedisStore::new(config, Arc::new(SystemClock)).unwrap())
 }
 
@@ -215,6 +215,7 @@ async fn redis_clock_is_redis_time() {
         timeout: Duration::from_secs(2),
         clock: RedisClock::Redis,
         key_prefix: PREFIX.to_string(),
+        tls: None,
     };
     let store = RedisStore::new(config, Arc::new(ManualClock::new(1))).unwrap();
     let once_a_second = limit("1r/s", 0, DelayPolicy::NoDelay);
@@ -316,6 +317,7 @@ async fn key_expires_when_its_state_can_be_forgotten(limit: LimitReq, costs: &[u
         timeout: Duration::from_secs(2),
         clock: RedisClock::Redis,
         key_prefix: PREFIX.to_string(),
+        tls: None,
     };
     let store = RedisStore::new(config, Arc::new(SystemClock)).unwrap().with_log_entries(true);
     let zone = limit.algorithm.as_str();
@@ -413,6 +415,7 @@ async fn a_zone_may_change_its_algorithm() {
         timeout: Duration::from_secs(2),
         clock: RedisClock::Local,
         key_prefix: PREFIX.to_string(),
+        tls: None,
     };
     let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
     let limits = [
@@ -490,6 +493,7 @@ async fn a_costly_request_adds_all_its_log_entries() {
         timeout: Duration::from_secs(5),
         clock: RedisClock::Local,
         key_prefix: PREFIX.to_string(),
+        tls: None,
     };
     let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
     let log = window(Algorithm::SlidingLog, 10_000, 60_000);

@@ -19,6 +19,7 @@ use super::zones::{self, Zone};
 use crate::keys::{KeyPart, KeySpec, RealIp};
 use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
+use crate::tls::{CertEntry, MinTls};
 use crate::upstream::Upstream;
 
 /// Largest accepted `burst` and `delay`: far beyond any sane bucket, and small enough that the
@@ -39,6 +40,10 @@ pub struct Runtime {
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
     pub log: LogSettings,
+    /// The `[[server.tls]]` pairs, loaded and checked (empty without TLS listeners).
+    pub tls_certs: Vec<CertEntry>,
+    /// Things to fix that do not stop the config (certificates close to expiry), `file:line: …`.
+    pub warnings: Vec<String>,
 }
 
 impl Runtime {
@@ -57,6 +62,13 @@ impl Runtime {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
+    /// Listeners that speak TLS, with the certificates of `Runtime::tls_certs`.
+    pub listen_tls: Vec<SocketAddr>,
+    pub min_tls: MinTls,
+    /// ALPN offers `h2` on the TLS listeners.
+    pub http2: bool,
+    /// Cleartext HTTP/2 (prior knowledge) on the `listen` addresses.
+    pub h2c: bool,
     pub threads: usize,
     /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
@@ -122,14 +134,15 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     })?;
     let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
 
-    let server = compile_server(&src, server)?;
+    let (server, tls_certs, warnings) = compile_server(&src, server)?;
     let store = store::compile_store(&src, store)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
-    Ok(Runtime { server, store, real_ip, upstreams, zones, conn_zones, routes, matchers, log: compile_log(&src, log)? })
+    let log = compile_log(&src, log)?;
+    Ok(Runtime { server, store, real_ip, upstreams, zones, conn_zones, routes, matchers, log, tls_certs, warnings })
 }
 
 fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {
@@ -157,9 +170,17 @@ fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<Lo
     Ok(LogSettings { level, json, access_log: access_log.unwrap_or(defaults.access_log) })
 }
 
-fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerSettings, ConfigError> {
+type ServerParts = (ServerSettings, Vec<CertEntry>, Vec<String>);
+
+fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerParts, ConfigError> {
+    let server_span = server.span();
     let schema::Server {
         listen,
+        listen_tls,
+        tls,
+        min_tls,
+        http2,
+        h2c,
         threads,
         admin,
         admin_token,
@@ -174,11 +195,17 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         encoded_slashes,
         forwarded_headers,
     } = server.into_inner();
-    if listen.get_ref().is_empty() {
-        return Err(src.error_at(&listen.span(), "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"]"));
+    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2)?;
+    let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
+    let listen = listen.map(Spanned::into_inner).unwrap_or_default();
+    if listen.is_empty() && tls.listen_tls.is_empty() {
+        return Err(src.error_at(
+            &listen_span,
+            "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"] (or server.listen_tls)",
+        ));
     }
     let mut addrs = Vec::new();
-    for addr in listen.into_inner() {
+    for addr in listen {
         let parsed: SocketAddr = addr.get_ref().parse().map_err(|_| {
             src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref()))
         })?;
@@ -257,7 +284,22 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         encoded_slashes,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
     };
-    Ok(ServerSettings { listen: addrs, threads, admin, admin_token, clients })
+    if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {
+        return Err(src
+            .error_at(&listen_span, format!("server.listen: {dup} is in listen_tls too; give each address one role")));
+    }
+    let settings = ServerSettings {
+        listen: addrs,
+        listen_tls: tls.listen_tls,
+        min_tls: tls.min_tls,
+        http2: tls.http2,
+        h2c: h2c.unwrap_or(false),
+        threads,
+        admin,
+        admin_token,
+        clients,
+    };
+    Ok((settings, tls.certs, tls.warnings))
 }
 
 fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result<RealIp, ConfigError> {

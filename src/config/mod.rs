@@ -8,6 +8,7 @@ mod error;
 mod route;
 mod schema;
 mod store;
+mod tls;
 mod upstream;
 mod zones;
 

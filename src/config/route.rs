@@ -44,6 +44,9 @@ pub struct Route {
     /// allow/deny rules in file order; the first match wins; no match allows.
     pub access: Vec<AccessRule>,
     pub cost: Cost,
+    /// The gRPC status a rejection of an `application/grpc*` request carries (HTTP 200 +
+    /// `grpc-status`); `None`: gRPC requests get the HTTP statuses like any other.
+    pub grpc_status: Option<u8>,
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -59,6 +62,9 @@ pub struct Cost {
     /// free pass.
     pub min: u64,
 }
+
+/// gRPC's RESOURCE_EXHAUSTED, the default status of a gRPC request's rejection.
+const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 
 /// The largest `cost` and `max_cost`.
 const MAX_COST: i64 = 1_000_000;
@@ -106,6 +112,8 @@ pub(super) fn compile_routes(
             min_cost,
             allow,
             deny,
+            grpc_rejections,
+            grpc_status,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -188,6 +196,26 @@ pub(super) fn compile_routes(
         let conn_status = conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
         let access = conn::access_rules(&allow, &deny, &here)?;
         let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
+        let grpc_status = match (grpc_rejections, grpc_status) {
+            (Some(false), Some(s)) => {
+                return Err(here(
+                    &s.span(),
+                    "grpc_status: grpc_rejections = false sends HTTP statuses; remove one".into(),
+                ))
+            }
+            (Some(false), None) => None,
+            (_, None) => Some(GRPC_RESOURCE_EXHAUSTED),
+            (_, Some(s)) if (1..=16).contains(s.get_ref()) => Some(*s.get_ref() as u8),
+            (_, Some(s)) => {
+                return Err(here(
+                    &s.span(),
+                    format!(
+                        "grpc_status: must be a gRPC error code 1..=16 (8 is RESOURCE_EXHAUSTED), got {}",
+                        s.get_ref()
+                    ),
+                ))
+            }
+        };
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -199,6 +227,7 @@ pub(super) fn compile_routes(
             conn_status,
             access,
             cost,
+            grpc_status,
         });
         matchers.push(RouteMatcher { path, host, methods });
     }

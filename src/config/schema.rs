@@ -36,7 +36,16 @@ pub struct Log {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Server {
-    pub listen: Spanned<Vec<Spanned<String>>>,
+    pub listen: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Addresses that speak TLS (HTTPS), with the certificates of `tls`.
+    pub listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub tls: Vec<Spanned<TlsCert>>,
+    pub min_tls: Option<Spanned<String>>,
+    /// Offer HTTP/2 through ALPN on the TLS listeners (default true).
+    pub http2: Option<bool>,
+    /// Cleartext HTTP/2 with prior knowledge on the `listen` addresses (default false).
+    pub h2c: Option<bool>,
     pub threads: Option<Spanned<i64>>,
     pub admin: Option<Spanned<String>>,
     pub admin_token: Option<Spanned<String>>,
@@ -51,6 +60,14 @@ pub struct Server {
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub encoded_slashes: Option<Spanned<String>>,
     pub forwarded_headers: Option<bool>,
+}
+
+/// One `[[server.tls]]` certificate: a PEM chain (leaf first) and its key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCert {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,6 +85,11 @@ pub struct Store {
     pub lease_ttl: Option<Spanned<String>>,
     /// Redis Cluster nodes as a list, instead of one `redis+cluster://` URL.
     pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `rediss://`: the CA that signed the servers' certificates (default: the system's and
+    /// Mozilla's roots), and an optional client certificate and key (mutual TLS).
+    pub tls_ca: Option<Spanned<String>>,
+    pub tls_cert: Option<Spanned<String>>,
+    pub tls_key: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +204,10 @@ pub struct Route {
     pub allow: Vec<Spanned<String>>,
     #[serde(default)]
     pub deny: Vec<Spanned<String>>,
+    /// Rejections of `application/grpc*` requests as gRPC statuses (default true).
+    pub grpc_rejections: Option<bool>,
+    /// The gRPC status of those rejections (default 8, RESOURCE_EXHAUSTED).
+    pub grpc_status: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

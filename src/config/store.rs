@@ -7,7 +7,8 @@ use toml::Spanned;
 use super::compile::parse_duration;
 use super::error::{ConfigError, Source};
 use super::schema;
-use crate::store::{parse_redis_url, RedisClock, RedisStoreConfig};
+use crate::store::{parse_redis_url, RedisClock, RedisStoreConfig, RedisTls};
+use rustls_pki_types::pem::PemObject;
 
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
@@ -98,6 +99,62 @@ fn cluster_url(src: &Source<'_>, list: &Spanned<Vec<Spanned<String>>>) -> Result
     Ok(Spanned::new(list.span(), format!("redis+cluster://{auth}{}", hosts.join(","))))
 }
 
+/// `tls_ca`, `tls_cert`, `tls_key`: only with a `rediss://` URL; every file is read and checked
+/// here (the CA parses, the client key matches its certificate).
+fn redis_tls(
+    src: &Source<'_>,
+    url: &str,
+    ca: Option<Spanned<String>>,
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+) -> Result<Option<std::sync::Arc<RedisTls>>, ConfigError> {
+    let Some(first) = [&ca, &cert, &key].into_iter().flatten().next() else { return Ok(None) };
+    let field = if ca.is_some() { "tls_ca" } else { "tls_cert" };
+    if url.starts_with("redis+sentinel") {
+        return Err(
+            src.error_at(&first.span(), format!("store.{field}: TLS to Sentinel deployments is not supported yet"))
+        );
+    }
+    if !url.starts_with("rediss") {
+        return Err(src.error_at(
+            &first.span(),
+            format!("store.{field}: the url does not use TLS; write rediss:// (or rediss+cluster://)"),
+        ));
+    }
+    let base = super::tls::base_dir(src.file);
+    let ca = match ca {
+        None => None,
+        Some(ca) => {
+            let path = super::tls::resolve(&base, ca.get_ref());
+            let pem = std::fs::read(&path)
+                .map_err(|e| src.error_at(&ca.span(), format!("store.tls_ca: cannot read {}: {e}", path.display())))?;
+            let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem).filter(|c| c.is_ok()).count();
+            if certs == 0 {
+                return Err(
+                    src.error_at(&ca.span(), format!("store.tls_ca: {} holds no PEM certificate", path.display()))
+                );
+            }
+            Some((path, pem))
+        }
+    };
+    let client = match (cert, key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let cert_path = super::tls::resolve(&base, cert.get_ref());
+            let key_path = super::tls::resolve(&base, key.get_ref());
+            crate::tls::load_pair(&cert_path, &key_path)
+                .map_err(|e| src.error_at(&cert.span(), format!("store.tls_cert: {e}")))?;
+            let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_default();
+            Some((cert_path.clone(), read(&cert_path), read(&key_path)))
+        }
+        (Some(one), None) | (None, Some(one)) => {
+            return Err(src.error_at(&one.span(), "store.tls_cert and store.tls_key: give both, or neither"))
+        }
+    };
+    let (ca_file, ca_pem) = ca.map_or((None, None), |(p, pem)| (Some(p), Some(pem)));
+    Ok(Some(std::sync::Arc::new(RedisTls { ca_file, ca_pem, client })))
+}
+
 pub(super) fn compile_store(
     src: &Source<'_>,
     store: Option<Spanned<schema::Store>>,
@@ -117,6 +174,9 @@ pub(super) fn compile_store(
         circuit_breaker_failures,
         lease_ttl,
         cluster,
+        tls_ca,
+        tls_cert,
+        tls_key,
     } = store.into_inner();
     match kind.get_ref().as_str() {
         "memory" => {
@@ -131,6 +191,9 @@ pub(super) fn compile_store(
                 ("circuit_breaker_failures", circuit_breaker_failures.map(|k| k.span())),
                 ("lease_ttl", lease_ttl.map(|k| k.span())),
                 ("cluster", cluster.as_ref().map(|k| k.span())),
+                ("tls_ca", tls_ca.as_ref().map(|k| k.span())),
+                ("tls_cert", tls_cert.as_ref().map(|k| k.span())),
+                ("tls_key", tls_key.as_ref().map(|k| k.span())),
             ];
             if let Some((field, Some(span))) = redis_only.into_iter().find(|(_, s)| s.is_some()) {
                 return Err(src.error_at(&span, format!("store.{field}: only applies to kind = \"redis\"")));
@@ -217,7 +280,11 @@ pub(super) fn compile_store(
                 },
                 breaker_failures: int_in(&circuit_breaker_failures, "circuit_breaker_failures", 1..=1_000, 3)? as u32,
             };
-            Ok(StoreSettings::Redis(RedisStoreConfig { url: url.into_inner(), timeout, clock, key_prefix }, resilience))
+            let tls = redis_tls(src, url.get_ref(), tls_ca, tls_cert, tls_key)?;
+            Ok(StoreSettings::Redis(
+                RedisStoreConfig { url: url.into_inner(), timeout, clock, key_prefix, tls },
+                resilience,
+            ))
         }
         other => {
             Err(src.error_at(&kind.span(), format!("store.kind: expected \"memory\" or \"redis\", got {other:?}")))

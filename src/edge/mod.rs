@@ -5,6 +5,7 @@
 
 mod caps;
 mod stream;
+mod tls;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,13 +14,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::Stream;
+use pingora::protocols::{Stream, ALPN};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncWriteExt;
 
 pub use caps::{ConnPermit, ConnectionCaps, Refusal};
 pub use stream::{GuardedStream, StreamLimits};
+pub use tls::TlsListeners;
 
 use crate::config::Runtime;
 use crate::metrics::METRICS;
@@ -30,6 +32,8 @@ use crate::proxy::{bodies, WeirProxy};
 const FD_RESERVE: usize = 128;
 /// How long a refused connection may take to receive its 503.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 pub struct EdgeApp {
     proxy: Arc<HttpProxy<WeirProxy>>,
@@ -37,16 +41,29 @@ pub struct EdgeApp {
     caps: Arc<ConnectionCaps>,
     /// The instance cap when the config sets none, from the file-descriptor limit.
     default_max_connections: usize,
+    /// The `listen_tls` addresses and their acceptor.
+    tls: Option<TlsListeners>,
+    /// Cleartext HTTP/2 with prior knowledge is enabled (`server.h2c`).
+    h2c: bool,
 }
 
 impl EdgeApp {
     pub fn new(proxy: HttpProxy<WeirProxy>, runtime: Arc<ArcSwap<Runtime>>, fd_limit: u64) -> Self {
+        let h2c = proxy.server_options.as_ref().is_some_and(|o| o.h2c);
         Self {
             proxy: Arc::new(proxy),
             runtime,
             caps: Arc::new(ConnectionCaps::default()),
             default_max_connections: default_max_connections(fd_limit),
+            tls: None,
+            h2c,
         }
+    }
+
+    /// Connections accepted on these addresses start with a TLS handshake.
+    pub fn with_tls(mut self, tls: TlsListeners) -> Self {
+        self.tls = Some(tls);
+        self
     }
 }
 
@@ -63,6 +80,7 @@ impl ServerApp for EdgeApp {
         let runtime = self.runtime.load();
         let clients = &runtime.server.clients;
         let peer = peer_ip(&stream);
+        let tls = self.tls.as_ref().filter(|t| local_addr(&stream).is_some_and(|a| t.serves(a)));
         // Trusted proxies carry many clients on their connections: only the instance cap counts them.
         let trusted = match (peer, runtime.real_ip.as_ref()) {
             (Some(ip), Some(real_ip)) => real_ip.is_trusted(&ip),
@@ -74,7 +92,12 @@ impl ServerApp for EdgeApp {
             Ok(permit) => permit,
             Err(refusal) => {
                 METRICS.connections_refused.with_label_values(&[refusal.label()]).inc();
-                refuse(&mut stream, refusal).await;
+                if tls.is_some() {
+                    // Before the handshake there is no way to say why: just close.
+                    pingora::protocols::Shutdown::shutdown(&mut *stream).await;
+                } else {
+                    refuse(&mut stream, refusal).await;
+                }
                 return None;
             }
         };
@@ -84,7 +107,41 @@ impl ServerApp for EdgeApp {
             max_header_size: clients.max_header_size,
         };
         drop(runtime);
-        let guarded: Stream = Box::new(GuardedStream::new(stream, limits, permit));
+        let (stream, multiplexed) = match tls {
+            Some(tls) => match tls.handshake(stream, limits.header_timeout).await {
+                Ok(stream) => {
+                    METRICS.tls_handshakes.with_label_values(&["ok"]).inc();
+                    let h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2));
+                    (stream, h2)
+                }
+                Err(e) => {
+                    let label = match e {
+                        tls::HandshakeError::TimedOut => "timeout",
+                        tls::HandshakeError::Failed(_) => "failed",
+                    };
+                    METRICS.tls_handshakes.with_label_values(&[label]).inc();
+                    tracing::debug!(peer = ?peer, error = ?e, "TLS handshake failed");
+                    return None;
+                }
+            },
+            None if self.h2c => {
+                let mut preface = [0u8; H2_PREFACE.len()];
+                // Pingora peeks for the preface too, without a deadline: bound the wait here.
+                match tokio::time::timeout(limits.header_timeout, stream.try_peek(&mut preface)).await {
+                    Ok(Ok(_)) => {
+                        let h2 = preface == H2_PREFACE;
+                        (stream, h2)
+                    }
+                    Ok(Err(_)) => return None,
+                    Err(_) => {
+                        METRICS.connections_cut.with_label_values(&["header_timeout"]).inc();
+                        return None;
+                    }
+                }
+            }
+            None => (stream, false),
+        };
+        let guarded: Stream = Box::new(GuardedStream::new(stream, limits, permit, multiplexed));
         // HTTP/1 keep-alive loops inside the proxy, so this returns when the connection is done.
         self.proxy.process_new(guarded, shutdown).await
     }
@@ -92,6 +149,11 @@ impl ServerApp for EdgeApp {
     async fn cleanup(&self) {
         self.proxy.cleanup().await
     }
+}
+
+fn local_addr(stream: &Stream) -> Option<std::net::SocketAddr> {
+    let digest = stream.get_socket_digest()?;
+    digest.local_addr().and_then(|a| a.as_inet()).copied()
 }
 
 fn peer_ip(stream: &Stream) -> Option<IpAddr> {

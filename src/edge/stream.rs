@@ -5,7 +5,9 @@
 //!
 //! The stream cannot see where a head ends, so the proxy tells it: `request_started` once the
 //! head is parsed, `request_finished` when the response is done. Everything else is forwarded
-//! to the socket untouched.
+//! to the socket untouched. On a TLS listener it wraps the decrypted stream (the handshake is
+//! bounded by the edge). An HTTP/2 connection (`multiplexed`) carries many requests whose heads
+//! the proxy cannot report here: only its preface is timed (see the field's doc).
 
 use std::future::Future;
 use std::io;
@@ -49,12 +51,19 @@ pub struct GuardedStream {
     armed_for: u8,
     deadline: Option<Pin<Box<Sleep>>>,
     head_bytes: usize,
+    /// HTTP/2: many requests share the connection and the proxy cannot mark their heads here
+    /// (an h2 session has no stream of its own). Only the connection preface is timed; request
+    /// heads are bounded by h2's header-list limit, idleness by `h2_idle_timeout`.
+    multiplexed: bool,
     _permit: ConnPermit,
 }
 
+/// The HTTP/2 connection preface's length: once it is in, an h2 connection is past its head.
+const H2_PREFACE_LEN: usize = 24;
+
 impl GuardedStream {
     /// Wraps a new connection: its first request head must arrive within `header_timeout`.
-    pub fn new(inner: Stream, limits: StreamLimits, permit: ConnPermit) -> Self {
+    pub fn new(inner: Stream, limits: StreamLimits, permit: ConnPermit, multiplexed: bool) -> Self {
         METRICS.connections_open.inc();
         Self {
             inner,
@@ -63,6 +72,7 @@ impl GuardedStream {
             armed_for: HEAD,
             deadline: Some(Box::pin(sleep(limits.header_timeout))),
             head_bytes: 0,
+            multiplexed,
             _permit: permit,
         }
     }
@@ -130,7 +140,14 @@ impl AsyncRead for GuardedStream {
                     this.deadline = Some(Box::pin(sleep(this.limits.header_timeout)));
                     this.head_bytes = read;
                 }
-                HEAD => this.head_bytes += read,
+                HEAD => {
+                    this.head_bytes += read;
+                    if this.multiplexed && this.head_bytes >= H2_PREFACE_LEN {
+                        this.phase.store(BUSY, Ordering::Release);
+                        this.armed_for = BUSY;
+                        this.deadline = None;
+                    }
+                }
                 _ => {}
             }
         }

@@ -131,7 +131,15 @@ impl ProxyHttp for WeirProxy {
 
         // Framing an upstream could read differently, and paths that have no one meaning, are
         // refused before anything is counted; the connection is closed, as its framing is in doubt.
-        if let Err(e) = hygiene::check(req.version, &req.headers, req.uri.authority().is_some()) {
+        let h2 = req.version == http::Version::HTTP_2;
+        let framing = hygiene::check(req.version, &req.headers, req.uri.authority().is_some()).and_then(|()| {
+            if h2 {
+                hygiene::check_h2_authority(&req.headers, req.uri.authority().map(|a| a.as_str()))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = framing {
             return bad_request(session, ctx, "bad_framing", &e.to_string(), true).await;
         }
         let path = match normalize_path(req.uri.path(), clients.encoded_slashes) {
@@ -151,7 +159,9 @@ impl ProxyHttp for WeirProxy {
         }
 
         let req = session.req_header();
-        let host = req.headers.get(HOST).and_then(|h| h.to_str().ok()).or_else(|| req.uri.host());
+        // HTTP/2 names the host in :authority (a Host beside it was checked to agree).
+        let header_host = || req.headers.get(HOST).and_then(|h| h.to_str().ok());
+        let host = if h2 { req.uri.host().or_else(header_host) } else { header_host().or_else(|| req.uri.host()) };
         let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path()) else {
             ctx.outcome = Outcome::NoRoute;
             return respond::json(session, 404, &[], bodies::no_route()).await;
@@ -196,7 +206,7 @@ impl ProxyHttp for WeirProxy {
             };
             match enforcement.action {
                 Action::Reject { status, body } => {
-                    return respond::json(session, status, &enforcement.headers, body).await;
+                    return respond::rejection(session, route.grpc_status, status, &enforcement.headers, body).await;
                 }
                 Action::Delay(delay) => {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
@@ -229,7 +239,8 @@ impl ProxyHttp for WeirProxy {
                     Some(FailurePolicy::Deny) => Outcome::FailClosed,
                     _ => Outcome::ConnRejected,
                 };
-                return respond::json(session, reject.status, &reject.headers, reject.body).await;
+                return respond::rejection(session, route.grpc_status, reject.status, &reject.headers, reject.body)
+                    .await;
             }
         }
 

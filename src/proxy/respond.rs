@@ -3,7 +3,7 @@
 //! `Retry-After`).
 
 use bytes::Bytes;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -26,4 +26,108 @@ pub async fn json(
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(Bytes::from(body)), true).await?;
     Ok(true)
+}
+
+/// A limit's rejection (limit_req, limit_conn, or the `deny` failure policy). A gRPC request
+/// (`content-type: application/grpc*`) on a route with a `grpc_status` gets a gRPC answer
+/// instead of the JSON one: gRPC libraries turn an HTTP 429 or 503 into a confusing
+/// UNAVAILABLE/UNKNOWN, while `grpc-status: 8` reads as RESOURCE_EXHAUSTED with its message.
+pub async fn rejection(
+    session: &mut Session,
+    grpc_status: Option<u8>,
+    status: u16,
+    headers: &[(&'static str, String)],
+    body: String,
+) -> Result<bool> {
+    match grpc_status.filter(|_| is_grpc(session.req_header())) {
+        Some(code) => grpc(session, code, headers, &grpc_message(&body)).await,
+        None => json(session, status, headers, body).await,
+    }
+}
+
+/// `content-type: application/grpc`, `application/grpc+proto`, `application/grpc-web`, …
+pub fn is_grpc(req: &RequestHeader) -> bool {
+    req.headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().len() >= 16 && v.as_bytes()[..16].eq_ignore_ascii_case(b"application/grpc"))
+}
+
+/// A trailers-only gRPC response: HTTP 200, `grpc-status` and `grpc-message` in the only
+/// HEADERS frame, no body; the rate-limit fields ride along.
+async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)], message: &str) -> Result<bool> {
+    let mut resp = ResponseHeader::build(200, Some(headers.len() + 4))?;
+    for (name, value) in headers {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    resp.insert_header("content-type", "application/grpc")?;
+    resp.insert_header("grpc-status", code.to_string())?;
+    resp.insert_header("grpc-message", encode_grpc_message(message))?;
+    session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
+    // HTTP/2: one HEADERS frame with END_STREAM. Pingora's proxy session would follow the header
+    // with an empty DATA frame, and gRPC clients read `grpc-status` only from a frame that ends
+    // the stream (they report "Stream removed"/UNKNOWN otherwise).
+    if let pingora::protocols::http::ServerSession::H2(h2) = session.as_downstream_mut() {
+        h2.write_response_header(Box::new(resp), true)?;
+        return Ok(true);
+    }
+    // gRPC-Web and other HTTP/1.1 clients need the end of the (empty) body marked.
+    resp.insert_header("Content-Length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
+/// A one-line message for `grpc-message`, from the JSON body the HTTP rejection would carry:
+/// `rate limited: route api, zone per_ip, retry after 3s`.
+pub fn grpc_message(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let mut message = v["error"].as_str().unwrap_or("rejected").replace('_', " ");
+    let mut parts = Vec::new();
+    for field in ["route", "zone"] {
+        if let Some(value) = v[field].as_str() {
+            parts.push(format!("{field} {value}"));
+        }
+    }
+    if let Some(max) = v["max"].as_u64() {
+        parts.push(format!("max {max}"));
+    }
+    if let Some(secs) = v["retry_after"].as_u64() {
+        parts.push(format!("retry after {secs}s"));
+    }
+    if !parts.is_empty() {
+        message.push_str(": ");
+        message.push_str(&parts.join(", "));
+    }
+    message
+}
+
+/// gRPC's percent-encoding of `grpc-message`: bytes outside printable ASCII, and `%`.
+fn encode_grpc_message(message: &str) -> String {
+    const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+    percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_are_readable_and_encoded() {
+        let body = super::super::bodies::rate_limited("api", "per_ip", Some(3));
+        assert_eq!(grpc_message(&body), "rate limited: route api, zone per_ip, retry after 3s");
+        let body = super::super::bodies::too_many_concurrent("api", "c", 2);
+        assert_eq!(grpc_message(&body), "too many concurrent requests: route api, zone c, max 2, retry after 1s");
+        assert_eq!(encode_grpc_message("50% é\n"), "50%25 %C3%A9%0A");
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        let mut req = RequestHeader::build("POST", b"/svc/Method", None).unwrap();
+        assert!(!is_grpc(&req));
+        for ct in ["application/grpc", "application/grpc+proto", "Application/GRPC-web"] {
+            req.insert_header("content-type", ct).unwrap();
+            assert!(is_grpc(&req), "{ct}");
+        }
+        req.insert_header("content-type", "application/json").unwrap();
+        assert!(!is_grpc(&req));
+    }
 }

@@ -13,6 +13,8 @@ pub enum FramingError {
     LengthAndChunked,
     #[error("HTTP/1.1 requests need exactly one Host header")]
     Host,
+    #[error("an HTTP/2 request's Host header must name its :authority")]
+    HostNotAuthority,
 }
 
 /// Checks the framing headers of a request. HTTP/2 carries no Content-Length ambiguity of this
@@ -37,6 +39,23 @@ pub fn check(version: Version, headers: &HeaderMap, has_authority: bool) -> Resu
         }
     }
     Ok(())
+}
+
+/// HTTP/2 names the target in `:authority`; a `Host` header beside it that names another host
+/// would let routing (or an upstream) read a different target than the other: refused, as
+/// RFC 9113 §8.3.1 advises.
+pub fn check_h2_authority(headers: &HeaderMap, authority: Option<&str>) -> Result<(), FramingError> {
+    let mut hosts = headers.get_all(HOST).iter();
+    match (hosts.next(), authority) {
+        (None, _) => Ok(()),
+        (Some(host), Some(authority))
+            if hosts.next().is_none() && host.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) =>
+        {
+            Ok(())
+        }
+        (Some(_), None) if hosts.next().is_none() => Ok(()),
+        _ => Err(FramingError::HostNotAuthority),
+    }
 }
 
 /// Whether the request carries a body that would have to be read (or drained) after an answer.
@@ -80,6 +99,19 @@ mod tests {
         assert_eq!(check(Version::HTTP_11, &headers(&[("host", "a"), ("host", "b")]), false), Err(FramingError::Host));
         assert_eq!(check(Version::HTTP_11, &headers(&[]), true), Ok(()), "absolute-form target");
         assert_eq!(check(Version::HTTP_10, &headers(&[]), false), Ok(()));
+    }
+
+    #[test]
+    fn h2_host_must_match_authority() {
+        assert_eq!(check_h2_authority(&headers(&[]), Some("a.test")), Ok(()));
+        assert_eq!(check_h2_authority(&headers(&[("host", "A.test")]), Some("a.test")), Ok(()));
+        assert_eq!(check_h2_authority(&headers(&[("host", "a.test")]), None), Ok(()));
+        assert_eq!(
+            check_h2_authority(&headers(&[("host", "b.test")]), Some("a.test")),
+            Err(FramingError::HostNotAuthority)
+        );
+        let two = headers(&[("host", "a.test"), ("host", "a.test")]);
+        assert_eq!(check_h2_authority(&two, Some("a.test")), Err(FramingError::HostNotAuthority));
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub use self::guard::GuardedStore;
 pub use self::memory::{MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
 pub use self::redis::{
     key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
-    RedisTopology,
+    RedisTls, RedisTopology,
 };
 
 /// One zone of one request, as the store sees it.

@@ -3,6 +3,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod certs;
 pub mod concurrent;
 pub mod config;
 pub mod http;

@@ -54,20 +54,30 @@ enum Kind {
 impl Connector {
     /// Parses the URL and prepares the client; does no I/O. `timeout` is the budget of one
     /// decision: the client's own connect and response timeouts are derived from it.
-    pub(super) fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+    pub(super) fn new(url: &str, timeout: Duration, tls: Option<&super::RedisTls>) -> Result<Self, StoreError> {
         let topology = parse_redis_url(url).map_err(|e| {
             StoreError::Redis(RedisError::from((ErrorKind::InvalidClientConfig, "invalid store url", e)))
         })?;
+        // redis-rs builds its rustls config on the process's default provider.
+        crate::tls::install_default_provider();
         let response_timeout = timeout.max(Duration::from_millis(50));
         let connection_timeout = timeout.max(Duration::from_millis(200));
         let kind = match topology {
             RedisTopology::Single(url) => {
-                Kind::Single { client: Client::open(url.as_str())?, conn: OnceCell::new(), timeout }
+                let client = match tls {
+                    Some(tls) => Client::build_with_tls(url.as_str(), tls.certificates())?,
+                    None => Client::open(url.as_str())?,
+                };
+                Kind::Single { client, conn: OnceCell::new(), timeout }
             }
             RedisTopology::Cluster(nodes) => {
                 // Few, short retries: a decision waits at most `timeout` anyway (a request whose
                 // caller has gone is dropped, not retried), but a MOVED after a failover needs one.
-                let client = ClusterClientBuilder::new(nodes)
+                let mut builder = ClusterClientBuilder::new(nodes);
+                if let Some(tls) = tls {
+                    builder = builder.certs(tls.certificates());
+                }
+                let client = builder
                     .connection_timeout(connection_timeout)
                     .response_timeout(response_timeout)
                     .retries(3)

@@ -109,8 +109,8 @@ pub type Latest = Arc<Mutex<Option<Result<EvictionStatus, String>>>>;
 
 /// Starts the background check on a thread of its own (with its own connection), so that it runs
 /// from start-up, before any request. Lives as long as the process.
-pub fn watch(url: &str, timeout: Duration, latest: Latest) -> Result<(), String> {
-    let connector = Connector::new(url, timeout).map_err(|e| format!("store: {e}"))?;
+pub fn watch(url: &str, timeout: Duration, tls: Option<&super::RedisTls>, latest: Latest) -> Result<(), String> {
+    let connector = Connector::new(url, timeout, tls).map_err(|e| format!("store: {e}"))?;
     std::thread::Builder::new()
         .name("weir-redis-eviction".into())
         .spawn(move || {

@@ -62,6 +62,39 @@ pub struct RedisStoreConfig {
     pub timeout: Duration,
     pub clock: RedisClock,
     pub key_prefix: String,
+    /// CA and client certificate for a `rediss://` URL; `None`: the default roots, no client cert.
+    pub tls: Option<std::sync::Arc<RedisTls>>,
+}
+
+/// The TLS material of a `rediss://` store, read (and checked) at config load.
+#[derive(Clone)]
+pub struct RedisTls {
+    pub ca_file: Option<std::path::PathBuf>,
+    pub ca_pem: Option<Vec<u8>>,
+    /// (cert file, cert PEM, key PEM) of the client certificate.
+    pub client: Option<(std::path::PathBuf, Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    // Paths only: the key never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client.as_ref().map(|c| &c.0))
+            .finish()
+    }
+}
+
+impl RedisTls {
+    pub(super) fn certificates(&self) -> ::redis::TlsCertificates {
+        ::redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(_, cert, key)| ::redis::ClientTlsConfig { client_cert: cert.clone(), client_key: key.clone() }),
+            root_cert: self.ca_pem.clone(),
+        }
+    }
 }
 
 static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_req.lua")));
@@ -93,7 +126,7 @@ const MAX_EXACT: u64 = 1 << 53;
 impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let conns = Connector::new(&config.url, config.timeout)?;
+        let conns = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
         Ok(Self {
             config,
             clock,
@@ -120,9 +153,9 @@ impl RedisStore {
     }
 
     /// Reads Redis's eviction policy now and every 30 s in the background, on a thread and
-    /// connection of its own, warning when it can evict limit state (`redis_eviction.rs`).
+    /// connection of its own, warning when it can evict limit state (`eviction.rs`).
     pub fn watch_eviction_policy(&self) -> Result<(), String> {
-        eviction::watch(&self.config.url, self.config.timeout, self.eviction.clone())
+        eviction::watch(&self.config.url, self.config.timeout, self.config.tls.as_deref(), self.eviction.clone())
     }
 
     /// "single", "cluster" or "sentinel": the deployment the URL names.
