@@ -1,14 +1,13 @@
 //! Validation and compilation of the TOML front-end into the runtime model. Every reference is
 //! resolved to an index, every address parsed and every regex compiled here, once.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::header::HeaderName;
-use ipnet::IpNet;
 use toml::Spanned;
 
+use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
 use super::route::{self, Route};
@@ -16,7 +15,7 @@ use super::schema;
 use super::store::{self, StoreSettings};
 use super::upstream;
 use super::zones::{self, Zone};
-use crate::keys::{KeyPart, KeySpec, RealIp};
+use crate::keys::RealIp;
 use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
 use crate::tls::{CertEntry, MinTls};
@@ -24,7 +23,6 @@ use crate::upstream::Upstream;
 
 /// Largest accepted `burst` and `delay`: far beyond any sane bucket, and small enough that the
 /// bucket level stays an exact integer in a double (Lua) for every rate unit.
-pub(super) const MAX_BURST: i64 = 1_000_000;
 const MAX_THREADS: i64 = 1024;
 
 /// The compiled, immutable configuration one request reads from start to end.
@@ -321,79 +319,6 @@ fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result
             .map_err(|_| src.error_at(&h.span(), format!("real_ip.header: {:?} is not a header name", h.get_ref())))?,
     };
     Ok(RealIp { trusted, header })
-}
-
-fn parse_cidr(text: &str) -> Option<IpNet> {
-    text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
-}
-
-/// A zone's `key`: one part or a list (composite).
-pub(super) fn key_spec(
-    src: &Source<'_>,
-    key: &Spanned<schema::OneOrMany>,
-    what: &str,
-    zone: &str,
-) -> Result<KeySpec, ConfigError> {
-    let items = key.get_ref().items();
-    if items.is_empty() {
-        return Err(src.error_at(&key.span(), format!("{what} {zone:?}: key must not be empty")));
-    }
-    let parts = items
-        .iter()
-        .map(|k| KeyPart::parse(k).map_err(|e| src.error_at(&key.span(), format!("{what} {zone:?}: key: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(KeySpec(parts))
-}
-
-/// Names appear in headers, Redis keys, logs and metric labels: keep them plain.
-pub(super) fn check_name(src: &Source<'_>, name: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
-    let n = name.get_ref();
-    let ok = !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(src.error_at(&name.span(), format!("{field}: {n:?} must be 1-64 characters of A-Z a-z 0-9 _ - .")))
-    }
-}
-
-pub(super) fn unique(
-    src: &Source<'_>,
-    seen: &mut HashMap<String, usize>,
-    name: &Spanned<String>,
-    what: &str,
-) -> Result<(), ConfigError> {
-    let line = src.line_of(&name.span());
-    match seen.insert(name.get_ref().clone(), line) {
-        Some(first) => Err(src.error_at(
-            &name.span(),
-            format!("duplicate {what} name {:?} (first defined on line {first})", name.get_ref()),
-        )),
-        None => Ok(()),
-    }
-}
-
-pub(super) fn list_or_none(names: &[&str]) -> String {
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    }
-}
-
-/// `"25ms"`, `"1s"`, `"500us"`, `"2m"`, `"1h"`: a number and a unit.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    match unit {
-        "us" => Some(Duration::from_micros(n)),
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

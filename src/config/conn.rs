@@ -7,7 +7,7 @@ use std::ops::Range;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::compile::key_spec;
+use super::checks::key_spec;
 use super::error::{ConfigError, Source};
 use super::schema;
 use super::zones::Zone;
@@ -51,8 +51,8 @@ pub fn compile_conn_zones(
     let mut out = Vec::new();
     for zone in list {
         let schema::LimitConnZone { name, key, max_keys } = zone.into_inner();
-        super::compile::check_name(src, &name, "limit_conn_zone.name")?;
-        super::compile::unique(src, &mut seen, &name, "limit_conn_zone")?;
+        super::checks::check_name(src, &name, "limit_conn_zone.name")?;
+        super::checks::unique(src, &mut seen, &name, "limit_conn_zone")?;
         if req_zones.iter().any(|z| z.name == *name.get_ref()) {
             return Err(src.error_at(
                 &name.span(),

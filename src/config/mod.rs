@@ -2,6 +2,7 @@
 //! immutable [`Runtime`] that requests read without further checks. `weir check` and every load
 //! share this one path.
 
+mod checks;
 mod compile;
 mod conn;
 mod error;
@@ -14,7 +15,8 @@ mod zones;
 
 use std::path::Path;
 
-pub use compile::{parse_duration, ClientLimits, LogSettings, Runtime, ServerSettings};
+pub use checks::parse_duration;
+pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings};
 pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};

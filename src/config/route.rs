@@ -8,7 +8,7 @@ use http::Method;
 use regex::Regex;
 use toml::Spanned;
 
-use super::compile::{check_name, list_or_none, unique, MAX_BURST};
+use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::conn::{self, AccessRule, ConnLimit, ConnZone};
 use super::error::{ConfigError, Source};
 use super::schema;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::compile::parse_duration;
+use super::checks::parse_duration;
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::store::{parse_redis_url, RedisClock, RedisStoreConfig, RedisTls};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::compile::{check_name, parse_duration, unique};
+use super::checks::{check_name, parse_duration, unique};
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::upstream::{

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::compile::{check_name, key_spec, parse_duration, unique, MAX_BURST};
+use super::checks::{check_name, key_spec, parse_duration, unique, MAX_BURST};
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::keys::{KeyPart, KeySpec};
