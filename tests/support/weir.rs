@@ -153,7 +153,13 @@ impl Weir {
         loop {
             pending.retain(|a| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err());
             if pending.is_empty() {
-                return Ok(w);
+                // A port picked free may have been taken by another test's process, which then
+                // answers the connect while this weir exits with "in use" (it fails at once on a
+                // busy address): only a weir still alive a moment later owns its addresses.
+                thread::sleep(Duration::from_millis(100));
+                if w.try_wait().is_none() {
+                    return Ok(w);
+                }
             }
             if let Some(status) = w.try_wait() {
                 let err = w.stderr();
