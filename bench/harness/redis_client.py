@@ -1,4 +1,4 @@
-"""A minimal Redis client (RESP2), enough for INFO, EVAL, GET, MEMORY USAGE; and MONITOR."""
+"""The bench's Redis client (RESP2 from resp.py), with INFO and counter snapshots; and MONITOR."""
 
 from __future__ import annotations
 
@@ -7,46 +7,11 @@ import socket
 import time
 
 from .common import BenchError
+from .resp import RespClient
 
 
-class Redis:
-    def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        self.reader = self.sock.makefile("rb")
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-    def cmd(self, *args):
-        parts = [f"*{len(args)}\r\n".encode()]
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.sendall(b"".join(parts))
-        return self._read()
-
-    def _read(self):
-        line = self.reader.readline()
-        if not line:
-            raise BenchError("redis: connection closed")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise BenchError(f"redis: {rest.decode()}")
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.reader.read(n + 2)[:-2]
-            return data
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise BenchError(f"redis: unexpected reply {line!r}")
+class Redis(RespClient):
+    error = BenchError
 
     def info(self, section: str) -> dict[str, str]:
         text = self.cmd("INFO", section).decode()

@@ -37,6 +37,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The RESP client the bench harness uses too (bench/harness/resp.py, standard library only).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+from resp import RespClient  # noqa: E402
+
 SOAK_DIR = Path(__file__).resolve().parent
 BENCH_DIR = SOAK_DIR.parent
 REPO_DIR = BENCH_DIR.parent
@@ -167,44 +171,11 @@ def tail(path: Path, n: int = 20) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class Redis:
+class Redis(RespClient):
+    error = SoakError
+
     def __init__(self, port: int, timeout: float = 5.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.reader = self.sock.makefile("rb")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.reader.close()
-        self.sock.close()
-
-    def cmd(self, *args):
-        parts = [f"*{len(args)}\r\n".encode()]
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.sendall(b"".join(parts))
-        return self._read()
-
-    def _read(self):
-        line = self.reader.readline()
-        if not line:
-            raise SoakError("redis: connection closed")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise SoakError(f"redis: {rest.decode()}")
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.reader.read(n + 2)[:-2]
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise SoakError(f"redis: unexpected reply {line!r}")
+        super().__init__(port, timeout)
 
     def now_ms(self) -> int:
         sec, usec = self.cmd("TIME")
