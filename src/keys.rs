@@ -201,7 +201,7 @@ pub struct RealIp {
 }
 
 impl RealIp {
-    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
+    fn is_trusted(&self, ip: &IpAddr) -> bool {
         let ip = canonical(*ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
@@ -228,6 +228,11 @@ impl RealIp {
         }
         current
     }
+}
+
+/// Whether the TCP peer is a proxy listed in `real_ip.trusted` (false without `[real_ip]`).
+pub fn peer_is_trusted(peer: Option<IpAddr>, real_ip: Option<&RealIp>) -> bool {
+    matches!((peer, real_ip), (Some(ip), Some(r)) if r.is_trusted(&ip))
 }
 
 /// Resolves the client IP for a request given the optional real-IP settings.

@@ -82,10 +82,7 @@ impl ServerApp for EdgeApp {
         let peer = peer_ip(&stream);
         let tls = self.tls.as_ref().filter(|t| local_addr(&stream).is_some_and(|a| t.serves(a)));
         // Trusted proxies carry many clients on their connections: only the instance cap counts them.
-        let trusted = match (peer, runtime.real_ip.as_ref()) {
-            (Some(ip), Some(real_ip)) => real_ip.is_trusted(&ip),
-            _ => false,
-        };
+        let trusted = crate::keys::peer_is_trusted(peer, runtime.real_ip.as_ref());
         let per_ip = if trusted { None } else { clients.max_connections_per_ip };
         let max_total = clients.max_connections.unwrap_or(self.default_max_connections);
         let permit = match self.caps.admit(peer, max_total, per_ip) {

@@ -126,20 +126,13 @@ impl ProxyHttp for WeirProxy {
         let req = session.req_header();
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
         ctx.peer = peer;
-        ctx.peer_trusted = matches!((peer, rt.real_ip.as_ref()), (Some(ip), Some(r)) if r.is_trusted(&ip));
+        ctx.peer_trusted = keys::peer_is_trusted(peer, rt.real_ip.as_ref());
         ctx.client_ip = keys::client_ip(peer, &req.headers, rt.real_ip.as_ref());
 
         // Framing an upstream could read differently, and paths that have no one meaning, are
         // refused before anything is counted; the connection is closed, as its framing is in doubt.
         let h2 = req.version == http::Version::HTTP_2;
-        let framing = hygiene::check(req.version, &req.headers, req.uri.authority().is_some()).and_then(|()| {
-            if h2 {
-                hygiene::check_h2_authority(&req.headers, req.uri.authority().map(|a| a.as_str()))
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(e) = framing {
+        if let Err(e) = hygiene::check(req.version, &req.headers, req.uri.authority().map(|a| a.as_str())) {
             return bad_request(session, ctx, "bad_framing", &e.to_string(), true).await;
         }
         let path = match normalize_path(req.uri.path(), clients.encoded_slashes) {

@@ -17,9 +17,10 @@ pub enum FramingError {
     HostNotAuthority,
 }
 
-/// Checks the framing headers of a request. HTTP/2 carries no Content-Length ambiguity of this
-/// kind and has `:authority` instead of `Host`, so only the checks that apply are made.
-pub fn check(version: Version, headers: &HeaderMap, has_authority: bool) -> Result<(), FramingError> {
+/// Checks the framing headers of a request; `authority` is the target's authority (absolute form
+/// in HTTP/1.1, `:authority` in HTTP/2). HTTP/2 carries no Content-Length ambiguity of this kind
+/// and names its host in `:authority`, so only the checks that apply are made.
+pub fn check(version: Version, headers: &HeaderMap, authority: Option<&str>) -> Result<(), FramingError> {
     let mut lengths = headers.get_all(CONTENT_LENGTH).iter();
     if let Some(first) = lengths.next() {
         // `5,5` or two `Content-Length` lines: refused rather than rewritten; a client that sends
@@ -34,9 +35,12 @@ pub fn check(version: Version, headers: &HeaderMap, has_authority: bool) -> Resu
     }
     if version == Version::HTTP_11 {
         let hosts = headers.get_all(HOST).iter().count();
-        if hosts > 1 || (hosts == 0 && !has_authority) {
+        if hosts > 1 || (hosts == 0 && authority.is_none()) {
             return Err(FramingError::Host);
         }
+    }
+    if version == Version::HTTP_2 {
+        return check_h2_authority(headers, authority);
     }
     Ok(())
 }
@@ -44,7 +48,7 @@ pub fn check(version: Version, headers: &HeaderMap, has_authority: bool) -> Resu
 /// HTTP/2 names the target in `:authority`; a `Host` header beside it that names another host
 /// would let routing (or an upstream) read a different target than the other: refused, as
 /// RFC 9113 §8.3.1 advises.
-pub fn check_h2_authority(headers: &HeaderMap, authority: Option<&str>) -> Result<(), FramingError> {
+fn check_h2_authority(headers: &HeaderMap, authority: Option<&str>) -> Result<(), FramingError> {
     let mut hosts = headers.get_all(HOST).iter();
     match (hosts.next(), authority) {
         (None, _) => Ok(()),
@@ -80,25 +84,25 @@ mod tests {
     #[test]
     fn content_length_must_be_one_number() {
         let host = ("host", "a");
-        assert_eq!(check(Version::HTTP_11, &headers(&[host, ("content-length", "5")]), false), Ok(()));
+        assert_eq!(check(Version::HTTP_11, &headers(&[host, ("content-length", "5")]), None), Ok(()));
         for bad in [vec![host, ("content-length", "5,5")], vec![host, ("content-length", "5"), ("content-length", "5")]]
         {
-            assert_eq!(check(Version::HTTP_11, &headers(&bad), false), Err(FramingError::AmbiguousContentLength));
+            assert_eq!(check(Version::HTTP_11, &headers(&bad), None), Err(FramingError::AmbiguousContentLength));
         }
         for bad in ["-1", "+5", " 5", "0x5", ""] {
             let h = headers(&[host, ("content-length", bad)]);
-            assert_eq!(check(Version::HTTP_11, &h, false), Err(FramingError::AmbiguousContentLength), "{bad:?}");
+            assert_eq!(check(Version::HTTP_11, &h, None), Err(FramingError::AmbiguousContentLength), "{bad:?}");
         }
         let both = headers(&[host, ("content-length", "5"), ("transfer-encoding", "chunked")]);
-        assert_eq!(check(Version::HTTP_11, &both, false), Err(FramingError::LengthAndChunked));
+        assert_eq!(check(Version::HTTP_11, &both, None), Err(FramingError::LengthAndChunked));
     }
 
     #[test]
     fn http11_needs_one_host() {
-        assert_eq!(check(Version::HTTP_11, &headers(&[]), false), Err(FramingError::Host));
-        assert_eq!(check(Version::HTTP_11, &headers(&[("host", "a"), ("host", "b")]), false), Err(FramingError::Host));
-        assert_eq!(check(Version::HTTP_11, &headers(&[]), true), Ok(()), "absolute-form target");
-        assert_eq!(check(Version::HTTP_10, &headers(&[]), false), Ok(()));
+        assert_eq!(check(Version::HTTP_11, &headers(&[]), None), Err(FramingError::Host));
+        assert_eq!(check(Version::HTTP_11, &headers(&[("host", "a"), ("host", "b")]), None), Err(FramingError::Host));
+        assert_eq!(check(Version::HTTP_11, &headers(&[]), Some("a")), Ok(()), "absolute-form target");
+        assert_eq!(check(Version::HTTP_10, &headers(&[]), None), Ok(()));
     }
 
     #[test]
