@@ -14,18 +14,29 @@ pub async fn json(
     headers: &[(&'static str, String)],
     body: String,
 ) -> Result<bool> {
-    let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
+    let mut resp = own_response(session, status, headers, 2)?;
     resp.insert_header("Content-Type", "application/json")?;
     resp.insert_header("Content-Length", body.len().to_string())?;
-    // Unread request bodies are drained before a keepalive connection is reused: bound that work
-    // so a client cannot tie up the proxy with a huge body it knows will be refused.
-    session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(Bytes::from(body)), true).await?;
     Ok(true)
+}
+
+/// The head of one of Weir's own responses with `headers`, room for `extra` more. Unread request
+/// bodies are drained before a keepalive connection is reused: that work is bounded, so a client
+/// cannot tie up the proxy with a huge body it knows will be refused.
+fn own_response(
+    session: &mut Session,
+    status: u16,
+    headers: &[(&'static str, String)],
+    extra: usize,
+) -> Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(status, Some(headers.len() + extra))?;
+    for (name, value) in headers {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
+    Ok(resp)
 }
 
 /// A limit's rejection (limit_req, limit_conn, or the `deny` failure policy). A gRPC request
@@ -55,14 +66,10 @@ pub fn is_grpc(req: &RequestHeader) -> bool {
 /// A trailers-only gRPC response: HTTP 200, `grpc-status` and `grpc-message` in the only
 /// HEADERS frame, no body; the rate-limit fields ride along.
 async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)], message: &str) -> Result<bool> {
-    let mut resp = ResponseHeader::build(200, Some(headers.len() + 4))?;
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
+    let mut resp = own_response(session, 200, headers, 4)?;
     resp.insert_header("content-type", "application/grpc")?;
     resp.insert_header("grpc-status", code.to_string())?;
     resp.insert_header("grpc-message", encode_grpc_message(message))?;
-    session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
     // HTTP/2: one HEADERS frame with END_STREAM. Pingora's proxy session would follow the header
     // with an empty DATA frame, and gRPC clients read `grpc-status` only from a frame that ends
     // the stream (they report "Stream removed"/UNKNOWN otherwise).
