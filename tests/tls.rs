@@ -85,6 +85,24 @@ impl TlsConn {
 }
 
 /// The subject CN of a DER certificate.
+/// A test CA, a temp dir holding one `a.test` pair it signed (valid 90 days), and the CA's PEM
+/// written there for clients. Keep `dir` alive for as long as the files are used.
+struct OneCert {
+    ca: Ca,
+    dir: tempfile::TempDir,
+    a: (PathBuf, PathBuf),
+    ca_file: PathBuf,
+}
+
+fn one_cert() -> OneCert {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    OneCert { ca, dir, a, ca_file }
+}
+
 fn common_name(der: &CertificateDer<'_>) -> String {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der.as_ref()).unwrap();
@@ -179,9 +197,7 @@ fn https_sni_tls12_and_13_and_certificates_reload_without_dropping_connections()
 #[test]
 fn min_tls_13_refuses_tls12_clients_and_http2_false_keeps_http11() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let OneCert { ca, dir, a, ca_file: _ } = one_cert();
     let w = Weir::start(&tls_config(up.addr(), "min_tls = \"1.3\"\nhttp2 = false", &[a], ROUTES));
     let tls_addr = w.addrs[1];
     assert!(TlsConn::connect(tls_addr, "a.test", &ca.pem(), &rustls::version::TLS12).is_err());
@@ -223,11 +239,7 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 #[test]
 fn http2_over_tls_and_h2c_have_the_same_limits_and_headers_as_http11() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let OneCert { ca: _, dir: _dir, a, ca_file } = one_cert();
     let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], ROUTES));
     let (plain, tls) = (w.addrs[0], w.addrs[1]);
     let resolve = format!("a.test:{}:127.0.0.1", tls.port());
@@ -269,9 +281,7 @@ fn http2_over_tls_and_h2c_have_the_same_limits_and_headers_as_http11() {
 #[test]
 fn grpc_requests_over_the_limit_get_resource_exhausted() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let OneCert { ca: _, dir: _dir, a, ca_file: _ } = one_cert();
     let w = Weir::start(&tls_config(up.addr(), "h2c = true", &[a], ROUTES));
     let grpc = |path: &str| {
         let url = format!("http://{}{path}", w.addrs[0]);
@@ -341,11 +351,7 @@ fn check_refuses_a_key_of_another_certificate_and_warns_of_expiry() {
 #[test]
 fn delays_work_over_http2_and_the_head_deadline_does_not_cut_h2_connections() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let OneCert { ca: _, dir: _dir, a, ca_file } = one_cert();
     // 40 r/m: the second request of a key waits 1.5 s, longer than header_timeout.
     let routes = r#"
 [[limit_req_zone]]
@@ -384,9 +390,7 @@ limit_req = [ { zone = "per_key", burst = 1 } ]
 #[test]
 fn a_tls_handshake_must_finish_within_header_timeout() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let OneCert { ca: _, dir: _dir, a, ca_file: _ } = one_cert();
     let w = Weir::start(&tls_config(up.addr(), "header_timeout = \"1s\"", &[a], ROUTES));
     // A client that connects and never says hello is closed at the head deadline.
     let mut silent = TcpStream::connect(w.addrs[1]).unwrap();
@@ -409,9 +413,7 @@ fn a_tls_handshake_must_finish_within_header_timeout() {
 #[test]
 fn grpc_requests_over_a_limit_conn_cap_get_resource_exhausted_too() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let OneCert { ca: _, dir: _dir, a, ca_file: _ } = one_cert();
     let routes = r#"
 [[limit_conn_zone]]
 name = "conns"
@@ -456,9 +458,7 @@ grpc_status = 14
 #[test]
 fn a_config_reload_brings_new_certificates() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
+    let OneCert { ca, dir, a, ca_file: _ } = one_cert();
     let w = Weir::start(&tls_config(up.addr(), "", &[a], ROUTES));
     let tls_addr = w.addrs[1];
     let before = TlsConn::connect(tls_addr, "new.test", &ca.pem(), &rustls::version::TLS13);
@@ -482,11 +482,7 @@ fn a_config_reload_brings_new_certificates() {
 #[test]
 fn http2_routes_match_on_authority() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let OneCert { ca: _, dir: _dir, a, ca_file } = one_cert();
     let routes = r#"
 [[route]]
 name = "a"
@@ -530,11 +526,7 @@ for _ in range(4):
 #[test]
 fn a_real_grpc_client_sees_resource_exhausted_with_the_message() {
     let up = Upstream::start();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let a = install(dir.path(), "a", &ca.leaf(&["a.test"], "a.test", 90));
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let OneCert { ca: _, dir: _dir, a, ca_file } = one_cert();
     let routes = r#"
 [[limit_req_zone]]
 name = "per_key"
