@@ -75,30 +75,8 @@ local LEAKY, TOKEN, FIXED, LOG, SLIDING = 0, 1, 2, 3, 4
 -- ZADD members per call: unpack() is limited by the Lua C stack (8000 values).
 local ZADD_BATCH = 1000
 
-if #ARGV ~= HEAD_ARGS + ZONE_ARGS * #KEYS then
-  return redis.error_reply('limit_req: expected ' .. (HEAD_ARGS + ZONE_ARGS * #KEYS) .. ' ARGV for '
-    .. #KEYS .. ' keys, got ' .. #ARGV)
-end
-
-local now
-if ARGV[1] == '' then
-  -- Before Redis 5 a script that reads TIME must replicate its effects, not itself; since 7.0
-  -- this is the default and the function is a deprecated no-op (or absent).
-  if redis.replicate_commands then
-    pcall(redis.replicate_commands)
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-  if not now then
-    return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
-  end
-end
-local flags = ARGV[2]
-local want_log = string.sub(flags, 1, 1) == '1'
-local want_undo = string.find(flags, 'u', 2, true) ~= nil
-local evaluate_only = string.find(flags, 'n', 2, true) ~= nil
+-- Set by `decide` for the request being decided; the functions below read them.
+local now, want_log
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -554,15 +532,15 @@ end
 -- The store's write of an admitted request (memory store: `decide_now` inserting every
 -- `zone.next`): each key's new state with a TTL of its expiry; with `want_undo`, what
 -- lua/restore.lua needs to put each key back. Returns the undo records.
-local function persist(zones, params, want_undo)
+local function persist(keys, zones, params, want_undo)
   local undo = {}
-  for i = 1, #KEYS do
+  for i = 1, #keys do
     local z = zones[i]
     -- A key given twice (one zone referenced twice) stores the last zone's state, as the memory
     -- store does.
     local last = true
-    for j = i + 1, #KEYS do
-      if KEYS[j] == KEYS[i] then
+    for j = i + 1, #keys do
+      if keys[j] == keys[i] then
         last = false
       end
     end
@@ -572,11 +550,11 @@ local function persist(zones, params, want_undo)
       local kind = z.log and 'z' or 's'
       local record
       if want_undo then
-        local prev_kind, prev, prev_pttl = snapshot(KEYS[i], kind)
+        local prev_kind, prev, prev_pttl = snapshot(keys[i], kind)
         record = { i, kind, '', '', prev_kind, prev, prev_pttl, 0 }
       end
       if z.log then
-        local added = write_log(KEYS[i], z, params[i], ttl_ms, want_undo)
+        local added = write_log(keys[i], z, params[i], ttl_ms, want_undo)
         if record then
           record[4] = int(z.anchor_us)
           record[8] = #added
@@ -585,7 +563,7 @@ local function persist(zones, params, want_undo)
           end
         end
       else
-        redis.call('SET', KEYS[i], z.value, 'PX', ttl_ms)
+        redis.call('SET', keys[i], z.value, 'PX', ttl_ms)
         if record then
           record[3] = z.value
         end
@@ -598,48 +576,112 @@ local function persist(zones, params, want_undo)
   return undo
 end
 
--- verdict::decide_all: evaluate every zone, combine, then write all or none.
-local params, zones = {}, {}
-for i = 1, #KEYS do
-  local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
-  local p = {
-    algorithm = tonumber(ARGV[base + 1]),
-    count = tonumber(ARGV[base + 2]),
-    period_us = tonumber(ARGV[base + 3]),
-    burst = tonumber(ARGV[base + 4]),
-    delay = tonumber(ARGV[base + 5]),
-    cost = tonumber(ARGV[base + 6]),
-  }
-  local evaluate = p.algorithm and EVALUATE[p.algorithm]
-  if not evaluate then
-    return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(ARGV[base + 1]))
+-- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
+-- `keys`: the request's state keys; `argv`: its arguments (the layout of ARGV in the header).
+local function decide(keys, argv)
+  if #argv ~= HEAD_ARGS + ZONE_ARGS * #keys then
+    return redis.error_reply('limit_req: expected ' .. (HEAD_ARGS + ZONE_ARGS * #keys) .. ' ARGV for '
+      .. #keys .. ' keys, got ' .. #argv)
   end
-  if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
-    return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
+
+  if argv[1] == '' then
+    -- Before Redis 5 a script that reads TIME must replicate its effects, not itself; since 7.0
+    -- this is the default and the function is a deprecated no-op (or absent).
+    if redis.replicate_commands then
+      pcall(redis.replicate_commands)
+    end
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = tonumber(argv[1])
+    if not now then
+      return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
+    end
   end
-  params[i] = p
-  zones[i] = evaluate(KEYS[i], p)
+  local flags = argv[2]
+  want_log = string.sub(flags, 1, 1) == '1'
+  local want_undo = string.find(flags, 'u', 2, true) ~= nil
+  local evaluate_only = string.find(flags, 'n', 2, true) ~= nil
+
+  local params, zones = {}, {}
+  for i = 1, #keys do
+    local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
+    local p = {
+      algorithm = tonumber(argv[base + 1]),
+      count = tonumber(argv[base + 2]),
+      period_us = tonumber(argv[base + 3]),
+      burst = tonumber(argv[base + 4]),
+      delay = tonumber(argv[base + 5]),
+      cost = tonumber(argv[base + 6]),
+    }
+    local evaluate = p.algorithm and EVALUATE[p.algorithm]
+    if not evaluate then
+      return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(argv[base + 1]))
+    end
+    if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
+      return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
+    end
+    params[i] = p
+    zones[i] = evaluate(keys[i], p)
+  end
+
+  local admitted, delay_us, retry_after_us = combine(zones)
+  local undo = {}
+  if admitted and not evaluate_only then
+    undo = persist(keys, zones, params, want_undo)
+  end
+
+  local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
+  for i = 1, #keys do
+    local z = zones[i]
+    local out = {
+      params[i].algorithm, z.admitted and 1 or 0, fmt(z.excess), z.delay_us, z.retry_us, z.remaining,
+      z.reset_us, z.expires_us,
+    }
+    for _, v in ipairs(z.next) do
+      out[#out + 1] = v
+    end
+    reply[#reply + 1] = out
+  end
+  if want_undo then
+    reply[#reply + 1] = undo
+  end
+  return reply
 end
 
-local admitted, delay_us, retry_after_us = combine(zones)
-local undo = {}
-if admitted and not evaluate_only then
-  undo = persist(zones, params, want_undo)
+-- One request (ARGV as in the header), or a batch of independent requests decided one after
+-- the other in this one atomic call (src/store/redis/lane.rs): ARGV[1] = "batch", ARGV[2] = the
+-- number of requests, then per request its number of keys n followed by its 2 + 6n arguments,
+-- in the single layout; KEYS holds every request's keys in order. The reply is an array with
+-- each request's reply, or its error: one request's error never affects another's.
+if ARGV[1] ~= 'batch' then
+  return decide(KEYS, ARGV)
 end
-
-local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
-for i = 1, #KEYS do
-  local z = zones[i]
-  local out = {
-    params[i].algorithm, z.admitted and 1 or 0, fmt(z.excess), z.delay_us, z.retry_us, z.remaining,
-    z.reset_us, z.expires_us,
-  }
-  for _, v in ipairs(z.next) do
-    out[#out + 1] = v
+local requests = tonumber(ARGV[2])
+if not requests then
+  return redis.error_reply('limit_req: batch: ARGV[2] is not a number of requests')
+end
+local replies = {}
+local next_key, next_arg = 1, 3
+for r = 1, requests do
+  local nkeys = tonumber(ARGV[next_arg])
+  if not nkeys or nkeys < 1 or next_key + nkeys - 1 > #KEYS then
+    return redis.error_reply('limit_req: batch: request ' .. r .. ' has a bad key count')
   end
-  reply[#reply + 1] = out
+  local nargs = HEAD_ARGS + ZONE_ARGS * nkeys
+  local keys, argv = {}, {}
+  for i = 1, nkeys do
+    keys[i] = KEYS[next_key + i - 1]
+  end
+  for i = 1, nargs do
+    argv[i] = ARGV[next_arg + i]
+  end
+  next_key, next_arg = next_key + nkeys, next_arg + 1 + nargs
+  local ok, reply = pcall(decide, keys, argv)
+  if ok then
+    replies[r] = reply
+  else
+    replies[r] = { err = tostring(reply) }
+  end
 end
-if want_undo then
-  reply[#reply + 1] = undo
-end
-return reply
+return replies

@@ -40,6 +40,10 @@ enum Command {
     Replay(weir::replay::cli::ReplayArgs),
 }
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {

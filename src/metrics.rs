@@ -80,6 +80,12 @@ pub struct Metrics {
     pub store_circuit_opens: IntCounter,
     /// TLS handshakes on `listen_tls`, by result (`ok`, `failed`, `timeout`).
     pub tls_handshakes: IntCounterVec,
+    /// Requests whose client closed or broke its connection before the response was written (a
+    /// normal event for a proxy: every load generator does it at the end of a run), by what
+    /// failed (`closed`, `read`, `write`, `timeout`).
+    pub client_disconnects: IntCounterVec,
+    /// Requests per `lua/limit_req.lua` call of the Redis decision lane (coalescing).
+    pub redis_batch_size: prometheus::Histogram,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -309,6 +315,22 @@ impl Metrics {
             store_circuit_opens: register(
                 &registry,
                 IntCounter::new("weir_store_circuit_opens_total", "Times the store's circuit breaker opened."),
+            ),
+            redis_batch_size: register(
+                &registry,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "weir_redis_batch_size",
+                        "Requests decided per call of lua/limit_req.lua (decisions ready together are coalesced).",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+                ),
+            ),
+            client_disconnects: counter(
+                &registry,
+                "weir_client_disconnects_total",
+                "Requests whose client closed or broke the connection before the response was written.",
+                &["error"],
             ),
             memory_zone_full: counter(
                 &registry,

@@ -44,7 +44,8 @@ pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
             let redis = Arc::new(
                 RedisStore::new(cfg.clone(), Arc::new(SystemClock))
                     .map_err(|e| format!("store: {e}"))?
-                    .with_lease_ttl(resilience.lease_ttl),
+                    .with_lease_ttl(resilience.lease_ttl)
+                    .with_coalescing(resilience.coalesce),
             );
             redis.watch_eviction_policy()?;
             let guarded = Arc::new(

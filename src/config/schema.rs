@@ -83,6 +83,8 @@ pub struct Store {
     pub deny_cache_size: Option<Spanned<i64>>,
     pub circuit_breaker_failures: Option<Spanned<i64>>,
     pub lease_ttl: Option<Spanned<String>>,
+    /// Decisions ready together share one script call on a connection per proxy thread.
+    pub coalesce: Option<Spanned<bool>>,
     /// Redis Cluster nodes as a list, instead of one `redis+cluster://` URL.
     pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
     /// `rediss://`: the CA that signed the servers' certificates (default: the system's and

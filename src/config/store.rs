@@ -30,6 +30,8 @@ pub struct Resilience {
     /// How long a concurrency lease lives without renewal: a crashed proxy's slots come back
     /// after this. Leases are renewed every third of it while their request runs.
     pub lease_ttl: Duration,
+    /// `coalesce`: the decision lane (store/redis/lane.rs) for a plain `redis://` server.
+    pub coalesce: bool,
 }
 
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
@@ -173,6 +175,7 @@ pub(super) fn compile_store(
         deny_cache_size,
         circuit_breaker_failures,
         lease_ttl,
+        coalesce,
         cluster,
         tls_ca,
         tls_cert,
@@ -190,6 +193,7 @@ pub(super) fn compile_store(
                 ("deny_cache_size", deny_cache_size.map(|k| k.span())),
                 ("circuit_breaker_failures", circuit_breaker_failures.map(|k| k.span())),
                 ("lease_ttl", lease_ttl.map(|k| k.span())),
+                ("coalesce", coalesce.as_ref().map(|k| k.span())),
                 ("cluster", cluster.as_ref().map(|k| k.span())),
                 ("tls_ca", tls_ca.as_ref().map(|k| k.span())),
                 ("tls_cert", tls_cert.as_ref().map(|k| k.span())),
@@ -279,6 +283,7 @@ pub(super) fn compile_store(
                         })?,
                 },
                 breaker_failures: int_in(&circuit_breaker_failures, "circuit_breaker_failures", 1..=1_000, 3)? as u32,
+                coalesce: coalesce.is_none_or(|c| c.into_inner()),
             };
             let tls = redis_tls(src, url.get_ref(), tls_ca, tls_cert, tls_key)?;
             Ok(StoreSettings::Redis(

@@ -289,6 +289,15 @@ impl ProxyHttp for WeirProxy {
         upstreaming::fail_to_proxy(session, e, &ctx.upstream, route).await
     }
 
+    /// A client that leaves mid-request is a normal event, not an error: counted and logged at
+    /// debug instead of Pingora's ERROR line.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        let Some(kind) = client_disconnect(e) else { return false };
+        METRICS.client_disconnects.with_label_values(&[kind]).inc();
+        tracing::debug!(error = %e, "client disconnected before the response was complete");
+        true
+    }
+
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,
@@ -396,5 +405,19 @@ async fn wait_unless_client_leaves(session: &mut Session, delay: Duration, watch
                 true
             }
         },
+    }
+}
+
+/// The `weir_client_disconnects_total` label of an error that only says the client went away.
+fn client_disconnect(e: &Error) -> Option<&'static str> {
+    if *e.esource() != pingora::ErrorSource::Downstream {
+        return None;
+    }
+    match e.etype() {
+        ErrorType::ConnectionClosed => Some("closed"),
+        ErrorType::ReadError => Some("read"),
+        ErrorType::WriteError => Some("write"),
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => Some("timeout"),
+        _ => None,
     }
 }

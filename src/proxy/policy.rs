@@ -83,7 +83,7 @@ fn fleet_size(rt: &Runtime) -> u64 {
 fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
     let cause = match error {
         StoreError::Timeout(_) => "timeout",
-        StoreError::Redis(_) => "redis",
+        StoreError::Redis(_) | StoreError::Connection(_) | StoreError::Server(_) => "redis",
         StoreError::Reply(_) => "reply",
         StoreError::CircuitOpen => "circuit_open",
     };

@@ -59,6 +59,12 @@ pub enum StoreError {
     Redis(#[from] ::redis::RedisError),
     #[error("unexpected reply from the limit script: {0}")]
     Reply(String),
+    /// The decision lane's connection failed (store/redis/lane.rs).
+    #[error("redis connection: {0}")]
+    Connection(String),
+    /// Redis answered a decision with an error (OOM, BUSY, a script error).
+    #[error("redis: {0}")]
+    Server(String),
     #[error("the limit store is unreachable (circuit open; probing in the background)")]
     CircuitOpen,
 }

@@ -23,7 +23,9 @@
 
 mod connection;
 mod eviction;
+mod lane;
 mod limit_conn;
+mod resp;
 mod rollback;
 mod slots;
 mod url;
@@ -39,6 +41,7 @@ use async_trait::async_trait;
 
 use self::connection::{Connector, LuaScript, RedisConn, ScriptCall};
 use self::eviction::Latest;
+use self::lane::{Call, Lanes};
 use self::rollback::Rollback;
 use self::slots::group_by_slot;
 use crate::limit::{
@@ -112,6 +115,9 @@ pub struct RedisStore {
     log_entries: bool,
     /// The eviction policy as last read (see `redis_eviction.rs`).
     eviction: Latest,
+    /// The per-thread, coalescing path of `limit_req` decisions (`lane.rs`); `None` where only
+    /// redis-rs can go (TLS, Unix socket, Cluster, Sentinel).
+    lanes: Option<Lanes>,
 }
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
@@ -127,7 +133,14 @@ impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let conns = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
+        let lanes = match parse_redis_url(&config.url) {
+            Ok(RedisTopology::Single(url)) if config.tls.is_none() => {
+                lane::Target::for_url(&url, config.timeout).map(Lanes::new)
+            }
+            _ => None,
+        };
         Ok(Self {
+            lanes,
             config,
             clock,
             conns,
@@ -143,6 +156,15 @@ impl RedisStore {
     /// memory store reads `next`; `raw_state` reads a stored log). For tests and debugging.
     pub fn with_log_entries(mut self, on: bool) -> Self {
         self.log_entries = on;
+        self
+    }
+
+    /// `[store] coalesce = false`: every decision its own call through redis-rs's shared
+    /// connection, as before the decision lane (kept for A/B measurements and as a way out).
+    pub fn with_coalescing(mut self, on: bool) -> Self {
+        if !on {
+            self.lanes = None;
+        }
         self
     }
 
@@ -286,6 +308,29 @@ impl RedisStore {
         call
     }
 
+    /// `limit_call` for the decision lane: the same keys and arguments, encoded at once.
+    fn lane_call(&self, checks: &[ZoneCheck<'_>], keys: &[Vec<u8>]) -> Call {
+        let mut call = Call::new(keys.len(), checks.len());
+        for key in keys {
+            call.key(key);
+        }
+        match self.now_arg(|c| c.now_us()) {
+            Some(now) => call.int(now),
+            None => call.arg(b""),
+        };
+        call.arg(self.log_flag().as_bytes());
+        for check in checks {
+            let limit = &check.limit;
+            call.int(limit.algorithm.id()).int(limit.rate.count).int(limit.rate.period_us).int(limit.burst);
+            match limit.delay {
+                DelayPolicy::NoDelay => call.int(-1i64),
+                DelayPolicy::After(threshold) => call.int(threshold),
+            };
+            call.int(check.cost);
+        }
+        call
+    }
+
     fn log_flag(&self) -> &'static str {
         if self.log_entries {
             "1"
@@ -354,6 +399,12 @@ impl LimitStore for RedisStore {
             if groups.len() > 1 {
                 return self.bounded(self.decide_per_slot(checks, &keys, &groups)).await;
             }
+        }
+        if let Some(lanes) = &self.lanes {
+            let call = self.lane_call(checks, &keys);
+            let reply = self.bounded(lanes.decide(call)).await?;
+            let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
+            return parse_reply(&reply, &algorithms, self.log_entries);
         }
         let all: Vec<usize> = (0..checks.len()).collect();
         let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.log_flag());

@@ -1,0 +1,231 @@
+//! RESP2 frames of the decision lane (`lane.rs`): commands encoded straight into a reused buffer
+//! and replies parsed from the read buffer as soon as they are complete, without redis-rs's
+//! generic command and parser machinery on the hot path. Replies become `redis::Value`, so the
+//! checked reply decoding of `mod.rs` is shared by both paths.
+
+use ::redis::Value;
+
+/// Nesting a reply may have: a batch of requests, a request, a zone, a sliding log's entries.
+const MAX_DEPTH: usize = 6;
+/// Largest element count or bulk length accepted from the server (a corrupt stream must not make
+/// us allocate gigabytes).
+const MAX_LEN: usize = 64 * 1024 * 1024;
+
+/// A command under construction: `*<n>` is written when the argument count is known.
+pub struct CommandWriter<'a> {
+    buf: &'a mut Vec<u8>,
+}
+
+impl<'a> CommandWriter<'a> {
+    /// Starts a command of `args` arguments (the verb included).
+    pub fn new(buf: &'a mut Vec<u8>, args: usize) -> Self {
+        buf.push(b'*');
+        buf.extend_from_slice(itoa::Buffer::new().format(args).as_bytes());
+        buf.extend_from_slice(b"\r\n");
+        Self { buf }
+    }
+
+    /// Continues a command whose header was written already.
+    pub fn append(buf: &'a mut Vec<u8>) -> Self {
+        Self { buf }
+    }
+
+    pub fn bytes(&mut self, value: &[u8]) -> &mut Self {
+        self.buf.push(b'$');
+        self.buf.extend_from_slice(itoa::Buffer::new().format(value.len()).as_bytes());
+        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+        self
+    }
+
+    pub fn int(&mut self, value: impl itoa::Integer) -> &mut Self {
+        let mut digits = itoa::Buffer::new();
+        self.bytes(digits.format(value).as_bytes())
+    }
+}
+
+/// One parsed reply: a value, or the server's error line.
+pub type Reply = Result<Value, String>;
+
+/// A reply that the stream cannot contain: the connection must be dropped.
+#[derive(Debug, PartialEq)]
+pub struct Malformed(pub String);
+
+/// Parses the reply at the start of `buf`: `Ok(None)` until it is complete, else the reply and
+/// the bytes it took. An error nested in an array makes the whole reply that error.
+pub fn parse(buf: &[u8]) -> Result<Option<(Reply, usize)>, Malformed> {
+    let mut pos = 0;
+    Ok(item(buf, &mut pos, 0)?.map(|reply| (reply, pos)))
+}
+
+/// Parses a reply that is an array whose elements may each be an error (a batch of requests):
+/// one result per element. Anything else is returned as a single element.
+pub fn parse_each(buf: &[u8]) -> Result<Option<(Vec<Reply>, usize)>, Malformed> {
+    let mut pos = 0;
+    let Some(line) = line(buf, &mut pos)? else { return Ok(None) };
+    if line.first() != Some(&b'*') {
+        return Ok(parse(buf)?.map(|(reply, used)| (vec![reply], used)));
+    }
+    let n = length(&line[1..])?;
+    let Some(n) = n else { return Ok(Some((vec![Ok(Value::Nil)], pos))) };
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Some(reply) = item(buf, &mut pos, 1)? else { return Ok(None) };
+        out.push(reply);
+    }
+    Ok(Some((out, pos)))
+}
+
+fn item(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Option<Reply>, Malformed> {
+    if depth > MAX_DEPTH {
+        return Err(Malformed("reply nested too deeply".into()));
+    }
+    let Some(line) = line(buf, pos)? else { return Ok(None) };
+    let (&kind, rest) = line.split_first().ok_or_else(|| Malformed("empty reply line".into()))?;
+    let value = match kind {
+        b':' => Value::Int(integer(rest)?),
+        b'+' => Value::SimpleString(text(rest)),
+        b'-' => return Ok(Some(Err(text(rest)))),
+        b'$' => match length(rest)? {
+            None => Value::Nil,
+            Some(len) => {
+                let end = *pos + len;
+                if buf.len() < end + 2 {
+                    return Ok(None);
+                }
+                if &buf[end..end + 2] != b"\r\n" {
+                    return Err(Malformed("bulk string without its CRLF".into()));
+                }
+                let bytes = buf[*pos..end].to_vec();
+                *pos = end + 2;
+                Value::BulkString(bytes)
+            }
+        },
+        b'*' => match length(rest)? {
+            None => Value::Nil,
+            Some(n) => {
+                let mut elements = Vec::with_capacity(n.min(1024));
+                let mut failed = None;
+                for _ in 0..n {
+                    match item(buf, pos, depth + 1)? {
+                        None => return Ok(None),
+                        Some(Ok(v)) => elements.push(v),
+                        Some(Err(e)) => failed = failed.or(Some(e)),
+                    }
+                }
+                if let Some(e) = failed {
+                    return Ok(Some(Err(e)));
+                }
+                Value::Array(elements)
+            }
+        },
+        other => return Err(Malformed(format!("unknown reply type byte 0x{other:02x}"))),
+    };
+    Ok(Some(Ok(value)))
+}
+
+/// The next CRLF-terminated line without its CRLF; `None` while incomplete.
+fn line<'b>(buf: &'b [u8], pos: &mut usize) -> Result<Option<&'b [u8]>, Malformed> {
+    let rest = &buf[(*pos).min(buf.len())..];
+    let Some(cr) = rest.iter().position(|&b| b == b'\r') else {
+        if rest.len() > 64 * 1024 {
+            return Err(Malformed("reply line longer than 64 KiB".into()));
+        }
+        return Ok(None);
+    };
+    if rest.len() < cr + 2 {
+        return Ok(None);
+    }
+    if rest[cr + 1] != b'\n' {
+        return Err(Malformed("CR without LF".into()));
+    }
+    *pos += cr + 2;
+    Ok(Some(&rest[..cr]))
+}
+
+fn integer(digits: &[u8]) -> Result<i64, Malformed> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Malformed(format!("not an integer: {:?}", String::from_utf8_lossy(digits))))
+}
+
+/// A bulk or array length; `None` for RESP2's null (-1).
+fn length(digits: &[u8]) -> Result<Option<usize>, Malformed> {
+    match integer(digits)? {
+        -1 => Ok(None),
+        n if (0..=MAX_LEN as i64).contains(&n) => Ok(Some(n as usize)),
+        n => Err(Malformed(format!("length {n} out of range"))),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(args: &[&[u8]]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut w = CommandWriter::new(&mut buf, args.len());
+        for a in args {
+            w.bytes(a);
+        }
+        buf
+    }
+
+    #[test]
+    fn commands_are_resp_arrays_of_bulk_strings() {
+        assert_eq!(command(&[b"PING"]), b"*1\r\n$4\r\nPING\r\n");
+        let mut buf = Vec::new();
+        CommandWriter::new(&mut buf, 3).bytes(b"SET").bytes(b"").int(-12i64);
+        assert_eq!(buf, b"*3\r\n$3\r\nSET\r\n$0\r\n\r\n$3\r\n-12\r\n");
+    }
+
+    #[test]
+    fn replies_parse_only_when_complete() {
+        let full = b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n+OK\r\n$-1\r\n";
+        for cut in 0..full.len() {
+            assert_eq!(parse(&full[..cut]), Ok(None), "prefix of {cut} bytes");
+        }
+        let (reply, used) = parse(full).unwrap().unwrap();
+        assert_eq!(used, full.len());
+        assert_eq!(
+            reply,
+            Ok(Value::Array(vec![
+                Value::Int(1),
+                Value::BulkString(b"abc".to_vec()),
+                Value::Array(vec![Value::SimpleString("OK".into()), Value::Nil]),
+            ]))
+        );
+    }
+
+    #[test]
+    fn errors_are_per_element_in_a_batch_and_whole_inside_a_request() {
+        let batch = b"*3\r\n*1\r\n:1\r\n-ERR one\r\n*3\r\n:2\r\n-ERR inner\r\n:9";
+        assert_eq!(parse_each(batch), Ok(None));
+        let mut complete = batch.to_vec();
+        complete.extend_from_slice(b"\r\n");
+        let (replies, used) = parse_each(&complete).unwrap().unwrap();
+        assert_eq!(used, complete.len());
+        assert_eq!(
+            replies,
+            vec![Ok(Value::Array(vec![Value::Int(1)])), Err("ERR one".into()), Err("ERR inner".into())]
+        );
+        let (single, _) = parse_each(b"-NOSCRIPT x\r\n").unwrap().unwrap();
+        assert_eq!(single, vec![Err("NOSCRIPT x".into())]);
+    }
+
+    #[test]
+    fn corrupt_streams_are_refused() {
+        assert!(parse(b"?x\r\n").is_err());
+        assert!(parse(b"$3\r\nabcd\r\n").is_err());
+        assert!(parse(b"*99999999999\r\n").is_err());
+        assert!(parse(b":12a\r\n").is_err());
+        let deep = "*1\r\n".repeat(10) + ":1\r\n";
+        assert!(parse(deep.as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! The decision lane (`store/redis/lane.rs`) against a real `redis-server`: decisions that are
+//! ready together go to Redis in one call of `lua/limit_req.lua` (batch mode), and each must come
+//! out exactly as if it had been decided alone, in the order the requests asked; one request's
+//! error must not touch the others; a flushed script cache or a restarted Redis must not lose a
+//! decision that can still be made.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use support::redis_server::RedisServer;
+use tokio::task::JoinSet;
+use weir::limit::{Algorithm, DelayPolicy, LimitReq, ManualClock, Rate, Verdict};
+use weir::metrics::METRICS;
+use weir::store::{LimitStore, MemoryStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn redis_store(server: &RedisServer, clock: Arc<ManualClock>) -> Arc<RedisStore> {
+    let config = RedisStoreConfig {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        clock: RedisClock::Local,
+        key_prefix: "weir:".to_string(),
+        tls: None,
+    };
+    Arc::new(RedisStore::new(config, clock).expect("store").with_log_entries(true))
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+/// A slow limit (state lives for minutes on both clocks), of a random algorithm.
+fn random_limit(rng: &mut StdRng) -> LimitReq {
+    let algorithm = [
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ][rng.gen_range(0..5)];
+    let window = !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket);
+    let count = rng.gen_range(1..=6);
+    LimitReq {
+        algorithm,
+        rate: Rate::parse(&format!("{count}r/m")).expect("rate"),
+        burst: if window { 0 } else { rng.gen_range(0..=4) },
+        delay: if algorithm == Algorithm::LeakyBucket && rng.gen_bool(0.5) {
+            DelayPolicy::After(rng.gen_range(0..=2))
+        } else {
+            DelayPolicy::NoDelay
+        },
+    }
+}
+
+/// One request: (zone name, client key, limit, cost) per zone.
+type Request = Vec<(String, String, LimitReq, u64)>;
+
+fn checks(request: &Request) -> Vec<ZoneCheck<'_>> {
+    request
+        .iter()
+        .map(|(zone, key, limit, cost)| ZoneCheck { zone, key: key.as_bytes(), limit: *limit, cost: *cost })
+        .collect()
+}
+
+#[test]
+fn coalesced_decisions_equal_the_same_decisions_made_one_by_one() {
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let redis = redis_store(&server, clock.clone());
+    let model = MemoryStore::new(clock.clone());
+    let mut rng = StdRng::seed_from_u64(0xC0A1_E5CE);
+    let zones: Vec<(String, LimitReq)> = (0..4).map(|i| (format!("z{i}"), random_limit(&mut rng))).collect();
+    let rt = current_thread();
+    let batches_before = METRICS.redis_batch_size.get_sample_count();
+    let requests_before = METRICS.redis_batch_size.get_sample_sum();
+    let mut decided = 0;
+    let mut rejected = 0;
+    for round in 0..40 {
+        clock.set_us(T0 + round * 700_000);
+        let requests: Vec<Request> = (0..rng.gen_range(2..=60))
+            .map(|_| {
+                let mut picked: Vec<usize> = (0..rng.gen_range(1..=3)).map(|_| rng.gen_range(0..zones.len())).collect();
+                picked.sort_unstable();
+                picked.dedup();
+                let key = format!("client{}", rng.gen_range(0..4));
+                picked
+                    .into_iter()
+                    .map(|z| (zones[z].0.clone(), key.clone(), zones[z].1, rng.gen_range(0..=2)))
+                    .collect()
+            })
+            .collect();
+        // All requests ask at once, from tasks of one thread, in index order: the lane queues them
+        // in that order and Redis decides them in it.
+        let got: Vec<Verdict> = rt.block_on(async {
+            let mut tasks = JoinSet::new();
+            for (i, request) in requests.iter().cloned().enumerate() {
+                let redis = redis.clone();
+                tasks.spawn(async move { (i, redis.decide(&checks(&request)).await) });
+            }
+            let mut out: Vec<Option<Verdict>> = vec![None; requests.len()];
+            while let Some(joined) = tasks.join_next().await {
+                let (i, verdict) = joined.expect("task");
+                out[i] = Some(verdict.unwrap_or_else(|e| panic!("round {round} request {i}: {e}")));
+            }
+            out.into_iter().map(|v| v.expect("every request answered")).collect()
+        });
+        for (i, request) in requests.iter().enumerate() {
+            let want = rt.block_on(model.decide(&checks(request))).expect("model");
+            assert_eq!(got[i], want, "round {round} request {i} ({request:?})");
+            decided += 1;
+            rejected += usize::from(!want.admitted);
+        }
+    }
+    let batches = METRICS.redis_batch_size.get_sample_count() - batches_before;
+    let requests = METRICS.redis_batch_size.get_sample_sum() - requests_before;
+    // (Other tests of this binary run beside this one and add their own decisions.)
+    assert!(
+        requests as usize >= decided,
+        "{requests} decisions through the lane, {decided} made: not all went through it"
+    );
+    assert!(
+        (batches as usize) < decided / 4,
+        "{decided} concurrent decisions took {batches} script calls: they were not coalesced"
+    );
+    assert!(
+        rejected > decided / 10 && rejected < decided * 9 / 10,
+        "{rejected} of {decided} rejected: not a mixed trace"
+    );
+}
+
+#[test]
+fn one_bad_request_in_a_batch_leaves_the_others_decided() {
+    let server = RedisServer::start();
+    let script = include_str!("../lua/limit_req.lua");
+    // Request 1: a leaky bucket of 1r/s, burst 0. Request 2: an unknown algorithm (99).
+    // Request 3: the same bucket as request 1, so it must see request 1's charge.
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script).arg(3).arg("k:a").arg("k:b").arg("k:a").arg("batch").arg(3);
+    for algorithm in [0, 99, 0] {
+        eval.arg(1).arg(T0).arg("0").arg(&[algorithm, 1, 1_000_000, 0, -1, 1]);
+    }
+    // Read raw: redis-rs turns a reply holding an error into an error as a whole.
+    let mut packed = eval.get_packed_command();
+    packed.extend_from_slice(b"*1\r\n$4\r\nQUIT\r\n");
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    socket.write_all(&packed).expect("send");
+    let mut raw = String::new();
+    socket.read_to_string(&mut raw).expect("a batch with one bad request is still answered");
+    let lines: Vec<&str> = raw.split("\r\n").collect();
+    // [*3, *5 (request 1: 4 values + 1 zone), :1 (admitted), ...].
+    assert_eq!(&lines[..3], ["*3", "*5", ":1"], "request 1 is admitted: {raw:?}");
+    let error = lines.iter().position(|l| l.starts_with('-')).expect("request 2 gets an error");
+    assert!(lines[error].contains("unknown algorithm 99"), "request 2's own error: {}", lines[error]);
+    assert_eq!(&lines[error + 1..error + 3], ["*5", ":0"], "request 3 sees request 1's charge: {raw:?}");
+}
+
+#[test]
+fn a_flushed_script_cache_and_a_restarted_redis_cost_no_decision() {
+    let mut server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = redis_store(&server, clock.clone());
+    let limit = LimitReq {
+        algorithm: Algorithm::LeakyBucket,
+        rate: Rate::parse("1r/s").expect("rate"),
+        burst: 100,
+        delay: DelayPolicy::NoDelay,
+    };
+    let request: Request = vec![("z".into(), "k".into(), limit, 1)];
+    let rt = current_thread();
+    let decide = |store: &Arc<RedisStore>| rt.block_on(store.decide(&checks(&request)));
+    assert!(decide(&store).expect("first decision").admitted);
+
+    // The script cache is flushed under the lane's connection: the lane loads it again and the
+    // very next decision is made, not failed.
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut server.connection()).expect("flush");
+    assert!(decide(&store).expect("decision after SCRIPT FLUSH").admitted);
+
+    // Redis restarts (its state is gone with it): decisions on the dead connection fail fast,
+    // and the lane connects again on the next decision.
+    server.restart();
+    let mut last_error = None;
+    let recovered = (0..50).any(|_| match decide(&store) {
+        Ok(v) => v.admitted,
+        Err(e) => {
+            last_error = Some(e.to_string());
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(recovered, "no decision within 5 s of Redis' restart; last error: {last_error:?}");
+}
