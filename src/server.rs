@@ -81,6 +81,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let pid = std::process::id();
     let conf = ServerConf {
         threads: runtime.server.threads,
+        work_stealing: runtime.server.work_stealing,
         grace_period_seconds: Some(GRACE_SECONDS),
         graceful_shutdown_timeout_seconds: Some(GRACE_SECONDS),
         pid_file: tmp.join(format!("weir-{pid}.pid")).display().to_string(),

@@ -68,6 +68,8 @@ pub struct ServerSettings {
     /// Cleartext HTTP/2 (prior knowledge) on the `listen` addresses.
     pub h2c: bool,
     pub threads: usize,
+    /// Tasks may move between threads (Pingora's `work_stealing`); off by default.
+    pub work_stealing: bool,
     /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
     /// When set, admin requests other than `/healthz` and `/readyz` need `Authorization: Bearer <token>`.
@@ -180,6 +182,7 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         http2,
         h2c,
         threads,
+        work_stealing,
         admin,
         admin_token,
         admin_insecure,
@@ -293,6 +296,7 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         http2: tls.http2,
         h2c: h2c.unwrap_or(false),
         threads,
+        work_stealing: work_stealing.unwrap_or(false),
         admin,
         admin_token,
         clients,
