@@ -31,7 +31,7 @@ use weir::limit::{
     decide_all, evaluate, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, SlidingState, State,
     TokenState, Verdict, WindowState, ZoneInput,
 };
-use weir::store::{redis_key, LimitStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
+use weir::store::{redis_key, KeyedZone, LimitStore, RedisClock, RedisStore, RedisStoreConfig};
 
 const PREFIX: &str = "weir:";
 const DEFAULT_SEED: u64 = 0x5EED_0004;
@@ -376,25 +376,23 @@ fn lua_script_matches_the_model() {
             let mut picked: Vec<&Zone> = zones.iter().collect();
             picked.shuffle(&mut rng);
             picked.truncate(rng.gen_range(1..=zones.len()));
-            let mut checks: Vec<ZoneCheck<'_>> = picked
+            let mut checks: Vec<KeyedZone<'_>> = picked
                 .iter()
-                .map(|z| ZoneCheck {
-                    zone: &z.name,
-                    key: client_keys.choose(&mut rng).unwrap(),
-                    limit: z.limit,
-                    cost: random_cost(&mut rng, &z.limit),
+                .map(|z| {
+                    let key = client_keys.choose(&mut rng).unwrap();
+                    KeyedZone::new(&z.name, key.as_slice(), z.limit, random_cost(&mut rng, &z.limit))
                 })
                 .collect();
             if rng.gen_bool(0.02) {
                 // One zone twice (the config forbids it, the script copes): the last one's state is
                 // stored, as in the memory store.
-                let mut again = checks[rng.gen_range(0..checks.len())];
+                let mut again = checks[rng.gen_range(0..checks.len())].clone();
                 again.cost = random_cost(&mut rng, &again.limit);
                 let at = rng.gen_range(0..=checks.len());
                 checks.insert(at, again);
                 stats.duplicate_keys += 1;
             }
-            let keys: Vec<Vec<u8>> = checks.iter().map(|c| redis_key(PREFIX, c.zone, c.key)).collect();
+            let keys: Vec<Vec<u8>> = checks.iter().map(|c| redis_key(PREFIX, c.zone, &c.key)).collect();
 
             let inputs: Vec<ZoneInput<'_>> = checks
                 .iter()
@@ -493,7 +491,7 @@ fn lua_script_matches_the_model() {
             }
             // The store's own reader agrees (the admin API's view).
             let i = rng.gen_range(0..keys.len());
-            let read = rt.block_on(store.raw_state(checks[i].zone, checks[i].key)).unwrap();
+            let read = rt.block_on(store.raw_state(checks[i].zone, &checks[i].key)).unwrap();
             // (A key with a TTL of a few ms may have expired on Redis' own clock by now.)
             let wall_expired = read.is_none() && expire_at(i) >= 0 && expire_at(i) - after_ms as i64 <= SHORT_TTL_MS;
             assert!(
