@@ -50,7 +50,7 @@ pub struct ConnOutcome<'a> {
 pub async fn acquire<'a>(
     rt: &Runtime,
     route: &'a Route,
-    keyed: &'a Groups<KeyedConn<'a>>,
+    keyed: &Groups<KeyedConn<'a>>,
     stores: &ConnStores,
 ) -> ConnOutcome<'a> {
     let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, statuses: Statuses::default(), fallback: None };

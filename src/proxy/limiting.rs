@@ -74,7 +74,7 @@ pub struct Stores {
 pub async fn enforce<'a>(
     rt: &Runtime,
     route: &'a Route,
-    keyed: &'a Groups<KeyedZone<'a>>,
+    keyed: &Groups<KeyedZone<'a>>,
     stores: &Stores,
 ) -> Enforcement<'a> {
     let store = stores.primary.as_ref();
