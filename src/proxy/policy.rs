@@ -102,6 +102,11 @@ impl<T: Keyed> Groups<T> {
     pub fn all(&self) -> &[T] {
         &self.all
     }
+
+    /// The zones themselves, in the order of `all`.
+    pub fn into_all(self) -> Vec<T> {
+        self.all
+    }
 }
 
 /// This instance's share of each zone of a group whose store failed (the `local` policy). Clones

@@ -174,8 +174,8 @@ impl<'rt> Engine<'rt> {
         }
         decision.status = statuses.overall;
         decision.zones = keyed
-            .all()
-            .iter()
+            .into_all()
+            .into_iter()
             .zip(delays)
             .map(|(k, delay_us)| {
                 let zone = route.limits[k.reference].zone;
