@@ -10,7 +10,6 @@ use super::policy::{self, Groups, Rejection, Resolved};
 use super::status::Statuses;
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::keys::RequestFacts;
-use crate::metrics::METRICS;
 use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
 
 /// The key step of limit_conn: the route's conn zones whose key for this request is not empty
@@ -19,10 +18,7 @@ pub fn keyed_conns<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>)
     let mut keyed = Vec::with_capacity(route.conn_limits.len());
     for (i, cl) in route.conn_limits.iter().enumerate() {
         let zone = &rt.conn_zones[cl.zone];
-        let key = zone.key.extract(facts);
-        if key.is_empty() {
-            METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
-        } else {
+        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts) {
             keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i });
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::bodies::Refusal;
 use super::headers;
 use super::policy::{self, Groups, Resolved};
-use super::status::Statuses;
+use super::status::{LimitStatus, Statuses};
 use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
 use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, Verdict};
@@ -26,11 +26,7 @@ pub fn keyed_zones<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>,
     let mut keyed = Vec::with_capacity(route.limits.len());
     for (i, zl) in route.limits.iter().enumerate() {
         let zone = &rt.zones[zl.zone];
-        let key = zone.key.extract(facts);
-        if key.is_empty() {
-            METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
-            continue;
-        }
+        let Some(key) = policy::request_key(&zone.name, &zone.key, facts) else { continue };
         let mut limit = zl.limit;
         if let Some(o) = crate::request::override_for(zone, facts) {
             let Some(rate) = o.rate else { continue };
@@ -96,7 +92,7 @@ pub async fn enforce<'a>(
             Some(stores.local.decide_now(&policy::fleet_shares(enforced, fleet_size)))
         }
         Some(Resolved::Denied(rejection)) => {
-            result.statuses.overall = Some(super::status::LimitStatus::Rejected);
+            result.statuses.overall = Some(LimitStatus::Rejected);
             result.headers = rejection.headers;
             result.action = Action::Reject { status: rejection.status, refusal: rejection.refusal };
             return result;

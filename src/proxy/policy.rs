@@ -11,6 +11,7 @@ use tracing::warn;
 
 use super::bodies::Refusal;
 use crate::config::{FailurePolicy, Route, Runtime, StoreSettings};
+use crate::keys::{KeySpec, RequestFacts};
 use crate::limit::{DelayPolicy, LimitReq, Rate};
 use crate::metrics::METRICS;
 use crate::store::{KeyedConn, KeyedZone, StoreError};
@@ -20,6 +21,17 @@ pub struct Rejection<'a> {
     pub status: u16,
     pub refusal: Refusal<'a>,
     pub headers: Vec<(&'static str, String)>,
+}
+
+/// The key step's one rule for both limit kinds: a zone's key for this request, `None` when it is
+/// empty (not limited, like nginx, and counted per zone).
+pub fn request_key(zone_name: &str, spec: &KeySpec, facts: &RequestFacts<'_>) -> Option<Vec<u8>> {
+    let key = spec.extract(facts);
+    if key.is_empty() {
+        METRICS.empty_keys.with_label_values(&[zone_name]).inc();
+        return None;
+    }
+    Some(key)
 }
 
 /// A zone of one request as both limit kinds key it (`KeyedZone`, `KeyedConn`).

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use self::breaker::{Breaker, Transition};
 use self::deny_cache::{DenyCache, DenyKey};
-use crate::limit::{BucketState, Clock, State, Verdict, ZoneOutcome};
+use crate::limit::{Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::{ConnStore, ConnVerdict, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth};
 
@@ -210,30 +210,9 @@ fn cached_rejection(checks: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u6
     let zones: Vec<ZoneOutcome> = checks
         .iter()
         .zip(denied)
-        .map(|(check, until)| {
-            let unknown_state = State::Bucket(BucketState { level: 0.0, last_us: now_us });
-            match until {
-                Some(until) => ZoneOutcome {
-                    admitted: false,
-                    excess: (check.limit.burst + check.cost) as f64,
-                    delay_us: 0,
-                    retry_after_us: Some(until - now_us),
-                    remaining: 0,
-                    reset_us: until - now_us,
-                    expires_us: *until,
-                    next: unknown_state.clone(),
-                },
-                None => ZoneOutcome {
-                    admitted: true,
-                    excess: 0.0,
-                    delay_us: 0,
-                    retry_after_us: None,
-                    remaining: check.limit.burst,
-                    reset_us: 0,
-                    expires_us: now_us,
-                    next: unknown_state,
-                },
-            }
+        .map(|(check, until)| match until {
+            Some(until) => ZoneOutcome::rejected_for(&check.limit, check.cost, until - now_us, now_us),
+            None => ZoneOutcome::not_charged(&check.limit, now_us),
         })
         .collect();
     let retry = denied.iter().flatten().max().map(|until| until - now_us);

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 
-use crate::limit::{decide_all, BucketState, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::bounded::{Bounded, Expiring};
 use crate::store::{KeyedZone, LimitStore, StoreError};
@@ -260,29 +260,10 @@ fn zone_full(checks: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
         .iter()
         .enumerate()
         .map(|(n, check)| {
-            let next = State::Bucket(BucketState { level: 0.0, last_us: now_us });
             if n == full {
-                ZoneOutcome {
-                    admitted: false,
-                    excess: check.limit.burst.saturating_add(check.cost) as f64,
-                    delay_us: 0,
-                    retry_after_us: Some(FULL_RETRY_US),
-                    remaining: 0,
-                    reset_us: FULL_RETRY_US,
-                    expires_us: now_us + FULL_RETRY_US,
-                    next,
-                }
+                ZoneOutcome::rejected_for(&check.limit, check.cost, FULL_RETRY_US, now_us)
             } else {
-                ZoneOutcome {
-                    admitted: true,
-                    excess: 0.0,
-                    delay_us: 0,
-                    retry_after_us: None,
-                    remaining: check.limit.burst,
-                    reset_us: 0,
-                    expires_us: now_us,
-                    next,
-                }
+                ZoneOutcome::not_charged(&check.limit, now_us)
             }
         })
         .collect();
