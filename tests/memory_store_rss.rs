@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use weir::limit::{Algorithm, DelayPolicy, LimitReq, ManualClock, Rate};
-use weir::store::{MemoryStore, ZoneCheck};
+use weir::store::{KeyedZone, MemoryStore};
 
 const KEYS: u64 = 2_000_000;
 const T0: u64 = 1_700_000_000_000_000;
@@ -39,7 +39,7 @@ fn two_million_random_keys_keep_rss_bounded() {
         x ^= x >> 7;
         x ^= x << 17;
         let key = format!("{x:016x}-203.0.113.{}", x % 251);
-        let verdict = store.decide_now(&[ZoneCheck { zone: "per_key", key: key.as_bytes(), limit, cost: 1 }]);
+        let verdict = store.decide_now(&[KeyedZone::new("per_key", key.as_bytes(), limit, 1)]);
         admitted += u64::from(verdict.admitted);
     }
     let after = rss_bytes();

@@ -307,7 +307,7 @@ async fn per_slot_decisions_equal_one_call() {
     use support::redis_server::RedisServer;
     use tokio::task::block_in_place;
     use weir::limit::{evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State};
-    use weir::store::{LimitStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
+    use weir::store::{KeyedZone, LimitStore, RedisClock, RedisStore, RedisStoreConfig};
 
     let cluster = block_in_place(|| Cluster::start(3));
     let single = block_in_place(RedisServer::start);
@@ -370,19 +370,17 @@ async fn per_slot_decisions_equal_one_call() {
             all.truncate(rng.gen_range(1..=4));
             all
         };
-        let checks: Vec<ZoneCheck<'_>> = picked
+        let checks: Vec<KeyedZone<'_>> = picked
             .iter()
-            .map(|&z| ZoneCheck {
-                zone: zones[z].0,
-                key: clients[rng.gen_range(0..clients.len())].as_bytes(),
-                limit: zones[z].1,
-                cost: rng.gen_range(0..=2),
+            .map(|&z| {
+                let client = clients[rng.gen_range(0..clients.len())];
+                KeyedZone::new(zones[z].0, client.as_bytes(), zones[z].1, rng.gen_range(0..=2))
             })
             .collect();
         let expected = on_one.decide(&checks).await.expect("single redis");
         let got = on_cluster.decide(&checks).await.expect("cluster");
         assert_eq!(got, expected, "request {n}: {checks:?}");
-        let spread: BTreeSet<&[u8]> = checks.iter().map(|c| c.key).collect();
+        let spread: BTreeSet<&[u8]> = checks.iter().map(|c| c.key.as_slice()).collect();
         admitted += usize::from(got.admitted);
         multi_slot_rejections += usize::from(!got.admitted && spread.len() > 1 && got.zones.iter().any(|z| z.admitted));
         let now = clock.now_us();
@@ -400,7 +398,7 @@ async fn per_slot_decisions_equal_one_call() {
     }
     // Another algorithm's value under a key (as after a reload that changed a zone's algorithm) is
     // put back as it was, whatever its type.
-    let never = ZoneCheck { zone: "fixed", key: b"b", limit: zones[2].1, cost: 5 };
+    let never = KeyedZone::new("fixed", b"b", zones[2].1, 5);
     let mut a_owner = block_in_place(|| cluster.connection_for("weir:leaky:{a}"));
     let cmd = |c: &mut redis::Connection, args: &[&str]| -> redis::Value {
         block_in_place(|| redis::cmd(args[0]).arg(&args[1..]).query(c).expect("redis command"))
@@ -410,8 +408,8 @@ async fn per_slot_decisions_equal_one_call() {
     cmd(&mut a_owner, &["PEXPIRE", "weir:leaky:{a}", "100000"]);
     cmd(&mut a_owner, &["SET", "weir:log:{a}", "garbage", "PX", "100000"]);
     for zone in [0, 3] {
-        let check = ZoneCheck { zone: zones[zone].0, key: b"a", limit: zones[zone].1, cost: 1 };
-        let v = on_cluster.decide(&[check, never]).await.expect("cluster");
+        let check = KeyedZone::new(zones[zone].0, b"a", zones[zone].1, 1);
+        let v = on_cluster.decide(&[check, never.clone()]).await.expect("cluster");
         assert!(!v.admitted && v.zones[0].admitted, "{v:?}");
     }
     assert_eq!(cmd(&mut a_owner, &["ZSCORE", "weir:leaky:{a}", "m1"]), redis::Value::BulkString(b"1".to_vec()));

@@ -14,7 +14,7 @@ use weir::limit::{
     decide_all, evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State, SystemClock, Verdict,
     ZoneInput,
 };
-use weir::store::{LimitStore, RedisClock, RedisStore, RedisStoreConfig, StoreError, ZoneCheck};
+use weir::store::{KeyedZone, LimitStore, RedisClock, RedisStore, RedisStoreConfig, StoreError};
 
 const PREFIX: &str = "weir:";
 
@@ -27,8 +27,8 @@ fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
     LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay }
 }
 
-fn check<'a>(zone: &'a str, key: &'a str, limit: LimitReq) -> ZoneCheck<'a> {
-    ZoneCheck { zone, key: key.as_bytes(), limit, cost: 1 }
+fn check<'a>(zone: &'a str, key: &'a str, limit: LimitReq) -> KeyedZone<'a> {
+    KeyedZone::new(zone, key.as_bytes(), limit, 1)
 }
 
 /// Redis' clock in µs, from a blocking connection.
@@ -78,7 +78,7 @@ async fn recovers_from_script_flush_and_redis_restart() {
 }
 
 /// Retries a decision until it succeeds, for at most 5 s.
-async fn decide_until_ok(store: &RedisStore, req: &[ZoneCheck<'_>]) -> (Verdict, Duration, usize) {
+async fn decide_until_ok(store: &RedisStore, req: &[KeyedZone<'_>]) -> (Verdict, Duration, usize) {
     let started = Instant::now();
     let mut errors = 0;
     loop {
@@ -331,7 +331,7 @@ async fn key_expires_when_its_state_can_be_forgotten(limit: LimitReq, costs: &[u
     }
     let mut last_admitted = None;
     for &cost in costs {
-        let v = store.decide(&[ZoneCheck { zone, key: b"203.0.113.7", limit, cost }]).await.unwrap();
+        let v = store.decide(&[KeyedZone::new(zone, b"203.0.113.7", limit, cost)]).await.unwrap();
         if v.admitted {
             last_admitted = Some(v.zones[0].clone());
         }
@@ -432,7 +432,7 @@ async fn a_zone_may_change_its_algorithm() {
             let decide = |limit: LimitReq, cost: u64| {
                 let store = &store;
                 let key = key.clone();
-                async move { store.decide(&[ZoneCheck { zone: "switching", key: key.as_bytes(), limit, cost }]).await }
+                async move { store.decide(&[KeyedZone::new("switching", key.as_bytes(), limit, cost)]).await }
             };
             clock.advance_us(1000);
             let first = decide(*from, 2).await.unwrap();
@@ -473,7 +473,7 @@ async fn without_log_entries_a_verdict_carries_no_log() {
     let server = RedisServer::start();
     let store = store(server.url(), RedisClock::Redis, Duration::from_secs(2));
     let log = window(Algorithm::SlidingLog, 10, 60_000);
-    let req = [ZoneCheck { zone: "log", key: b"k", limit: log, cost: 3 }];
+    let req = [KeyedZone::new("log", b"k", log, 3)];
     let v = store.decide(&req).await.unwrap();
     assert!(v.admitted);
     assert_eq!(v.zones[0].remaining, 7);
@@ -502,7 +502,7 @@ async fn a_costly_request_adds_all_its_log_entries() {
         clock.advance_us(1000);
         let now = clock.now_us();
         let expected = decide_all(&[ZoneInput { limit: &log, state: state.clone(), cost }], now);
-        let got = store.decide(&[ZoneCheck { zone: "log", key: b"k", limit: log, cost }]).await.unwrap();
+        let got = store.decide(&[KeyedZone::new("log", b"k", log, cost)]).await.unwrap();
         assert_eq!(got, expected, "cost {cost}");
         assert_eq!(got.admitted, admitted, "cost {cost}");
         if got.admitted {
@@ -541,7 +541,7 @@ async fn memory_usage_of_one_key() {
         ("sliding_window", "203.0.113.3", window(Algorithm::SlidingWindow, 1_000_000, 1000), vec![500_000]),
     ] {
         for cost in costs {
-            let check = ZoneCheck { zone: "per_ip", key: client.as_bytes(), limit, cost };
+            let check = KeyedZone::new("per_ip", client.as_bytes(), limit, cost);
             store.decide(&[check]).await.unwrap();
             tokio::time::sleep(Duration::from_millis(77)).await;
         }
@@ -558,7 +558,7 @@ async fn memory_usage_of_one_key() {
             .chain([("203.0.113.9", 129, 1), ("203.0.11.10", 1000, 1)])
     {
         for _ in 0..entries / cost {
-            let check = ZoneCheck { zone: "per_ip", key: client.as_bytes(), limit: log, cost };
+            let check = KeyedZone::new("per_ip", client.as_bytes(), log, cost);
             assert!(store.decide(&[check]).await.unwrap().admitted);
         }
         let bytes = measure(&mut conn, &format!("weir:per_ip:{{{client}}}"));

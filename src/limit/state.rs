@@ -19,6 +19,39 @@ pub enum State {
 /// What one zone says about one request, with the state as the stores keep it.
 pub type ZoneOutcome = Evaluation<State>;
 
+/// Outcomes a store reports without evaluating the zone (its state unknown or untouched, e.g. a
+/// full in-process zone or the deny cache): a stand-in state that is never stored, as such a
+/// request is always rejected.
+impl ZoneOutcome {
+    /// This zone rejects for `retry_us` from `now_us`.
+    pub fn rejected_for(limit: &LimitReq, cost: u64, retry_us: u64, now_us: u64) -> Self {
+        Evaluation {
+            admitted: false,
+            excess: limit.burst.saturating_add(cost) as f64,
+            delay_us: 0,
+            retry_after_us: Some(retry_us),
+            remaining: 0,
+            reset_us: retry_us,
+            expires_us: now_us + retry_us,
+            next: State::Bucket(BucketState { level: 0.0, last_us: now_us }),
+        }
+    }
+
+    /// This zone would admit, but another one rejected the request, so it was not charged.
+    pub fn not_charged(limit: &LimitReq, now_us: u64) -> Self {
+        Evaluation {
+            admitted: true,
+            excess: 0.0,
+            delay_us: 0,
+            retry_after_us: None,
+            remaining: limit.burst,
+            reset_us: 0,
+            expires_us: now_us,
+            next: State::Bucket(BucketState { level: 0.0, last_us: now_us }),
+        }
+    }
+}
+
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to
 /// store `next` (only when every zone of the request admits it). State of another algorithm (the
 /// zone's algorithm changed in a reload) counts as no state.

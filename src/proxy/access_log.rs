@@ -5,23 +5,17 @@
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
-use super::limiting::LimitStatus;
+use super::status::LimitStatus;
 use super::RequestCtx;
-
-/// nginx's `$limit_conn_status`: REJECTED if a zone rejected, else PASSED once a zone had a key.
-fn conn_status(ctx: &RequestCtx) -> &'static str {
-    let worst = ctx.conn_statuses.iter().map(|(_, s)| *s).max_by_key(|s| match s {
-        LimitStatus::Rejected => 2,
-        LimitStatus::RejectedDryRun => 1,
-        _ => 0,
-    });
-    worst.map_or("-", LimitStatus::as_str)
-}
 
 pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: &str, status: u16) {
     let req = session.req_header();
-    let zones: Vec<String> =
-        ctx.zone_statuses.iter().map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str())).collect();
+    let zones: Vec<String> = ctx
+        .limit_statuses
+        .zones
+        .iter()
+        .map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str()))
+        .collect();
     tracing::info!(
         target: "weir::access",
         route,
@@ -29,8 +23,10 @@ pub fn write(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: 
         method = %req.method,
         path = %req.uri.path(),
         status,
-        limit_req = ctx.limit_status.map_or("-", |s| s.as_str()),
-        limit_conn = conn_status(ctx),
+        limit_req = ctx.limit_statuses.overall.map_or("-", LimitStatus::as_str),
+        // nginx's `$limit_conn_status`: REJECTED if a zone rejected, else PASSED once a zone had
+        // a key (the most severe word, as for limit_req).
+        limit_conn = ctx.conn_statuses.overall.map_or("-", LimitStatus::as_str),
         zones = %zones.join(","),
         delay_ms = ctx.delay.as_millis() as u64,
         decided_us = ctx.decided_us,

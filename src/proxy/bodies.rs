@@ -9,25 +9,53 @@ fn line(value: serde_json::Value) -> String {
     value.to_string() + "\n"
 }
 
-/// 429 (or `limit_req_status`): `retry_after` is `None` when the request can never pass.
-pub fn rate_limited(route: &str, zone: &str, retry_after: Option<u64>) -> String {
-    match retry_after {
-        Some(secs) => line(json!({ "error": "rate_limited", "route": route, "zone": zone, "retry_after": secs })),
-        None => line(json!({
-            "error": "request_too_costly", "route": route, "zone": zone, "retry_after": null,
-            "detail": "the request costs more than the zone can ever admit at once, so it can never pass",
-        })),
+/// Why a limit refused a request. Both of its answers are written from it: the JSON body, and
+/// for a gRPC request the `grpc-message`, so neither is parsed back from the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal<'a> {
+    /// 429 (or `limit_req_status`): `retry_after` is `None` when the request can never pass.
+    RateLimited { route: &'a str, zone: &'a str, retry_after: Option<u64> },
+    /// The limits could not be decided and the failure policy is `deny`.
+    LimiterUnavailable { route: &'a str },
+    /// 503 (or `limit_conn_status`): a concurrency cap is full.
+    TooManyConcurrent { route: &'a str, zone: &'a str, max: u32 },
+}
+
+impl Refusal<'_> {
+    pub fn body(&self) -> String {
+        match *self {
+            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
+                line(json!({ "error": "rate_limited", "route": route, "zone": zone, "retry_after": secs }))
+            }
+            Refusal::RateLimited { route, zone, retry_after: None } => line(json!({
+                "error": "request_too_costly", "route": route, "zone": zone, "retry_after": null,
+                "detail": "the request costs more than the zone can ever admit at once, so it can never pass",
+            })),
+            Refusal::LimiterUnavailable { route } => {
+                line(json!({ "error": "limiter_unavailable", "route": route, "retry_after": 1 }))
+            }
+            Refusal::TooManyConcurrent { route, zone, max } => line(json!({
+                "error": "too_many_concurrent_requests", "route": route, "zone": zone, "max": max, "retry_after": 1
+            })),
+        }
     }
-}
 
-/// The limits could not be decided and the failure policy is `deny`.
-pub fn limiter_unavailable(route: &str) -> String {
-    line(json!({ "error": "limiter_unavailable", "route": route, "retry_after": 1 }))
-}
-
-/// 503 (or `limit_conn_status`): a concurrency cap is full.
-pub fn too_many_concurrent(route: &str, zone: &str, max: u32) -> String {
-    line(json!({ "error": "too_many_concurrent_requests", "route": route, "zone": zone, "max": max, "retry_after": 1 }))
+    /// The body's facts on one line, for `grpc-message`:
+    /// `rate limited: route api, zone per_ip, retry after 3s`.
+    pub fn grpc_message(&self) -> String {
+        match *self {
+            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
+                format!("rate limited: route {route}, zone {zone}, retry after {secs}s")
+            }
+            Refusal::RateLimited { route, zone, retry_after: None } => {
+                format!("request too costly: route {route}, zone {zone}")
+            }
+            Refusal::LimiterUnavailable { route } => format!("limiter unavailable: route {route}, retry after 1s"),
+            Refusal::TooManyConcurrent { route, zone, max } => {
+                format!("too many concurrent requests: route {route}, zone {zone}, max {max}, retry after 1s")
+            }
+        }
+    }
 }
 
 pub fn no_route() -> String {
@@ -74,10 +102,10 @@ mod tests {
     #[test]
     fn bodies_are_one_json_object_per_line() {
         for body in [
-            rate_limited("api", "per_ip", Some(3)),
-            rate_limited("api", "per_ip", None),
-            limiter_unavailable("api"),
-            too_many_concurrent("api", "c", 10),
+            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) }.body(),
+            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None }.body(),
+            Refusal::LimiterUnavailable { route: "api" }.body(),
+            Refusal::TooManyConcurrent { route: "api", zone: "c", max: 10 }.body(),
             no_route(),
             forbidden("api"),
             bad_request("bad_path", "a \"quoted\" detail", None),
@@ -91,9 +119,37 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert!(v["error"].is_string(), "{body}");
         }
-        let v: serde_json::Value = serde_json::from_str(&rate_limited("api", "per_ip", Some(3))).unwrap();
+        let limited = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) };
+        let v: serde_json::Value = serde_json::from_str(&limited.body()).unwrap();
         assert_eq!(v, json!({"error": "rate_limited", "route": "api", "zone": "per_ip", "retry_after": 3}));
-        let v: serde_json::Value = serde_json::from_str(&rate_limited("api", "per_ip", None)).unwrap();
+        let costly = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None };
+        let v: serde_json::Value = serde_json::from_str(&costly.body()).unwrap();
         assert_eq!(v["retry_after"], serde_json::Value::Null);
+    }
+
+    /// The gRPC message says what the JSON body says (as the message parsed back from the body
+    /// used to).
+    #[test]
+    fn grpc_messages_carry_the_body_facts() {
+        let cases = [
+            (
+                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) },
+                "rate limited: route api, zone per_ip, retry after 3s",
+            ),
+            (
+                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None },
+                "request too costly: route api, zone per_ip",
+            ),
+            (Refusal::LimiterUnavailable { route: "api" }, "limiter unavailable: route api, retry after 1s"),
+            (
+                Refusal::TooManyConcurrent { route: "api", zone: "c", max: 2 },
+                "too many concurrent requests: route api, zone c, max 2, retry after 1s",
+            ),
+        ];
+        for (refusal, message) in cases {
+            assert_eq!(refusal.grpc_message(), message);
+            let v: serde_json::Value = serde_json::from_str(&refusal.body()).unwrap();
+            assert!(message.starts_with(&v["error"].as_str().unwrap().replace('_', " ")), "{message}");
+        }
     }
 }

@@ -4,35 +4,25 @@
 
 use std::sync::Arc;
 
-use super::bodies;
+use super::bodies::Refusal;
 use super::lease::{new_lease_id, Lease};
-use super::limiting::LimitStatus;
-use super::policy::{self, Fallback, Rejection};
+use super::policy::{self, Groups, Rejection, Resolved};
+use super::status::Statuses;
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::keys::RequestFacts;
-use crate::metrics::METRICS;
-use crate::store::{ConnCheck, ConnStore, LeaseKey, MemoryConnStore};
+use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
 
-/// A conn zone of the route whose key for this request is not empty.
-pub struct KeyedConn {
-    /// Index into `route.conn_limits`.
-    pub limit: usize,
-    pub key: Vec<u8>,
-}
-
-/// The route's conn zones whose key for this request is not empty (empty keys are not limited).
-pub fn keyed_conns(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Vec<KeyedConn> {
+/// The key step of limit_conn: the route's conn zones whose key for this request is not empty
+/// (empty keys are not limited), enforced ones first.
+pub fn keyed_conns<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>) -> Groups<KeyedConn<'a>> {
     let mut keyed = Vec::with_capacity(route.conn_limits.len());
     for (i, cl) in route.conn_limits.iter().enumerate() {
         let zone = &rt.conn_zones[cl.zone];
-        let key = zone.key.extract(facts);
-        if key.is_empty() {
-            METRICS.empty_keys.with_label_values(&[&zone.name]).inc();
-        } else {
-            keyed.push(KeyedConn { limit: i, key });
+        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts) {
+            keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i });
         }
     }
-    keyed
+    Groups::new(keyed)
 }
 
 pub struct ConnStores {
@@ -43,85 +33,73 @@ pub struct ConnStores {
     pub local: Arc<MemoryConnStore>,
 }
 
-pub struct ConnOutcome {
+pub struct ConnOutcome<'a> {
     /// Leases to hold until the request ends (one per group of zones asked together).
     pub leases: Vec<Lease>,
     /// Set when the request must be rejected.
-    pub reject: Option<Rejection>,
-    /// Per conn zone: (conn zone index, status).
-    pub zones: Vec<(usize, LimitStatus)>,
+    pub reject: Option<Rejection<'a>>,
+    /// Per conn zone (by index in `Runtime::conn_zones`), and the worst of them.
+    pub statuses: Statuses,
     pub fallback: Option<FailurePolicy>,
 }
 
-pub async fn acquire(rt: &Runtime, route: &Route, keyed: &[KeyedConn], stores: &ConnStores) -> ConnOutcome {
-    let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, zones: Vec::new(), fallback: None };
-    let (shadow, enforced) = policy::split_dry_run(keyed, |k| route.conn_limits[k.limit].dry_run);
+pub async fn acquire<'a>(
+    rt: &Runtime,
+    route: &'a Route,
+    keyed: &Groups<KeyedConn<'a>>,
+    stores: &ConnStores,
+) -> ConnOutcome<'a> {
+    let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, statuses: Statuses::default(), fallback: None };
     // Enforced first: a request they reject takes no shadow lease either.
-    for (group, dry_run) in [(enforced, false), (shadow, true)] {
+    for (group, dry_run) in keyed.each() {
         if group.is_empty() {
             continue;
         }
-        let checks: Vec<ConnCheck<'_>> = group
-            .iter()
-            .map(|k| {
-                let limit = &route.conn_limits[k.limit];
-                ConnCheck { zone: &rt.conn_zones[limit.zone].name, key: &k.key, max: limit.max }
-            })
-            .collect();
         let lease_id = new_lease_id();
-        let mut store: Arc<dyn ConnStore> = stores.primary.clone();
-        let verdict = match stores.primary.acquire(&checks, &lease_id).await {
-            Ok(v) => v,
-            Err(e) => match policy::on_store_error(rt, route, stores.kind, &e, dry_run, route.conn_status) {
-                None => continue,
-                Some((policy, fallback)) => {
-                    outcome.fallback = Some(policy);
-                    match fallback {
-                        Fallback::Allow => continue,
-                        Fallback::Deny(rejection) => {
-                            outcome.reject = Some(rejection);
-                            return outcome;
-                        }
-                        Fallback::Local { fleet_size } => {
-                            // This instance's share of each cap, at least one request.
-                            let local: Vec<ConnCheck<'_>> = checks
-                                .iter()
-                                .map(|c| ConnCheck { max: (c.max as u64 / fleet_size).max(1) as u32, ..*c })
-                                .collect();
-                            store = stores.local.clone();
-                            stores.local.acquire_now(&local)
-                        }
-                    }
+        let result = stores.primary.acquire(group, &lease_id).await;
+        let (verdict, store): (_, Arc<dyn ConnStore>) =
+            match policy::resolve(result, rt, route, stores.kind, dry_run, route.conn_status, &mut outcome.fallback) {
+                Resolved::Decided(v) => (v, stores.primary.clone()),
+                Resolved::Skipped => continue,
+                Resolved::Denied(rejection) => {
+                    outcome.reject = Some(rejection);
+                    return outcome;
                 }
-            },
-        };
-        for (i, (k, c)) in group.iter().zip(&checks).enumerate() {
-            let status = match (verdict.admitted, verdict.rejected == Some(i), dry_run) {
-                (true, _, _) => LimitStatus::Passed,
-                (false, true, false) => LimitStatus::Rejected,
-                (false, true, true) => LimitStatus::RejectedDryRun,
-                // Another zone was full: this one took nothing and had no say.
-                (false, false, _) => continue,
+                Resolved::Local { fleet_size } => {
+                    (stores.local.acquire_now(&policy::fleet_shares(group, fleet_size)), stores.local.clone())
+                }
             };
-            outcome.zones.push((route.conn_limits[k.limit].zone, status));
-            if !verdict.admitted && !dry_run {
-                let body = bodies::too_many_concurrent(&route.name, c.zone, c.max);
-                let headers = vec![
-                    ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", c.zone, c.max)),
-                    ("RateLimit", format!("\"{}\";r=0", c.zone)),
-                    // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
-                    ("Retry-After", "1".to_string()),
-                ];
-                outcome.reject = Some(Rejection { status: route.conn_status, body, headers });
+        let zones = group
+            .iter()
+            .enumerate()
+            .map(|(i, z)| (route.conn_limits[z.reference].zone, verdict.rejected != Some(i), false));
+        outcome.statuses.record_group(verdict.admitted, dry_run, zones);
+        if !verdict.admitted && !dry_run {
+            // The full zone the store names answers.
+            if let Some(full) = verdict.rejected.and_then(|i| group.get(i)) {
+                outcome.reject = Some(rejection(route, full));
+                return outcome;
             }
         }
-        if outcome.reject.is_some() {
-            return outcome;
-        }
         if verdict.admitted {
-            let keys = checks.iter().map(|c| LeaseKey { zone: c.zone.to_string(), key: c.key.to_vec() }).collect();
+            let keys = group.iter().map(|z| LeaseKey { zone: z.zone.to_string(), key: z.key.clone() }).collect();
             outcome.leases.push(Lease::hold(store, keys, lease_id));
         }
     }
     outcome
+}
+
+/// limit_conn's answer for a full zone: `limit_conn_status`, the cap in the RateLimit fields.
+fn rejection<'a>(route: &'a Route, full: &KeyedConn<'a>) -> Rejection<'a> {
+    let headers = vec![
+        ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", full.zone, full.max)),
+        ("RateLimit", format!("\"{}\";r=0", full.zone)),
+        // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
+        ("Retry-After", "1".to_string()),
+    ];
+    Rejection {
+        status: route.conn_status,
+        refusal: Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max },
+        headers,
+    }
 }

@@ -6,14 +6,8 @@
 //! window. `r` is what could pass right now and `t` the seconds until the quota is whole again (or,
 //! when rejected, until the request would pass).
 
-use crate::limit::{LimitReq, Verdict};
-
-/// One zone's name and limit, in the order of the verdict's zones.
-pub struct ZoneInfo<'a> {
-    pub name: &'a str,
-    pub limit: &'a LimitReq,
-    pub cost: u64,
-}
+use crate::limit::Verdict;
+use crate::store::KeyedZone;
 
 const SECOND_US: u64 = 1_000_000;
 
@@ -22,7 +16,7 @@ fn ceil_secs(us: u64) -> u64 {
 }
 
 /// `RateLimit-Policy: "per_ip";q=21;w=3`
-pub fn policy(zones: &[ZoneInfo<'_>]) -> String {
+pub fn policy(zones: &[KeyedZone<'_>]) -> String {
     zones
         .iter()
         .map(|z| {
@@ -33,14 +27,14 @@ pub fn policy(zones: &[ZoneInfo<'_>]) -> String {
             } else {
                 z.limit.rate.time_for_us(quota as f64).ceil() as u64
             };
-            format!("\"{}\";q={};w={}", z.name, quota, ceil_secs(window_us).max(1))
+            format!("\"{}\";q={};w={}", z.zone, quota, ceil_secs(window_us).max(1))
         })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 /// `RateLimit: "per_ip";r=17;t=1`
-pub fn remaining(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> String {
+pub fn remaining(zones: &[KeyedZone<'_>], verdict: &Verdict) -> String {
     zones
         .iter()
         .zip(&verdict.zones)
@@ -52,7 +46,7 @@ pub fn remaining(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> String {
                 // Another zone rejected, so this one was not charged.
                 (false, true) => (out.remaining + z.cost, out.reset_us),
             };
-            format!("\"{}\";r={};t={}", z.name, r, ceil_secs(t_us))
+            format!("\"{}\";r={};t={}", z.zone, r, ceil_secs(t_us))
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -60,7 +54,7 @@ pub fn remaining(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> String {
 
 /// `X-RateLimit-Limit/-Remaining/-Reset` (draft-polli-03 style, as many clients still expect) for
 /// the tightest zone: the one with the fewest requests left.
-pub fn legacy(zones: &[ZoneInfo<'_>], verdict: &Verdict) -> Vec<(&'static str, String)> {
+pub fn legacy(zones: &[KeyedZone<'_>], verdict: &Verdict) -> Vec<(&'static str, String)> {
     let tightest = zones.iter().zip(&verdict.zones).min_by_key(|(_, out)| {
         if verdict.admitted || !out.admitted {
             if out.admitted {
@@ -90,19 +84,19 @@ pub fn retry_after_secs(retry_after_us: u64) -> u64 {
 }
 
 /// The zone whose rejection sets the retry time (the latest one), for the body and logs.
-pub fn rejecting_zone<'a>(zones: &[ZoneInfo<'a>], verdict: &Verdict) -> Option<&'a str> {
+pub fn rejecting_zone<'a>(zones: &[KeyedZone<'a>], verdict: &Verdict) -> Option<&'a str> {
     zones
         .iter()
         .zip(&verdict.zones)
         .filter(|(_, out)| !out.admitted)
         .max_by_key(|(_, out)| out.retry_after_us.unwrap_or(u64::MAX))
-        .map(|(z, _)| z.name)
+        .map(|(z, _)| z.zone)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::{decide_all, Algorithm, DelayPolicy, Rate, ZoneInput};
+    use crate::limit::{decide_all, Algorithm, DelayPolicy, LimitReq, Rate, ZoneInput};
 
     const T0: u64 = 1_700_000_000_000_000;
 
@@ -114,7 +108,7 @@ mod tests {
             burst: 20,
             delay: DelayPolicy::NoDelay,
         };
-        let zones = [ZoneInfo { name: "per_ip", limit: &limit, cost: 1 }];
+        let zones = [KeyedZone::new("per_ip", "k", limit, 1)];
         assert_eq!(policy(&zones), "\"per_ip\";q=21;w=3");
         let v = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
         assert_eq!(remaining(&zones, &v), "\"per_ip\";r=20;t=1");
@@ -130,7 +124,7 @@ mod tests {
         };
         let first = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
         let v = decide_all(&[ZoneInput { limit: &limit, state: Some(first.zones[0].next.clone()), cost: 1 }], T0 + 1);
-        let zones = [ZoneInfo { name: "slow", limit: &limit, cost: 1 }];
+        let zones = [KeyedZone::new("slow", "k", limit, 1)];
         assert!(!v.admitted);
         assert_eq!(remaining(&zones, &v), "\"slow\";r=0;t=60");
         assert_eq!(retry_after_secs(v.retry_after_us.unwrap()), 60);
@@ -152,8 +146,7 @@ mod tests {
             burst: 2,
             delay: DelayPolicy::NoDelay,
         };
-        let zones =
-            [ZoneInfo { name: "loose", limit: &loose, cost: 1 }, ZoneInfo { name: "tight", limit: &tight, cost: 1 }];
+        let zones = [KeyedZone::new("loose", "k", loose, 1), KeyedZone::new("tight", "k", tight, 1)];
         let v = decide_all(
             &[ZoneInput { limit: &loose, state: None, cost: 1 }, ZoneInput { limit: &tight, state: None, cost: 1 }],
             T0,

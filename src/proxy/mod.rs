@@ -9,8 +9,9 @@ mod headers;
 mod lease;
 pub mod limiting;
 mod outcome;
-mod policy;
+pub mod policy;
 mod respond;
+pub mod status;
 mod upstreaming;
 
 use std::net::IpAddr;
@@ -24,7 +25,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::config::{FailurePolicy, Route, Runtime};
+use crate::config::{Route, Runtime};
 use crate::edge::GuardedStream;
 use crate::keys::{self, AmbiguousKey, RequestFacts};
 use crate::metrics::METRICS;
@@ -34,8 +35,9 @@ use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimi
 
 use conn_limiting::ConnStores;
 use lease::Lease;
-use limiting::{request_cost, Action, LimitStatus, Stores};
+use limiting::{request_cost, Action, Stores};
 use outcome::Outcome;
+use status::Statuses;
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -67,8 +69,8 @@ pub struct RequestCtx {
     client_ip: Option<IpAddr>,
     /// Rate-limit fields to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
-    limit_status: Option<LimitStatus>,
-    zone_statuses: Vec<(usize, LimitStatus)>,
+    /// limit_req's words: the request's and its zones'.
+    limit_statuses: Statuses,
     outcome: Outcome,
     delay: Duration,
     /// When the limits were decided (µs since the epoch), for the access log and `weir replay`.
@@ -77,7 +79,7 @@ pub struct RequestCtx {
     upstream_time: Option<Duration>,
     /// Concurrency leases held until the request ends.
     leases: Vec<Lease>,
-    conn_statuses: Vec<(usize, LimitStatus)>,
+    conn_statuses: Statuses,
     /// The upstream servers chosen and tried; the current one holds its `max_conns` place.
     upstream: upstreaming::Attempts,
     /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
@@ -96,15 +98,14 @@ impl ProxyHttp for WeirProxy {
             route: None,
             client_ip: None,
             rate_headers: Vec::new(),
-            limit_status: None,
-            zone_statuses: Vec::new(),
+            limit_statuses: Statuses::default(),
             outcome: Outcome::Unlimited,
             delay: Duration::ZERO,
             decided_us: None,
             upstream_sent: None,
             upstream_time: None,
             leases: Vec::new(),
-            conn_statuses: Vec::new(),
+            conn_statuses: Statuses::default(),
             upstream: upstreaming::Attempts::default(),
             peer: None,
             peer_trusted: false,
@@ -189,17 +190,11 @@ impl ProxyHttp for WeirProxy {
         if !keyed.is_empty() {
             ctx.decided_us = Some(crate::limit::Clock::now_us(&crate::limit::SystemClock));
             let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
-            ctx.limit_status = enforcement.status;
-            ctx.zone_statuses = enforcement.zones;
-            ctx.outcome = match (enforcement.fallback, enforcement.status) {
-                (Some(FailurePolicy::Allow), _) => Outcome::FailOpen,
-                (Some(FailurePolicy::Deny), _) => Outcome::FailClosed,
-                (_, Some(status)) => Outcome::Limit(status),
-                (_, None) => Outcome::Unlimited,
-            };
+            ctx.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
+            ctx.limit_statuses = enforcement.statuses;
             match enforcement.action {
-                Action::Reject { status, body } => {
-                    return respond::rejection(session, route.grpc_status, status, &enforcement.headers, body).await;
+                Action::Reject { status, refusal } => {
+                    return respond::rejection(session, route.grpc_status, status, &enforcement.headers, refusal).await;
                 }
                 Action::Delay(delay) => {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
@@ -226,13 +221,10 @@ impl ProxyHttp for WeirProxy {
         if !keyed_conns.is_empty() {
             let conn = conn_limiting::acquire(&rt, route, &keyed_conns, &self.conn_stores).await;
             ctx.leases = conn.leases;
-            ctx.conn_statuses = conn.zones;
+            ctx.conn_statuses = conn.statuses;
             if let Some(reject) = conn.reject {
-                ctx.outcome = match conn.fallback {
-                    Some(FailurePolicy::Deny) => Outcome::FailClosed,
-                    _ => Outcome::ConnRejected,
-                };
-                return respond::rejection(session, route.grpc_status, reject.status, &reject.headers, reject.body)
+                ctx.outcome = Outcome::of_conn_rejection(conn.fallback);
+                return respond::rejection(session, route.grpc_status, reject.status, &reject.headers, reject.refusal)
                     .await;
             }
         }
@@ -345,12 +337,8 @@ impl ProxyHttp for WeirProxy {
         let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         METRICS.requests.with_label_values(&[route, ctx.outcome.label()]).inc();
-        for (zone, zone_status) in &ctx.zone_statuses {
-            METRICS.zone_decisions.with_label_values(&[&rt.zones[*zone].name, zone_status.metric_label()]).inc();
-        }
-        for (zone, zone_status) in &ctx.conn_statuses {
-            METRICS.conn_decisions.with_label_values(&[&rt.conn_zones[*zone].name, zone_status.metric_label()]).inc();
-        }
+        ctx.limit_statuses.count(&METRICS.zone_decisions, |zone| &rt.zones[zone].name);
+        ctx.conn_statuses.count(&METRICS.conn_decisions, |zone| &rt.conn_zones[zone].name);
         if let Some(upstream_time) = ctx.upstream_time {
             METRICS.upstream_responses.with_label_values(&[route, &status.to_string()]).inc();
             METRICS.upstream_duration.with_label_values(&[route]).observe(upstream_time.as_secs_f64());

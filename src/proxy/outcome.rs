@@ -1,7 +1,8 @@
 //! What happened to a request, as one value: its `weir_requests_total{outcome}` label and its
 //! access-log word come from here, never from string literals at the call sites.
 
-use super::limiting::LimitStatus;
+use super::status::LimitStatus;
+use crate::config::FailurePolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -29,6 +30,24 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// After limit_req: the failure policy that decided, else the request's status.
+    pub fn of_limit_req(fallback: Option<FailurePolicy>, status: Option<LimitStatus>) -> Self {
+        match (fallback, status) {
+            (Some(FailurePolicy::Allow), _) => Outcome::FailOpen,
+            (Some(FailurePolicy::Deny), _) => Outcome::FailClosed,
+            (_, Some(status)) => Outcome::Limit(status),
+            (_, None) => Outcome::Unlimited,
+        }
+    }
+
+    /// A limit_conn rejection: by a full zone, or by the `deny` policy.
+    pub fn of_conn_rejection(fallback: Option<FailurePolicy>) -> Self {
+        match fallback {
+            Some(FailurePolicy::Deny) => Outcome::FailClosed,
+            _ => Outcome::ConnRejected,
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Unlimited => "unlimited",

@@ -7,6 +7,8 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
+use super::bodies::Refusal;
+
 /// Writes a complete JSON response. Returns `Ok(true)`: "already responded" for `request_filter`.
 pub async fn json(
     session: &mut Session,
@@ -48,11 +50,11 @@ pub async fn rejection(
     grpc_status: Option<u8>,
     status: u16,
     headers: &[(&'static str, String)],
-    body: String,
+    refusal: Refusal<'_>,
 ) -> Result<bool> {
     match grpc_status.filter(|_| is_grpc(session.req_header())) {
-        Some(code) => grpc(session, code, headers, &grpc_message(&body)).await,
-        None => json(session, status, headers, body).await,
+        Some(code) => grpc(session, code, headers, &refusal.grpc_message()).await,
+        None => json(session, status, headers, refusal.body()).await,
     }
 }
 
@@ -83,30 +85,6 @@ async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)
     Ok(true)
 }
 
-/// A one-line message for `grpc-message`, from the JSON body the HTTP rejection would carry:
-/// `rate limited: route api, zone per_ip, retry after 3s`.
-pub fn grpc_message(body: &str) -> String {
-    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    let mut message = v["error"].as_str().unwrap_or("rejected").replace('_', " ");
-    let mut parts = Vec::new();
-    for field in ["route", "zone"] {
-        if let Some(value) = v[field].as_str() {
-            parts.push(format!("{field} {value}"));
-        }
-    }
-    if let Some(max) = v["max"].as_u64() {
-        parts.push(format!("max {max}"));
-    }
-    if let Some(secs) = v["retry_after"].as_u64() {
-        parts.push(format!("retry after {secs}s"));
-    }
-    if !parts.is_empty() {
-        message.push_str(": ");
-        message.push_str(&parts.join(", "));
-    }
-    message
-}
-
 /// gRPC's percent-encoding of `grpc-message`: bytes outside printable ASCII, and `%`.
 fn encode_grpc_message(message: &str) -> String {
     const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
@@ -118,11 +96,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grpc_messages_are_readable_and_encoded() {
-        let body = super::super::bodies::rate_limited("api", "per_ip", Some(3));
-        assert_eq!(grpc_message(&body), "rate limited: route api, zone per_ip, retry after 3s");
-        let body = super::super::bodies::too_many_concurrent("api", "c", 2);
-        assert_eq!(grpc_message(&body), "too many concurrent requests: route api, zone c, max 2, retry after 1s");
+    fn grpc_messages_are_encoded() {
         assert_eq!(encode_grpc_message("50% é\n"), "50%25 %C3%A9%0A");
     }
 

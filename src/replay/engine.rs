@@ -1,8 +1,8 @@
 //! One request through the proxy's own steps, at a given time: route (`routes::find`), client IP
 //! (`keys::client_ip` with the trusted proxies), access rules, cost, keyed zones with overrides
-//! (`proxy::limiting`), then the embedded memory store on a simulated clock — enforced zones in
-//! one atomic call and dry-run zones in another, exactly as `proxy::limiting::enforce` does — and
-//! the status words of `proxy::limiting::record_statuses`.
+//! (`proxy::limiting::keyed_zones`), then the embedded memory store on a simulated clock —
+//! enforced zones in one atomic call and dry-run zones in another, exactly as
+//! `proxy::limiting::enforce` does — and the status words of `proxy::limiting::record_statuses`.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -15,13 +15,13 @@ use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
 use crate::keys::{self, KeyPart, RequestFacts};
 use crate::limit::{LimitReq, ManualClock};
-use crate::proxy::conn_limiting::{keyed_conns, KeyedConn};
-use crate::proxy::limiting::{
-    checks, keyed_zones, record_statuses, request_cost, Action, Enforcement, KeyedZone, LimitStatus,
-};
+use crate::proxy::conn_limiting::keyed_conns;
+use crate::proxy::limiting::{keyed_zones, record_statuses, request_cost};
+use crate::proxy::policy::Groups;
+use crate::proxy::status::{LimitStatus, Statuses};
 use crate::request::allowed;
 use crate::routes;
-use crate::store::MemoryStore;
+use crate::store::{KeyedConn, KeyedZone, MemoryStore};
 
 /// What happened to one request before or at the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,64 +156,60 @@ impl<'rt> Engine<'rt> {
     }
 
     /// The `limit_req` step: enforced zones in one atomic store call, dry-run zones in another.
-    fn decide_rates(&self, route: &Route, keyed: Vec<KeyedZone>, now_us: u64, decision: &mut Decision) {
-        let rt = self.rt;
-
+    fn decide_rates(&self, route: &Route, keyed: Groups<KeyedZone<'_>>, now_us: u64, decision: &mut Decision) {
         self.clock.set_us(now_us);
-        let (shadow, enforced): (Vec<&KeyedZone>, Vec<&KeyedZone>) =
-            keyed.iter().partition(|k| route.limits[k.limit].dry_run);
-        let mut result = Enforcement {
-            action: Action::Forward,
-            headers: Vec::new(),
-            status: None,
-            zones: Vec::new(),
-            fallback: None,
-        };
-        let mut delays: Vec<(usize, u64)> = Vec::with_capacity(keyed.len());
-        for (group, dry_run) in [(&enforced, false), (&shadow, true)] {
+        let mut statuses = Statuses::default();
+        // Per zone of `keyed.all()`: its own delay.
+        let mut delays: Vec<u64> = Vec::with_capacity(keyed.all().len());
+        for (group, dry_run) in keyed.each() {
             if group.is_empty() {
                 continue;
             }
-            let verdict = self.store.decide_now(&checks(rt, route, group));
+            let verdict = self.store.decide_now(group);
             if !dry_run && verdict.admitted {
                 decision.delay_us = verdict.delay_us;
             }
-            for (k, out) in group.iter().zip(&verdict.zones) {
-                delays.push((k.limit, if verdict.admitted { out.delay_us } else { 0 }));
-            }
-            record_statuses(&mut result, route, group, &verdict, dry_run);
+            delays.extend(verdict.zones.iter().map(|out| if verdict.admitted { out.delay_us } else { 0 }));
+            record_statuses(&mut statuses, route, group, &verdict, dry_run);
         }
-        decision.status = result.status;
+        decision.status = statuses.overall;
         decision.zones = keyed
+            .into_all()
             .into_iter()
-            .map(|k| {
-                let zone = route.limits[k.limit].zone;
-                let status = result.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
-                let delay_us = delays.iter().find(|(l, _)| *l == k.limit).map_or(0, |(_, d)| *d);
-                ZoneDecision { limit: k.limit, status, delay_us, params: k.params, cost: k.cost, key: k.key }
+            .zip(delays)
+            .map(|(k, delay_us)| {
+                let zone = route.limits[k.reference].zone;
+                let status = statuses.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
+                ZoneDecision { limit: k.reference, status, delay_us, params: k.limit, cost: k.cost, key: k.key.clone() }
             })
             .collect();
+        // In the route's order, as the zones are listed (the groups put enforced ones first).
+        decision.zones.sort_by_key(|z| z.limit);
     }
 
     /// The `limit_conn` step, estimated: each group (enforced, dry run) takes a place in all its
     /// zones or none, from `from` to `until`.
-    fn decide_conns(&mut self, route: &Route, keyed: Vec<KeyedConn>, from: u64, until: u64) -> Vec<ConnDecision> {
-        let mut out = Vec::with_capacity(keyed.len());
-        for dry_run in [false, true] {
-            let group: Vec<&KeyedConn> =
-                keyed.iter().filter(|k| route.conn_limits[k.limit].dry_run == dry_run).collect();
+    fn decide_conns(
+        &mut self,
+        route: &Route,
+        keyed: Groups<KeyedConn<'_>>,
+        from: u64,
+        until: u64,
+    ) -> Vec<ConnDecision> {
+        let mut out = Vec::with_capacity(keyed.all().len());
+        for (group, _) in keyed.each() {
             let mut full = false;
             let first = out.len();
-            for k in &group {
-                let cl = &route.conn_limits[k.limit];
-                let ends = self.in_flight.entry((cl.zone, k.key.clone())).or_default();
+            for k in group {
+                let zone = route.conn_limits[k.reference].zone;
+                let ends = self.in_flight.entry((zone, k.key.clone())).or_default();
                 while ends.peek().is_some_and(|Reverse(end)| *end <= from) {
                     ends.pop();
                 }
                 let in_flight = ends.len() as u32;
-                let rejected = in_flight >= cl.max;
+                let rejected = in_flight >= k.max;
                 full |= rejected;
-                out.push(ConnDecision { limit: k.limit, key: k.key.clone(), in_flight, rejected });
+                out.push(ConnDecision { limit: k.reference, key: k.key.clone(), in_flight, rejected });
             }
             if !full {
                 for d in &out[first..] {

@@ -7,7 +7,7 @@ use super::hash::FastMap;
 
 use super::engine::{Decision, Outcome};
 use crate::config::Runtime;
-use crate::proxy::limiting::LimitStatus;
+use crate::proxy::status::LimitStatus;
 
 /// One key of one zone reference.
 #[derive(Debug, Clone, Default)]

@@ -24,15 +24,30 @@ pub use self::redis::{
     RedisTls, RedisTopology,
 };
 
-/// One zone of one request, as the store sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct ZoneCheck<'a> {
+/// One `limit_req` zone of one request: built once by the key step (`proxy::limiting`), then read
+/// by the store, the response headers and the statuses of the log. Borrows the zone's name from
+/// the config snapshot the request holds; the key is the request's own.
+#[derive(Debug, Clone)]
+pub struct KeyedZone<'a> {
     /// The zone's stable name: state is keyed by it, so reloads that change a rate keep counters.
     pub zone: &'a str,
     /// The client key (already bounded in length by `keys`). Never empty: empty keys are not limited.
-    pub key: &'a [u8],
+    pub key: Vec<u8>,
+    /// The effective limit: the route's reference, or a matching per-key override of it.
     pub limit: LimitReq,
     pub cost: u64,
+    /// Shadow mode: decided and reported, never enforced (decided apart from enforced zones).
+    pub dry_run: bool,
+    /// Which of the route's `limit_req` references this is (index into `Route::limits`); the stores
+    /// ignore it.
+    pub reference: usize,
+}
+
+impl<'a> KeyedZone<'a> {
+    /// An enforced zone outside any route (tests, tools): reference 0.
+    pub fn new(zone: &'a str, key: impl Into<Vec<u8>>, limit: LimitReq, cost: u64) -> Self {
+        KeyedZone { zone, key: key.into(), limit, cost, dry_run: false, reference: 0 }
+    }
 }
 
 /// What `/readyz` says about the store.
@@ -72,7 +87,7 @@ pub enum StoreError {
 #[async_trait]
 pub trait LimitStore: Send + Sync {
     /// Decides every zone of one request atomically: charges all of them or none.
-    async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError>;
+    async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError>;
 
     /// "memory" or "redis", for logs and metrics.
     fn kind(&self) -> &'static str;
@@ -94,12 +109,24 @@ pub trait LimitStore: Send + Sync {
     }
 }
 
-/// One conn zone of one request.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnCheck<'a> {
+/// One `limit_conn` zone of one request, built once by the key step (`proxy::conn_limiting`).
+#[derive(Debug, Clone)]
+pub struct KeyedConn<'a> {
     pub zone: &'a str,
-    pub key: &'a [u8],
+    /// The client key; never empty (empty keys are not limited).
+    pub key: Vec<u8>,
+    /// Requests in flight allowed per key, fleet-wide.
     pub max: u32,
+    pub dry_run: bool,
+    /// Index into `Route::conn_limits`; the stores ignore it.
+    pub reference: usize,
+}
+
+impl<'a> KeyedConn<'a> {
+    /// An enforced conn zone outside any route (tests, tools): reference 0.
+    pub fn new(zone: &'a str, key: impl Into<Vec<u8>>, max: u32) -> Self {
+        KeyedConn { zone, key: key.into(), max, dry_run: false, reference: 0 }
+    }
 }
 
 /// Where a held lease lives, to renew and release it.
@@ -121,7 +148,7 @@ pub struct ConnVerdict {
 #[async_trait]
 pub trait ConnStore: Send + Sync {
     /// Takes `lease` in every zone if each holds fewer than its max; otherwise takes nothing.
-    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError>;
+    async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError>;
     /// Extends a held lease (only where it still exists).
     async fn renew(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
     async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;

@@ -15,9 +15,9 @@ use tracing::{info, warn};
 
 use self::breaker::{Breaker, Transition};
 use self::deny_cache::{DenyCache, DenyKey};
-use crate::limit::{BucketState, Clock, State, Verdict, ZoneOutcome};
+use crate::limit::{Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
-use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, LimitStore, StoreError, StoreHealth, ZoneCheck};
+use crate::store::{ConnStore, ConnVerdict, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth};
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,
@@ -104,14 +104,19 @@ impl GuardedStore {
         });
     }
 
-    fn deny_key(check: &ZoneCheck<'_>) -> DenyKey {
-        DenyKey { zone: check.zone.into(), key: check.key.into(), burst: check.limit.burst, cost: check.cost }
+    fn deny_key(check: &KeyedZone<'_>) -> DenyKey {
+        DenyKey {
+            zone: check.zone.into(),
+            key: check.key.as_slice().into(),
+            burst: check.limit.burst,
+            cost: check.cost,
+        }
     }
 }
 
 #[async_trait]
 impl LimitStore for GuardedStore {
-    async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         // A known rejection holds whatever Redis's health: ask the deny cache before the breaker.
         let now_us = self.clock.now_us();
         if self.deny_cache.is_enabled() {
@@ -171,7 +176,7 @@ impl LimitStore for GuardedStore {
 
 #[async_trait]
 impl ConnStore for GuardedStore {
-    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+    async fn acquire(&self, checks: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
@@ -201,34 +206,13 @@ impl ConnStore for GuardedStore {
 
 /// The verdict for a request the deny cache rejects: the cached zones reject until their time; the
 /// others are reported as not charged (their state is not known here).
-fn cached_rejection(checks: &[ZoneCheck<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
+fn cached_rejection(checks: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
     let zones: Vec<ZoneOutcome> = checks
         .iter()
         .zip(denied)
-        .map(|(check, until)| {
-            let unknown_state = State::Bucket(BucketState { level: 0.0, last_us: now_us });
-            match until {
-                Some(until) => ZoneOutcome {
-                    admitted: false,
-                    excess: (check.limit.burst + check.cost) as f64,
-                    delay_us: 0,
-                    retry_after_us: Some(until - now_us),
-                    remaining: 0,
-                    reset_us: until - now_us,
-                    expires_us: *until,
-                    next: unknown_state.clone(),
-                },
-                None => ZoneOutcome {
-                    admitted: true,
-                    excess: 0.0,
-                    delay_us: 0,
-                    retry_after_us: None,
-                    remaining: check.limit.burst,
-                    reset_us: 0,
-                    expires_us: now_us,
-                    next: unknown_state,
-                },
-            }
+        .map(|(check, until)| match until {
+            Some(until) => ZoneOutcome::rejected_for(&check.limit, check.cost, until - now_us, now_us),
+            None => ZoneOutcome::not_charged(&check.limit, now_us),
         })
         .collect();
     let retry = denied.iter().flatten().max().map(|until| until - now_us);
@@ -253,7 +237,7 @@ mod tests {
 
     #[async_trait]
     impl LimitStore for Counting {
-        async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+        async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.failing.load(Ordering::SeqCst) {
                 return Err(StoreError::Reply("down".into()));
@@ -286,14 +270,14 @@ mod tests {
         (clock, counting, guarded)
     }
 
-    fn check(key: &[u8]) -> ZoneCheck<'_> {
+    fn check(key: &[u8]) -> KeyedZone<'_> {
         let limit = LimitReq {
             algorithm: Algorithm::LeakyBucket,
             rate: Rate::parse("1r/s").unwrap(),
             burst: 0,
             delay: DelayPolicy::NoDelay,
         };
-        ZoneCheck { zone: "z", key, limit, cost: 1 }
+        KeyedZone::new("z", key, limit, 1)
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
-use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, StoreError};
+use crate::store::{ConnStore, ConnVerdict, KeyedConn, LeaseKey, StoreError};
 
 /// In-process counters: exact for one instance; a lease is a count released by its request.
 ///
@@ -55,7 +55,7 @@ impl MemoryConnStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn acquire_now(&self, checks: &[ConnCheck<'_>]) -> ConnVerdict {
+    pub fn acquire_now(&self, checks: &[KeyedConn<'_>]) -> ConnVerdict {
         let caps: Vec<usize> = checks.iter().map(|c| (self.limits)(c.zone).max(1)).collect();
         let mut inner = self.lock();
         let held: Vec<u32> = checks
@@ -111,7 +111,7 @@ impl MemoryConnStore {
 
 #[async_trait]
 impl ConnStore for MemoryConnStore {
-    async fn acquire(&self, checks: &[ConnCheck<'_>], _lease: &str) -> Result<ConnVerdict, StoreError> {
+    async fn acquire(&self, checks: &[KeyedConn<'_>], _lease: &str) -> Result<ConnVerdict, StoreError> {
         Ok(self.acquire_now(checks))
     }
 
@@ -140,19 +140,20 @@ mod tests {
     #[test]
     fn all_or_none_and_release() {
         let store = MemoryConnStore::default();
-        let a = ConnCheck { zone: "a", key: b"k", max: 2 };
-        let b = ConnCheck { zone: "b", key: b"k", max: 1 };
-        let first = store.acquire_now(&[a, b]);
+        let a = KeyedConn::new("a", b"k", 2);
+        let b = KeyedConn::new("b", b"k", 1);
+        let both = [a.clone(), b.clone()];
+        let first = store.acquire_now(&both);
         assert!(first.admitted);
-        let second = store.acquire_now(&[a, b]);
+        let second = store.acquire_now(&both);
         assert_eq!(second, ConnVerdict { admitted: false, rejected: Some(1), held: vec![1, 1] });
         // The rejection took nothing in zone a.
-        assert!(store.acquire_now(&[a]).admitted);
-        assert!(!store.acquire_now(&[a]).admitted);
+        assert!(store.acquire_now(std::slice::from_ref(&a)).admitted);
+        assert!(!store.acquire_now(std::slice::from_ref(&a)).admitted);
         let keys =
             [LeaseKey { zone: "a".into(), key: b"k".to_vec() }, LeaseKey { zone: "b".into(), key: b"k".to_vec() }];
         store.release_now(&keys);
-        assert!(store.acquire_now(&[b]).admitted);
+        assert!(store.acquire_now(std::slice::from_ref(&b)).admitted);
         store.release_now(&keys[..1]);
         store.release_now(&keys);
         store.release_now(&keys);
@@ -162,7 +163,7 @@ mod tests {
     #[test]
     fn a_full_zone_refuses_new_keys_and_takes_nothing() {
         let store = MemoryConnStore::default().with_zone_limits(Arc::new(|zone| if zone == "small" { 2 } else { 100 }));
-        let check = |zone, key| ConnCheck { zone, key, max: 5 };
+        let check = |zone, key| KeyedConn::new(zone, key, 5);
         assert!(store.acquire_now(&[check("small", b"a")]).admitted);
         assert!(store.acquire_now(&[check("small", b"b")]).admitted);
         assert!(store.acquire_now(&[check("small", b"a")]).admitted, "a held key has room");

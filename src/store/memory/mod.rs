@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 
-use crate::limit::{decide_all, BucketState, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::bounded::{Bounded, Expiring};
-use crate::store::{LimitStore, StoreError, ZoneCheck};
+use crate::store::{KeyedZone, LimitStore, StoreError};
 
 /// Keys per zone when the config does not say (~150 MB for a full zone).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -163,10 +163,10 @@ impl MemoryStore {
     }
 
     /// Decides synchronously; `decide` is this behind the store trait.
-    pub fn decide_now(&self, checks: &[ZoneCheck<'_>]) -> Verdict {
+    pub fn decide_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
         let now_us = self.clock.now_us();
         let tables: Vec<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
         // (table, shard) of each check; locked once each, in one global order, so concurrent
         // requests never deadlock.
         let slots: Vec<(usize, usize)> =
@@ -255,34 +255,15 @@ impl MemoryStore {
 
 /// The verdict for a request whose zone `full` had no room for its key: that zone rejects with a
 /// short retry; the others are reported as admitted but not charged (nothing was written).
-fn zone_full(checks: &[ZoneCheck<'_>], full: usize, now_us: u64) -> Verdict {
+fn zone_full(checks: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
     let zones = checks
         .iter()
         .enumerate()
         .map(|(n, check)| {
-            let next = State::Bucket(BucketState { level: 0.0, last_us: now_us });
             if n == full {
-                ZoneOutcome {
-                    admitted: false,
-                    excess: check.limit.burst.saturating_add(check.cost) as f64,
-                    delay_us: 0,
-                    retry_after_us: Some(FULL_RETRY_US),
-                    remaining: 0,
-                    reset_us: FULL_RETRY_US,
-                    expires_us: now_us + FULL_RETRY_US,
-                    next,
-                }
+                ZoneOutcome::rejected_for(&check.limit, check.cost, FULL_RETRY_US, now_us)
             } else {
-                ZoneOutcome {
-                    admitted: true,
-                    excess: 0.0,
-                    delay_us: 0,
-                    retry_after_us: None,
-                    remaining: check.limit.burst,
-                    reset_us: 0,
-                    expires_us: now_us,
-                    next,
-                }
+                ZoneOutcome::not_charged(&check.limit, now_us)
             }
         })
         .collect();
@@ -296,7 +277,7 @@ fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[async_trait]
 impl LimitStore for MemoryStore {
-    async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         Ok(self.decide_now(checks))
     }
 
@@ -316,14 +297,14 @@ mod tests {
 
     const T0: u64 = 1_700_000_000_000_000;
 
-    fn check<'a>(zone: &'a str, key: &'a [u8], burst: u64) -> ZoneCheck<'a> {
+    fn check<'a>(zone: &'a str, key: &'a [u8], burst: u64) -> KeyedZone<'a> {
         let limit = LimitReq {
             algorithm: Algorithm::LeakyBucket,
             rate: Rate::parse("1r/s").unwrap(),
             burst,
             delay: DelayPolicy::NoDelay,
         };
-        ZoneCheck { zone, key, limit, cost: 1 }
+        KeyedZone::new(zone, key, limit, 1)
     }
 
     #[test]

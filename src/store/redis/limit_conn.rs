@@ -17,7 +17,7 @@ use super::connection::ScriptCall;
 use super::rollback::Rollback;
 use super::slots::group_by_slot;
 use super::{redis_key, RedisStore, LIMIT_CONN};
-use crate::store::{ConnCheck, ConnStore, ConnVerdict, LeaseKey, StoreError};
+use crate::store::{ConnStore, ConnVerdict, KeyedConn, LeaseKey, StoreError};
 
 impl RedisStore {
     /// The Redis key of one conn zone's lease set for one client key.
@@ -75,7 +75,7 @@ impl RedisStore {
     /// Acquires slot by slot (module docs).
     async fn acquire_per_slot(
         &self,
-        checks: &[ConnCheck<'_>],
+        checks: &[KeyedConn<'_>],
         keys: &[Vec<u8>],
         groups: &[Vec<usize>],
         lease: &str,
@@ -156,8 +156,8 @@ fn clamp_count(n: i64) -> u32 {
 
 #[async_trait]
 impl ConnStore for RedisStore {
-    async fn acquire(&self, checks: &[ConnCheck<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.conn_key(c.zone, c.key)).collect();
+    async fn acquire(&self, checks: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.conn_key(c.zone, &c.key)).collect();
         let groups = self.slot_groups(&keys);
         if groups.len() > 1 {
             return self.bounded(self.acquire_per_slot(checks, &keys, &groups, lease)).await;

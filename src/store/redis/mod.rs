@@ -48,7 +48,7 @@ use crate::limit::{
     decide_all, Algorithm, BucketState, Clock, DelayPolicy, SlidingState, State, TokenState, Verdict, WindowState,
     ZoneOutcome,
 };
-use crate::store::{LimitStore, StoreError, StoreHealth, ZoneCheck};
+use crate::store::{KeyedZone, LimitStore, StoreError, StoreHealth};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,7 +280,7 @@ impl RedisStore {
     /// One call of `lua/limit_req.lua` for the zones `indices` of `checks` (whose keys are `keys`).
     fn limit_call(
         &self,
-        checks: &[ZoneCheck<'_>],
+        checks: &[KeyedZone<'_>],
         keys: &[Vec<u8>],
         indices: &[usize],
         now_us: Option<u64>,
@@ -342,7 +342,7 @@ impl RedisStore {
     /// The zones of one request over several hash slots: one call per slot (module docs).
     async fn decide_per_slot(
         &self,
-        checks: &[ZoneCheck<'_>],
+        checks: &[KeyedZone<'_>],
         keys: &[Vec<u8>],
         groups: &[Vec<usize>],
     ) -> Result<Verdict, StoreError> {
@@ -388,12 +388,12 @@ impl RedisStore {
 
 #[async_trait]
 impl LimitStore for RedisStore {
-    async fn decide(&self, checks: &[ZoneCheck<'_>]) -> Result<Verdict, StoreError> {
+    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         if checks.is_empty() {
             // Nothing to limit: no round trip.
             return Ok(decide_all(&[], self.clock.now_us()));
         }
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, c.key)).collect();
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
         if self.is_cluster() {
             let groups = group_by_slot(&keys);
             if groups.len() > 1 {
