@@ -247,7 +247,7 @@ def render_markdown(res: dict) -> str:
     rows = res.get("rows", [])
     if rows:
         out.append("| row | req/s | ratio to row 2 | ratio to nginx | p50 ms | p99 ms | p99.9 ms "
-                   "| proxy CPU µs/req | Redis calls/req | Redis CPU µs/req | 2xx % "
+                   "| proxy CPU µs/req | Redis calls/req | Redis CPU µs/decision | 2xx % "
                    "| CPU0/CPU1 busy % | other load % |")
         out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for r in rows:
@@ -279,7 +279,8 @@ def render_markdown(res: dict) -> str:
                    "utime+stime of the proxy process(es) per request (row 1: the upstream "
                    "itself). Redis calls: EVALSHA per request (INFO commandstats; the GET/TIME/SET "
                    "the script runs inside are in the JSON). Redis CPU: used_cpu_user+sys per "
-                   "request. CPU busy: all processes, from /proc/stat. Other load: CPU of "
+                   "request decided in Redis (EVALSHA, or the decisions of weir_redis_batch_size "
+                   "when the build batches). CPU busy: all processes, from /proc/stat. Other load: CPU of "
                    "processes outside the benchmark during the run, in % of one core (noise from "
                    "a shared machine). h2load rows (11, 11b) have no percentiles (mean in the "
                    "JSON).\n")
@@ -416,7 +417,7 @@ def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
     out.append("")
     out.append("| row | build | req/s | vs baseline's row | ratio to baseline row 2 "
                "| ratio to nginx | proxy CPU µs/req | decision µs (− row 2) "
-               "| Redis CPU µs/req |")
+               "| Redis CPU µs/decision |")
     out.append("|---|---|--:|--:|--:|--:|--:|--:|--:|")
     names = [""] + [v["name"] for v in variants]
     for kind in VARIANT_KINDS:
