@@ -10,7 +10,8 @@
 //! `ProxyHttp` with only `upstream_peer`: every request goes to the one upstream, over a kept-alive
 //! connection from Pingora's pool (an idle timeout of 60 s, Weir's default). No filters, no logging,
 //! no config file; the same `pingora` crate and features as Weir (Cargo.toml), `threads` worker
-//! threads (default 1), Pingora's default runtime settings otherwise.
+//! threads (default 1), Pingora's default runtime settings otherwise (the grace period on SIGTERM
+//! aside: 1 s, as Weir's).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -51,11 +52,14 @@ fn main() {
         eprintln!("THREADS: {e}");
         std::process::exit(2)
     });
-    // Pingora's pid file and upgrade socket default to fixed names in /tmp: one per process.
+    // Pingora's pid file and upgrade socket default to fixed names in /tmp: one per process. Like
+    // Weir, a 1 s grace period on SIGTERM (Pingora's default is 5 s).
     let tmp = std::env::temp_dir();
     let pid = std::process::id();
     let conf = ServerConf {
         threads,
+        grace_period_seconds: Some(1),
+        graceful_shutdown_timeout_seconds: Some(1),
         pid_file: tmp.join(format!("pingora-passthrough-{pid}.pid")).display().to_string(),
         upgrade_sock: tmp.join(format!("pingora-passthrough-{pid}-upgrade.sock")).display().to_string(),
         ..ServerConf::default()

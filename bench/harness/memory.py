@@ -38,7 +38,8 @@ class Memory:
                          zones=1, rate="1r/h", burst=10, access_log=self.access_log)
         weir = self.start_weir("weir-redis-memory", toml.replace('"z1"', '"per_ip"'), port)
         try:
-            call = capture_eval(self.redis_port, lambda: http_get(port, xff="10.1.2.3"))
+            call = capture_eval(self.redis_port,
+                                lambda i: http_get(port, xff=f"10.1.2.{3 + i % 200}"))
         finally:
             self.procs.stop(weir)
         key = call[3]

@@ -280,9 +280,9 @@ def render_markdown(res: dict) -> str:
                    "itself). Redis calls: EVALSHA per request (INFO commandstats; the GET/TIME/SET "
                    "the script runs inside are in the JSON). Redis CPU: used_cpu_user+sys per "
                    "request decided in Redis (EVALSHA, or the decisions of weir_redis_batch_size "
-                   "when the build batches). CPU busy: all processes, from /proc/stat. Other load: CPU of "
-                   "processes outside the benchmark during the run, in % of one core (noise from "
-                   "a shared machine). h2load rows (11, 11b) have no percentiles (mean in the "
+                   "when the build batches). CPU busy: all processes, from /proc/stat. Other "
+                   "load: CPU of processes outside the benchmark during the run, in % of one core "
+                   "(noise from a shared machine). h2load rows (11, 11b) have no percentiles (mean in the "
                    "JSON).\n")
         rerun = sum(r["median"].get("discarded_runs", 0) for r in rows)
         if rerun:

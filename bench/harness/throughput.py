@@ -76,6 +76,9 @@ class Throughput:
                 except BenchError as e:
                     self.fail(f"{row.id}: {e}")
                     continue
+                except OSError as e:  # a tool or socket error the harness did not foresee
+                    self.fail(f"{row.id}: {e!r}")
+                    continue
                 row.runs.append(res)
                 self.check_row(row, res)
         return rows
