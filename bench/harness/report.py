@@ -120,6 +120,11 @@ def targets(res: dict) -> list[dict]:
     """The issues' targets, each with the measured value and met / not met (None: reported, no
     target)."""
     rows = {r["id"]: r["median"] for r in res.get("rows", [])}
+    for s in rows.values():  # results from before µs per request were stored
+        if s.get("proxy_us_per_req") is None and s.get("proxy_cpu_s_per_1k") is not None:
+            s["proxy_us_per_req"] = s["proxy_cpu_s_per_1k"] * 1000
+        if s.get("redis_cpu_us_per_req") is None and s.get("redis_cpu_ms_per_1k") is not None:
+            s["redis_cpu_us_per_req"] = s["redis_cpu_ms_per_1k"]  # ms per 1k EVALSHA = µs per
     out = []
     w = weir_ratios(rows)
 
@@ -315,13 +320,13 @@ def render_markdown(res: dict) -> str:
         out.append(f"**Below saturation** (offered ≈ {paced['target_rps']:,} r/s = half of row "
                    f"4's peak; {paced['connections']} connections × {paced['delay_ms']} ms think "
                    "time):\n")
-        out.append("| row | req/s | p50 ms | p99 ms | p99.9 ms | proxy CPU s/1k req |")
+        out.append("| row | req/s | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req |")
         out.append("|---|--:|--:|--:|--:|--:|")
         for rid, label in (("passthrough", "2. Weir, no limits"),
                            ("redis", "4. Weir, Redis, 1 zone")):
             s = paced[rid]
             out.append(f"| {label} | {s['rps']:,.0f} | {s['p50_ms']:.2f} | {s['p99_ms']:.2f} | "
-                       f"{s['p99_9_ms']:.2f} | {s['proxy_cpu_s_per_1k']:.4f} |")
+                       f"{s['p99_9_ms']:.2f} | {s['proxy_cpu_s_per_1k'] * 1000:.1f} |")
         out.append(f"\nAdded by a Redis decision: p50 {paced['added_p50_ms']:+.2f} ms, "
                    f"p99 {paced['added_p99_ms']:+.2f} ms.\n")
     ceiling = res.get("redis_ceiling")
