@@ -24,8 +24,9 @@ def main() -> int:
                          "experiments (ids: upstream echo pingora passthrough memory redis "
                          "redis_log redis3 flood flood_cache nginx_limit nginx_proxy openresty "
                          "scale_passthrough scale_redis scale_nginx_limit https_weir https_nginx "
-                         "h2_weir h2_nginx, and a variant's as passthrough@NAME, ...; add paced, "
-                         "with passthrough and redis, for the paced pair)")
+                         "h2_weir h2_nginx, and a variant's as passthrough@NAME, ...; `ab`: rows 2-5 "
+                         "of the baseline and every variant, nginx_proxy, nginx_limit, openresty; "
+                         "add paced, with passthrough and redis, for the paced pair)")
     ap.add_argument("--profile", action="store_true",
                     help="also perf-profile rows 2, 3, 4 and 7 (extra runs, results/profile-*.txt)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN[,k=v;...]",

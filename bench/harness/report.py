@@ -79,6 +79,13 @@ def rows_json(rows: list[Row]) -> list[dict]:
         s["ratio_to_baseline_row"] = ((s["rps"] / med_rps[r.kind])
                                       if (r.variant and s["rps"] and med_rps.get(r.kind))
                                       else None)
+        if r.variant:
+            # Paired by round: run i of the variant came right after run i of the baseline's row,
+            # so their ratio cancels the machine's slow drifts (other engineers' builds).
+            base_runs = next((b.runs for b in rows if b.id == r.kind), [])
+            pairs = [v["rps"] / b["rps"] for v, b in zip(r.runs, base_runs) if b["rps"]]
+            s["paired_ratios"] = [round(x, 3) for x in pairs]
+            s["paired_ratio"] = med(pairs)
         s["proxy_us_per_req"] = (s["proxy_cpu_s_per_1k"] * 1000
                                  if s.get("proxy_cpu_s_per_1k") is not None else None)
         out.append({"id": r.id, "label": r.label, "keys": r.keys, "note": r.note,
@@ -420,7 +427,8 @@ def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
         out.append(f"- `{v['name']}`: {v['binary'] or 'the baseline binary'}"
                    + (f", settings `{'; '.join(v['settings'])}`" if v["settings"] else ""))
     out.append("")
-    out.append("| row | build | req/s | vs baseline's row | ratio to baseline row 2 "
+    out.append("| row | build | req/s | vs baseline's row (paired: median, range) "
+               "| ratio to baseline row 2 "
                "| ratio to nginx | proxy CPU µs/req | decision µs (− row 2) "
                "| Redis CPU µs/decision |")
     out.append("|---|---|--:|--:|--:|--:|--:|--:|--:|")
@@ -436,7 +444,7 @@ def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
                    if kind != "passthrough" and p.get("proxy_us_per_req") is not None else None)
             out.append(
                 f"| {ROW_NUMBER[kind]} | {name or 'baseline'} | {s['rps']:,.0f} | "
-                f"{fmt(s.get('ratio_to_baseline_row'), '.2f') if name else '1.00'} | "
+                f"{paired(s) if name else '1.00'} | "
                 f"{fmt(s['ratio_to_passthrough'], '.2f')} | {fmt(s.get('ratio_to_nginx'), '.2f')} "
                 f"| {fmt(s.get('proxy_us_per_req'), '.1f')} | {fmt(dec, '+.1f')} | "
                 f"{fmt(s.get('redis_cpu_us_per_req') if kind.startswith('redis') else None, '.1f')}"
@@ -463,6 +471,17 @@ def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
         out.append(f"| {label} | " + " | ".join(fmt(r.get(key), spec) for r in ratios) + " |")
     out.append("")
     return out
+
+
+def paired(s: dict) -> str:
+    """A variant row against the baseline's: the median of the per-round ratios and their range
+    (the ratio of the medians if there are none)."""
+    pairs = s.get("paired_ratios") or []
+    if not pairs:
+        return fmt(s.get("ratio_to_baseline_row"), ".2f")
+    if len(pairs) == 1:
+        return f"{pairs[0]:.2f}"
+    return f"{s['paired_ratio']:.2f} ({min(pairs):.2f}–{max(pairs):.2f})"
 
 
 def render_batch(batch: dict) -> list[str]:

@@ -60,7 +60,12 @@ class Throughput:
         if self.quick:
             rows = [r for r in rows if r.id != "echo"]
         if self.args.rows:
-            rows = [r for r in rows if r.id in self.args.rows.split(",")]
+            wanted = set(self.args.rows.split(","))
+            if "ab" in wanted:  # the A/B set: rows 2-5 (every variant's too) and their peers
+                wanted |= {"passthrough", "memory", "redis", "redis3", "nginx_proxy",
+                           "nginx_limit", "openresty"}
+                wanted |= {r.id for r in rows if r.variant}
+            rows = [r for r in rows if r.id in wanted]
         return rows
 
     def phase_throughput(self) -> list[Row]:
