@@ -187,6 +187,8 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                     items.append(f"{k} = {lua_str(str(v))}")
             http_extra += (
                 f'    lua_package_path "{lua_dir}/?.lua;;";\n'
+                # weir_limit.lua logs each failed call itself, once, with "limit store".
+                "    lua_socket_log_errors off;\n"
                 "    init_by_lua_block {\n"
                 '        weir_limit = require "weir_limit"\n'
                 "        weir_limit.configure({\n"
