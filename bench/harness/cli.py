@@ -8,7 +8,8 @@ import signal
 from .bench import Bench
 from .common import BENCH_DIR, BenchError
 
-DESCRIPTION = "Weir benchmark harness (issue 4). Started by bench/run.sh; Python 3.11 standard library only."
+DESCRIPTION = ("Weir benchmark harness (issues 4 and 12). Started by bench/run.sh; Python 3.11 "
+               "standard library only.")
 
 
 def main() -> int:
