@@ -6,9 +6,10 @@ import argparse
 import signal
 
 from .bench import Bench
-from .common import BENCH_DIR
+from .common import BENCH_DIR, BenchError
 
-DESCRIPTION = "Weir benchmark harness (issue 4). Started by bench/run.sh; Python 3.11 standard library only."
+DESCRIPTION = ("Weir benchmark harness (issues 4 and 12). Started by bench/run.sh; Python 3.11 "
+               "standard library only.")
 
 
 def main() -> int:
@@ -21,13 +22,27 @@ def main() -> int:
     ap.add_argument("--out", default=str(BENCH_DIR / "results"), help="where latest.* go")
     ap.add_argument("--rows", default="",
                     help="only these throughput rows (ids, comma-separated), no other part: for "
-                         "experiments (ids: upstream echo passthrough memory redis redis3 flood "
-                         "flood_cache nginx_limit nginx_proxy; add paced, with passthrough and "
-                         "redis, for the paced pair)")
+                         "experiments (ids: upstream echo pingora passthrough memory redis "
+                         "redis_log redis3 flood flood_cache nginx_limit nginx_proxy openresty "
+                         "scale_passthrough scale_redis scale_nginx_limit https_weir https_nginx "
+                         "h2_weir h2_nginx, and a variant's as passthrough@NAME, ...; `ab`: rows 2-5 "
+                         "of the baseline and every variant, nginx_proxy, nginx_limit, openresty; "
+                         "add paced, with passthrough and redis, for the paced pair)")
     ap.add_argument("--profile", action="store_true",
-                    help="also perf-profile rows 2, 3, 4 and 7 (extra runs, results/profile-*.txt)")
+                    help="also perf-profile rows 2a, 2, 3, 4 and 7 (extra runs, "
+                         "results/profile-*.txt)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN[,k=v;...]",
+                    help="A/B: rows 2-5 again for another weir binary and/or extra settings "
+                         "merged into its configs, interleaved with the others, e.g. "
+                         "--variant A=/tmp/weir-A or --variant nows=,server.work_stealing=false "
+                         "(empty BIN: the baseline's binary); repeatable")
+    ap.add_argument("--pingora", default="",
+                    help="examples/pingora_passthrough binary: the plain Pingora row (run.sh)")
     args = ap.parse_args()
-    bench = Bench(args)
+    try:
+        bench = Bench(args)
+    except BenchError as e:
+        ap.error(str(e))
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -15,7 +15,7 @@ class Fleet:
 
     def phase_fleet(self) -> dict:
         ns = [1, 2] if self.quick else [1, 2, 4]
-        duration = 2 if self.quick else 10
+        duration = 1 if self.quick else 10
         nmax = max(ns)
         rate = f"{FLEET_RATE_RPS}r/s"
         weirs, nginxes = [], []
@@ -63,8 +63,8 @@ class Fleet:
                 out["runs"].append(run)
                 log(f"  admitted {admitted}, ideal {ideal:.1f}, offered {offered:.0f} r/s")
                 if other:
-                    self.fail(f"fleet {kind} x{n}: {other} responses neither 200 nor 429")
+                    self.check_failed(f"fleet {kind} x{n}: {other} responses neither 200 nor 429")
                 if run["overload_x"] < 10:
-                    self.fail(f"fleet {kind} x{n}: overload only {run['overload_x']}x")
+                    self.check_failed(f"fleet {kind} x{n}: overload only {run['overload_x']}x")
         self.procs.stop(*(t.procs[0] for t in weirs + nginxes))
         return out

@@ -81,10 +81,17 @@ def ours_delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(after[p] - before[p] for p in before if p in after)
 
 
-def rss_kib(pid: int) -> dict[str, int]:
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (KiB) and Threads of a process, from /proc/<pid>/status."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("VmRSS:", "VmHWM:")):
+        if line.startswith(("VmRSS:", "VmHWM:", "Threads:")):
             key, val = line.split(":", 1)
             out[key] = int(val.split()[0])
     return out
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in KiB."""
+    status = proc_status(pid)
+    return {k: status[k] for k in ("VmRSS", "VmHWM") if k in status}

@@ -20,7 +20,10 @@ class Profile:
         if subprocess.run(["sh", "-c", "command -v perf"], capture_output=True).returncode:
             return {"skipped": "perf not installed"}
         out = {}
-        for rid in ("passthrough", "memory", "redis", "nginx_limit"):
+        rids = ["passthrough", "memory", "redis", "nginx_limit"]
+        if "pingora" in self.targets:
+            rids.insert(0, "pingora")  # plain Pingora: what of row 2's profile is Pingora's own
+        for rid in rids:
             target = self.targets[rid]
             pids = target.pids()
             if rid.startswith("redis"):
@@ -46,7 +49,8 @@ class Profile:
                 return lines
 
             by_dso, by_symbol = report("comm,dso", "0.5"), report("comm,dso,symbol", "0.7")
-            by_crate = crate_totals(report("dso,symbol", "0"))
+            binary = "pingora_passthrough" if rid == "pingora" else "weir"
+            by_crate = crate_totals(report("dso,symbol", "0"), binary)
             text = (f"# perf record -F 999 (cpu-clock) of {rid} at {res['rps']:.0f} req/s, pids "
                     f"{pids}\n\n## by thread and object\n" + "\n".join(by_dso)
                     + "\n\n## the proxy binary's own samples, by the first crate in the symbol\n"
@@ -59,12 +63,12 @@ class Profile:
         return out
 
 
-def crate_totals(lines: list[str]) -> list[tuple[str, float]]:
+def crate_totals(lines: list[str], binary: str = "weir") -> list[tuple[str, float]]:
     """perf report lines `pct%  dso  [.] symbol` of the weir binary, summed by the first
     `crate::` path in the (demangled) symbol: where the proxy's own code spends its time."""
     totals: dict[str, float] = {}
     for ln in lines:
-        m = re.match(r"\s*([\d.]+)%\s+weir\s+\[\.\]\s+(.*)", ln)
+        m = re.match(rf"\s*([\d.]+)%\s+{re.escape(binary)}\s+\[\.\]\s+(.*)", ln)
         if not m:
             continue
         crate = re.search(r"([A-Za-z_][A-Za-z0-9_]*)::", m.group(2))

@@ -74,22 +74,43 @@ def monitor_args(line: str) -> list[str]:
     return out
 
 
-def capture_eval(redis_port: int, send) -> list[str]:
-    """The EVALSHA (or EVAL) that Weir sends to Redis while `send()` runs, seen through MONITOR:
-    the script's exact KEYS/ARGV layout, whatever version of lua/limit_req.lua Weir embeds."""
+def capture_eval(redis_port: int, send, timeout: float = 15.0) -> list[str]:
+    """The EVALSHA (or EVAL) that Weir sends to Redis while `send(i)` runs, seen through MONITOR:
+    the script's exact KEYS/ARGV layout, whatever version of lua/limit_req.lua Weir embeds.
+    `send(i)` is called again (i = 1, 2, ...; use a fresh client for each) every second until a
+    call shows up: on a busy machine Weir's circuit breaker may be open for a while, and then the
+    request is decided without Redis."""
     with socket.create_connection(("127.0.0.1", redis_port), timeout=5) as s:
-        reader = s.makefile("rb")
         s.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
-        if not reader.readline().startswith(b"+OK"):
-            raise BenchError("redis: MONITOR refused")
-        send()
-        deadline = time.time() + 5
+        s.settimeout(0.25)
+        buf, ok = b"", False
+        deadline = time.time() + timeout
+        attempt, next_send = 0, 0.0
         while time.time() < deadline:
-            line = reader.readline().decode("latin-1").rstrip("\r\n")
-            args = monitor_args(line) if "]" in line else []
-            if args and args[0].upper() in ("EVALSHA", "EVAL"):
-                return args
-    raise BenchError("no EVALSHA reached Redis from Weir within 5 s")
+            if ok and time.time() >= next_send:
+                send(attempt)
+                attempt += 1
+                next_send = time.time() + 1.0
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, TimeoutError):
+                continue
+            if not chunk:
+                raise BenchError("redis: MONITOR connection closed")
+            buf += chunk
+            while b"\r\n" in buf:
+                raw, buf = buf.split(b"\r\n", 1)
+                line = raw.decode("latin-1")
+                if not ok:
+                    if not line.startswith("+OK"):
+                        raise BenchError(f"redis: MONITOR refused: {line[:100]}")
+                    ok = True
+                    continue
+                args = monitor_args(line) if "]" in line else []
+                if args and args[0].upper() in ("EVALSHA", "EVAL"):
+                    return args
+    raise BenchError(f"no EVALSHA reached Redis from Weir within {timeout:.0f} s "
+                     f"({attempt} requests)")
 
 
 def rand_keys(call: list[str], tag: str) -> list[str]:

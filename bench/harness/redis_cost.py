@@ -26,8 +26,9 @@ class RedisCost:
         calls = {}
         for zones, rid in ((1, "redis"), (3, "redis3")):
             port = self.targets[rid].port
-            calls[zones] = rand_keys(
-                capture_eval(self.redis_port, lambda: http_get(port, xff="10.251.0.1")), "rb")
+            call = capture_eval(self.redis_port,
+                                lambda i: http_get(port, xff=f"10.251.0.{1 + i % 200}"))
+            calls[zones] = rand_keys(call, "rb")
         out = {"requests": n, "redis_cpu": self.redis_cpu, "redis_benchmark_cpu": bench_cpu,
                "call_1_zone": calls[1], "runs": []}
         cases = [(1, 16), (1, 1), (3, 16)] if not self.quick else [(1, 16)]

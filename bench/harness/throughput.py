@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import DISTURBED_PCT, BenchError, log
+from .metrics import batch_histogram, scrape_metrics
 from .model import Row
 from .report import summarize, summarize_runs
 
@@ -16,9 +17,12 @@ class Throughput:
         rows = [
             Row("upstream", "1. upstream direct (nginx `return 200`)", "upstream"),
             Row("echo", "1b. upstream direct (`weir echo`, for reference)", "echo"),
+            Row("pingora", "2a. plain Pingora proxy (examples/pingora_passthrough)", "pingora"),
             Row("passthrough", "2. Weir, no limits (Pingora passthrough)", "passthrough"),
             Row("memory", "3. Weir, memory store, 1 zone, 10k keys", "memory"),
             Row("redis", "4. Weir, Redis store, 1 zone, 10k keys", "redis", redis=True),
+            Row("redis_log", "4a. Weir, Redis store, 1 zone, JSON access log on", "redis_log",
+                redis=True),
             Row("redis3", "5. Weir, Redis store, 3 zones, 10k keys", "redis3", redis=True),
             Row("flood", "6. Weir, Redis, one-key flood (all 429), no deny cache", "flood",
                 keys=1, expect="reject", redis=True,
@@ -27,14 +31,41 @@ class Throughput:
             Row("flood_cache", "6b. Weir, Redis, one-key flood (all 429), deny cache",
                 "flood_cache", keys=1, expect="reject", note="default deny_cache_size"),
             Row("nginx_limit", "7. nginx limit_req, 1 zone, 10k keys", "nginx_limit"),
-            Row("nginx_proxy", "7b. nginx proxy, no limits (for reference)", "nginx_proxy"),
+            Row("nginx_proxy", "7b. nginx proxy, no limits", "nginx_proxy"),
+            Row("openresty", "8. OpenResty + Redis (lua/limit_req.lua per request), 1 zone, "
+                "10k keys", "openresty", redis=True),
+            Row("scale_passthrough", "9. Weir, no limits, threads = 2 on both cores",
+                "scale_passthrough"),
+            Row("scale_redis", "9b. Weir, Redis store, 1 zone, threads = 2 on both cores",
+                "scale_redis", redis=True),
+            Row("scale_nginx_limit", "9c. nginx limit_req, 2 workers on both cores",
+                "scale_nginx_limit"),
+            Row("https_weir", "10. Weir, HTTPS (HTTP/1.1 over TLS), no limits", "tls"),
+            Row("https_nginx", "10b. nginx, HTTPS (`listen ssl`), no limits", "nginx_tls"),
+            Row("h2_weir", "11. Weir, h2 over TLS (h2load), no limits", "tls", tool="h2load"),
+            Row("h2_nginx", "11b. nginx, `http2` over TLS (h2load), no limits", "nginx_tls",
+                tool="h2load"),
         ]
-        if not self.deny_cache:
-            rows = [r for r in rows if r.id != "flood_cache"]
+        # A/B variants: rows 2-5 of each, right after the baseline's, so that they are measured
+        # next to each other in every round.
+        out = []
+        for r in rows:
+            out.append(r)
+            if r.id in ("passthrough", "memory", "redis", "redis3"):
+                for v in self.variants:
+                    out.append(Row(f"{r.id}@{v.name}", f"{r.label} [{v.name}]",
+                                   f"{r.id}@{v.name}", redis=r.redis, kind=r.id,
+                                   variant=v.name))
+        rows = [r for r in out if r.target in self.targets]
         if self.quick:
-            rows = [r for r in rows if r.id not in ("echo", "nginx_proxy")]
+            rows = [r for r in rows if r.id != "echo"]
         if self.args.rows:
-            rows = [r for r in rows if r.id in self.args.rows.split(",")]
+            wanted = set(self.args.rows.split(","))
+            if "ab" in wanted:  # the A/B set: rows 2-5 (every variant's too) and their peers
+                wanted |= {"passthrough", "memory", "redis", "redis3", "nginx_proxy",
+                           "nginx_limit", "openresty"}
+                wanted |= {r.id for r in rows if r.variant}
+            rows = [r for r in rows if r.id in wanted]
         return rows
 
     def phase_throughput(self) -> list[Row]:
@@ -45,37 +76,68 @@ class Throughput:
                 try:
                     res = self.measure_retrying(
                         self.targets[row.target], row.keys, self.duration, self.conns,
-                        key_offset=2_000_000 if row.keys == 1 else 0, warm=rep == 0)
+                        key_offset=2_000_000 if row.keys == 1 else 0, warm=rep == 0,
+                        tool=row.tool)
                 except BenchError as e:
                     self.fail(f"{row.id}: {e}")
+                    continue
+                except OSError as e:  # a tool or socket error the harness did not foresee
+                    self.fail(f"{row.id}: {e!r}")
                     continue
                 row.runs.append(res)
                 self.check_row(row, res)
         return rows
 
     def check_row(self, row: Row, res: dict) -> None:
+        """Sanity checks of one run. A row that cannot run at all fails; what a busy machine or
+        a slow Redis can cause goes through check_failed (a warning in --quick)."""
         n = res["requests"]
         sock_errors = sum(v for k, v in res["errors"].items() if k != "status")
         if n == 0:
             self.fail(f"{row.id}: no request completed")
         if sock_errors > 0.01 * max(n, 1):
-            self.fail(f"{row.id}: {sock_errors} socket errors / {n} requests: {res['errors']}")
+            self.check_failed(f"{row.id}: {sock_errors} socket errors / {n} requests: "
+                              f"{res['errors']}")
         if row.expect == "pass" and res["admitted_pct"] < 99.0:
-            self.fail(f"{row.id}: only {res['admitted_pct']:.2f}% of requests got 2xx")
+            self.check_failed(f"{row.id}: only {res['admitted_pct']:.2f}% of requests got 2xx")
         if row.expect == "reject" and res["admitted_pct"] > 1.0:
-            self.fail(f"{row.id}: {res['admitted_pct']:.2f}% got 2xx, expected all rejected")
-        if row.redis and res["redis_evalsha_per_req"] < 0.2:
-            self.fail(f"{row.id}: {res['redis_evalsha_per_req']:.3f} EVALSHA per request: "
-                      "is the Redis store deciding?")
+            self.check_failed(f"{row.id}: {res['admitted_pct']:.2f}% got 2xx, expected all "
+                              "rejected")
+        decided = res["redis_decisions_per_req"]
+        if row.redis and decided < 0.2:
+            self.check_failed(f"{row.id}: {decided:.3f} Redis decisions (EVALSHA) per request: "
+                              "is the Redis store deciding?")
+        if row.redis and res["redis_failed_calls"] > 0.01 * max(n, 1):
+            self.check_failed(f"{row.id}: {res['redis_failed_calls']} failed script calls in "
+                              f"Redis ({res['redis_failed']})")
         if res["other_load_pct"] > DISTURBED_PCT:
             self.warn(f"{row.id}: other processes used {res['other_load_pct']:.0f}% of a core "
                       "during a run (shared machine): its numbers are noisy")
-        if row.redis and 0.2 <= res["redis_evalsha_per_req"] < 0.95:
-            self.warn(f"{row.id}: only {res['redis_evalsha_per_req']:.2f} EVALSHA per request: "
+        if row.redis and 0.2 <= decided < 0.95:
+            self.warn(f"{row.id}: only {decided:.2f} Redis decisions per request: "
                       "decisions were made without Redis")
         if res.get("proxy_log_store_failures"):
-            self.warn(f"{row.id}: Weir logged {res['proxy_log_store_failures']} failed Redis "
-                      f"decisions in one run (e.g. {res['proxy_log_sample'][0][:160]})")
+            self.warn(f"{row.id}: the proxy logged {res['proxy_log_store_failures']} failed "
+                      f"Redis decisions in one run (e.g. {res['proxy_log_sample'][0][:160]})")
+
+    # ---- after the rows: Weir's Redis batch sizes --------------------------------------------
+
+    def phase_batch_size(self, rows: list[Row]) -> dict:
+        """The `weir_redis_batch_size` histogram of the Redis rows' Weirs (/metrics), over all
+        their runs: how many decisions went to Redis together (coalescing). Absent: not exposed by
+        this build."""
+        out = {}
+        for r in rows:
+            t = self.targets[r.target]
+            if not (r.redis and t.admin) or r.target in out:
+                continue
+            try:
+                metrics = scrape_metrics(t.admin)
+            except OSError as e:
+                out[r.target] = {"error": str(e)}
+                continue
+            out[r.target] = batch_histogram(metrics)
+        return out
 
     # ---- phase 2: latency at half of the Redis row's peak ----------------------------------
 

@@ -37,9 +37,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The RESP client the bench harness uses too (bench/harness/resp.py, standard library only).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from resp import RespClient  # noqa: E402
+# The bench harness's RESP client, pid file and /proc readings (bench/harness/: resp.py, procs.py,
+# procstat.py; standard library only): one implementation of each for both drivers.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.procs import free_port, record_pid  # noqa: E402
+from harness.procstat import cpu_seconds, proc_status  # noqa: E402
+from harness.resp import RespClient  # noqa: E402
 
 SOAK_DIR = Path(__file__).resolve().parent
 BENCH_DIR = SOAK_DIR.parent
@@ -82,14 +85,6 @@ class SoakError(Exception):
 # --------------------------------------------------------------------------------------------
 
 
-def start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2:].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
 class Procs:
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -105,8 +100,7 @@ class Procs:
                                  stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
         out.close()
         with self.lock:
-            with open(self.pidfile, "a") as f:
-                f.write(f"{popen.pid} {start_time(popen.pid)}\n")
+            record_pid(self.pidfile, popen.pid)  # with its start time, for soak.sh's trap
             self.live.append(popen)
         return popen
 
@@ -137,12 +131,6 @@ class Procs:
                 self.kill(p)
         with self.lock:
             self.live.clear()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(popen: subprocess.Popen, name: str, port: int, log_path: Path,
@@ -230,11 +218,9 @@ TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": 
 
 
 def proc_sample(pid: int, ports: dict) -> dict:
-    """RSS, threads and open fds of one process; fds split by kind. `ports`: listen, admin,
+    """RSS, threads, CPU seconds and open fds of one process; fds split by kind. `ports`: listen, admin,
     upstream, redis port numbers, to name the sockets."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
-    threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
+    status = proc_status(pid)
     tcp = tcp_sockets()
     unix = unix_sockets()
     kinds: Counter = Counter()
@@ -270,8 +256,9 @@ def proc_sample(pid: int, ports: dict) -> dict:
             kinds["socket_other"] += 1
     return {
         "t": round(time.time(), 3),
-        "rss_kib": rss,
-        "threads": threads,
+        "rss_kib": status["VmRSS"],
+        "threads": status["Threads"],
+        "cpu_s": cpu_seconds([pid]),
         "fds": sum(kinds.values()),
         "fds_non_client": sum(v for k, v in kinds.items() if k not in ("clients", "admin_clients")),
         "fd_kinds": dict(sorted(kinds.items())),

@@ -1,0 +1,73 @@
+//! The smallest Pingora 0.9.1 reverse proxy: the benchmark's "plain Pingora" row (bench/README.md),
+//! which separates Pingora's own per-request cost from Weir's.
+//!
+//! ```text
+//! cargo build --release --example pingora_passthrough
+//! target/release/examples/pingora_passthrough LISTEN UPSTREAM [THREADS]
+//! target/release/examples/pingora_passthrough 127.0.0.1:8080 127.0.0.1:9000 1
+//! ```
+//!
+//! `ProxyHttp` with only `upstream_peer`: every request goes to the one upstream, over a kept-alive
+//! connection from Pingora's pool (an idle timeout of 60 s, Weir's default). No filters, no logging,
+//! no config file; the same `pingora` crate and features as Weir (Cargo.toml), `threads` worker
+//! threads (default 1), Pingora's default runtime settings otherwise (the grace period on SIGTERM
+//! aside: 1 s, as Weir's).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::prelude::{HttpPeer, ProxyHttp, Result, Session};
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+
+struct Passthrough {
+    upstream: SocketAddr,
+}
+
+#[async_trait]
+impl ProxyHttp for Passthrough {
+    type CTX = ();
+
+    fn new_ctx(&self) -> Self::CTX {}
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
+        let mut peer = HttpPeer::new(self.upstream, false, String::new());
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        Ok(Box::new(peer))
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 3 || args.len() > 4 {
+        eprintln!("usage: {} LISTEN UPSTREAM [THREADS]   (e.g. 127.0.0.1:8080 127.0.0.1:9000 1)", args[0]);
+        std::process::exit(2);
+    }
+    let upstream: SocketAddr = args[2].parse().unwrap_or_else(|e| {
+        eprintln!("UPSTREAM {}: {e}", args[2]);
+        std::process::exit(2)
+    });
+    let threads: usize = args.get(3).map_or(Ok(1), |t| t.parse()).unwrap_or_else(|e| {
+        eprintln!("THREADS: {e}");
+        std::process::exit(2)
+    });
+    // Pingora's pid file and upgrade socket default to fixed names in /tmp: one per process. Like
+    // Weir, a 1 s grace period on SIGTERM (Pingora's default is 5 s).
+    let tmp = std::env::temp_dir();
+    let pid = std::process::id();
+    let conf = ServerConf {
+        threads,
+        grace_period_seconds: Some(1),
+        graceful_shutdown_timeout_seconds: Some(1),
+        pid_file: tmp.join(format!("pingora-passthrough-{pid}.pid")).display().to_string(),
+        upgrade_sock: tmp.join(format!("pingora-passthrough-{pid}-upgrade.sock")).display().to_string(),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    server.bootstrap();
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Passthrough { upstream });
+    proxy.add_tcp(&args[1]);
+    server.add_service(proxy);
+    server.run_forever()
+}
