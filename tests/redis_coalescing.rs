@@ -16,7 +16,7 @@ use support::redis_server::RedisServer;
 use tokio::task::JoinSet;
 use weir::limit::{Algorithm, DelayPolicy, LimitReq, ManualClock, Rate, Verdict};
 use weir::metrics::METRICS;
-use weir::store::{LimitStore, MemoryStore, RedisClock, RedisStore, RedisStoreConfig, ZoneCheck};
+use weir::store::{KeyedZone, LimitStore, MemoryStore, RedisClock, RedisStore, RedisStoreConfig};
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -61,11 +61,8 @@ fn random_limit(rng: &mut StdRng) -> LimitReq {
 /// One request: (zone name, client key, limit, cost) per zone.
 type Request = Vec<(String, String, LimitReq, u64)>;
 
-fn checks(request: &Request) -> Vec<ZoneCheck<'_>> {
-    request
-        .iter()
-        .map(|(zone, key, limit, cost)| ZoneCheck { zone, key: key.as_bytes(), limit: *limit, cost: *cost })
-        .collect()
+fn checks(request: &Request) -> Vec<KeyedZone<'_>> {
+    request.iter().map(|(zone, key, limit, cost)| KeyedZone::new(zone, key.as_bytes(), *limit, *cost)).collect()
 }
 
 #[test]

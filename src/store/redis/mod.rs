@@ -309,7 +309,7 @@ impl RedisStore {
     }
 
     /// `limit_call` for the decision lane: the same keys and arguments, encoded at once.
-    fn lane_call(&self, checks: &[ZoneCheck<'_>], keys: &[Vec<u8>]) -> Call {
+    fn lane_call(&self, checks: &[KeyedZone<'_>], keys: &[Vec<u8>]) -> Call {
         let mut call = Call::new(keys.len(), checks.len());
         for key in keys {
             call.key(key);
