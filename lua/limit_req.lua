@@ -202,8 +202,9 @@ local function leaky_bucket(key, p)
   end
   z.reset_us = ceil_us(time_for_us(level, count, period_us))
   z.expires_us = anchor_us + z.reset_us
-  z.next = { fmt(level), anchor_us }
-  z.value = fmt(level) .. ' ' .. int(anchor_us)
+  local level_text = fmt(level) -- formatted once: %.17g costs more than the bucket's arithmetic
+  z.next = { level_text, anchor_us }
+  z.value = level_text .. ' ' .. int(anchor_us)
   return z
 end
 
@@ -248,8 +249,9 @@ local function token_bucket(key, p)
   end
   z.reset_us = ceil_us(time_for_us(capacity - tokens, count, period_us))
   z.expires_us = anchor_us + z.reset_us
-  z.next = { fmt(tokens), anchor_us }
-  z.value = 't ' .. fmt(tokens) .. ' ' .. int(anchor_us)
+  local tokens_text = fmt(tokens)
+  z.next = { tokens_text, anchor_us }
+  z.value = 't ' .. tokens_text .. ' ' .. int(anchor_us)
   return z
 end
 
