@@ -84,9 +84,14 @@ def parse_settings(text: str) -> list[tuple[str, str, str]]:
 
 def merge_settings(toml: str, settings: list[tuple[str, str, str]]) -> str:
     """Sets `key = value` in `[table]` of a generated config: replaces the key if the table has it,
-    adds it to the table otherwise, and appends the table if the config has none."""
+    adds it to the table otherwise, and appends the table if the config has none. A `store.*`
+    setting only applies to configs with a Redis store (rows 2 and 3 have none, or the memory
+    store, which refuses Redis settings): elsewhere it is skipped."""
     lines = toml.splitlines()
+    redis_store = any(re.match(r'kind\s*=\s*"redis"', line) for line in lines)
     for table, key, value in settings:
+        if table == "store" and not redis_store:
+            continue
         header = f"[{table}]"
         try:
             start = lines.index(header)
