@@ -9,7 +9,7 @@ use pingora::lb::Backend;
 use pingora::prelude::*;
 
 use super::pool::{lock, States};
-use super::{CheckKind, HealthCheckSpec};
+use super::{CheckKind, HealthCheckSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 
 /// Logs health changes and counts them; a server coming back also forgets its passive failures.
@@ -41,11 +41,11 @@ impl HealthObserve for Observer {
 }
 
 pub(super) fn build(
-    upstream: &str,
+    upstream: &UpstreamSpec,
     spec: &HealthCheckSpec,
     states: States,
 ) -> Box<dyn HealthCheck + Send + Sync + 'static> {
-    let observer = Box::new(Observer { upstream: upstream.to_string(), states });
+    let observer = Box::new(Observer { upstream: upstream.name.clone(), states });
     match &spec.kind {
         CheckKind::Tcp => {
             let mut check = TcpHealthCheck::new();
@@ -59,7 +59,14 @@ pub(super) fn build(
             check
         }
         CheckKind::Http { path, host, statuses } => {
-            let mut check = HttpHealthCheck::new(host, false);
+            let mut check = HttpHealthCheck::new(host, upstream.tls.is_some());
+            // Over TLS the check verifies like requests do. Its SNI is the upstream's `sni`, or
+            // the host of the first server entry (one name for every server of the check).
+            if let Some(tls) = &upstream.tls {
+                let first = upstream.servers.first().map_or("", |s| super::tls::host_of(&s.target));
+                check.peer_template.sni = tls.sni.clone().unwrap_or_else(|| first.to_string());
+            }
+            super::tls::apply_options(&mut check.peer_template, upstream);
             check.consecutive_success = spec.rise;
             check.consecutive_failure = spec.fall;
             check.peer_template.options.connection_timeout = Some(spec.timeout);
