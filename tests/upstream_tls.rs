@@ -392,3 +392,68 @@ fn check_refuses_bad_upstream_tls_settings_with_the_reason() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert!(!out.stderr.contains("warning"), "{}", out.describe());
 }
+
+#[test]
+fn an_http_health_check_of_a_tls_upstream_verifies_like_requests_do() {
+    let p = pki();
+    let nginx = Nginx::start(&nginx_tls("ssl", &p.server, ""));
+    let other_ca = Ca::new();
+    let other_ca_file = p.dir.path().join("other-ca.pem");
+    std::fs::write(&other_ca_file, other_ca.pem()).unwrap();
+    let check = "[upstream.health_check]\npath = \"/\"\ninterval = \"100ms\"\nrise = 1\nfall = 1";
+    let w = Weir::start(&config(
+        "",
+        &[
+            (
+                "good",
+                tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{}\"\n{check}", path_str(&p.ca_file))),
+            ),
+            (
+                "bad",
+                tls_upstream(
+                    nginx.addr,
+                    &format!("sni = \"a.test\"\nca_file = \"{}\"\n{check}", path_str(&other_ca_file)),
+                ),
+            ),
+        ],
+    ));
+    // The good upstream's checks reach nginx over TLS (the port speaks nothing else) and pass ...
+    let checked = wait_until(TIMEOUT, Duration::from_millis(20), || {
+        nginx
+            .access_log()
+            .lines()
+            .filter(|l| l.contains("\"GET / HTTP/1.1\" 200") && l.contains("weir-health-check"))
+            .count()
+            >= 3
+    });
+    assert!(checked.is_some(), "TLS health checks answered 200:\n{}", nginx.access_log());
+    // ... the bad one's fail the handshake and take its server out.
+    let down =
+        wait_until(TIMEOUT, Duration::from_millis(20), || error_of(&get(w.addr, "/bad/x")) == "no_healthy_upstream");
+    assert!(down.is_some(), "the bad upstream's server is taken out by its check:\n{}", w.stderr());
+    let r = get(w.addr, "/good/x");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"), "{}", r.summary());
+}
+
+#[test]
+fn a_replaced_ca_file_is_applied_by_a_reload() {
+    let p = pki();
+    let nginx = Nginx::start(&nginx_tls("ssl", &p.server, ""));
+    let live = p.dir.path().join("live-ca.pem");
+    std::fs::write(&live, Ca::new().pem()).unwrap();
+    let w = Weir::start(&config(
+        "",
+        &[("app", tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{}\"", path_str(&live))))],
+    ));
+    let r = get(w.addr, "/app/x");
+    assert_eq!((r.status, error_of(&r).as_str()), (502, "upstream_tls_error"), "{}", r.summary());
+
+    // The config text stays the same; the CA file's content is what changed.
+    let tmp = p.dir.path().join("live-ca.tmp");
+    std::fs::write(&tmp, p.ca.pem()).unwrap();
+    std::fs::rename(&tmp, &live).unwrap();
+    w.signal(libc::SIGHUP);
+    let ok = wait_until(TIMEOUT, Duration::from_millis(50), || get(w.addr, "/app/x").status == 200);
+    assert!(ok.is_some(), "the new CA verifies the server after the reload:\n{}", w.stderr());
+    assert!(w.stderr().contains("config reloaded"), "{}", w.stderr());
+}

@@ -113,7 +113,7 @@ impl Attempts {
                 // the client only gets a 502.
                 let peer = slot.peer();
                 tracing::warn!(upstream = %pool.name, server = %slot.addr(), sni = %peer.sni,
-                    reason = %e, "upstream TLS handshake failed");
+                    reason = tls_reason(&e), error = %e, "upstream TLS handshake failed");
             }
         }
         let timeout = matches!(e.etype(), ErrorType::ConnectTimedout);
@@ -191,6 +191,21 @@ impl Attempts {
 /// certificate refused, no common protocol).
 fn is_tls_failure(e: &Error) -> bool {
     matches!(e.etype(), ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::HandshakeError)
+}
+
+/// The gist of a handshake error, e.g. `invalid peer certificate: UnknownIssuer` or `received
+/// fatal alert: HandshakeFailure`, out of Pingora's nested contexts; else the whole error.
+fn tls_reason(e: &Error) -> String {
+    let text = e.to_string();
+    ["invalid peer certificate", "received fatal alert", "peer is incompatible", "peer misbehaved"]
+        .iter()
+        .find_map(|needle| text.find(needle))
+        .map(|start| {
+            let rest = &text[start..];
+            let end = [", SNI:", " cause:", " context:"].iter().filter_map(|m| rest.find(m)).min();
+            rest[..end.unwrap_or(rest.len())].trim().to_string()
+        })
+        .unwrap_or(text)
 }
 
 /// No server for the request: 503 when they are all at `max_conns` (as before), 502 when none is up.

@@ -77,6 +77,13 @@ impl std::fmt::Debug for CaBundle {
     }
 }
 
+impl CaBundle {
+    /// The file's bytes as read.
+    pub fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+}
+
 /// Same file and same bytes: a reload that re-reads an unchanged file changes nothing.
 impl PartialEq for CaBundle {
     fn eq(&self, other: &Self) -> bool {

@@ -1,5 +1,5 @@
 //! A throwaway nginx for tests: one `server {}` block on a free loopback port, in a temp dir of
-//! its own (pid, logs, temp paths), in the foreground (`daemon off`, no master), killed and
+//! its own (pid, access and error logs, temp paths), in the foreground (`daemon off`, no master), killed and
 //! reaped on drop. Start-up waits a bounded time and retries on another port if the one picked
 //! was taken meanwhile.
 
@@ -53,7 +53,7 @@ pid {prefix}/nginx.pid;
 error_log {prefix}/error.log info;
 events {{ worker_connections 256; }}
 http {{
-    access_log off;
+    access_log {prefix}/access.log;
     client_body_temp_path {prefix}/body;
     proxy_temp_path {prefix}/proxy;
     fastcgi_temp_path {prefix}/fastcgi;
@@ -95,6 +95,11 @@ http {{
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The requests nginx answered so far, in its `combined` format.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
     }
 
     pub fn error_log(&self) -> String {
