@@ -102,6 +102,7 @@ fn a_verified_https_upstream_gets_the_sni_and_its_connection_is_reused() {
             // for an IP address, as in browsers).
             ("by_ip", tls_upstream(nginx.addr, &format!("ca_file = \"{ca}\""))),
             ("plain_h1", tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{ca}\"\nprotocol = \"h1\""))),
+            ("no_reuse", tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{ca}\"\nkeepalive = 0"))),
         ],
     ));
     let rs: Vec<Response> = (0..5).map(|_| get(w.addr, "/named/x")).collect();
@@ -124,6 +125,11 @@ fn a_verified_https_upstream_gets_the_sni_and_its_connection_is_reused() {
     let r = get(w.addr, "/plain_h1/x");
     assert_eq!((r.status, header(&r, "x-proto").as_str()), (200, "HTTP/1.1"));
     assert_ne!(header(&r, "x-conn"), conns[0], "upstreams do not share pooled connections");
+
+    // keepalive = 0: a connection (and a handshake) per request, however fast they come.
+    let fresh: Vec<String> = (0..3).map(|_| header(&get(w.addr, "/no_reuse/x"), "x-conn")).collect();
+    let distinct: std::collections::BTreeSet<&String> = fresh.iter().collect();
+    assert_eq!(distinct.len(), 3, "{fresh:?}");
 }
 
 #[test]

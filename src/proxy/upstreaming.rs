@@ -51,6 +51,16 @@ impl Attempts {
         self.tried.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(", ")
     }
 
+    /// `keepalive = 0` on an HTTP/1.1 upstream: the request asks the server to close. (A zero
+    /// idle timeout alone does not stop reuse: Pingora's pool checks it with a coarse timer, and
+    /// a request that comes within a few milliseconds takes the connection.)
+    pub fn close_after(&self) -> bool {
+        self.pool.as_ref().is_some_and(|p| {
+            let spec = p.spec();
+            !spec.keepalive && spec.protocol == crate::upstream::Protocol::H1
+        })
+    }
+
     /// The request is over: give the place back.
     pub fn release(&mut self) {
         self.slot = None;
