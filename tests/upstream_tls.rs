@@ -321,11 +321,16 @@ impl Drop for GrpcServer {
     }
 }
 
-/// One unary and one server-streaming call through `target`; one line per message received, or
-/// `CODE|details` for an error.
+/// One unary and one server-streaming call through `target` (argv 2: the CA file for TLS to
+/// Weir as `a.test`, or `-` for h2c); one line per message received, or `CODE|details`.
 const GRPC_CLIENT: &str = r#"
 import sys, grpc
-channel = grpc.insecure_channel(sys.argv[1])
+target, ca = sys.argv[1], sys.argv[2]
+if ca == "-":
+    channel = grpc.insecure_channel(target)
+else:
+    creds = grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read())
+    channel = grpc.secure_channel(target, creds, options=(("grpc.ssl_target_name_override", "a.test"),))
 try:
     print(channel.unary_unary("/demo.Greeter/SayHello")(b"weir", timeout=5, metadata=(("x-key", "k1"),)).decode())
     for m in channel.unary_stream("/demo.Greeter/Count")(b"s", timeout=5):
@@ -334,20 +339,37 @@ except grpc.RpcError as e:
     print(e.code().name + "|" + (e.details() or ""))
 "#;
 
+/// gRPC end to end: a grpcio client over h2c and over h2 with TLS to Weir, Weir over h2c to a
+/// grpcio server; the reply, the streamed messages and the trailers (`grpc-status: 0`, else the
+/// client reports an error) come back.
 #[test]
 fn a_real_grpc_server_behind_an_h2c_upstream_answers_unary_and_streaming_calls() {
+    let p = pki();
     let grpc = GrpcServer::start();
+    let listener_tls = format!(
+        "h2c = true\nlisten_tls = [\"$LISTEN2\"]\n\n[[server.tls]]\ncert = \"{}\"\nkey = \"{}\"",
+        path_str(&p.server.0),
+        path_str(&p.server.1)
+    );
     let w = Weir::start(&config(
-        "h2c = true",
+        &listener_tls,
         &[("demo.Greeter", format!("servers = [\"127.0.0.1:{}\"]\nprotocol = \"h2c\"", grpc.port))],
     ));
-    let out = Command::new("/usr/bin/python3")
-        .args(["-c", GRPC_CLIENT, &w.addr.to_string()])
-        .output()
-        .expect("/usr/bin/python3 with grpcio");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines, ["hello weir (x-key k1)", "0:s", "1:s", "2:s"], "{out:?}\n--- weir ---\n{}", w.stderr());
+    let ca = path_str(&p.ca_file);
+    for (target, ca) in [(w.addrs[0].to_string(), "-"), (w.addrs[1].to_string(), ca.as_str())] {
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", GRPC_CLIENT, &target, ca])
+            .output()
+            .expect("/usr/bin/python3 with grpcio");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(
+            lines,
+            ["hello weir (x-key k1)", "0:s", "1:s", "2:s"],
+            "client CA {ca}: {out:?}\n--- weir ---\n{}",
+            w.stderr()
+        );
+    }
 }
 
 /// `weir check` on a config made by [`config`].
