@@ -24,7 +24,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// request answered `ok` with what nginx saw of the connection.
 fn nginx_tls(listen: &str, cert: &(PathBuf, PathBuf), extra: &str) -> String {
     format!(
-        r#"        listen 127.0.0.1:$PORT {listen};
+        r#"        listen $HOST:$PORT {listen};
         ssl_certificate {cert};
         ssl_certificate_key {key};
         {extra}
@@ -484,4 +484,29 @@ fn a_replaced_ca_file_is_applied_by_a_reload() {
     let ok = wait_until(TIMEOUT, Duration::from_millis(50), || get(w.addr, "/app/x").status == 200);
     assert!(ok.is_some(), "the new CA verifies the server after the reload:\n{}", w.stderr());
     assert!(w.stderr().contains("config reloaded"), "{}", w.stderr());
+}
+
+#[test]
+fn each_server_of_an_https_upstream_is_health_checked_under_its_own_name() {
+    let p = pki();
+    // Two servers, each with a certificate for its own address only.
+    let one = install(p.dir.path(), "one", &p.ca.leaf(&["127.0.0.1"], "one", 30));
+    let two = install(p.dir.path(), "two", &p.ca.leaf(&["127.0.0.2"], "two", 30));
+    let n1 = Nginx::start(&nginx_tls("ssl", &one, ""));
+    let n2 = Nginx::start_at("127.0.0.2", &nginx_tls("ssl", &two, ""));
+    let upstream = format!(
+        "servers = [\"{}\", \"{}\"]\ntls = true\nca_file = \"{}\"\n\n[upstream.health_check]\npath = \"/\"\ninterval = \"100ms\"\nrise = 1\nfall = 1",
+        n1.addr,
+        n2.addr,
+        path_str(&p.ca_file)
+    );
+    let w = Weir::start(&config("", &[("pair", upstream)]));
+    let passed =
+        |n: &Nginx| n.access_log().lines().filter(|l| l.contains("\" 200 ") && l.contains("weir-health-check")).count();
+    let both = wait_until(TIMEOUT, Duration::from_millis(20), || passed(&n1) >= 3 && passed(&n2) >= 3);
+    assert!(both.is_some(), "both servers pass their checks:\n{}\n---\n{}", n1.access_log(), n2.access_log());
+    // And both take requests (round robin), verified under their own names.
+    let rs: Vec<Response> = (0..4).map(|_| get(w.addr, "/pair/x")).collect();
+    assert!(rs.iter().all(|r| r.status == 200), "{:?}", rs.iter().map(Response::summary).collect::<Vec<_>>());
+    assert!(w.stderr().lines().all(|l| !l.contains("unhealthy")), "{}", w.stderr());
 }

@@ -228,9 +228,12 @@ impl Pool {
         if *current == **spec {
             return;
         }
-        // The check connects like requests do: new TLS settings or protocol, new check.
-        let new_check =
-            current.health_check != spec.health_check || current.tls != spec.tls || current.protocol != spec.protocol;
+        // The check connects like requests do: new TLS settings or protocol, new check; over TLS
+        // a server entry's host is also the name it is checked as.
+        let new_check = current.health_check != spec.health_check
+            || current.tls != spec.tls
+            || current.protocol != spec.protocol
+            || (spec.tls.is_some() && current.servers != spec.servers);
         // Fresh compile results replace older DNS answers.
         lock(&self.resolved).clear();
         self.reshape(spec.clone(), new_check);
@@ -271,13 +274,16 @@ impl Pool {
                     continue;
                 }
                 let state = states.entry(addr).or_insert_with(|| Arc::new(ServerState::new(&self.name, addr))).clone();
+                let peer = Arc::new(tls::peer_template(&spec, server, addr));
+                let mut ext = pingora::lb::Extensions::new();
+                // An HTTPS health check verifies the server as its requests do.
+                ext.insert(health::CheckSni(peer.sni.clone()));
                 let backend = Backend {
                     addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
                     weight: server.weight,
-                    ext: Default::default(),
+                    ext,
                 };
                 by_addr.insert(addr, members.len());
-                let peer = Arc::new(tls::peer_template(&spec, server, addr));
                 members.push(Member { backend, entry, state, peer });
             }
         }

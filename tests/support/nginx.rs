@@ -29,11 +29,16 @@ pub struct Nginx {
 
 impl Nginx {
     /// nginx serving `server` (the inside of a `server {}` block), where `$PORT` stands for the
-    /// port picked. Panics with nginx's error log if it does not come up.
+    /// port picked and `$HOST` for 127.0.0.1. Panics with nginx's error log if it does not come up.
     pub fn start(server: &str) -> Nginx {
+        Nginx::start_at("127.0.0.1", server)
+    }
+
+    /// [`Nginx::start`] with `$HOST` another loopback address (e.g. 127.0.0.2).
+    pub fn start_at(host: &str, server: &str) -> Nginx {
         let mut last = String::new();
         for _ in 0..3 {
-            match Nginx::try_start(server) {
+            match Nginx::try_start(host, server) {
                 Ok(n) => return n,
                 Err(e) => last = e,
             }
@@ -41,7 +46,7 @@ impl Nginx {
         panic!("nginx did not start:\n{last}");
     }
 
-    fn try_start(server: &str) -> Result<Nginx, String> {
+    fn try_start(host: &str, server: &str) -> Result<Nginx, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = super::weir::free_port();
         let prefix = dir.path().display().to_string();
@@ -64,7 +69,7 @@ http {{
     }}
 }}
 "#,
-            server = server.replace("$PORT", &port.to_string())
+            server = server.replace("$PORT", &port.to_string()).replace("$HOST", host)
         );
         let conf_path = dir.path().join("nginx.conf");
         std::fs::write(&conf_path, conf).expect("write nginx.conf");
@@ -80,7 +85,7 @@ http {{
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("spawn nginx: {e}"))?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let addr: SocketAddr = format!("{host}:{port}").parse().expect("an IPv4 loopback address");
         let mut nginx = Nginx { child, addr, dir };
         let deadline = Instant::now() + READY_WITHIN;
         loop {
