@@ -96,7 +96,7 @@ impl Reloader {
         let status = ConfigStatus {
             path: path.display().to_string(),
             generation: 1,
-            hash: fingerprint(text),
+            hash: config_hash(text, &runtime),
             loaded_at: unix_now(),
             reload_failures: 0,
             last_error: None,
@@ -158,7 +158,7 @@ impl Reloader {
                 return ReloadOutcome::Refused(e.to_string());
             }
         };
-        let hash = fingerprint(&text);
+        let hash = config_hash(&text, &next);
         status.refused_hash = None;
         if hash == status.hash {
             status.last_error = None;
@@ -384,8 +384,20 @@ fn bool_str(b: bool) -> &'static str {
     }
 }
 
-fn fingerprint(text: &str) -> String {
-    fingerprint_bytes(text.as_bytes())
+/// The config text's fingerprint; with upstream TLS files (`ca_file`, `client_cert`,
+/// `client_key`), of the text and their content: a reload after one of them was replaced applies
+/// it although the text did not change.
+fn config_hash(text: &str, rt: &Runtime) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    for tls in rt.upstreams.iter().filter_map(|u| u.tls.as_ref()) {
+        if let Some(ca) = &tls.ca {
+            bytes.extend_from_slice(ca.pem());
+        }
+        if let Some(client) = &tls.client {
+            bytes.extend_from_slice(&client.loaded.fingerprint);
+        }
+    }
+    fingerprint_bytes(&bytes)
 }
 
 fn fingerprint_bytes(bytes: &[u8]) -> String {

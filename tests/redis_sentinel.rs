@@ -9,13 +9,15 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use support::certs::{install, Ca};
 use support::config::with_app;
 use support::http::{self, summaries, Response};
-use support::redis_topology::{connect, SentinelSetup};
+use support::redis_topology::{NodeTls, SentinelSetup};
 use support::upstream::Upstream;
 use support::weir::Weir;
 
-fn member(setup: &SentinelSetup, up: &Upstream) -> Weir {
+/// A Weir on the setup's Sentinel; `store_extra`: more `[store]` lines (the TLS files).
+fn member(setup: &SentinelSetup, up: &Upstream, store_extra: &str) -> Weir {
     let sections = format!(
         r#"[log]
 access_log = false
@@ -25,7 +27,8 @@ kind = "redis"
 url = "{url}"
 timeout = "500ms"
 on_error = "allow"
-deny_cache_size = 0"#,
+deny_cache_size = 0
+{store_extra}"#,
         url = setup.url()
     );
     let rest = r#"[[limit_req_zone]]
@@ -51,8 +54,8 @@ fn statuses(rs: &[Response]) -> Vec<u16> {
     rs.iter().map(|r| r.status).collect()
 }
 
-fn exists_on(port: u16, key: &str) -> bool {
-    let mut conn = connect(port).unwrap_or_else(|e| panic!("connect to {port}: {e}"));
+fn exists_on(setup: &SentinelSetup, port: u16, key: &str) -> bool {
+    let mut conn = setup.connect(port).unwrap_or_else(|e| panic!("connect to {port}: {e}"));
     redis::cmd("EXISTS").arg(key).query::<u64>(&mut conn).expect("EXISTS") == 1
 }
 
@@ -61,17 +64,54 @@ const ENFORCED: [u16; 6] = [200, 200, 200, 200, 200, 429];
 #[test]
 fn weir_follows_a_sentinel_failover() {
     let started = Instant::now();
-    let mut setup = SentinelSetup::start();
+    let setup = SentinelSetup::start();
     println!("master, replica and sentinel ready after {:?}", started.elapsed());
+    follows_failover(setup, "", started);
+}
+
+/// `rediss+sentinel://`: the Sentinel, the master and the replica on TLS only, each requiring a
+/// client certificate; Weir trusts the test CA (`tls_ca`) and presents its own pair. With
+/// `on_error = "allow"`, a connection that failed would let every request pass: the sixth
+/// request's 429 can only come from the master.
+#[test]
+fn weir_follows_a_sentinel_failover_over_tls() {
+    let started = Instant::now();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    // The Sentinel names the master by IP: its certificate must carry that IP.
+    let (cert, key) = install(dir.path(), "redis", &ca.leaf(&["127.0.0.1", "localhost"], "redis", 30));
+    let (client_cert, client_key) = install(dir.path(), "client", &ca.leaf(&["weir"], "weir", 30));
+    let setup = SentinelSetup::start_tls(NodeTls {
+        ca: ca_file.clone(),
+        cert,
+        key,
+        client_cert: client_cert.clone(),
+        client_key: client_key.clone(),
+    });
+    println!("master, replica and sentinel ready over TLS after {:?}", started.elapsed());
+    let store_extra = format!(
+        "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"",
+        ca_file.display(),
+        client_cert.display(),
+        client_key.display()
+    );
+    follows_failover(setup, &store_extra, started);
+}
+
+/// Two Weirs enforce one limit on the master, then on the replica the Sentinel promotes after
+/// the master is SIGKILLed.
+fn follows_failover(mut setup: SentinelSetup, store_extra: &str, started: Instant) {
     let up = Upstream::start();
-    let (w1, w2) = (member(&setup, &up), member(&setup, &up));
+    let (w1, w2) = (member(&setup, &up, store_extra), member(&setup, &up, store_extra));
     let addrs = [w1.addr, w2.addr];
     let (old_master, replica) = (setup.master.port, setup.replica.port);
 
     // One limit for both instances, kept on the master the Sentinel names.
     let rs = six(addrs, "before");
     assert_eq!(statuses(&rs), ENFORCED, "{:#?}", summaries(&rs));
-    assert!(exists_on(old_master, "weir:fleet:{before}"));
+    assert!(exists_on(&setup, old_master, "weir:fleet:{before}"));
 
     setup.master.kill();
     let killed = Instant::now();
@@ -106,8 +146,8 @@ fn weir_follows_a_sentinel_failover() {
         );
     };
     assert_eq!(setup.master_port(), Some(replica));
-    assert!(exists_on(replica, &format!("weir:fleet:{{{key}}}")), "decided on the new master");
-    assert!(connect(old_master).is_err(), "the old master is dead");
+    assert!(exists_on(setup, replica, &format!("weir:fleet:{{{key}}}")), "decided on the new master");
+    assert!(setup.connect(old_master).is_err(), "the old master is dead");
     println!(
         "sentinel failover: replica {replica} promoted {promoted:?} after SIGKILL of master {old_master}; \
          weir decides there {took:?} after the kill, {during} requests served per policy meanwhile; test {:?}",

@@ -134,10 +134,10 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     })?;
     let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
 
-    let (server, tls_certs, warnings) = compile_server(&src, server)?;
+    let (server, tls_certs, mut warnings) = compile_server(&src, server)?;
     let store = store::compile_store(&src, store)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
-    let upstreams = upstream::compile_upstreams(&src, upstream)?;
+    let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;

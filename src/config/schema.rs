@@ -124,6 +124,15 @@ pub struct Upstream {
     pub resolve_interval: Option<Spanned<String>>,
     pub resolver: Option<Spanned<String>>,
     pub health_check: Option<Spanned<HealthCheck>>,
+    /// HTTPS to the servers, and its settings.
+    pub tls: Option<Spanned<bool>>,
+    pub sni: Option<Spanned<String>>,
+    pub verify: Option<Spanned<bool>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub client_cert: Option<Spanned<String>>,
+    pub client_key: Option<Spanned<String>>,
+    /// `"h1"`, `"h2"` (over TLS) or `"h2c"`.
+    pub protocol: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -112,15 +112,12 @@ fn redis_tls(
 ) -> Result<Option<std::sync::Arc<RedisTls>>, ConfigError> {
     let Some(first) = [&ca, &cert, &key].into_iter().flatten().next() else { return Ok(None) };
     let field = if ca.is_some() { "tls_ca" } else { "tls_cert" };
-    if url.starts_with("redis+sentinel") {
-        return Err(
-            src.error_at(&first.span(), format!("store.{field}: TLS to Sentinel deployments is not supported yet"))
-        );
-    }
     if !url.starts_with("rediss") {
         return Err(src.error_at(
             &first.span(),
-            format!("store.{field}: the url does not use TLS; write rediss:// (or rediss+cluster://)"),
+            format!(
+                "store.{field}: the url does not use TLS; write rediss:// (or rediss+cluster://, rediss+sentinel://)"
+            ),
         ));
     }
     let base = super::tls::base_dir(src.file);

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
@@ -12,7 +13,8 @@ use super::checks::{check_name, parse_duration, unique};
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::upstream::{
-    CheckKind, HealthCheckSpec, RetryPolicy, ServerSpec, Timeouts, Upstream, UpstreamSpec, MAX_TRIES,
+    tls, CheckKind, HealthCheckSpec, Protocol, RetryPolicy, ServerSpec, Timeouts, Upstream, UpstreamSpec, UpstreamTls,
+    MAX_TRIES,
 };
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,6 +33,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub(super) fn compile_upstreams(
     src: &Source<'_>,
     list: Vec<Spanned<schema::Upstream>>,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<Upstream>, ConfigError> {
     let mut seen = HashMap::new();
     let mut out = Vec::new();
@@ -38,7 +41,7 @@ pub(super) fn compile_upstreams(
         let up = up.into_inner();
         check_name(src, &up.name, "upstream.name")?;
         unique(src, &mut seen, &up.name, "upstream")?;
-        out.push(Upstream::new(compile_one(src, up)?));
+        out.push(Upstream::new(compile_one(src, up, warnings)?));
     }
     Ok(out)
 }
@@ -94,8 +97,13 @@ impl Ctx<'_, '_> {
     }
 }
 
-fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, ConfigError> {
+fn compile_one(
+    src: &Source<'_>,
+    mut up: schema::Upstream,
+    warnings: &mut Vec<String>,
+) -> Result<UpstreamSpec, ConfigError> {
     let cx = Ctx { src, name: up.name.get_ref().clone() };
+    let (tls, protocol) = compile_tls(&cx, &mut up, warnings)?;
     if up.servers.get_ref().is_empty() {
         return Err(cx.err(&up.servers.span(), "servers", "must list at least one address"));
     }
@@ -127,6 +135,19 @@ fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, C
         .map(|s| compile_server(&cx, s, &defaults, resolver))
         .collect::<Result<Vec<_>, _>>()?;
 
+    if let Some(UpstreamTls { sni: None, .. }) = &tls {
+        // Each server's host is its SNI and the name its certificate must carry.
+        for (server, entry) in servers.iter().zip(up.servers.get_ref()) {
+            let host = tls::host_of(&server.target);
+            if rustls_pki_types::ServerName::try_from(host).is_err() {
+                return Err(cx.err(
+                    &entry.span(),
+                    "servers",
+                    format!("{host:?} cannot be sent as a TLS server name: set sni = \"the name on the certificate\""),
+                ));
+            }
+        }
+    }
     let timeouts = Timeouts {
         connect: cx.duration(
             &up.connect_timeout,
@@ -161,7 +182,121 @@ fn compile_one(src: &Source<'_>, up: schema::Upstream) -> Result<UpstreamSpec, C
         retry,
         resolve_interval,
         resolver,
+        tls,
+        protocol,
     })
+}
+
+/// `tls`, `sni`, `verify`, `ca_file`, `client_cert`, `client_key` and `protocol`. Files are read
+/// and checked here, so `weir check` and a reload refuse what a handshake would fail on.
+fn compile_tls(
+    cx: &Ctx<'_, '_>,
+    up: &mut schema::Upstream,
+    warnings: &mut Vec<String>,
+) -> Result<(Option<UpstreamTls>, Protocol), ConfigError> {
+    let on = up.tls.as_ref().is_some_and(|t| *t.get_ref());
+    let protocol = match &up.protocol {
+        None => Protocol::H1,
+        Some(p) => match (p.get_ref().as_str(), on) {
+            ("h1", _) => Protocol::H1,
+            ("h2", true) => Protocol::H2,
+            ("h2c", false) => Protocol::H2c,
+            ("h2", false) => {
+                return Err(cx.err(
+                    &p.span(),
+                    "protocol",
+                    "\"h2\" is HTTP/2 over TLS: add tls = true, or use \"h2c\" for cleartext HTTP/2",
+                ))
+            }
+            ("h2c", true) => {
+                return Err(cx.err(&p.span(), "protocol", "\"h2c\" is cleartext HTTP/2: with tls = true use \"h2\""))
+            }
+            (other, _) => {
+                return Err(cx.err(&p.span(), "protocol", format!("expected \"h1\", \"h2\" or \"h2c\", got {other:?}")))
+            }
+        },
+    };
+    if !on {
+        let tls_only = [
+            ("sni", up.sni.as_ref().map(|v| v.span())),
+            ("verify", up.verify.as_ref().map(|v| v.span())),
+            ("ca_file", up.ca_file.as_ref().map(|v| v.span())),
+            ("client_cert", up.client_cert.as_ref().map(|v| v.span())),
+            ("client_key", up.client_key.as_ref().map(|v| v.span())),
+        ];
+        if let Some((field, Some(span))) = tls_only.into_iter().find(|(_, s)| s.is_some()) {
+            return Err(cx.err(&span, field, "only applies with tls = true"));
+        }
+        return Ok((None, protocol));
+    }
+    let sni = match up.sni.take() {
+        None => None,
+        Some(s) => {
+            let text = s.get_ref().trim();
+            if text.is_empty() || rustls_pki_types::ServerName::try_from(text).is_err() {
+                return Err(cx.err(
+                    &s.span(),
+                    "sni",
+                    format!(
+                        "{:?} is not a DNS name or IP address (leave sni out to send each server's host)",
+                        s.get_ref()
+                    ),
+                ));
+            }
+            Some(text.to_ascii_lowercase())
+        }
+    };
+    let verify = up.verify.as_ref().is_none_or(|v| *v.get_ref());
+    let base = super::tls::base_dir(cx.src.file);
+    let now = crate::tls::unix_now();
+    let ca = match up.ca_file.take() {
+        None => None,
+        Some(f) => {
+            let path = super::tls::resolve(&base, f.get_ref());
+            let ca = tls::load_ca(&path).map_err(|e| cx.err(&f.span(), "ca_file", e))?;
+            if ca.not_after <= now {
+                warnings.push(format!(
+                    "{}:{}: upstream {:?}: ca_file: a certificate in {} has expired: servers it signed will not verify",
+                    cx.src.file,
+                    cx.src.line_of(&f.span()),
+                    cx.name,
+                    path.display()
+                ));
+            }
+            Some(Arc::new(ca))
+        }
+    };
+    let client = match (up.client_cert.take(), up.client_key.take()) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let cert_path = super::tls::resolve(&base, cert.get_ref());
+            let key_path = super::tls::resolve(&base, key.get_ref());
+            let client = tls::load_client(&cert_path, &key_path).map_err(|e| cx.err(&cert.span(), "client_cert", e))?;
+            if let Some(w) = client.loaded.expiry_warning(&cert_path, now) {
+                warnings.push(format!(
+                    "{}:{}: upstream {:?}: client_cert: {w}",
+                    cx.src.file,
+                    cx.src.line_of(&cert.span()),
+                    cx.name
+                ));
+            }
+            Some(Arc::new(client))
+        }
+        (Some(one), None) | (None, Some(one)) => {
+            return Err(cx.err(&one.span(), "client_cert", "client_cert and client_key: give both, or neither"))
+        }
+    };
+    if !verify {
+        let span = up.verify.as_ref().map(|v| v.span()).unwrap_or_default();
+        warnings.push(format!(
+            "{}:{}: upstream {:?}: verify = false: the servers' certificates are not checked, so anyone on the \
+             path can impersonate them; use ca_file for a private CA instead",
+            cx.src.file,
+            cx.src.line_of(&span),
+            cx.name
+        ));
+    }
+    Ok((Some(UpstreamTls { sni, verify, ca, client }), protocol))
 }
 
 /// `"10.0.0.1:8080 weight=3 max_fails=2 fail_timeout=5s max_conns=100"`.

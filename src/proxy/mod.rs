@@ -307,6 +307,9 @@ impl ProxyHttp for WeirProxy {
                 upstream_request.remove_header(forwarded::FORWARDED);
             }
         }
+        if ctx.upstream.close_after() {
+            upstream_request.insert_header(http::header::CONNECTION, "close")?;
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, Session};
@@ -51,27 +51,30 @@ impl Attempts {
         self.tried.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(", ")
     }
 
+    /// `keepalive = 0` on an HTTP/1.1 upstream: the request asks the server to close. (A zero
+    /// idle timeout alone does not stop reuse: Pingora's pool checks it with a coarse timer, and
+    /// a request that comes within a few milliseconds takes the connection.)
+    pub fn close_after(&self) -> bool {
+        self.pool.as_ref().is_some_and(|p| {
+            let spec = p.spec();
+            !spec.keepalive && spec.protocol == crate::upstream::Protocol::H1
+        })
+    }
+
     /// The request is over: give the place back.
     pub fn release(&mut self) {
         self.slot = None;
     }
 
-    /// The peer of the next attempt, with the upstream's timeouts.
+    /// The peer of the next attempt: the server's TLS settings, protocol and timeouts.
     pub fn peer(&mut self) -> Result<Box<HttpPeer>> {
-        let (Some(pool), Some(slot)) = (&self.pool, &self.slot) else {
+        let Some(slot) = &self.slot else {
             return Error::e_explain(ErrorType::InternalError, "no upstream server for this request");
         };
-        let spec = pool.spec();
-        let addr = slot.addr();
-        self.tried.push(addr);
+        self.tried.push(slot.addr());
         self.first_at.get_or_insert_with(Instant::now);
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        let t = spec.timeouts;
-        peer.options.connection_timeout = Some(t.connect);
-        peer.options.read_timeout = Some(t.read);
-        peer.options.write_timeout = Some(t.send);
-        peer.options.idle_timeout = Some(if spec.keepalive { t.idle } else { Duration::ZERO });
-        Ok(Box::new(peer))
+        // Built with the pool's membership (TLS material loaded at config compile): a clone.
+        Ok(Box::new(slot.peer().clone()))
     }
 
     /// Whether policy allows another attempt; if so the next server is picked (and its place
@@ -115,6 +118,13 @@ impl Attempts {
     pub fn connect_failed(&mut self, mut e: Box<Error>) -> Box<Error> {
         if let (Some(pool), Some(slot)) = (&self.pool, &self.slot) {
             METRICS.upstream_connect_errors.with_label_values(&[&pool.name, &slot.addr().to_string()]).inc();
+            if is_tls_failure(&e) {
+                // A configuration problem an operator must see (wrong CA, name, client cert):
+                // the client only gets a 502.
+                let peer = slot.peer();
+                tracing::warn!(upstream = %pool.name, server = %slot.addr(), sni = %peer.sni,
+                    reason = tls_reason(&e), error = %e, "upstream TLS handshake failed");
+            }
         }
         let timeout = matches!(e.etype(), ErrorType::ConnectTimedout);
         let reason = if timeout { "timeout" } else { "error" };
@@ -187,6 +197,27 @@ impl Attempts {
     }
 }
 
+/// The TLS handshake with the server failed (certificate not verified, name mismatch, client
+/// certificate refused, no common protocol).
+fn is_tls_failure(e: &Error) -> bool {
+    matches!(e.etype(), ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::HandshakeError)
+}
+
+/// The gist of a handshake error, e.g. `invalid peer certificate: UnknownIssuer` or `received
+/// fatal alert: HandshakeFailure`, out of Pingora's nested contexts; else the whole error.
+fn tls_reason(e: &Error) -> String {
+    let text = e.to_string();
+    ["invalid peer certificate", "received fatal alert", "peer is incompatible", "peer misbehaved"]
+        .iter()
+        .find_map(|needle| text.find(needle))
+        .map(|start| {
+            let rest = &text[start..];
+            let end = [", SNI:", " cause:", " context:"].iter().filter_map(|m| rest.find(m)).min();
+            rest[..end.unwrap_or(rest.len())].trim().to_string()
+        })
+        .unwrap_or(text)
+}
+
 /// No server for the request: 503 when they are all at `max_conns` (as before), 502 when none is up.
 pub async fn unavailable(session: &mut Session, why: Unavailable, upstream: &str, route: &str) -> Result<bool> {
     match why {
@@ -212,6 +243,7 @@ pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts
         (ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout, ErrorSource::Upstream) => {
             (504, "upstream_timeout")
         }
+        (_, ErrorSource::Upstream) if is_tls_failure(e) => (502, "upstream_tls_error"),
         (_, ErrorSource::Upstream) => (502, "upstream_error"),
         (ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed, ErrorSource::Downstream) => {
             (0, "")

@@ -2,6 +2,9 @@
 //! consecutive passes bring a server back, `fall` consecutive failures take it out. Changes are
 //! logged and exported as metrics.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::{HealthCheck, HealthObserve, HttpHealthCheck, TcpHealthCheck};
@@ -9,7 +12,7 @@ use pingora::lb::Backend;
 use pingora::prelude::*;
 
 use super::pool::{lock, States};
-use super::{CheckKind, HealthCheckSpec};
+use super::{CheckKind, HealthCheckSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 
 /// Logs health changes and counts them; a server coming back also forgets its passive failures.
@@ -41,11 +44,11 @@ impl HealthObserve for Observer {
 }
 
 pub(super) fn build(
-    upstream: &str,
+    upstream: &UpstreamSpec,
     spec: &HealthCheckSpec,
     states: States,
 ) -> Box<dyn HealthCheck + Send + Sync + 'static> {
-    let observer = Box::new(Observer { upstream: upstream.to_string(), states });
+    let observer = Box::new(Observer { upstream: upstream.name.clone(), states });
     match &spec.kind {
         CheckKind::Tcp => {
             let mut check = TcpHealthCheck::new();
@@ -58,33 +61,87 @@ pub(super) fn build(
             }
             check
         }
-        CheckKind::Http { path, host, statuses } => {
-            let mut check = HttpHealthCheck::new(host, false);
-            check.consecutive_success = spec.rise;
-            check.consecutive_failure = spec.fall;
-            check.peer_template.options.connection_timeout = Some(spec.timeout);
-            check.peer_template.options.read_timeout = Some(spec.timeout);
-            check.peer_template.options.write_timeout = Some(spec.timeout);
-            check.port_override = spec.port;
+        CheckKind::Http { .. } if upstream.tls.is_some() => Box::new(TlsHttpChecks {
+            upstream: upstream.clone(),
+            spec: spec.clone(),
+            observer,
+            checks: Mutex::new(HashMap::new()),
+        }),
+        CheckKind::Http { .. } => {
+            let mut check = http_check(upstream, spec, String::new());
             check.health_changed_callback = Some(observer);
-            // The path and host were validated at compile time; a failure here keeps GET /.
-            if let Ok(mut req) = RequestHeader::build("GET", path.as_bytes(), None) {
-                if req.append_header("Host", host.as_str()).is_ok()
-                    && req.append_header("User-Agent", "weir-health-check").is_ok()
-                {
-                    check.req = req;
-                }
-            }
-            let statuses = statuses.clone();
-            check.validator = Some(Box::new(move |resp| {
-                let code = resp.status.as_u16();
-                if statuses.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
-                    Ok(())
-                } else {
-                    Error::e_explain(ErrorType::CustomCode("unexpected status", code), "during http health check")
-                }
-            }));
             Box::new(check)
+        }
+    }
+}
+
+/// Pingora's HTTP(S) check with the upstream's connection settings and `sni`.
+fn http_check(upstream: &UpstreamSpec, spec: &HealthCheckSpec, sni: String) -> HttpHealthCheck {
+    let CheckKind::Http { path, host, statuses } = &spec.kind else {
+        return HttpHealthCheck::new("", false);
+    };
+    let mut check = HttpHealthCheck::new(host, upstream.tls.is_some());
+    check.peer_template.sni = sni;
+    super::tls::apply_options(&mut check.peer_template, upstream);
+    check.consecutive_success = spec.rise;
+    check.consecutive_failure = spec.fall;
+    check.peer_template.options.connection_timeout = Some(spec.timeout);
+    check.peer_template.options.read_timeout = Some(spec.timeout);
+    check.peer_template.options.write_timeout = Some(spec.timeout);
+    check.port_override = spec.port;
+    // The path and host were validated at compile time; a failure here keeps GET /.
+    if let Ok(mut req) = RequestHeader::build("GET", path.as_bytes(), None) {
+        if req.append_header("Host", host.as_str()).is_ok()
+            && req.append_header("User-Agent", "weir-health-check").is_ok()
+        {
+            check.req = req;
+        }
+    }
+    let statuses = statuses.clone();
+    check.validator = Some(Box::new(move |resp| {
+        let code = resp.status.as_u16();
+        if statuses.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
+            Ok(())
+        } else {
+            Error::e_explain(ErrorType::CustomCode("unexpected status", code), "during http health check")
+        }
+    }));
+    check
+}
+
+/// The name a server is checked (and verified) as over TLS, carried by its `Backend`.
+#[derive(Clone)]
+pub(super) struct CheckSni(pub String);
+
+/// HTTPS checks that verify each server like its requests do: Pingora's check has one SNI, so
+/// there is one per name (the upstream's `sni`, or each server entry's host), made on first use.
+struct TlsHttpChecks {
+    upstream: UpstreamSpec,
+    spec: HealthCheckSpec,
+    observer: Box<Observer>,
+    checks: Mutex<HashMap<String, Arc<HttpHealthCheck>>>,
+}
+
+#[async_trait]
+impl HealthCheck for TlsHttpChecks {
+    async fn check(&self, target: &Backend) -> Result<()> {
+        let sni = target.ext.get::<CheckSni>().map_or_else(String::new, |s| s.0.clone());
+        let check = {
+            let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+            checks.entry(sni.clone()).or_insert_with(|| Arc::new(http_check(&self.upstream, &self.spec, sni))).clone()
+        };
+        check.check(target).await
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        self.observer.observe(target, healthy).await
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        if success {
+            self.spec.rise
+        } else {
+            self.spec.fall
         }
     }
 }

@@ -6,11 +6,13 @@
 //! - `health`: active TCP / HTTP checks (Pingora's `TcpHealthCheck` / `HttpHealthCheck`).
 //! - `resolve`: re-resolution of host names every `resolve_interval`.
 //! - `registry`: the pools by upstream name, and the background task that runs checks and DNS.
+//! - `tls`: HTTPS (CA, SNI, client certificates) and HTTP/2 to the servers: the peer templates.
 
 mod health;
 mod pool;
 mod registry;
 mod resolve;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,7 @@ use std::time::Duration;
 pub use pool::{Pick, Pool, ServerSlot, ServerStatus, Unavailable};
 pub use registry::{Registry, REGISTRY};
 pub use resolve::resolve_now;
+pub use tls::{Protocol, UpstreamTls};
 
 /// One `[[upstream]]` as compiled: pure data, compared on reload to decide what to rebuild.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +38,9 @@ pub struct UpstreamSpec {
     pub resolve_interval: Duration,
     /// The DNS server to ask (nginx `resolver`); the system resolver when `None`.
     pub resolver: Option<SocketAddr>,
+    /// `tls = true`: HTTPS to every server, with these settings.
+    pub tls: Option<UpstreamTls>,
+    pub protocol: Protocol,
 }
 
 /// One entry of `servers`: `"host:port weight=3 max_fails=2 fail_timeout=5s max_conns=10"`.

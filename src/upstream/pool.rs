@@ -15,9 +15,10 @@ use async_trait::async_trait;
 use pingora::lb::discovery::ServiceDiscovery;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
+use pingora::upstreams::peer::HttpPeer;
 use prometheus::IntGauge;
 
-use super::{health, ServerSpec, UpstreamSpec};
+use super::{health, tls, ServerSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 
 /// The current membership, handed to Pingora's `Backends` as its service discovery.
@@ -99,11 +100,17 @@ impl ServerState {
 /// however it ends).
 pub struct ServerSlot {
     state: Arc<ServerState>,
+    peer: Arc<HttpPeer>,
 }
 
 impl ServerSlot {
     pub fn addr(&self) -> SocketAddr {
         self.state.addr
+    }
+
+    /// The server's peer (TLS, protocol, timeouts), built with the membership: clone it.
+    pub fn peer(&self) -> &HttpPeer {
+        &self.peer
     }
 }
 
@@ -137,6 +144,8 @@ struct Member {
     /// Index into `spec.servers` of the entry it came from.
     entry: usize,
     state: Arc<ServerState>,
+    /// What each request to it clones (see `tls::peer_template`).
+    peer: Arc<HttpPeer>,
 }
 
 /// Everything that changes together on a reload or a DNS change.
@@ -219,7 +228,12 @@ impl Pool {
         if *current == **spec {
             return;
         }
-        let new_check = current.health_check != spec.health_check;
+        // The check connects like requests do: new TLS settings or protocol, new check; over TLS
+        // a server entry's host is also the name it is checked as.
+        let new_check = current.health_check != spec.health_check
+            || current.tls != spec.tls
+            || current.protocol != spec.protocol
+            || (spec.tls.is_some() && current.servers != spec.servers);
         // Fresh compile results replace older DNS answers.
         lock(&self.resolved).clear();
         self.reshape(spec.clone(), new_check);
@@ -260,13 +274,17 @@ impl Pool {
                     continue;
                 }
                 let state = states.entry(addr).or_insert_with(|| Arc::new(ServerState::new(&self.name, addr))).clone();
+                let peer = Arc::new(tls::peer_template(&spec, server, addr));
+                let mut ext = pingora::lb::Extensions::new();
+                // An HTTPS health check verifies the server as its requests do.
+                ext.insert(health::CheckSni(peer.sni.clone()));
                 let backend = Backend {
                     addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
                     weight: server.weight,
-                    ext: Default::default(),
+                    ext,
                 };
                 by_addr.insert(addr, members.len());
-                members.push(Member { backend, entry, state });
+                members.push(Member { backend, entry, state, peer });
             }
         }
         // Addresses that left: forget their state once nothing is in flight there.
@@ -318,7 +336,8 @@ impl Pool {
             let _ = shape.members.iter().find(|m| accept(&m.backend, backends.ready(&m.backend)));
         }
         if let Some(i) = taken.get() {
-            return Ok(ServerSlot { state: shape.members[i].state.clone() });
+            let member = &shape.members[i];
+            return Ok(ServerSlot { state: member.state.clone(), peer: member.peer.clone() });
         }
         // Like nginx ("no live upstreams"): servers out for max_fails stay out for fail_timeout,
         // even when that leaves none.
@@ -404,7 +423,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn new_lb(spec: &UpstreamSpec, discovery: &Arc<Members>, states: &States) -> Arc<LoadBalancer<RoundRobin>> {
     let mut lb = LoadBalancer::from_backends(Backends::new(Box::new(SharedMembers(discovery.clone()))));
     if let Some(check) = &spec.health_check {
-        lb.set_health_check(health::build(&spec.name, check, states.clone()));
+        lb.set_health_check(health::build(spec, check, states.clone()));
     }
     Arc::new(lb)
 }
@@ -467,6 +486,8 @@ mod tests {
             },
             resolve_interval: Duration::from_secs(30),
             resolver: None,
+            tls: None,
+            protocol: Default::default(),
         })
     }
 

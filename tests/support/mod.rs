@@ -8,6 +8,7 @@ pub mod concurrent;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod nginx;
 pub mod poll;
 pub mod ratelimit;
 pub mod redis_cmd;

@@ -29,20 +29,54 @@ pub fn free_cluster_port() -> u16 {
     }
 }
 
+/// TLS for every node of a deployment: the nodes' certificate (also their client certificate
+/// towards each other), the CA that signed it, and a client pair for the test's own connections.
+/// Nodes then listen on TLS only and require client certificates.
+#[derive(Clone)]
+pub struct NodeTls {
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
+}
+
+impl NodeTls {
+    /// `redis-server` arguments: TLS on `port`, no cleartext port, TLS to masters and replicas.
+    fn args(&self, port: u16) -> Vec<String> {
+        let mut args: Vec<String> =
+            ["--port", "0", "--tls-port", &port.to_string()].iter().map(|s| s.to_string()).collect();
+        for (flag, path) in
+            [("--tls-cert-file", &self.cert), ("--tls-key-file", &self.key), ("--tls-ca-cert-file", &self.ca)]
+        {
+            args.push(flag.to_string());
+            args.push(path.display().to_string());
+        }
+        args.extend(["--tls-replication", "yes", "--tls-auth-clients", "yes"].iter().map(|s| s.to_string()));
+        args
+    }
+}
+
 /// One `redis-server` process (a data node or a Sentinel).
 pub struct Node {
     pub port: u16,
     child: Option<Child>,
+    tls: Option<NodeTls>,
 }
 
 impl Node {
-    /// Starts `redis-server` with `args` (after `--port P --bind 127.0.0.1`), waits until it
-    /// answers PING. `None` if it exited first (port taken) or never answered.
-    fn spawn(port: u16, args: &[String], dir: &std::path::Path) -> Option<Node> {
+    /// Starts `redis-server` with `args` (after `--port P --bind 127.0.0.1`, or TLS on P only),
+    /// waits until it answers PING. `None` if it exited first (port taken) or never answered.
+    fn spawn(port: u16, args: &[String], dir: &std::path::Path, tls: Option<&NodeTls>) -> Option<Node> {
         let log = fs::File::create(dir.join(format!("redis-{port}.log"))).expect("log file");
+        let listen = match tls {
+            Some(tls) => tls.args(port),
+            None => vec!["--port".to_string(), port.to_string()],
+        };
         let mut child = Command::new(SERVER)
             .args(args)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(&listen)
+            .args(["--bind", "127.0.0.1"])
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
@@ -54,10 +88,10 @@ impl Node {
             if let Ok(Some(_)) = child.try_wait() {
                 return None;
             }
-            if let Ok(mut conn) = connect(port) {
+            if let Ok(mut conn) = connect_with(port, tls) {
                 let info: String = redis::cmd("INFO").arg("server").query(&mut conn).unwrap_or_default();
                 if info.lines().any(|l| l.trim() == format!("process_id:{}", child.id())) {
-                    return Some(Node { port, child: Some(child) });
+                    return Some(Node { port, child: Some(child), tls: tls.cloned() });
                 }
             }
             if Instant::now() > deadline {
@@ -82,7 +116,7 @@ impl Node {
     }
 
     pub fn connection(&self) -> redis::Connection {
-        connect(self.port).unwrap_or_else(|e| panic!("connect to redis on {}: {e}", self.port))
+        connect_with(self.port, self.tls.as_ref()).unwrap_or_else(|e| panic!("connect to redis on {}: {e}", self.port))
     }
 }
 
@@ -94,8 +128,27 @@ impl Drop for Node {
 
 /// A synchronous connection to 127.0.0.1:`port`, with short timeouts.
 pub fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
-    let conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
-        .get_connection_with_timeout(Duration::from_millis(500))?;
+    connect_with(port, None)
+}
+
+/// [`connect`], over TLS with the test's client certificate when `tls` is given.
+pub fn connect_with(port: u16, tls: Option<&NodeTls>) -> redis::RedisResult<redis::Connection> {
+    let client = match tls {
+        None => redis::Client::open(format!("redis://127.0.0.1:{port}/"))?,
+        Some(tls) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let read = |p: &std::path::Path| fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+            let certs = redis::TlsCertificates {
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: read(&tls.client_cert),
+                    client_key: read(&tls.client_key),
+                }),
+                root_cert: Some(read(&tls.ca)),
+            };
+            redis::Client::build_with_tls(format!("rediss://127.0.0.1:{port}/"), certs)?
+        }
+    };
+    let conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     conn.set_write_timeout(Some(Duration::from_secs(2)))?;
     Ok(conn)
@@ -103,9 +156,18 @@ pub fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
 
 /// Starts a node on a fresh port (retried elsewhere if the port was taken meanwhile).
 fn start_node(dir: &std::path::Path, args: impl Fn(u16) -> Vec<String>, port: impl Fn() -> u16) -> Node {
+    start_node_with(dir, args, port, None)
+}
+
+fn start_node_with(
+    dir: &std::path::Path,
+    args: impl Fn(u16) -> Vec<String>,
+    port: impl Fn() -> u16,
+    tls: Option<&NodeTls>,
+) -> Node {
     for _ in 0..5 {
         let p = port();
-        if let Some(node) = Node::spawn(p, &args(p), dir) {
+        if let Some(node) = Node::spawn(p, &args(p), dir, tls) {
             return node;
         }
     }
@@ -316,6 +378,7 @@ pub struct SentinelSetup {
     pub master: Node,
     pub replica: Node,
     pub sentinel: Node,
+    tls: Option<NodeTls>,
     _dir: tempfile::TempDir,
 }
 
@@ -323,12 +386,23 @@ pub const MASTER_NAME: &str = "mymaster";
 
 impl SentinelSetup {
     pub fn start() -> SentinelSetup {
+        SentinelSetup::start_with(None)
+    }
+
+    /// Every node (master, replica, Sentinel) on TLS only, client certificates required, and
+    /// TLS between them (`tls-replication yes`).
+    pub fn start_tls(tls: NodeTls) -> SentinelSetup {
+        SentinelSetup::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<NodeTls>) -> SentinelSetup {
+        let tls_ref = tls.as_ref();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().to_path_buf();
         let plain = |_: u16| ["--save", "", "--appendonly", "no"].iter().map(|s| s.to_string()).collect();
-        let master = start_node(&path, plain, super::weir::free_port);
+        let master = start_node_with(&path, plain, super::weir::free_port, tls_ref);
         let replica_of = master.port;
-        let replica = start_node(
+        let replica = start_node_with(
             &path,
             |_| {
                 ["--save", "", "--appendonly", "no", "--replicaof", "127.0.0.1", &replica_of.to_string()]
@@ -337,9 +411,10 @@ impl SentinelSetup {
                     .collect()
             },
             super::weir::free_port,
+            tls_ref,
         );
         let sentinel_dir = path.clone();
-        let sentinel = start_node(
+        let sentinel = start_node_with(
             &path,
             |port| {
                 let conf = sentinel_dir.join(format!("sentinel-{port}.conf"));
@@ -357,19 +432,20 @@ impl SentinelSetup {
                 vec![conf.display().to_string(), "--sentinel".to_string()]
             },
             super::weir::free_port,
+            tls_ref,
         );
-        let setup = SentinelSetup { master, replica, sentinel, _dir: dir };
+        let setup = SentinelSetup { master, replica, sentinel, tls, _dir: dir };
         // The Sentinel knows the master, and the replica (it learns it from the master's INFO).
         let ready = poll(
             Duration::from_secs(20),
             POLL,
             || {
-                let Ok(mut conn) = connect(setup.sentinel.port) else { return false };
+                let Ok(mut conn) = setup.connect(setup.sentinel.port) else { return false };
                 let replicas: redis::RedisResult<Vec<redis::Value>> =
                     redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME).query(&mut conn);
                 setup.master_port() == Some(setup.master.port)
                     && replicas.map(|r| !r.is_empty()).unwrap_or(false)
-                    && replica_in_sync(setup.replica.port)
+                    && setup.replica_in_sync(setup.replica.port)
             },
             |&ok| ok,
         );
@@ -377,14 +453,20 @@ impl SentinelSetup {
         setup
     }
 
-    /// `redis+sentinel://127.0.0.1:S/mymaster`.
+    /// `redis+sentinel://127.0.0.1:S/mymaster` (`rediss+sentinel://` over TLS).
     pub fn url(&self) -> String {
-        format!("redis+sentinel://127.0.0.1:{}/{MASTER_NAME}", self.sentinel.port)
+        let scheme = if self.tls.is_some() { "rediss+sentinel" } else { "redis+sentinel" };
+        format!("{scheme}://127.0.0.1:{}/{MASTER_NAME}", self.sentinel.port)
+    }
+
+    /// A connection to a node of this setup (over TLS if it is on TLS).
+    pub fn connect(&self, port: u16) -> redis::RedisResult<redis::Connection> {
+        connect_with(port, self.tls.as_ref())
     }
 
     /// `SENTINEL get-master-addr-by-name mymaster`: the master's port, as the Sentinel says.
     pub fn master_port(&self) -> Option<u16> {
-        let mut conn = connect(self.sentinel.port).ok()?;
+        let mut conn = self.connect(self.sentinel.port).ok()?;
         let addr: Option<(String, String)> =
             redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER_NAME).query(&mut conn).ok()?;
         addr.and_then(|(_, port)| port.parse().ok())
@@ -399,7 +481,8 @@ impl SentinelSetup {
             POLL,
             || {
                 self.master_port() == Some(port)
-                    && connect(port)
+                    && self
+                        .connect(port)
                         .ok()
                         .and_then(|mut c| redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut c).ok())
                         .and_then(|role| role.first().cloned())
@@ -412,9 +495,11 @@ impl SentinelSetup {
     }
 }
 
-/// Whether the replica on `port` has its link to the master up.
-fn replica_in_sync(port: u16) -> bool {
-    let Ok(mut conn) = connect(port) else { return false };
-    let info: String = redis::cmd("INFO").arg("replication").query(&mut conn).unwrap_or_default();
-    info.lines().any(|l| l.trim() == "master_link_status:up")
+impl SentinelSetup {
+    /// Whether the replica on `port` has its link to the master up.
+    fn replica_in_sync(&self, port: u16) -> bool {
+        let Ok(mut conn) = self.connect(port) else { return false };
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut conn).unwrap_or_default();
+        info.lines().any(|l| l.trim() == "master_link_status:up")
+    }
 }

@@ -110,7 +110,14 @@ impl Weir {
             text = text.replace("$LISTEN6", &a.to_string());
             v6 = Some(a);
         }
-        let first: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        // Two quick free_port() calls can return the same port; weir would then get one of the
+        // two listeners and the readiness check (a connect to each address) would still pass, so
+        // requests for the admin listener reached the proxy. Never hand out a port twice.
+        let mut port = free_port();
+        while second.is_some_and(|a: SocketAddr| a.port() == port) {
+            port = free_port();
+        }
+        let first: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         text = text.replace("$LISTEN", &first.to_string());
         addrs.push(first);
         addrs.extend(second);

@@ -26,10 +26,10 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, M
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use ::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType};
 use ::redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
-    RedisFuture, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
+    RedisFuture, RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
@@ -86,10 +86,14 @@ impl Connector {
                     .build()?;
                 Kind::Cluster { client, conn: OnceCell::new() }
             }
-            RedisTopology::Sentinel { sentinels, master, data_node } => {
+            RedisTopology::Sentinel { sentinels, master, data_node, tls: over_tls } => {
                 let settings = data_node.as_str().into_connection_info()?.redis_settings().clone();
-                let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
-                let client = SentinelClient::build(sentinels, master.clone(), Some(node), SentinelServerType::Master)?;
+                let client = if over_tls {
+                    sentinel_tls_client(&sentinels, &master, &settings, tls)?
+                } else {
+                    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+                    SentinelClient::build(sentinels, master.clone(), Some(node), SentinelServerType::Master)?
+                };
                 Kind::Sentinel(Arc::new(SentinelState {
                     client: tokio::sync::Mutex::new(client),
                     master,
@@ -192,6 +196,37 @@ impl Connector {
             _ => Ok(::redis::cmd("PING").query_async::<()>(conn).await?),
         }
     }
+}
+
+/// `rediss+sentinel://`: the Sentinels and the master they name, both over TLS with the same CA
+/// (system and Mozilla roots without `tls_ca`) and client certificate; the master's name is
+/// verified against the address the Sentinels give (usually an IP: its certificate must name it).
+fn sentinel_tls_client(
+    sentinels: &[String],
+    master: &str,
+    data: &::redis::RedisConnectionInfo,
+    tls: Option<&super::RedisTls>,
+) -> RedisResult<SentinelClient> {
+    let addrs = sentinels
+        .iter()
+        .map(|s| s.as_str().into_connection_info().map(|info| info.addr().clone()))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
+        .set_client_to_redis_tls_mode(TlsMode::Secure)
+        .set_client_to_redis_db(data.db())
+        .set_client_to_redis_protocol(data.protocol());
+    if let Some(user) = data.username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = data.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if let Some(tls) = tls {
+        builder = builder
+            .set_client_to_sentinel_certificates(tls.certificates())
+            .set_client_to_redis_certificates(tls.certificates());
+    }
+    builder.build()
 }
 
 /// The Sentinel side: the Sentinels' client and the master connection found through them.

@@ -8,6 +8,7 @@
 //! * `redis+sentinel://[user:password@]host:port[,host:port...]/<master name>[/<db>]`: a master
 //!   watched by Sentinels; the client asks them for the master and asks again after a failover.
 //!   The credentials and db are the data nodes'; the Sentinels are reached without a password.
+//!   `rediss+sentinel://` reaches the Sentinels and the master over TLS.
 //!
 //! A missing port is 6379 (26379 for a Sentinel). Parsing does no I/O.
 
@@ -22,13 +23,15 @@ pub enum RedisTopology {
     /// credentials.
     Cluster(Vec<String>),
     Sentinel {
-        /// `redis://host:port` of each Sentinel.
+        /// `redis://host:port` (`rediss://` over TLS) of each Sentinel.
         sentinels: Vec<String>,
         /// The name the Sentinels monitor the master under.
         master: String,
         /// `redis://[user:password@]sentinel-resolved/<db>`: the data nodes' credentials and db
         /// (the host is a placeholder).
         data_node: String,
+        /// `rediss+sentinel://`: the Sentinels and the master over TLS.
+        tls: bool,
     },
 }
 
@@ -74,7 +77,9 @@ pub fn parse_redis_url(url: &str) -> Result<RedisTopology, String> {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(RedisTopology::Cluster(nodes))
         }
-        "redis+sentinel" => {
+        "redis+sentinel" | "rediss+sentinel" => {
+            let tls = scheme == "rediss+sentinel";
+            let node_scheme = if tls { "rediss" } else { "redis" };
             let parts = split(rest, &shown, SENTINEL_EXAMPLE)?;
             let mut path = parts.path.split('/');
             let master = path.next().unwrap_or_default();
@@ -97,13 +102,13 @@ pub fn parse_redis_url(url: &str) -> Result<RedisTopology, String> {
             let sentinels = parts
                 .hosts
                 .iter()
-                .map(|(host, port)| node_url("redis", None, host, port.unwrap_or(26379), 0, &shown))
+                .map(|(host, port)| node_url(node_scheme, None, host, port.unwrap_or(26379), 0, &shown))
                 .collect::<Result<Vec<_>, _>>()?;
-            let data_node = node_url("redis", parts.userinfo, "127.0.0.1", 6379, db, &shown)?;
-            Ok(RedisTopology::Sentinel { sentinels, master: master.to_string(), data_node })
+            let data_node = node_url(node_scheme, parts.userinfo, "127.0.0.1", 6379, db, &shown)?;
+            Ok(RedisTopology::Sentinel { sentinels, master: master.to_string(), data_node, tls })
         }
         other => Err(format!(
-            "{shown:?}: unknown scheme {other:?}: expected redis://, rediss://, redis+cluster:// or redis+sentinel://"
+            "{shown:?}: unknown scheme {other:?}: expected redis://, rediss://, redis+cluster:// or redis+sentinel:// (rediss+cluster://, rediss+sentinel:// over TLS)"
         )),
     }
 }
@@ -249,6 +254,16 @@ mod tests {
                 sentinels: vec!["redis://s1:26380/0".into(), "redis://s2:26379/0".into()],
                 master: "mymaster".into(),
                 data_node: "redis://:pw@127.0.0.1:6379/2".into(),
+                tls: false,
+            })
+        );
+        assert_eq!(
+            parse_redis_url("rediss+sentinel://s1/mymaster"),
+            Ok(RedisTopology::Sentinel {
+                sentinels: vec!["rediss://s1:26379/0".into()],
+                master: "mymaster".into(),
+                data_node: "rediss://127.0.0.1:6379/0".into(),
+                tls: true,
             })
         );
         for (bad, needle) in [
