@@ -154,7 +154,8 @@ class WrkRuns:
         batched = None
         if m0 and m1:
             b0, b1 = total(m0, f"{BATCH_METRIC}_sum"), total(m1, f"{BATCH_METRIC}_sum")
-            if b0 is not None and b1 is not None:
+            # An empty histogram (`coalesce = false`): every decision was its own EVALSHA.
+            if b0 is not None and b1 is not None and b1 > b0:
                 batched = b1 - b0
         failed = sum(v for k, v in rd["failed"].items() if k in ("evalsha", "eval"))
         res.update({
