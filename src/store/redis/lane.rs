@@ -411,6 +411,9 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
             Pending::Batch(jobs, _) => {
                 if replies.len() == 1 && is_noscript(&replies[0]) {
                     reload.extend(jobs);
+                } else if let [Err(e)] = replies.as_slice() {
+                    // The call as a whole was refused (OOM, BUSY, …): each request gets why.
+                    jobs.into_iter().for_each(|job| answer(job, Err(e.clone())));
                 } else if replies.len() != jobs.len() {
                     let why = format!("a batch of {} requests got {} replies", jobs.len(), replies.len());
                     jobs.into_iter().for_each(|job| fail(job, &why));
