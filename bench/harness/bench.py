@@ -231,7 +231,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             lua_dir=BENCH_DIR / "openresty",
             lua_config={"port": self.redis_port, "sha": sha, "prefixes": prefixes,
                         "argv": call[3 + nkeys:], "script_path": str(LUA_SCRIPT),
-                        "timeout_ms": 25, "pool": 64})
+                        "timeout_ms": 250, "pool": 64})
         self.targets["openresty"] = Target(port, [proc], nginx=True)
         # It decides: one request, one EVALSHA, a 200.
         before = self.redis.snapshot()
