@@ -136,7 +136,10 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         server.add_service(admin_service);
     }
     tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
-    server.run_forever()
+    // `run` (not `run_forever`, which exits inside) returns after a graceful shutdown, so main can
+    // flush the log writer's last lines.
+    server.run(pingora::server::RunArgs::default());
+    Ok(())
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle
