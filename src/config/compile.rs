@@ -68,7 +68,7 @@ pub struct ServerSettings {
     /// Cleartext HTTP/2 (prior knowledge) on the `listen` addresses.
     pub h2c: bool,
     pub threads: usize,
-    /// Tasks may move between threads (Pingora's `work_stealing`); off by default.
+    /// Tasks may move between threads (Pingora's `work_stealing`); on by default.
     pub work_stealing: bool,
     /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
@@ -296,7 +296,7 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         http2: tls.http2,
         h2c: h2c.unwrap_or(false),
         threads,
-        work_stealing: work_stealing.unwrap_or(false),
+        work_stealing: work_stealing.unwrap_or(true),
         admin,
         admin_token,
         clients,

@@ -47,7 +47,7 @@ pub struct Server {
     /// Cleartext HTTP/2 with prior knowledge on the `listen` addresses (default false).
     pub h2c: Option<bool>,
     pub threads: Option<Spanned<i64>>,
-    /// Pingora's work stealing between the threads (default false: each thread runs its own
+    /// Pingora's work stealing between the threads (default true; false: each thread runs its own
     /// runtime, and its Redis decisions stay on its own connection).
     pub work_stealing: Option<bool>,
     pub admin: Option<Spanned<String>>,
