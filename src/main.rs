@@ -70,15 +70,14 @@ fn main() -> ExitCode {
         Command::Run => {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
-                    let guard = init_logging(&runtime.log);
-                    (weir::reload::Reloader::new(&cli.config, runtime, &text), guard)
+                    init_logging(&runtime.log);
+                    weir::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
                     eprintln!("weir: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            let (reloader, _flush_logs_on_exit) = reloader;
             match weir::server::run(std::sync::Arc::new(reloader)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -88,8 +87,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Echo { listen } => {
-            let _flush_logs_on_exit =
-                init_logging(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
+            init_logging(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
             match weir::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -102,22 +100,14 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr through `tracing`, at `[log] level` unless `RUST_LOG` says otherwise, as text
-/// or JSON lines (`[log] format`). A thread of its own writes them, buffered (one write per burst
-/// of lines instead of one per request; a full buffer makes requests wait rather than drop lines):
-/// the returned guard flushes what is left when it is dropped, at exit.
-fn init_logging(settings: &weir::config::LogSettings) -> tracing_appender::non_blocking::WorkerGuard {
+/// or JSON lines (`[log] format`).
+fn init_logging(settings: &weir::config::LogSettings) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.level));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("weir-log")
-        .finish(std::io::BufWriter::new(std::io::stderr()));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if settings.json {
         builder.json().flatten_event(true).init();
     } else {
-        builder.with_ansi(ansi).init();
+        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     }
-    guard
 }

@@ -136,10 +136,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         server.add_service(admin_service);
     }
     tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
-    // `run` (not `run_forever`, which exits inside) returns after a graceful shutdown, so main can
-    // flush the log writer's last lines.
-    server.run(pingora::server::RunArgs::default());
-    Ok(())
+    server.run_forever()
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle
