@@ -169,6 +169,15 @@ enum Pending {
 }
 
 impl Pending {
+    /// What `encode` wrote for `batch` (never empty), sent now: one request in the single-call
+    /// layout, several in batch mode.
+    fn sent(batch: Vec<Job>) -> Self {
+        match <[Job; 1]>::try_from(batch) {
+            Ok([job]) => Pending::One(job, Instant::now()),
+            Err(batch) => Pending::Batch(batch, Instant::now()),
+        }
+    }
+
     fn sent_at(&self) -> Instant {
         match self {
             Pending::One(_, at) | Pending::Batch(_, at) | Pending::Load(at) => *at,
@@ -335,13 +344,7 @@ async fn send(conn: &mut Connection, batch: Vec<Job>, target: &Target) -> Result
     METRICS.redis_batch_size.observe(batch.len() as f64);
     conn.write.clear();
     encode(&mut conn.write, &batch);
-    let pending = if batch.len() == 1 {
-        let job = batch.into_iter().next().ok_or("empty batch")?;
-        Pending::One(job, Instant::now())
-    } else {
-        Pending::Batch(batch, Instant::now())
-    };
-    conn.in_flight.push_back(pending);
+    conn.in_flight.push_back(Pending::sent(batch));
     write(conn, target).await
 }
 
@@ -431,11 +434,7 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
         script_load(&mut conn.write);
         conn.in_flight.push_back(Pending::Load(Instant::now()));
         encode(&mut conn.write, &reload);
-        conn.in_flight.push_back(if reload.len() == 1 {
-            Pending::One(reload.remove(0), Instant::now())
-        } else {
-            Pending::Batch(reload, Instant::now())
-        });
+        conn.in_flight.push_back(Pending::sent(reload));
         // Written by the caller's next turn: the write must not block the read side here.
         return resend(conn);
     }

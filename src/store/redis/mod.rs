@@ -296,14 +296,9 @@ impl RedisStore {
         };
         call.arg(flags);
         for &i in indices {
-            let check = &checks[i];
-            let limit = &check.limit;
-            call.arg(limit.algorithm.id()).arg(limit.rate.count).arg(limit.rate.period_us).arg(limit.burst);
-            match limit.delay {
-                DelayPolicy::NoDelay => call.arg(-1i64),
-                DelayPolicy::After(threshold) => call.arg(threshold),
-            };
-            call.arg(check.cost);
+            for value in zone_args(&checks[i]) {
+                call.arg(value);
+            }
         }
         call
     }
@@ -319,14 +314,8 @@ impl RedisStore {
             None => call.arg(b""),
         };
         call.arg(self.log_flag().as_bytes());
-        for check in checks {
-            let limit = &check.limit;
-            call.int(limit.algorithm.id()).int(limit.rate.count).int(limit.rate.period_us).int(limit.burst);
-            match limit.delay {
-                DelayPolicy::NoDelay => call.int(-1i64),
-                DelayPolicy::After(threshold) => call.int(threshold),
-            };
-            call.int(check.cost);
+        for value in checks.iter().flat_map(zone_args) {
+            call.int(value);
         }
         call
     }
@@ -400,20 +389,18 @@ impl LimitStore for RedisStore {
                 return self.bounded(self.decide_per_slot(checks, &keys, &groups)).await;
             }
         }
-        if let Some(lanes) = &self.lanes {
-            let call = self.lane_call(checks, &keys);
-            let reply = self.bounded(lanes.decide(call)).await?;
-            let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
-            return parse_reply(&reply, &algorithms, self.log_entries);
-        }
-        let all: Vec<usize> = (0..checks.len()).collect();
-        let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.log_flag());
-        let reply: Vec<Value> = self
-            .bounded(async {
-                let mut conn = self.connection().await?;
-                Ok(call.invoke(&mut conn).await?)
-            })
-            .await?;
+        let reply: Vec<Value> = match &self.lanes {
+            Some(lanes) => self.bounded(lanes.decide(self.lane_call(checks, &keys))).await?,
+            None => {
+                let all: Vec<usize> = (0..checks.len()).collect();
+                let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.log_flag());
+                self.bounded(async {
+                    let mut conn = self.connection().await?;
+                    Ok(call.invoke(&mut conn).await?)
+                })
+                .await?
+            }
+        };
         let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
         parse_reply(&reply, &algorithms, self.log_entries)
     }
@@ -539,6 +526,24 @@ fn parse_time(text: &str) -> Option<u64> {
     }
     let f = text.parse::<f64>().ok()?;
     (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= MAX_EXACT as f64).then_some(f as u64)
+}
+
+/// A zone's 6 values in `lua/limit_req.lua`'s ARGV (layout in its header): algorithm, count,
+/// period_us, burst, delay (-1 = nodelay), cost. The config bounds each far below `i64::MAX`.
+fn zone_args(check: &KeyedZone<'_>) -> [i64; 6] {
+    let limit = &check.limit;
+    let delay = match limit.delay {
+        DelayPolicy::NoDelay => -1,
+        DelayPolicy::After(threshold) => threshold as i64,
+    };
+    [
+        i64::from(limit.algorithm.id()),
+        limit.rate.count as i64,
+        limit.rate.period_us as i64,
+        limit.burst as i64,
+        delay,
+        check.cost as i64,
+    ]
 }
 
 /// Turns the script's reply (layout in the header of `lua/limit_req.lua`) into a `Verdict`. The
