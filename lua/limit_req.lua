@@ -10,8 +10,9 @@
 --
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
--- ARGV[2]  flags. First character "1": reply with the sliding log's entry times (O(entries) per
---          zone); "0": don't. Then, optionally (Redis Cluster, zones of one request spread over
+-- ARGV[2]  flags. First character: how much the reply says (layouts below): "0" the compact reply
+--          (what the proxy reads), "f" the full reply, "1" the full reply with the sliding log's
+--          entry times (O(entries) per zone; "f" and "1" are for tests and debugging). Then, optionally (Redis Cluster, zones of one request spread over
 --          several hash slots, one call per slot; see src/store/redis.rs):
 --            "u"  undo: append to the reply, for every key written, what lua/restore.lua needs to
 --                 put the key's previous value back (the reply's last element, see below);
@@ -49,9 +50,12 @@
 -- entries are trimmed (ZREMRANGEBYSCORE) by the next admitted request of the key; until then they
 -- are skipped when counting. Only KEYS[] are touched.
 --
--- Reply (integers unless noted; -1 = "none"):
+-- Compact reply (flag "0"; integers, -1 = "none"):
 --   [1] admitted 0|1   [2] delay_us   [3] retry_after_us (rejected: largest retry of the rejecting
 --   zones, -1 if one of them never admits; admitted: -1)   [4] now_us used
+--   then 5 values per zone i, at [5 + 5*(i-1)] ...: admitted 0|1, delay_us, retry_us (-1:
+--   admitted, or never), remaining, reset_us.
+-- Full reply (flags "f" and "1"): [1] to [4] as above, then
 --   [4 + i] zone i, an array:
 --     [1] algorithm id   [2] admitted 0|1   [3] excess (string)   [4] delay_us
 --     [5] retry_us (-1: admitted, or never)   [6] remaining   [7] reset_us   [8] expires_us
@@ -61,12 +65,12 @@
 --       token bucket    tokens (string), last_us
 --       fixed window    start_us, count
 --       sliding log     number of entries, array of the entry times oldest first (empty unless
---                       ARGV[2] is "1")
+--                       the flag is "1")
 --       sliding window  start_us, prev, curr
---   With flag "u", one more element: an array with one undo record per key written (none if
---   nothing was written), each an array: the key's index in KEYS, then the ARGV of that key for
---   lua/restore.lua (kind, written, anchor, prev_kind, prev, prev_pttl, m, members...; layout in
---   its header).
+-- With flag "u", either reply has one more element: an array with one undo record per key written
+-- (none if nothing was written), each an array: the key's index in KEYS, then the ARGV of that key
+-- for lua/restore.lua (kind, written, anchor, prev_kind, prev, prev_pttl, m, members...; layout in
+-- its header).
 -- Fractions travel as %.17g strings because Redis truncates Lua numbers to integers.
 
 local HEAD_ARGS = 2
@@ -78,7 +82,21 @@ local ZADD_BATCH = 1000
 -- Set by `decide` for the request being decided; the functions below read them.
 local now, want_log
 
+-- One zone's result. Every field is set here, in one constructor: a Lua table that grows is
+-- rehashed, and this runs for every zone of every request. `n1`..`n3` are `next` (the reply's
+-- layout); `value` is the string state stored (nil for the sliding log).
+local function zone_result(excess)
+  return {
+    admitted = false, excess = excess, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false,
+  }
+end
+
 local function fmt(x)
+  if x > 0 and x < 9007199254740992 and x % 1 == 0 then
+    -- The same text, cheaper: %.17g writes a whole number below 2^53 as its digits.
+    return string.format('%d', x)
+  end
   return string.format('%.17g', x)
 end
 
@@ -179,7 +197,7 @@ local function leaky_bucket(key, p)
   local capacity = burst + 1
   local level_new = level_now + cost
   local excess = level_new - 1
-  local z = { excess = excess, delay_us = 0, retry_us = -1, remaining = 0 }
+  local z = zone_result(excess)
 
   local level
   if excess > burst then
@@ -203,7 +221,7 @@ local function leaky_bucket(key, p)
   z.reset_us = ceil_us(time_for_us(level, count, period_us))
   z.expires_us = anchor_us + z.reset_us
   local level_text = fmt(level) -- formatted once: %.17g costs more than the bucket's arithmetic
-  z.next = { level_text, anchor_us }
+  z.n1, z.n2 = level_text, anchor_us
   z.value = level_text .. ' ' .. int(anchor_us)
   return z
 end
@@ -232,7 +250,7 @@ local function token_bucket(key, p)
     anchor_us = now
   end
 
-  local z = { delay_us = 0, retry_us = -1, remaining = 0 }
+  local z = zone_result(0)
   local tokens
   if cost > tokens_now then
     z.admitted = false
@@ -250,7 +268,7 @@ local function token_bucket(key, p)
   z.reset_us = ceil_us(time_for_us(capacity - tokens, count, period_us))
   z.expires_us = anchor_us + z.reset_us
   local tokens_text = fmt(tokens)
-  z.next = { tokens_text, anchor_us }
+  z.n1, z.n2 = tokens_text, anchor_us
   z.value = 't ' .. tokens_text .. ' ' .. int(anchor_us)
   return z
 end
@@ -268,7 +286,8 @@ local function fixed_window(key, p)
     start_us, used = aligned, 0
   end
   local end_us = start_us + window
-  local z = { delay_us = 0, retry_us = -1, remaining = 0, reset_us = sat_sub(end_us, now), expires_us = end_us }
+  local z = zone_result(0)
+  z.reset_us, z.expires_us = sat_sub(end_us, now), end_us
   local stored
   if used + cost > limit_count then
     z.admitted = false
@@ -283,7 +302,7 @@ local function fixed_window(key, p)
     stored = used + cost
     z.remaining = limit_count - stored
   end
-  z.next = { start_us, stored }
+  z.n1, z.n2 = start_us, stored
   z.value = 'f ' .. int(start_us) .. ' ' .. int(stored)
   return z
 end
@@ -323,7 +342,8 @@ local function sliding_window(key, p)
   local estimate = prev * (window - elapsed) / window_f + curr
   local limit_f = p.count
   local expires_us = start_us + 2 * window
-  local z = { delay_us = 0, retry_us = -1, remaining = 0, reset_us = sat_sub(expires_us, now), expires_us = expires_us }
+  local z = zone_result(0)
+  z.reset_us, z.expires_us = sat_sub(expires_us, now), expires_us
   local stored
   if estimate + cost > limit_f then
     z.admitted = false
@@ -341,7 +361,7 @@ local function sliding_window(key, p)
     end
     stored = curr + cost
   end
-  z.next = { start_us, prev, stored }
+  z.n1, z.n2, z.n3 = start_us, prev, stored
   z.value = 's ' .. int(start_us) .. ' ' .. int(prev) .. ' ' .. int(stored)
   return z
 end
@@ -357,7 +377,11 @@ end
 local function sliding_log(key, p)
   local window, limit_count, cost = p.period_us, p.count, p.cost
   local card = redis.pcall('ZCARD', key)
-  local z = { delay_us = 0, retry_us = -1, remaining = 0, log = true, wrong_type = false }
+  local z = {
+    admitted = false, excess = 0, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false,
+    log = true, wrong_type = false, anchor_us = 0, newest = false, expired = 0,
+  }
   local expired, newest = 0, nil
   if type(card) ~= 'number' then
     -- Another algorithm's string: no state; an admitted request replaces it.
@@ -397,7 +421,7 @@ local function sliding_log(key, p)
       z.expires_us = now
     end
     z.reset_us = sat_sub(z.expires_us, now)
-    z.next = { used, live }
+    z.n1, z.n2 = used, live
     return z
   end
   z.admitted = true
@@ -410,7 +434,7 @@ local function sliding_log(key, p)
       live[#live + 1] = anchor_us
     end
   end
-  z.next = { used + cost, live }
+  z.n1, z.n2 = used + cost, live
   return z
 end
 
@@ -578,36 +602,79 @@ local function persist(keys, zones, params, want_undo)
   return undo
 end
 
--- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
--- `keys`: the request's state keys; `argv`: its arguments (the layout of ARGV in the header).
-local function decide(keys, argv)
-  if #argv ~= HEAD_ARGS + ZONE_ARGS * #keys then
-    return redis.error_reply('limit_req: expected ' .. (HEAD_ARGS + ZONE_ARGS * #keys) .. ' ARGV for '
-      .. #keys .. ' keys, got ' .. #argv)
-  end
-
-  if argv[1] == '' then
+-- Redis TIME in µs, read once per call: the requests of a batch are decided at one instant, as
+-- one atomic call is.
+local redis_now
+local function time_now()
+  if not redis_now then
     -- Before Redis 5 a script that reads TIME must replicate its effects, not itself; since 7.0
     -- this is the default and the function is a deprecated no-op (or absent).
     if redis.replicate_commands then
       pcall(redis.replicate_commands)
     end
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return redis_now
+end
+
+-- The reply's values for zone i (layouts in the header).
+local function append_compact(reply, z)
+  local n = #reply
+  reply[n + 1] = z.admitted and 1 or 0
+  reply[n + 2] = z.delay_us
+  reply[n + 3] = z.retry_us
+  reply[n + 4] = z.remaining
+  reply[n + 5] = z.reset_us
+end
+
+local function full_zone(algorithm, z)
+  local out = {
+    algorithm, z.admitted and 1 or 0, fmt(z.excess), z.delay_us, z.retry_us, z.remaining,
+    z.reset_us, z.expires_us, z.n1, z.n2,
+  }
+  if z.n3 then
+    out[11] = z.n3
+  end
+  return out
+end
+
+-- ARGV[2] read once per call for each distinct value (a batch's requests share theirs).
+local flags_seen = {}
+local function parsed_flags(flags)
+  local f = flags_seen[flags]
+  if not f then
+    local detail = string.sub(flags, 1, 1)
+    f = {
+      log = detail == '1',
+      full = detail == '1' or detail == 'f',
+      undo = string.find(flags, 'u', 2, true) ~= nil,
+      evaluate_only = string.find(flags, 'n', 2, true) ~= nil,
+    }
+    flags_seen[flags] = f
+  end
+  return f
+end
+
+-- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
+-- Its `nkeys` keys are keys[k0 + 1 ...] and its arguments argv[a0 + 1 ...] (the layout of ARGV in
+-- the header): read in place, so a batch copies nothing per request.
+local function decide(keys, k0, nkeys, argv, a0)
+  if argv[a0 + 1] == '' then
+    now = time_now()
   else
-    now = tonumber(argv[1])
+    now = tonumber(argv[a0 + 1])
     if not now then
       return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
     end
   end
-  local flags = argv[2]
-  want_log = string.sub(flags, 1, 1) == '1'
-  local want_undo = string.find(flags, 'u', 2, true) ~= nil
-  local evaluate_only = string.find(flags, 'n', 2, true) ~= nil
+  local f = parsed_flags(argv[a0 + 2])
+  want_log = f.log
+  local full, want_undo, evaluate_only = f.full, f.undo, f.evaluate_only
 
-  local params, zones = {}, {}
-  for i = 1, #keys do
-    local base = HEAD_ARGS + ZONE_ARGS * (i - 1)
+  local request_keys, params, zones = {}, {}, {}
+  for i = 1, nkeys do
+    local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
     local p = {
       algorithm = tonumber(argv[base + 1]),
       count = tonumber(argv[base + 2]),
@@ -623,27 +690,24 @@ local function decide(keys, argv)
     if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
       return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
     end
-    params[i] = p
-    zones[i] = evaluate(keys[i], p)
+    local key = keys[k0 + i]
+    request_keys[i], params[i] = key, p
+    zones[i] = evaluate(key, p)
   end
 
   local admitted, delay_us, retry_after_us = combine(zones)
   local undo = {}
   if admitted and not evaluate_only then
-    undo = persist(keys, zones, params, want_undo)
+    undo = persist(request_keys, zones, params, want_undo)
   end
 
   local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
-  for i = 1, #keys do
-    local z = zones[i]
-    local out = {
-      params[i].algorithm, z.admitted and 1 or 0, fmt(z.excess), z.delay_us, z.retry_us, z.remaining,
-      z.reset_us, z.expires_us,
-    }
-    for _, v in ipairs(z.next) do
-      out[#out + 1] = v
+  for i = 1, nkeys do
+    if full then
+      reply[#reply + 1] = full_zone(params[i].algorithm, zones[i])
+    else
+      append_compact(reply, zones[i])
     end
-    reply[#reply + 1] = out
   end
   if want_undo then
     reply[#reply + 1] = undo
@@ -657,7 +721,11 @@ end
 -- in the single layout; KEYS holds every request's keys in order. The reply is an array with
 -- each request's reply, or its error: one request's error never affects another's.
 if ARGV[1] ~= 'batch' then
-  return decide(KEYS, ARGV)
+  local expected = HEAD_ARGS + ZONE_ARGS * #KEYS
+  if #ARGV ~= expected then
+    return redis.error_reply('limit_req: expected ' .. expected .. ' ARGV for ' .. #KEYS .. ' keys, got ' .. #ARGV)
+  end
+  return decide(KEYS, 0, #KEYS, ARGV, 0)
 end
 local requests = tonumber(ARGV[2])
 if not requests then
@@ -671,15 +739,11 @@ for r = 1, requests do
     return redis.error_reply('limit_req: batch: request ' .. r .. ' has a bad key count')
   end
   local nargs = HEAD_ARGS + ZONE_ARGS * nkeys
-  local keys, argv = {}, {}
-  for i = 1, nkeys do
-    keys[i] = KEYS[next_key + i - 1]
+  if next_arg + nargs > #ARGV then
+    return redis.error_reply('limit_req: batch: request ' .. r .. ' has too few arguments')
   end
-  for i = 1, nargs do
-    argv[i] = ARGV[next_arg + i]
-  end
+  local ok, reply = pcall(decide, KEYS, next_key - 1, nkeys, ARGV, next_arg)
   next_key, next_arg = next_key + nkeys, next_arg + 1 + nargs
-  local ok, reply = pcall(decide, keys, argv)
   if ok then
     replies[r] = reply
   else

@@ -321,7 +321,7 @@ fn lua_script_matches_the_model() {
         clock.clone(),
     )
     .unwrap()
-    .with_log_entries(true);
+    .with_full_outcomes(true);
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut stats = Stats::default();

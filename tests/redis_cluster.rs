@@ -320,7 +320,7 @@ async fn per_slot_decisions_equal_one_call() {
             key_prefix: "weir:".into(),
             tls: None,
         };
-        RedisStore::new(config, clock.clone()).expect("store").with_log_entries(true)
+        RedisStore::new(config, clock.clone()).expect("store").with_full_outcomes(true)
     };
     let (on_cluster, on_one) = (store(cluster.url()), store(single.url()));
     assert_eq!((on_cluster.topology(), on_one.topology()), ("cluster", "single"));

@@ -28,7 +28,7 @@ fn redis_store(server: &RedisServer, clock: Arc<ManualClock>) -> Arc<RedisStore>
         key_prefix: "weir:".to_string(),
         tls: None,
     };
-    Arc::new(RedisStore::new(config, clock).expect("store").with_log_entries(true))
+    Arc::new(RedisStore::new(config, clock).expect("store").with_full_outcomes(true))
 }
 
 fn current_thread() -> tokio::runtime::Runtime {
@@ -151,11 +151,11 @@ fn one_bad_request_in_a_batch_leaves_the_others_decided() {
     let mut raw = String::new();
     socket.read_to_string(&mut raw).expect("a batch with one bad request is still answered");
     let lines: Vec<&str> = raw.split("\r\n").collect();
-    // [*3, *5 (request 1: 4 values + 1 zone), :1 (admitted), ...].
-    assert_eq!(&lines[..3], ["*3", "*5", ":1"], "request 1 is admitted: {raw:?}");
+    // [*3, *9 (request 1's compact reply: 4 values + 5 for its zone), :1 (admitted), ...].
+    assert_eq!(&lines[..3], ["*3", "*9", ":1"], "request 1 is admitted: {raw:?}");
     let error = lines.iter().position(|l| l.starts_with('-')).expect("request 2 gets an error");
     assert!(lines[error].contains("unknown algorithm 99"), "request 2's own error: {}", lines[error]);
-    assert_eq!(&lines[error + 1..error + 3], ["*5", ":0"], "request 3 sees request 1's charge: {raw:?}");
+    assert_eq!(&lines[error + 1..error + 3], ["*9", ":0"], "request 3 sees request 1's charge: {raw:?}");
 }
 
 #[test]

@@ -217,7 +217,7 @@ async fn redis_clock_is_redis_time() {
         key_prefix: PREFIX.to_string(),
         tls: None,
     };
-    let store = RedisStore::new(config, Arc::new(ManualClock::new(1))).unwrap();
+    let store = RedisStore::new(config, Arc::new(ManualClock::new(1))).unwrap().with_full_outcomes(true);
     let once_a_second = limit("1r/s", 0, DelayPolicy::NoDelay);
     let req = [check("per_ip", "192.0.2.9", once_a_second)];
 
@@ -319,7 +319,7 @@ async fn key_expires_when_its_state_can_be_forgotten(limit: LimitReq, costs: &[u
         key_prefix: PREFIX.to_string(),
         tls: None,
     };
-    let store = RedisStore::new(config, Arc::new(SystemClock)).unwrap().with_log_entries(true);
+    let store = RedisStore::new(config, Arc::new(SystemClock)).unwrap().with_full_outcomes(true);
     let zone = limit.algorithm.as_str();
     let key = format!("{PREFIX}{zone}:{{203.0.113.7}}");
     // A window's state ends with its window: start just after one begins (on Redis' clock, which
@@ -417,7 +417,7 @@ async fn a_zone_may_change_its_algorithm() {
         key_prefix: PREFIX.to_string(),
         tls: None,
     };
-    let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
+    let store = RedisStore::new(config, clock.clone()).unwrap().with_full_outcomes(true);
     let limits = [
         limit("10r/s", 3, DelayPolicy::After(1)),
         token_bucket("10r/s", 3),
@@ -469,7 +469,7 @@ async fn a_zone_may_change_its_algorithm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_log_entries_a_verdict_carries_no_log() {
+async fn a_compact_verdict_carries_what_the_proxy_reads() {
     let server = RedisServer::start();
     let store = store(server.url(), RedisClock::Redis, Duration::from_secs(2));
     let log = window(Algorithm::SlidingLog, 10, 60_000);
@@ -477,10 +477,17 @@ async fn without_log_entries_a_verdict_carries_no_log() {
     let v = store.decide(&req).await.unwrap();
     assert!(v.admitted);
     assert_eq!(v.zones[0].remaining, 7);
-    assert_eq!(v.zones[0].next, State::Log(vec![]));
+    assert!(v.zones[0].reset_us > 59_000_000 && v.zones[0].reset_us <= 60_000_000, "{v:?}");
+    let again = store.decide(&req).await.unwrap();
+    assert!(again.admitted && again.zones[0].remaining == 4, "{again:?}");
+    let full = store.decide(&[KeyedZone::new("log", b"k", log, 5)]).await.unwrap();
+    assert!(!full.admitted, "{full:?}");
+    let retry = full.retry_after_us.expect("10 of 60 s can be made room for");
+    assert!(retry > 59_000_000 && retry <= 60_000_000, "{full:?}");
     let Some(State::Log(entries)) = store.raw_state("log", b"k").await.unwrap() else { panic!("no log") };
-    assert_eq!(entries.len(), 3);
-    assert!(entries.iter().all(|&t| t == entries[0]));
+    // Two admitted requests of cost 3; the rejected one wrote nothing.
+    assert_eq!(entries.len(), 6);
+    assert!(entries[..3].iter().all(|&t| t == entries[0]) && entries[3..].iter().all(|&t| t == entries[3]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -495,7 +502,7 @@ async fn a_costly_request_adds_all_its_log_entries() {
         key_prefix: PREFIX.to_string(),
         tls: None,
     };
-    let store = RedisStore::new(config, clock.clone()).unwrap().with_log_entries(true);
+    let store = RedisStore::new(config, clock.clone()).unwrap().with_full_outcomes(true);
     let log = window(Algorithm::SlidingLog, 10_000, 60_000);
     let mut state = None;
     for (cost, admitted) in [(2500, true), (7499, true), (2, false), (1, true), (1, false)] {

@@ -111,8 +111,8 @@ pub struct RedisStore {
     conns: Connector,
     /// How long a concurrency lease lives without renewal (see `redis_conn.rs`).
     lease_ttl: Duration,
-    /// Whether verdicts carry the sliding log's entries (see `with_log_entries`).
-    log_entries: bool,
+    /// Whether verdicts carry every zone's whole outcome (see `with_full_outcomes`).
+    full_outcomes: bool,
     /// The eviction policy as last read (see `redis_eviction.rs`).
     eviction: Latest,
     /// The per-thread, coalescing path of `limit_req` decisions (`lane.rs`); `None` where only
@@ -122,10 +122,11 @@ pub struct RedisStore {
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
 const MAX_RAW_KEY_LEN: usize = 200;
-/// Reply values before the per-zone arrays, and the values every zone's array starts with (see the
-/// header of `lua/limit_req.lua`).
+/// Reply values before the zones, the values every zone's array starts with in the full reply, and
+/// a zone's values in the compact one (see the header of `lua/limit_req.lua`).
 const REPLY_HEAD: usize = 4;
 const REPLY_ZONE_COMMON: usize = 8;
+const REPLY_ZONE_COMPACT: usize = 5;
 /// The largest integer a Lua number (a double) holds exactly.
 const MAX_EXACT: u64 = 1 << 53;
 
@@ -145,17 +146,19 @@ impl RedisStore {
             clock,
             conns,
             lease_ttl: Duration::from_secs(30),
-            log_entries: false,
+            full_outcomes: false,
             eviction: Latest::default(),
         })
     }
 
-    /// Makes every verdict carry a sliding-log zone's entries in `ZoneOutcome::next`, exactly as
-    /// the model's. That costs O(entries) per request instead of O(log entries), so it is off by
-    /// default, and then a sliding-log zone's `next` is `State::Log(vec![])` (nothing outside the
-    /// memory store reads `next`; `raw_state` reads a stored log). For tests and debugging.
-    pub fn with_log_entries(mut self, on: bool) -> Self {
-        self.log_entries = on;
+    /// Makes every verdict carry each zone's whole outcome exactly as the model's: `excess`,
+    /// `expires_us` and `next`, a sliding log's entries included. That costs Redis more (a %.17g
+    /// per zone, O(entries) per sliding-log zone, a larger reply), so it is off by default: the
+    /// compact reply has what the proxy reads (admitted, delay, retry, remaining, reset), and
+    /// `excess`, `expires_us` and `next` are stand-ins (see `compact_zone`). For tests and
+    /// debugging; `raw_state` reads a stored key either way.
+    pub fn with_full_outcomes(mut self, on: bool) -> Self {
+        self.full_outcomes = on;
         self
     }
 
@@ -313,15 +316,16 @@ impl RedisStore {
             Some(now) => call.int(now),
             None => call.arg(b""),
         };
-        call.arg(self.log_flag().as_bytes());
+        call.arg(self.detail_flag().as_bytes());
         for value in checks.iter().flat_map(zone_args) {
             call.int(value);
         }
         call
     }
 
-    fn log_flag(&self) -> &'static str {
-        if self.log_entries {
+    /// The first character of ARGV[2]: "1" the full reply, "0" the compact one.
+    fn detail_flag(&self) -> &'static str {
+        if self.full_outcomes {
             "1"
         } else {
             "0"
@@ -343,11 +347,11 @@ impl RedisStore {
         for group in groups {
             // Charge (and say how to take it back) until a slot rejects; after that only evaluate.
             let charging = !rejected;
-            let flags = format!("{}{}", self.log_flag(), if charging { "u" } else { "n" });
+            let flags = format!("{}{}", self.detail_flag(), if charging { "u" } else { "n" });
             let mut reply: Vec<Value> = self.limit_call(checks, keys, group, now_us, &flags).invoke(&mut conn).await?;
             let undo = if charging { reply.pop() } else { None };
             let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
-            let verdict = parse_reply(&reply, &algorithms, self.log_entries)?;
+            let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
             if now_us.is_none() {
                 now_us = Some(micros(&reply[3])?);
             }
@@ -393,7 +397,7 @@ impl LimitStore for RedisStore {
             Some(lanes) => self.bounded(lanes.decide(self.lane_call(checks, &keys))).await?,
             None => {
                 let all: Vec<usize> = (0..checks.len()).collect();
-                let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.log_flag());
+                let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.detail_flag());
                 self.bounded(async {
                     let mut conn = self.connection().await?;
                     Ok(call.invoke(&mut conn).await?)
@@ -402,7 +406,7 @@ impl LimitStore for RedisStore {
             }
         };
         let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
-        parse_reply(&reply, &algorithms, self.log_entries)
+        parse_reply(&reply, &algorithms, self.full_outcomes)
     }
 
     fn kind(&self) -> &'static str {
@@ -546,11 +550,11 @@ fn zone_args(check: &KeyedZone<'_>) -> [i64; 6] {
     ]
 }
 
-/// Turns the script's reply (layout in the header of `lua/limit_req.lua`) into a `Verdict`. The
-/// zones come in the order of `algorithms`, each zone's algorithm as sent; `log_entries`: whether
-/// the script was asked for the sliding log's entries.
-fn parse_reply(reply: &[Value], algorithms: &[Algorithm], log_entries: bool) -> Result<Verdict, StoreError> {
-    let expected = REPLY_HEAD + algorithms.len();
+/// Turns the script's reply (layouts in the header of `lua/limit_req.lua`) into a `Verdict`. The
+/// zones come in the order of `algorithms`, each zone's algorithm as sent; `full`: whether the
+/// script was asked for the full reply.
+fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<Verdict, StoreError> {
+    let expected = REPLY_HEAD + if full { algorithms.len() } else { REPLY_ZONE_COMPACT * algorithms.len() };
     if reply.len() != expected {
         return Err(StoreError::Reply(format!(
             "{} values for {} zones, expected {expected}",
@@ -558,11 +562,19 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], log_entries: bool) -> 
             algorithms.len()
         )));
     }
-    let zones = reply[REPLY_HEAD..]
-        .iter()
-        .zip(algorithms)
-        .map(|(zone, &algorithm)| parse_zone(zone, algorithm, log_entries))
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let zones = if full {
+        reply[REPLY_HEAD..]
+            .iter()
+            .zip(algorithms)
+            .map(|(zone, &algorithm)| parse_zone(zone, algorithm))
+            .collect::<Result<Vec<_>, StoreError>>()?
+    } else {
+        let now_us = micros(&reply[3])?;
+        reply[REPLY_HEAD..]
+            .chunks_exact(REPLY_ZONE_COMPACT)
+            .map(|z| compact_zone(z, now_us))
+            .collect::<Result<_, _>>()?
+    };
     Ok(Verdict {
         admitted: flag(&reply[0])?,
         delay_us: micros(&reply[1])?,
@@ -571,8 +583,25 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], log_entries: bool) -> 
     })
 }
 
+/// One zone of the compact reply: admitted, delay_us, retry_us, remaining, reset_us. What the
+/// reply leaves out is filled with stand-ins nothing outside the memory store reads: no excess, a
+/// state that expires when the quota is whole again, an empty bucket as `next` (never stored).
+fn compact_zone(z: &[Value], now_us: u64) -> Result<ZoneOutcome, StoreError> {
+    let reset_us = micros(&z[4])?;
+    Ok(ZoneOutcome {
+        admitted: flag(&z[0])?,
+        excess: 0.0,
+        delay_us: micros(&z[1])?,
+        retry_after_us: optional_micros(&z[2])?,
+        remaining: micros(&z[3])?,
+        reset_us,
+        expires_us: now_us.saturating_add(reset_us),
+        next: State::Bucket(BucketState { level: 0.0, last_us: now_us }),
+    })
+}
+
 /// One zone's array: the common values, then `next` in the algorithm's layout.
-fn parse_zone(value: &Value, algorithm: Algorithm, log_entries: bool) -> Result<ZoneOutcome, StoreError> {
+fn parse_zone(value: &Value, algorithm: Algorithm) -> Result<ZoneOutcome, StoreError> {
     let Value::Array(z) = value else {
         return Err(StoreError::Reply(format!("expected a zone's array, got {value:?}")));
     };
@@ -605,10 +634,8 @@ fn parse_zone(value: &Value, algorithm: Algorithm, log_entries: bool) -> Result<
             let Value::Array(times) = &s[1] else {
                 return Err(StoreError::Reply(format!("expected the log's entries, got {:?}", s[1])));
             };
-            // Empty unless the store asked for the entries.
-            let expected = if log_entries { len } else { 0 };
-            if times.len() as u64 != expected {
-                return Err(StoreError::Reply(format!("{} log entries, expected {expected}", times.len())));
+            if times.len() as u64 != len {
+                return Err(StoreError::Reply(format!("{} log entries, expected {len}", times.len())));
             }
             State::Log(times.iter().map(micros).collect::<Result<_, _>>()?)
         }
@@ -767,11 +794,10 @@ mod tests {
         assert_eq!(v.zones[2].next, State::Window(WindowState { start_us: t0 - 5, count: 2 }));
         assert_eq!(v.zones[3].next, State::Log(vec![t0 - 1, t0]));
         assert_eq!(v.zones[4].next, State::Sliding(SlidingState { start_us: t0 - 5, prev: 4, curr: 1 }));
-        // Entries sent although not asked for, or missing although asked for.
+        // A full reply where a compact one was asked for; a log's entries missing.
         assert!(parse_reply(&reply, &algorithms, false).is_err());
         let mut no_entries = head();
         no_entries.push(zone(3, admitted(), vec![Value::Int(2), Value::Array(vec![])]));
-        assert_eq!(parse_reply(&no_entries, &algorithms[3..4], false).unwrap().zones[0].next, State::Log(vec![]));
         assert!(parse_reply(&no_entries, &algorithms[3..4], true).is_err());
 
         // Wrong zone count, wrong algorithm, wrong shapes.
@@ -791,5 +817,27 @@ mod tests {
         assert!(parse_reply(&bad, &algorithms, true).is_err());
         bad[4] = Value::Int(0);
         assert!(parse_reply(&bad, &algorithms, true).is_err());
+    }
+
+    #[test]
+    fn compact_reply_becomes_a_verdict() {
+        let t0: u64 = 1_700_000_000_000_000;
+        let ints = |v: &[i64]| v.iter().map(|&n| Value::Int(n)).collect::<Vec<_>>();
+        // Rejected by the second zone (retry 250 ms); the first admitted with 3 left.
+        let reply = ints(&[0, 0, 250_000, t0 as i64, 1, 0, -1, 3, 9, 0, 0, 250_000, 0, 1_750_000]);
+        let algorithms = [Algorithm::TokenBucket, Algorithm::LeakyBucket];
+        let v = parse_reply(&reply, &algorithms, false).unwrap();
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after_us, Some(250_000));
+        assert_eq!((v.zones[0].admitted, v.zones[0].remaining, v.zones[0].reset_us), (true, 3, 9));
+        assert_eq!(v.zones[0].retry_after_us, None);
+        assert_eq!((v.zones[1].admitted, v.zones[1].retry_after_us), (false, Some(250_000)));
+        assert_eq!(v.zones[1].expires_us, t0 + 1_750_000);
+        // Too few values, a compact reply where a full one was asked for, a bad flag.
+        assert!(parse_reply(&reply[..13], &algorithms, false).is_err());
+        assert!(parse_reply(&reply, &algorithms, true).is_err());
+        let mut bad = reply.clone();
+        bad[4] = Value::Int(2);
+        assert!(parse_reply(&bad, &algorithms, false).is_err());
     }
 }
