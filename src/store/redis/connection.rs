@@ -26,6 +26,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, M
 use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::io::tcp::TcpSettings;
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType};
 use ::redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, RedisError,
@@ -64,9 +65,10 @@ impl Connector {
         let connection_timeout = timeout.max(Duration::from_millis(200));
         let kind = match topology {
             RedisTopology::Single(url) => {
+                let info = url.as_str().into_connection_info()?.set_tcp_settings(no_delay());
                 let client = match tls {
-                    Some(tls) => Client::build_with_tls(url.as_str(), tls.certificates())?,
-                    None => Client::open(url.as_str())?,
+                    Some(tls) => Client::build_with_tls(info, tls.certificates())?,
+                    None => Client::open(info)?,
                 };
                 Kind::Single { client, conn: OnceCell::new(), timeout }
             }
@@ -83,6 +85,7 @@ impl Connector {
                     .retries(3)
                     .min_retry_wait(10)
                     .max_retry_wait(100)
+                    .tcp_settings(no_delay())
                     .build()?;
                 Kind::Cluster { client, conn: OnceCell::new() }
             }
@@ -91,7 +94,9 @@ impl Connector {
                 let client = if over_tls {
                     sentinel_tls_client(&sentinels, &master, &settings, tls)?
                 } else {
-                    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+                    let node = SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(settings)
+                        .set_tcp_settings(no_delay());
                     SentinelClient::build(sentinels, master.clone(), Some(node), SentinelServerType::Master)?
                 };
                 Kind::Sentinel(Arc::new(SentinelState {
@@ -201,6 +206,12 @@ impl Connector {
 /// `rediss+sentinel://`: the Sentinels and the master they name, both over TLS with the same CA
 /// (system and Mozilla roots without `tls_ca`) and client certificate; the master's name is
 /// verified against the address the Sentinels give (usually an IP: its certificate must name it).
+/// TCP_NODELAY: redis-rs leaves Nagle's algorithm on, which holds back a small command while an
+/// earlier one is unacknowledged (tens of ms with delayed ACKs); a decision is one small command.
+fn no_delay() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 fn sentinel_tls_client(
     sentinels: &[String],
     master: &str,
@@ -214,7 +225,8 @@ fn sentinel_tls_client(
     let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
         .set_client_to_redis_tls_mode(TlsMode::Secure)
         .set_client_to_redis_db(data.db())
-        .set_client_to_redis_protocol(data.protocol());
+        .set_client_to_redis_protocol(data.protocol())
+        .set_client_to_redis_tcp_settings(no_delay());
     if let Some(user) = data.username() {
         builder = builder.set_client_to_redis_username(user);
     }
