@@ -84,11 +84,12 @@ local now, want_log
 
 -- One zone's result. Every field is set here, in one constructor: a Lua table that grows is
 -- rehashed, and this runs for every zone of every request. `n1`..`n3` are `next` (the reply's
--- layout); `value` is the string state stored (nil for the sliding log).
+-- layout); `value` is the string state stored (false for the sliding log); `p` the zone's
+-- parameters (set by `decide`).
 local function zone_result(excess)
   return {
     admitted = false, excess = excess, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
-    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false, p = false,
   }
 end
 
@@ -379,7 +380,7 @@ local function sliding_log(key, p)
   local card = redis.pcall('ZCARD', key)
   local z = {
     admitted = false, excess = 0, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
-    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false, p = false,
     log = true, wrong_type = false, anchor_us = 0, newest = false, expired = 0,
   }
   local expired, newest = 0, nil
@@ -557,16 +558,17 @@ end
 
 -- The store's write of an admitted request (memory store: `decide_now` inserting every
 -- `zone.next`): each key's new state with a TTL of its expiry; with `want_undo`, what
--- lua/restore.lua needs to put each key back. Returns the undo records.
-local function persist(keys, zones, params, want_undo)
-  local undo = {}
-  for i = 1, #keys do
-    local z = zones[i]
+-- lua/restore.lua needs to put each key back. Zone i's key is keys[k0 + i]. Returns the undo
+-- records (nil without `want_undo`).
+local function persist(keys, k0, zones, want_undo)
+  local undo = want_undo and {} or nil
+  for i = 1, #zones do
+    local z, key = zones[i], keys[k0 + i]
     -- A key given twice (one zone referenced twice) stores the last zone's state, as the memory
     -- store does.
     local last = true
-    for j = i + 1, #keys do
-      if keys[j] == keys[i] then
+    for j = i + 1, #zones do
+      if keys[k0 + j] == key then
         last = false
       end
     end
@@ -576,11 +578,11 @@ local function persist(keys, zones, params, want_undo)
       local kind = z.log and 'z' or 's'
       local record
       if want_undo then
-        local prev_kind, prev, prev_pttl = snapshot(keys[i], kind)
+        local prev_kind, prev, prev_pttl = snapshot(key, kind)
         record = { i, kind, '', '', prev_kind, prev, prev_pttl, 0 }
       end
       if z.log then
-        local added = write_log(keys[i], z, params[i], ttl_ms, want_undo)
+        local added = write_log(key, z, z.p, ttl_ms, want_undo)
         if record then
           record[4] = int(z.anchor_us)
           record[8] = #added
@@ -589,7 +591,7 @@ local function persist(keys, zones, params, want_undo)
           end
         end
       else
-        redis.call('SET', keys[i], z.value, 'PX', ttl_ms)
+        redis.call('SET', key, z.value, 'PX', ttl_ms)
         if record then
           record[3] = z.value
         end
@@ -672,7 +674,7 @@ local function decide(keys, k0, nkeys, argv, a0)
   want_log = f.log
   local full, want_undo, evaluate_only = f.full, f.undo, f.evaluate_only
 
-  local request_keys, params, zones = {}, {}, {}
+  local zones = {}
   for i = 1, nkeys do
     local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
     local p = {
@@ -690,27 +692,27 @@ local function decide(keys, k0, nkeys, argv, a0)
     if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
       return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
     end
-    local key = keys[k0 + i]
-    request_keys[i], params[i] = key, p
-    zones[i] = evaluate(key, p)
+    local z = evaluate(keys[k0 + i], p)
+    z.p = p
+    zones[i] = z
   end
 
   local admitted, delay_us, retry_after_us = combine(zones)
-  local undo = {}
+  local undo
   if admitted and not evaluate_only then
-    undo = persist(request_keys, zones, params, want_undo)
+    undo = persist(keys, k0, zones, want_undo)
   end
 
   local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
   for i = 1, nkeys do
     if full then
-      reply[#reply + 1] = full_zone(params[i].algorithm, zones[i])
+      reply[#reply + 1] = full_zone(zones[i].p.algorithm, zones[i])
     else
       append_compact(reply, zones[i])
     end
   end
   if want_undo then
-    reply[#reply + 1] = undo
+    reply[#reply + 1] = undo or {}
   end
   return reply
 end
