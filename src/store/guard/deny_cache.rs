@@ -58,9 +58,15 @@ impl DenyCache {
         !self.shards.is_empty()
     }
 
+    /// Whether any key is held (expired ones included): while not, a caller need not build the
+    /// keys to look up — nobody is being rejected, the common case.
+    pub fn holds_any(&self) -> bool {
+        self.is_enabled() && self.len.load(Ordering::Relaxed) > 0
+    }
+
     /// Until when (µs) the request is known to be rejected, if it is at `now_us`.
     pub fn denied_until(&self, key: &DenyKey, now_us: u64) -> Option<u64> {
-        if !self.is_enabled() || self.len.load(Ordering::Relaxed) == 0 {
+        if !self.holds_any() {
             return None;
         }
         let mut shard = self.shard(key);

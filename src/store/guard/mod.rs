@@ -119,7 +119,8 @@ impl LimitStore for GuardedStore {
     async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         // A known rejection holds whatever Redis's health: ask the deny cache before the breaker.
         let now_us = self.clock.now_us();
-        if self.deny_cache.is_enabled() {
+        // Checked before any key is built: each is two allocations per zone.
+        if self.deny_cache.holds_any() {
             let denied: Vec<Option<u64>> =
                 checks.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
             if denied.iter().any(Option::is_some) {
