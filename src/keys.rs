@@ -81,7 +81,7 @@ fn part_value(part: &KeyPart, req: &RequestFacts<'_>, out: &mut Vec<u8>) {
     match part {
         KeyPart::ClientIp => {
             if let Some(ip) = req.client_ip {
-                out.extend_from_slice(ip.to_string().as_bytes());
+                out.extend_from_slice(crate::request::ip_text::IpText::new(ip).as_bytes());
             }
         }
         KeyPart::Header(name) => {

@@ -343,7 +343,7 @@ impl ProxyHttp for WeirProxy {
         ctx.limit_statuses.count(&METRICS.zone_decisions, |zone| &rt.zones[zone].name);
         ctx.conn_statuses.count(&METRICS.conn_decisions, |zone| &rt.conn_zones[zone].name);
         if let Some(upstream_time) = ctx.upstream_time {
-            METRICS.upstream_responses.with_label_values(&[route, &status.to_string()]).inc();
+            METRICS.upstream_responses.with_label_values(&[route, itoa::Buffer::new().format(status)]).inc();
             METRICS.upstream_duration.with_label_values(&[route]).observe(upstream_time.as_secs_f64());
         }
         if rt.log.access_log {

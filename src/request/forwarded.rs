@@ -8,6 +8,8 @@ use std::net::IpAddr;
 
 use http::HeaderMap;
 
+use super::ip_text::IpText;
+
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 pub const X_REAL_IP: &str = "x-real-ip";
 pub const FORWARDED: &str = "forwarded";
@@ -36,10 +38,10 @@ pub fn compute(headers: &HeaderMap, peer: IpAddr, client: Option<IpAddr>, peer_t
             }
         }
     }
-    chain.push_str(&peer.to_string());
+    chain.push_str(IpText::new(peer).as_str());
     ForwardedHeaders {
         x_forwarded_for: chain,
-        x_real_ip: client.map(|ip| ip.to_string()),
+        x_real_ip: client.map(|ip| IpText::new(ip).as_str().to_owned()),
         keep_forwarded: peer_trusted,
     }
 }

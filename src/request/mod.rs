@@ -6,6 +6,7 @@
 pub mod access;
 pub mod forwarded;
 pub mod hygiene;
+pub mod ip_text;
 pub mod overrides;
 pub mod path;
 

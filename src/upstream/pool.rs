@@ -329,11 +329,18 @@ impl Pool {
             taken.set(Some(i));
             true
         };
-        // Round robin may revisit servers under concurrency: bound it, then scan in order.
-        let n = shape.members.len();
-        if shape.lb.select_with(b"", 2 * n + 4, accept).is_none() {
-            let backends = shape.lb.backends();
-            let _ = shape.members.iter().find(|m| accept(&m.backend, backends.ready(&m.backend)));
+        if single {
+            // The sidecar's usual upstream: no round to rob (the balancer's selection allocates
+            // and hashes; ~2,000 instructions a request).
+            let only = &shape.members[0];
+            accept(&only.backend, shape.lb.backends().ready(&only.backend));
+        } else {
+            // Round robin may revisit servers under concurrency: bound it, then scan in order.
+            let n = shape.members.len();
+            if shape.lb.select_with(b"", 2 * n + 4, accept).is_none() {
+                let backends = shape.lb.backends();
+                let _ = shape.members.iter().find(|m| accept(&m.backend, backends.ready(&m.backend)));
+            }
         }
         if let Some(i) = taken.get() {
             let member = &shape.members[i];
