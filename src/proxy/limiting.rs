@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::Histogram;
+
 use super::bodies::Refusal;
 use super::headers;
 use super::policy::{self, Groups, Resolved};
@@ -65,6 +67,15 @@ pub struct Enforcement<'a> {
 pub struct Stores {
     pub primary: Arc<dyn LimitStore>,
     pub local: MemoryStore,
+    /// `weir_store_duration_seconds` of `primary`, looked up once rather than per decision.
+    pub duration: Histogram,
+}
+
+impl Stores {
+    pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
+        let duration = METRICS.store_duration.with_label_values(&[primary.kind()]);
+        Self { primary, local, duration }
+    }
 }
 
 pub async fn enforce<'a>(
@@ -75,7 +86,8 @@ pub async fn enforce<'a>(
 ) -> Enforcement<'a> {
     let store = stores.primary.as_ref();
     let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
-    let (enforced_result, shadow_result) = tokio::join!(timed_decide(store, enforced), timed_decide(store, shadow));
+    let (enforced_result, shadow_result) =
+        tokio::join!(timed_decide(store, enforced, &stores.duration), timed_decide(store, shadow, &stores.duration));
 
     let mut result =
         Enforcement { action: Action::Forward, headers: Vec::new(), statuses: Statuses::default(), fallback: None };
@@ -134,13 +146,17 @@ pub async fn enforce<'a>(
 }
 
 /// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
-async fn timed_decide(store: &dyn LimitStore, group: &[KeyedZone<'_>]) -> Option<Result<Verdict, StoreError>> {
+async fn timed_decide(
+    store: &dyn LimitStore,
+    group: &[KeyedZone<'_>],
+    duration: &Histogram,
+) -> Option<Result<Verdict, StoreError>> {
     if group.is_empty() {
         return None;
     }
     let started = Instant::now();
     let verdict = store.decide(group).await;
-    METRICS.store_duration.with_label_values(&[store.kind()]).observe(started.elapsed().as_secs_f64());
+    duration.observe(started.elapsed().as_secs_f64());
     Some(verdict)
 }
 

@@ -54,7 +54,7 @@ impl WeirProxy {
         let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
         let local_conns = Arc::new(MemoryConnStore::default().with_zone_limits(limits.clone()));
         let conn_stores = ConnStores { primary: conn_store, kind: store.kind(), local: local_conns };
-        let stores = Stores { primary: store, local: MemoryStore::default().with_zone_limits(limits) };
+        let stores = Stores::new(store, MemoryStore::default().with_zone_limits(limits));
         crate::upstream::REGISTRY.watch(runtime.clone());
         Self { runtime, stores, conn_stores }
     }
