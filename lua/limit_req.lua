@@ -658,41 +658,55 @@ local function parsed_flags(flags)
   return f
 end
 
--- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
--- Its `nkeys` keys are keys[k0 + 1 ...] and its arguments argv[a0 + 1 ...] (the layout of ARGV in
--- the header): read in place, so a batch copies nothing per request.
-local function decide(keys, k0, nkeys, argv, a0)
-  if argv[a0 + 1] == '' then
-    now = time_now()
-  else
-    now = tonumber(argv[a0 + 1])
-    if not now then
-      return redis.error_reply('limit_req: ARGV[1] is not a number of µs')
-    end
+-- One request's arguments, read from argv[a0 + 1 ...] (the layout of ARGV in the header): an
+-- error message, or nil and the clock argument (nil: Redis TIME), the flags and every zone's
+-- parameters. Read once, they serve every request of a batch that sends the same arguments (see
+-- the batch mode below).
+local function read_args(nkeys, argv, a0)
+  local now_text = argv[a0 + 1]
+  if now_text ~= '' and not tonumber(now_text) then
+    return 'limit_req: ARGV[1] is not a number of µs'
   end
-  local f = parsed_flags(argv[a0 + 2])
-  want_log = f.log
-  local full, want_undo, evaluate_only = f.full, f.undo, f.evaluate_only
-
-  local zones = {}
+  local params = {}
   for i = 1, nkeys do
     local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
+    local algorithm = tonumber(argv[base + 1])
+    local evaluate = algorithm and EVALUATE[algorithm]
+    if not evaluate then
+      return 'limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(argv[base + 1])
+    end
     local p = {
-      algorithm = tonumber(argv[base + 1]),
+      algorithm = algorithm,
       count = tonumber(argv[base + 2]),
       period_us = tonumber(argv[base + 3]),
       burst = tonumber(argv[base + 4]),
       delay = tonumber(argv[base + 5]),
       cost = tonumber(argv[base + 6]),
+      evaluate = evaluate,
     }
-    local evaluate = p.algorithm and EVALUATE[p.algorithm]
-    if not evaluate then
-      return redis.error_reply('limit_req: zone ' .. i .. ': unknown algorithm ' .. tostring(argv[base + 1]))
-    end
     if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
-      return redis.error_reply('limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers')
+      return 'limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers'
     end
-    local z = evaluate(keys[k0 + i], p)
+    params[i] = p
+  end
+  return nil, tonumber(now_text), parsed_flags(argv[a0 + 2]), params
+end
+
+-- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
+-- Its keys are keys[k0 + 1 ...], the rest what read_args returned (a zone's parameters are only
+-- read, so requests with equal arguments share them).
+local function decide(keys, k0, err, now_arg, f, params)
+  if err then
+    return redis.error_reply(err)
+  end
+  now = now_arg or time_now()
+  want_log = f.log
+  local full, want_undo, evaluate_only = f.full, f.undo, f.evaluate_only
+
+  local zones = {}
+  for i = 1, #params do
+    local p = params[i]
+    local z = p.evaluate(keys[k0 + i], p)
     z.p = p
     zones[i] = z
   end
@@ -704,9 +718,9 @@ local function decide(keys, k0, nkeys, argv, a0)
   end
 
   local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
-  for i = 1, nkeys do
+  for i = 1, #zones do
     if full then
-      reply[#reply + 1] = full_zone(zones[i].p.algorithm, zones[i])
+      reply[#reply + 1] = full_zone(params[i].algorithm, zones[i])
     else
       append_compact(reply, zones[i])
     end
@@ -719,15 +733,17 @@ end
 
 -- One request (ARGV as in the header), or a batch of independent requests decided one after
 -- the other in this one atomic call (src/store/redis/lane.rs): ARGV[1] = "batch", ARGV[2] = the
--- number of requests, then per request its number of keys n followed by its 2 + 6n arguments,
--- in the single layout; KEYS holds every request's keys in order. The reply is an array with
--- each request's reply, or its error: one request's error never affects another's.
+-- number of requests, then per request its number of keys n followed by either its 2 + 6n
+-- arguments in the single layout, or "=" when they equal the previous request's (same clock
+-- argument, flags, zones and costs: the usual batch, read once); KEYS holds every request's keys
+-- in order. The reply is an array with each request's reply, or its error: one request's error
+-- never affects another's.
 if ARGV[1] ~= 'batch' then
   local expected = HEAD_ARGS + ZONE_ARGS * #KEYS
   if #ARGV ~= expected then
     return redis.error_reply('limit_req: expected ' .. expected .. ' ARGV for ' .. #KEYS .. ' keys, got ' .. #ARGV)
   end
-  return decide(KEYS, 0, #KEYS, ARGV, 0)
+  return decide(KEYS, 0, read_args(#KEYS, ARGV, 0))
 end
 local requests = tonumber(ARGV[2])
 if not requests then
@@ -735,17 +751,28 @@ if not requests then
 end
 local replies = {}
 local next_key, next_arg = 1, 3
+local err, now_arg, flags, params, args_keys
 for r = 1, requests do
   local nkeys = tonumber(ARGV[next_arg])
   if not nkeys or nkeys < 1 or next_key + nkeys - 1 > #KEYS then
     return redis.error_reply('limit_req: batch: request ' .. r .. ' has a bad key count')
   end
-  local nargs = HEAD_ARGS + ZONE_ARGS * nkeys
-  if next_arg + nargs > #ARGV then
-    return redis.error_reply('limit_req: batch: request ' .. r .. ' has too few arguments')
+  if ARGV[next_arg + 1] == '=' then
+    if args_keys ~= nkeys then
+      return redis.error_reply('limit_req: batch: request ' .. r .. ' repeats arguments it cannot have')
+    end
+    next_arg = next_arg + 2
+  else
+    local nargs = HEAD_ARGS + ZONE_ARGS * nkeys
+    if next_arg + nargs > #ARGV then
+      return redis.error_reply('limit_req: batch: request ' .. r .. ' has too few arguments')
+    end
+    err, now_arg, flags, params = read_args(nkeys, ARGV, next_arg)
+    args_keys = nkeys
+    next_arg = next_arg + 1 + nargs
   end
-  local ok, reply = pcall(decide, KEYS, next_key - 1, nkeys, ARGV, next_arg)
-  next_key, next_arg = next_key + nkeys, next_arg + 1 + nargs
+  local ok, reply = pcall(decide, KEYS, next_key - 1, err, now_arg, flags, params)
+  next_key = next_key + nkeys
   if ok then
     replies[r] = reply
   else

@@ -80,15 +80,23 @@ fn coalesced_decisions_equal_the_same_decisions_made_one_by_one() {
     let mut rejected = 0;
     for round in 0..40 {
         clock.set_us(T0 + round * 700_000);
+        // Every fourth round, all requests have the same zones and costs (only keys differ): the
+        // lane then sends "=" for the arguments of all but the first of a batch.
+        let uniform = round % 4 == 3;
         let requests: Vec<Request> = (0..rng.gen_range(2..=60))
             .map(|_| {
                 let mut picked: Vec<usize> = (0..rng.gen_range(1..=3)).map(|_| rng.gen_range(0..zones.len())).collect();
                 picked.sort_unstable();
                 picked.dedup();
+                if uniform {
+                    picked = vec![0, 2];
+                }
                 let key = format!("client{}", rng.gen_range(0..4));
                 picked
                     .into_iter()
-                    .map(|z| (zones[z].0.clone(), key.clone(), zones[z].1, rng.gen_range(0..=2)))
+                    .map(|z| {
+                        (zones[z].0.clone(), key.clone(), zones[z].1, if uniform { 1 } else { rng.gen_range(0..=2) })
+                    })
                     .collect()
             })
             .collect();
@@ -156,6 +164,66 @@ fn one_bad_request_in_a_batch_leaves_the_others_decided() {
     let error = lines.iter().position(|l| l.starts_with('-')).expect("request 2 gets an error");
     assert!(lines[error].contains("unknown algorithm 99"), "request 2's own error: {}", lines[error]);
     assert_eq!(&lines[error + 1..error + 3], ["*9", ":0"], "request 3 sees request 1's charge: {raw:?}");
+}
+
+/// Sends `eval` raw (redis-rs turns a reply holding an error into an error as a whole) and returns
+/// the reply's lines.
+fn raw_reply(server: &RedisServer, eval: &redis::Cmd) -> String {
+    let mut packed = eval.get_packed_command();
+    packed.extend_from_slice(b"*1\r\n$4\r\nQUIT\r\n");
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    socket.write_all(&packed).expect("send");
+    let mut raw = String::new();
+    socket.read_to_string(&mut raw).expect("a reply");
+    raw
+}
+
+#[test]
+fn repeated_arguments_decide_like_written_ones() {
+    let server = RedisServer::start();
+    let script = include_str!("../lua/limit_req.lua");
+    // Leaky bucket 1r/s, burst 0, on keys a, a, b: request 2 and 3 say "=" (request 1's
+    // arguments). Request 2 meets request 1's charge; request 3 has a key of its own.
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script).arg(3).arg("k:a").arg("k:a").arg("k:b").arg("batch").arg(3);
+    eval.arg(1).arg(T0).arg("0").arg(&[0, 1, 1_000_000, 0, -1, 1]);
+    eval.arg(1).arg("=").arg(1).arg("=");
+    let raw = raw_reply(&server, &eval);
+    let lines: Vec<&str> = raw.split("\r\n").collect();
+    // Three compact replies of 9 values each: admitted 1, 0, 1.
+    assert_eq!((lines[0], lines[1], lines[2]), ("*3", "*9", ":1"), "{raw:?}");
+    assert_eq!((lines[11], lines[12]), ("*9", ":0"), "request 2 meets request 1's charge: {raw:?}");
+    assert_eq!((lines[21], lines[22]), ("*9", ":1"), "request 3 has its own key: {raw:?}");
+
+    // A request that repeats a bad request's arguments gets the same error; nothing else does.
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script).arg(3).arg("k:c").arg("k:d").arg("k:e").arg("batch").arg(3);
+    eval.arg(1).arg(T0).arg("0").arg(&[99, 1, 1_000_000, 0, -1, 1]);
+    eval.arg(1).arg("=");
+    eval.arg(1).arg(T0).arg("0").arg(&[0, 1, 1_000_000, 0, -1, 1]);
+    let raw = raw_reply(&server, &eval);
+    assert_eq!(raw.matches("unknown algorithm 99").count(), 2, "{raw:?}");
+    assert!(
+        raw.ends_with("*9\r\n:1\r\n:0\r\n:-1\r\n:1700000000000000\r\n:1\r\n:0\r\n:-1\r\n:0\r\n:1000000\r\n+OK\r\n"),
+        "{raw:?}"
+    );
+
+    // "=" with nothing before it, or with another key count, is a malformed call.
+    for bad in [vec!["1", "="], vec!["1", &T0.to_string(), "0", "0", "1", "1000000", "0", "-1", "1", "2", "="]] {
+        let mut eval = redis::cmd("EVAL");
+        let keys = if bad.len() == 2 { 1 } else { 3 };
+        eval.arg(script).arg(keys);
+        for k in 0..keys {
+            eval.arg(format!("k:{k}"));
+        }
+        eval.arg("batch").arg(if bad.len() == 2 { 1 } else { 2 });
+        for a in &bad {
+            eval.arg(*a);
+        }
+        let raw = raw_reply(&server, &eval);
+        assert!(raw.starts_with("-") && raw.contains("repeats arguments"), "{raw:?}");
+    }
 }
 
 #[test]
