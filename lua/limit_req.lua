@@ -10,10 +10,11 @@
 --
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
--- ARGV[2]  flags. First character: how much the reply says (layouts below): "0" the compact reply
---          (what the proxy reads), "f" the full reply, "1" the full reply with the sliding log's
---          entry times (O(entries) per zone; "f" and "1" are for tests and debugging). Then, optionally (Redis Cluster, zones of one request spread over
---          several hash slots, one call per slot; see src/store/redis.rs):
+-- ARGV[2]  flags. First character: how much the reply says (layouts below): "0" the compact
+--          reply (what the proxy reads), "f" the full reply, "1" the full reply with the sliding
+--          log's entry times (O(entries) per zone); "f" and "1" are for tests and debugging.
+--          Then, optionally (Redis Cluster, zones of one request spread over several hash slots,
+--          one call per slot; see src/store/redis/mod.rs):
 --            "u"  undo: append to the reply, for every key written, what lua/restore.lua needs to
 --                 put the key's previous value back (the reply's last element, see below);
 --            "n"  evaluate only: write nothing, even if every zone admits (the request was already
