@@ -55,7 +55,8 @@
 --   [1] admitted 0|1   [2] delay_us   [3] retry_after_us (rejected: largest retry of the rejecting
 --   zones, -1 if one of them never admits; admitted: -1)   [4] now_us used
 --   then 5 values per zone i, at [5 + 5*(i-1)] ...: admitted 0|1, delay_us, retry_us (-1:
---   admitted, or never), remaining, reset_us.
+--   admitted, or never), remaining, reset_us. A request of one zone gets only its remaining and
+--   reset_us ([5], [6]): its admitted, delay and retry are [1] to [3].
 -- Full reply (flags "f" and "1"): [1] to [4] as above, then
 --   [4 + i] zone i, an array:
 --     [1] algorithm id   [2] admitted 0|1   [3] excess (string)   [4] delay_us
@@ -718,6 +719,15 @@ local function decide(keys, k0, err, now_arg, f, params)
     undo = persist(keys, k0, zones, want_undo)
   end
 
+  if #zones == 1 and not full then
+    -- One zone: its admitted, delay and retry are the request's.
+    local z = zones[1]
+    local reply = { admitted and 1 or 0, delay_us, retry_after_us, now, z.remaining, z.reset_us }
+    if want_undo then
+      reply[7] = undo or {}
+    end
+    return reply
+  end
   local reply = { admitted and 1 or 0, delay_us, retry_after_us, now }
   for i = 1, #zones do
     if full then

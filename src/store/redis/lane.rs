@@ -32,8 +32,8 @@ use crate::metrics::METRICS;
 use crate::store::StoreError;
 
 /// The most requests in one script call. Redis's instructions per decision (callgrind, one
-/// leaky-bucket zone, Redis TIME, compact reply, requests of equal arguments): 148k alone, 89k in
-/// batches of 4, 76k of 8, 74k of 16, 75k of 32, 84k of 64 (the Lua heap a large batch builds
+/// leaky-bucket zone, Redis TIME, compact reply, requests of equal arguments): 142k alone, 83k in
+/// batches of 4, 71k of 8, 68k of 16, 69k of 32, 77k of 64 (the Lua heap a large batch builds
 /// costs more than the call it saves). 16 keeps a call well under a millisecond of Redis.
 const MAX_BATCH: usize = 16;
 /// Bytes read from the socket at once.

@@ -127,6 +127,8 @@ const MAX_RAW_KEY_LEN: usize = 200;
 const REPLY_HEAD: usize = 4;
 const REPLY_ZONE_COMMON: usize = 8;
 const REPLY_ZONE_COMPACT: usize = 5;
+/// ... of a request's only zone (its admitted, delay and retry are the request's).
+const REPLY_ONE_ZONE_COMPACT: usize = 2;
 /// The largest integer a Lua number (a double) holds exactly.
 const MAX_EXACT: u64 = 1 << 53;
 
@@ -554,7 +556,13 @@ fn zone_args(check: &KeyedZone<'_>) -> [i64; 6] {
 /// zones come in the order of `algorithms`, each zone's algorithm as sent; `full`: whether the
 /// script was asked for the full reply.
 fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<Verdict, StoreError> {
-    let expected = REPLY_HEAD + if full { algorithms.len() } else { REPLY_ZONE_COMPACT * algorithms.len() };
+    let expected = REPLY_HEAD
+        + match (full, algorithms.len()) {
+            (true, n) => n,
+            // One zone: its admitted, delay and retry are the request's.
+            (false, 1) => REPLY_ONE_ZONE_COMPACT,
+            (false, n) => REPLY_ZONE_COMPACT * n,
+        };
     if reply.len() != expected {
         return Err(StoreError::Reply(format!(
             "{} values for {} zones, expected {expected}",
@@ -568,6 +576,9 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
             .zip(algorithms)
             .map(|(zone, &algorithm)| parse_zone(zone, algorithm))
             .collect::<Result<Vec<_>, StoreError>>()?
+    } else if algorithms.len() == 1 {
+        let zone = [&reply[..3], &reply[REPLY_HEAD..]].concat();
+        vec![compact_zone(&zone, micros(&reply[3])?)?]
     } else {
         let now_us = micros(&reply[3])?;
         reply[REPLY_HEAD..]
@@ -833,6 +844,13 @@ mod tests {
         assert_eq!(v.zones[0].retry_after_us, None);
         assert_eq!((v.zones[1].admitted, v.zones[1].retry_after_us), (false, Some(250_000)));
         assert_eq!(v.zones[1].expires_us, t0 + 1_750_000);
+        // One zone: its remaining and reset after the request's admitted, delay and retry.
+        let one = ints(&[1, 40_000, -1, t0 as i64, 0, 1_000_000]);
+        let v = parse_reply(&one, &algorithms[1..], false).unwrap();
+        assert!(v.admitted && v.zones[0].admitted);
+        assert_eq!((v.delay_us, v.zones[0].delay_us), (40_000, 40_000));
+        assert_eq!((v.zones[0].remaining, v.zones[0].reset_us, v.zones[0].retry_after_us), (0, 1_000_000, None));
+        assert!(parse_reply(&one[..5], &algorithms[1..], false).is_err());
         // Too few values, a compact reply where a full one was asked for, a bad flag.
         assert!(parse_reply(&reply[..13], &algorithms, false).is_err());
         assert!(parse_reply(&reply, &algorithms, true).is_err());
