@@ -146,7 +146,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             specs["flood_cache"] = flood  # the default deny cache
         for name, spec in specs.items():
             self.add_weir(name, spec)
-        # A/B variants: rows 2-5 again with another binary and/or extra settings.
+        # A/B variants: rows 2-5 again with another binary and/or extra settings (4a below).
         for v in self.variants:
             for name in ("passthrough", "memory", "redis", "redis3"):
                 self.add_weir(f"{name}@{v.name}", specs[name], binary=v.binary,
@@ -154,9 +154,12 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         # Row 4 with the JSON access log on, as in production (to the log file, like stderr
         # to a container's log); only a build that knows [log] access_log.
         if self.access_log is not None:
-            self.add_weir("redis_log", dict(zones=1, store="redis", access_log=True,
-                                            log_json=True),
-                          env={"RUST_LOG": "warn,weir::access=info"})
+            redis_log = dict(zones=1, store="redis", access_log=True, log_json=True)
+            log_env = {"RUST_LOG": "warn,weir::access=info"}
+            self.add_weir("redis_log", redis_log, env=log_env)
+            for v in self.variants:  # row 4a of each variant too: the access log's own A/B
+                self.add_weir(f"redis_log@{v.name}", redis_log, binary=v.binary,
+                              settings=v.settings, env=log_env)
         else:
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
         # Scaling: threads = 2, allowed on both cores (wrk and Redis stay on theirs).

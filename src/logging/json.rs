@@ -18,14 +18,15 @@ impl<'b> JsonObject<'b> {
         JsonObject { buf, empty: true }
     }
 
-    /// `"name":`. Keys are Weir's own constants: escaped all the same.
+    /// `"name":`. Names are Weir's own constants, never escaped (`debug_assert`ed).
     fn key(&mut self, name: &str) {
+        debug_assert!(name.bytes().all(|b| ESCAPE[usize::from(b)] == 0), "key {name:?} needs escaping");
         if !self.empty {
             self.buf.push(b',');
         }
         self.empty = false;
         self.buf.push(b'"');
-        escape_into(self.buf, name.as_bytes());
+        self.buf.extend_from_slice(name.as_bytes());
         self.buf.extend_from_slice(b"\":");
     }
 
@@ -135,30 +136,42 @@ impl fmt::Write for JsonStr<'_> {
     }
 }
 
-/// Appends `text` (UTF-8) escaped for the inside of a JSON string: `"`, `\` and the control
-/// characters below U+0020, with serde_json's short forms where JSON has one. Runs that need no
-/// escape are copied whole.
+/// Per byte: 0 if it stands for itself inside a JSON string, else the letter of its short escape
+/// (`\n`), or `u` for `\u00XX`: `"`, `\` and the control characters below U+0020, as serde_json
+/// escapes them.
+static ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = b'u';
+        b += 1;
+    }
+    table[b'\n' as usize] = b'n';
+    table[b'\r' as usize] = b'r';
+    table[b'\t' as usize] = b't';
+    table[0x08] = b'b';
+    table[0x0c] = b'f';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Appends `text` (UTF-8) escaped for the inside of a JSON string. Runs that need no escape (all
+/// of most values) are copied whole.
 fn escape_into(buf: &mut Vec<u8>, text: &[u8]) {
     let mut start = 0;
     for (i, &b) in text.iter().enumerate() {
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            b'\n' => b'n',
-            b'\r' => b'r',
-            b'\t' => b't',
-            0x08 => b'b',
-            0x0c => b'f',
-            0x00..=0x1f => 0,
-            _ => continue,
-        };
+        let escape = ESCAPE[usize::from(b)];
+        if escape == 0 {
+            continue;
+        }
         buf.extend_from_slice(&text[start..i]);
         start = i + 1;
-        if short != 0 {
-            buf.extend_from_slice(&[b'\\', short]);
-        } else {
+        if escape == b'u' {
             const HEX: &[u8; 16] = b"0123456789abcdef";
             buf.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+        } else {
+            buf.extend_from_slice(&[b'\\', escape]);
         }
     }
     buf.extend_from_slice(&text[start..]);
