@@ -32,6 +32,11 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.args = args
         self.quick = args.quick
         self.workdir = Path(args.workdir)
+        # Weir watches its config's directory for reloads, and every write to a file there wakes
+        # the watcher: configs live apart from the logs (the workdir), or each log line would wake
+        # every Weir of the bench (README, "Access log").
+        self.confdir = self.workdir / "conf"
+        self.confdir.mkdir(parents=True, exist_ok=True)
         self.out = Path(args.out)
         self.procs = Procs(self.workdir, self.workdir / "pids")
         self.weir = args.weir
@@ -80,7 +85,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
 
     def start_weir(self, name: str, toml: str, port: int, *, binary: str | None = None,
                    cpus: str | None = None, env: dict | None = None) -> Proc:
-        conf = self.workdir / f"{name}.toml"
+        conf = self.confdir / f"{name}.toml"
         conf.write_text(toml)
         proc = self.procs.start(name, [binary or self.weir, "-c", str(conf)],
                                 cpus or self.sut_cpu, env=env or {"RUST_LOG": "warn"})
@@ -250,7 +255,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
     def weir_accepts(self, toml: str) -> bool:
         """Does this weir build accept the config (`weir check`)? For settings that are newer
         than the harness, e.g. store.deny_cache_size."""
-        conf = self.workdir / "probe.toml"
+        conf = self.confdir / "probe.toml"
         conf.write_text(toml)
         cp = subprocess.run([self.weir, "check", "-c", str(conf)], capture_output=True, text=True)
         return cp.returncode == 0
@@ -306,7 +311,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
                 "deny_cache_size_supported": self.deny_cache,
                 "access_log": ("off" if self.access_log is False
                                else "setting unknown to this build"),
-                "configs": {name: (self.workdir / f"{name}.toml").read_text()
+                "configs": {name: (self.confdir / f"{name}.toml").read_text()
                             for name in ("weir-passthrough", "weir-redis", "weir-redis3",
                                          "weir-flood")},
                 "nginx_limit_conf": (self.workdir / "nginx_limit" / "nginx.conf").read_text(),
@@ -314,7 +319,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             }
             for v in self.variants:
                 self.results["meta"]["weir_settings"]["configs"][f"weir-redis@{v.name}"] = (
-                    self.workdir / f"weir-redis@{v.name}.toml").read_text()
+                    self.confdir / f"weir-redis@{v.name}.toml").read_text()
             rows = self.phase_throughput()
             self.results["rows"] = rows_json(rows)
             self.results["batch_size"] = self.phase_batch_size(rows)
