@@ -32,9 +32,9 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.args = args
         self.quick = args.quick
         self.workdir = Path(args.workdir)
-        # Weir watches its config's directory for reloads, and every write to a file there wakes
-        # the watcher: configs live apart from the logs (the workdir), or each log line would wake
-        # every Weir of the bench (README, "Access log").
+        # Weir watches the directories of its config and of its certificates, and every write to
+        # a file there wakes the watcher: those live apart from the logs (the workdir), or each
+        # log line would wake every Weir of the bench (README, "Access log").
         self.confdir = self.workdir / "conf"
         self.confdir.mkdir(parents=True, exist_ok=True)
         self.out = Path(args.out)
@@ -98,7 +98,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
     def make_cert(self) -> tuple[str, str]:
         """A self-signed P-256 pair for localhost / 127.0.0.1, made now, for the HTTPS and h2
         rows (Weir and nginx use the same one)."""
-        cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
+        cert, key = self.confdir / "tls.crt", self.confdir / "tls.key"
         cp = subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
              "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
