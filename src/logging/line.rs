@@ -27,25 +27,22 @@ thread_local! {
 /// Writes one event as a JSON line to stderr; `fields` adds the event's fields in order.
 pub fn write_json(level: tracing::Level, target: &str, message: &str, fields: impl FnOnce(&mut JsonObject<'_>)) {
     let mut fields = Some(fields);
-    let wrote = WRITER.try_with(|cell| match cell.try_borrow_mut() {
-        Ok(mut writer) => writer.write(level, target, message, &mut fields),
-        Err(_) => false, // re-entered from inside `fields`: a writer of its own below
+    let _ = WRITER.try_with(|cell| {
+        // Busy only if re-entered from inside `fields` (a Display that logs): then a writer of its
+        // own below, as when the thread's storage is already gone (thread exit).
+        if let Ok(mut writer) = cell.try_borrow_mut() {
+            if let Some(fields) = fields.take() {
+                writer.write(level, target, message, fields);
+            }
+        }
     });
-    if !matches!(wrote, Ok(true)) {
-        LineWriter::default().write(level, target, message, &mut fields);
+    if let Some(fields) = fields {
+        LineWriter::default().write(level, target, message, fields);
     }
 }
 
 impl LineWriter {
-    /// Formats and writes the line; false if `fields` was already taken (nothing written).
-    fn write<F: FnOnce(&mut JsonObject<'_>)>(
-        &mut self,
-        level: tracing::Level,
-        target: &str,
-        message: &str,
-        fields: &mut Option<F>,
-    ) -> bool {
-        let Some(fields) = fields.take() else { return false };
+    fn write(&mut self, level: tracing::Level, target: &str, message: &str, fields: impl FnOnce(&mut JsonObject<'_>)) {
         self.buf.clear();
         let mut obj = JsonObject::new(&mut self.buf);
         obj.str("timestamp", self.timestamps.at(SystemTime::now()));
@@ -62,6 +59,25 @@ impl LineWriter {
         if self.buf.capacity() > KEEP_CAPACITY {
             self.buf = Vec::new();
         }
-        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_written_from_inside_another_is_still_written() {
+        // Nothing to read back from stderr here: this checks that the re-entered call neither
+        // panics (RefCell) nor loses its fields closure.
+        let mut inner_ran = false;
+        write_json(tracing::Level::INFO, "weir::test", "outer", |o| {
+            write_json(tracing::Level::INFO, "weir::test", "inner", |o| {
+                inner_ran = true;
+                o.u64("n", 2);
+            });
+            o.u64("n", 1);
+        });
+        assert!(inner_ran);
     }
 }
