@@ -8,7 +8,7 @@
 #                           parts; < 1 min + build); writes bench/results/quick.{json,md} and
 #                           exits non-zero if any part fails to run
 #   extra options go to the harness (bench/harness/): --reps N, --duration S, --out DIR, --profile,
-#   --rows ID,ID, --variant NAME=PATH_TO_WEIR[,table.key=value;...] (A/B: rows 2-5 again for
+#   --rows ID,ID, --variant NAME=PATH_TO_WEIR[,table.key=value;...] (A/B: rows 2-5 and 4a again for
 #   another binary and/or settings, interleaved; repeatable)
 #
 # Environment: BENCH_SUT_CPU (default 0: proxy + upstream), BENCH_LOAD_CPU (default 1: wrk),

@@ -8,6 +8,7 @@ pub mod echo;
 pub mod edge;
 pub mod keys;
 pub mod limit;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -70,7 +70,7 @@ fn main() -> ExitCode {
         Command::Run => {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
-                    init_logging(&runtime.log);
+                    weir::logging::init(&runtime.log);
                     weir::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Echo { listen } => {
-            init_logging(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
+            weir::logging::init(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
             match weir::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -96,18 +96,5 @@ fn main() -> ExitCode {
                 }
             }
         }
-    }
-}
-
-/// Logs go to stderr through `tracing`, at `[log] level` unless `RUST_LOG` says otherwise, as text
-/// or JSON lines (`[log] format`).
-fn init_logging(settings: &weir::config::LogSettings) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if settings.json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     }
 }

@@ -403,6 +403,78 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
     }
 }
 
+/// `GET target` on a connection of its own, read to its end (the access line is written then).
+fn get_raw_logged(addr: SocketAddr, target: &[u8]) -> Option<u16> {
+    let mut conn = http::Conn::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    conn.send_raw(&[b"GET ", target, b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"].concat()).expect("send");
+    let status = conn.read_response(false).ok().flatten().map(|r| r.status);
+    let _ = conn.read_to_close();
+    status
+}
+
+#[test]
+fn json_access_lines_stay_json_whatever_the_client_sends() {
+    let up = Upstream::start();
+    let (_reserved, dead) = support::weir::refusing_addr();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        &format!(
+            r#"
+[log]
+format = "json"
+
+[[upstream]]
+name = "dead"
+servers = ["{dead}"]
+
+[[route]]
+name = "dead"
+path_prefix = "/dead/"
+upstream = "dead"
+
+[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#
+        ),
+    ));
+    // Paths as clients send them, bytes and all; what the proxy logs for each (it keeps
+    // quotes, backslashes and UTF-8; escapes come back in upper-case hex, a raw control byte
+    // percent-encoded).
+    let logged: [(&[u8], &str); 4] = [
+        (b"/q\"b\\s\"}{", "/q\"b\\s\"}{"),
+        (b"/caf\xc3\xa9/\xe2\x80\xa8", "/caf\u{e9}/\u{2028}"),
+        (b"/ctl%01%1f%7f%22", "/ctl%01%1F%7F%22"),
+        (b"/raw\x01", "/raw%01"),
+    ];
+    for (target, _) in logged {
+        assert_eq!(get_raw_logged(w.addr, target), Some(200), "{}", String::from_utf8_lossy(target));
+    }
+    // Not UTF-8: refused before routing (no line, or a line that is still JSON).
+    for target in [&b"/bad\xff\xfe\"x"[..], b"/half\xc3"] {
+        let status = get_raw_logged(w.addr, target);
+        assert!(status.is_none_or(|s| s == 400 || s == 200), "{}: {status:?}", String::from_utf8_lossy(target));
+    }
+    // An upstream that refuses: the error text is logged too.
+    assert_eq!(get_raw_logged(w.addr, b"/dead/x"), Some(502));
+
+    // json_lines panics on any stderr line that is not one JSON object.
+    let lines = access_lines(&w, logged.len() + 1);
+    for (target, path) in logged {
+        let line = line_for(&lines, path);
+        assert_eq!(line["status"], 200, "{}: {line}", String::from_utf8_lossy(target));
+    }
+    let dead_line = line_for(&lines, "/dead/x");
+    assert_eq!(dead_line["upstream_addr"], dead.to_string(), "{dead_line}");
+    let error = dead_line["error"].as_str().unwrap_or_else(|| panic!("a 502 logs its error: {dead_line}"));
+    assert!(!error.is_empty(), "{dead_line}");
+    for line in &lines {
+        assert!(line.get("decided_us").is_none(), "no limit, no decision time: {line}");
+    }
+}
+
 #[test]
 fn access_log_can_be_switched_off() {
     let up = Upstream::start();

@@ -5,7 +5,7 @@ One run measures, on this machine, side by side:
 
 * throughput rows: upstream direct, plain Pingora, Weir passthrough, Weir with the memory and
   Redis stores (and the JSON access log on), a one-key flood, nginx proxy_pass and limit_req,
-  OpenResty + Redis, threads = 2, HTTPS and h2 twins, and rows 2-5 of each `--variant` (A/B);
+  OpenResty + Redis, threads = 2, HTTPS and h2 twins, and rows 2-5 and 4a of each `--variant` (A/B);
   each repeated and interleaved round-robin, medians reported, issue 12's ratios computed;
 * a paced pair (Weir passthrough and Weir on Redis at half of the Redis row's peak) for the
   latency a Redis decision adds below saturation;

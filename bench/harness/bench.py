@@ -32,6 +32,11 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.args = args
         self.quick = args.quick
         self.workdir = Path(args.workdir)
+        # Weir watches the directories of its config and of its certificates, and every write to
+        # a file there wakes the watcher: those live apart from the logs (the workdir), or each
+        # log line would wake every Weir of the bench (README, "Access log").
+        self.confdir = self.workdir / "conf"
+        self.confdir.mkdir(parents=True, exist_ok=True)
         self.out = Path(args.out)
         self.procs = Procs(self.workdir, self.workdir / "pids")
         self.weir = args.weir
@@ -80,7 +85,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
 
     def start_weir(self, name: str, toml: str, port: int, *, binary: str | None = None,
                    cpus: str | None = None, env: dict | None = None) -> Proc:
-        conf = self.workdir / f"{name}.toml"
+        conf = self.confdir / f"{name}.toml"
         conf.write_text(toml)
         proc = self.procs.start(name, [binary or self.weir, "-c", str(conf)],
                                 cpus or self.sut_cpu, env=env or {"RUST_LOG": "warn"})
@@ -93,7 +98,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
     def make_cert(self) -> tuple[str, str]:
         """A self-signed P-256 pair for localhost / 127.0.0.1, made now, for the HTTPS and h2
         rows (Weir and nginx use the same one)."""
-        cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
+        cert, key = self.confdir / "tls.crt", self.confdir / "tls.key"
         cp = subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
              "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
@@ -146,7 +151,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             specs["flood_cache"] = flood  # the default deny cache
         for name, spec in specs.items():
             self.add_weir(name, spec)
-        # A/B variants: rows 2-5 again with another binary and/or extra settings.
+        # A/B variants: rows 2-5 again with another binary and/or extra settings (4a below).
         for v in self.variants:
             for name in ("passthrough", "memory", "redis", "redis3"):
                 self.add_weir(f"{name}@{v.name}", specs[name], binary=v.binary,
@@ -154,9 +159,12 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         # Row 4 with the JSON access log on, as in production (to the log file, like stderr
         # to a container's log); only a build that knows [log] access_log.
         if self.access_log is not None:
-            self.add_weir("redis_log", dict(zones=1, store="redis", access_log=True,
-                                            log_json=True),
-                          env={"RUST_LOG": "warn,weir::access=info"})
+            redis_log = dict(zones=1, store="redis", access_log=True, log_json=True)
+            log_env = {"RUST_LOG": "warn,weir::access=info"}
+            self.add_weir("redis_log", redis_log, env=log_env)
+            for v in self.variants:  # row 4a of each variant too: the access log's own A/B
+                self.add_weir(f"redis_log@{v.name}", redis_log, binary=v.binary,
+                              settings=v.settings, env=log_env)
         else:
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
         # Scaling: threads = 2, allowed on both cores (wrk and Redis stay on theirs).
@@ -247,7 +255,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
     def weir_accepts(self, toml: str) -> bool:
         """Does this weir build accept the config (`weir check`)? For settings that are newer
         than the harness, e.g. store.deny_cache_size."""
-        conf = self.workdir / "probe.toml"
+        conf = self.confdir / "probe.toml"
         conf.write_text(toml)
         cp = subprocess.run([self.weir, "check", "-c", str(conf)], capture_output=True, text=True)
         return cp.returncode == 0
@@ -303,7 +311,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
                 "deny_cache_size_supported": self.deny_cache,
                 "access_log": ("off" if self.access_log is False
                                else "setting unknown to this build"),
-                "configs": {name: (self.workdir / f"{name}.toml").read_text()
+                "configs": {name: (self.confdir / f"{name}.toml").read_text()
                             for name in ("weir-passthrough", "weir-redis", "weir-redis3",
                                          "weir-flood")},
                 "nginx_limit_conf": (self.workdir / "nginx_limit" / "nginx.conf").read_text(),
@@ -311,7 +319,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             }
             for v in self.variants:
                 self.results["meta"]["weir_settings"]["configs"][f"weir-redis@{v.name}"] = (
-                    self.workdir / f"weir-redis@{v.name}.toml").read_text()
+                    self.confdir / f"weir-redis@{v.name}.toml").read_text()
             rows = self.phase_throughput()
             self.results["rows"] = rows_json(rows)
             self.results["batch_size"] = self.phase_batch_size(rows)

@@ -32,7 +32,7 @@ def main() -> int:
                     help="also perf-profile rows 2a, 2, 3, 4 and 7 (extra runs, "
                          "results/profile-*.txt)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN[,k=v;...]",
-                    help="A/B: rows 2-5 again for another weir binary and/or extra settings "
+                    help="A/B: rows 2-5 and 4a again for another weir binary and/or extra settings "
                          "merged into its configs, interleaved with the others, e.g. "
                          "--variant A=/tmp/weir-A or --variant nows=,server.work_stealing=false "
                          "(empty BIN: the baseline's binary); repeatable")

@@ -45,7 +45,7 @@ class Row:
 @dataclass
 class Variant:
     """`--variant NAME=BINARY[,table.key=value;...]`: another Weir build and/or extra settings,
-    measured on the proxy rows 2-5 next to the baseline's."""
+    measured on the proxy rows 2-5 and 4a next to the baseline's."""
     name: str
     binary: str
     settings: list[tuple[str, str, str]]

@@ -59,7 +59,7 @@ NGINX_TWIN = {
     "redis_log": "nginx_limit", "openresty": "nginx_limit", "scale_redis": "scale_nginx_limit",
     "https_weir": "https_nginx", "h2_weir": "h2_nginx",
 }
-VARIANT_KINDS = ("passthrough", "memory", "redis", "redis3")
+VARIANT_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
 
 
 def rows_json(rows: list[Row]) -> list[dict]:
@@ -120,6 +120,10 @@ def weir_ratios(rows: dict[str, dict], suffix: str = "") -> dict:
         "zones3_over_1_proxy": ratio(dec3, dec1) if (dec1 or 0) > 0 else None,
         "zones3_over_1_redis": ratio(g("redis3", "redis_cpu_us_per_req"),
                                      g("redis", "redis_cpu_us_per_req")),
+        # Row 4a against 4: what the JSON access log costs.
+        "access_log_cost": (1 - ratio(g("redis_log"), g("redis"))
+                            if ratio(g("redis_log"), g("redis")) is not None else None),
+        "access_log_us": diff(g("redis_log", "proxy_us_per_req"), r_us),
     }
 
 
@@ -419,9 +423,9 @@ ROW_NUMBER = {
 
 
 def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
-    """The A/B table: rows 2-5 of the baseline and of each --variant, side by side."""
+    """The A/B table: rows 2-5 and 4a of the baseline and of each --variant, side by side."""
     byid = {r["id"]: r["median"] for r in rows}
-    out = ["**A/B variants** (rows 2–5 of each, interleaved with the others; baseline = "
+    out = ["**A/B variants** (rows 2–5 and 4a of each, interleaved with the others; baseline = "
            "`--weir`):\n"]
     for v in variants:
         out.append(f"- `{v['name']}`: {v['binary'] or 'the baseline binary'}"
@@ -466,7 +470,9 @@ def render_variants(rows: list[dict], variants: list[dict]) -> list[str]:
              ("Redis CPU µs per decision (≤ 6)", "redis_cpu_us_per_decision", ".1f"),
              ("3 zones / 1 zone, proxy (≤ 1.5)", "zones3_over_1_proxy", ".2f"),
              ("3 zones / 1 zone, Redis (≤ 1.5)", "zones3_over_1_redis", ".2f"),
-             ("Redis 1 zone / OpenResty + Redis", "redis_over_openresty", ".2f"))
+             ("Redis 1 zone / OpenResty + Redis", "redis_over_openresty", ".2f"),
+             ("JSON access log, share of row 4's req/s lost (≤ 0.05)", "access_log_cost", ".3f"),
+             ("JSON access log, µs of proxy CPU (row 4a − 4)", "access_log_us", "+.1f"))
     for label, key, spec in lines:
         out.append(f"| {label} | " + " | ".join(fmt(r.get(key), spec) for r in ratios) + " |")
     out.append("")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .common import DISTURBED_PCT, BenchError, log
 from .metrics import batch_histogram, scrape_metrics
 from .model import Row
-from .report import summarize, summarize_runs
+from .report import VARIANT_KINDS, summarize, summarize_runs
 
 
 class Throughput:
@@ -46,12 +46,12 @@ class Throughput:
             Row("h2_nginx", "11b. nginx, `http2` over TLS (h2load), no limits", "nginx_tls",
                 tool="h2load"),
         ]
-        # A/B variants: rows 2-5 of each, right after the baseline's, so that they are measured
-        # next to each other in every round.
+        # A/B variants: rows 2-5 and 4a of each, right after the baseline's, so that they are
+        # measured next to each other in every round.
         out = []
         for r in rows:
             out.append(r)
-            if r.id in ("passthrough", "memory", "redis", "redis3"):
+            if r.id in VARIANT_KINDS:
                 for v in self.variants:
                     out.append(Row(f"{r.id}@{v.name}", f"{r.label} [{v.name}]",
                                    f"{r.id}@{v.name}", redis=r.redis, kind=r.id,
@@ -62,8 +62,7 @@ class Throughput:
         if self.args.rows:
             wanted = set(self.args.rows.split(","))
             if "ab" in wanted:  # the A/B set: rows 2-5 (every variant's too) and their peers
-                wanted |= {"passthrough", "memory", "redis", "redis3", "nginx_proxy",
-                           "nginx_limit", "openresty"}
+                wanted |= set(VARIANT_KINDS) | {"nginx_proxy", "nginx_limit", "openresty"}
                 wanted |= {r.id for r in rows if r.variant}
             rows = [r for r in rows if r.id in wanted]
         return rows

@@ -43,6 +43,11 @@ impl Attempts {
         self.tried.len()
     }
 
+    /// The servers this request was sent to, in order.
+    pub fn tried(&self) -> &[SocketAddr] {
+        &self.tried
+    }
+
     /// The servers tried, like nginx's `$upstream_addr` (`"10.0.0.1:80, 10.0.0.2:80"`), or `-`.
     pub fn addrs(&self) -> String {
         if self.tried.is_empty() {

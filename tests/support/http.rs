@@ -187,6 +187,11 @@ impl Conn {
         s.flush()
     }
 
+    /// Reads until the peer closes the connection (what it sent meanwhile is dropped).
+    pub fn read_to_close(&mut self) -> io::Result<()> {
+        self.reader.read_to_end(&mut Vec::new()).map(drop)
+    }
+
     /// Read one response. `Ok(None)` when the peer closed (or reset) the connection before
     /// sending a single byte.
     pub fn read_response(&mut self, head_request: bool) -> io::Result<Option<Response>> {
