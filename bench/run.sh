@@ -9,7 +9,8 @@
 #                           exits non-zero if any part fails to run
 #   extra options go to the harness (bench/harness/): --reps N, --duration S, --out DIR, --profile,
 #   --rows ID,ID, --variant NAME=PATH_TO_WEIR[,table.key=value;...] (A/B: rows 2-5 again for
-#   another binary and/or settings, interleaved; repeatable)
+#   another binary and/or settings, interleaved; repeatable), --instructions (instead of the
+#   throughput rows: instructions per request of each proxy under valgrind's callgrind, ~40 s a row)
 #
 # Environment: BENCH_SUT_CPU (default 0: proxy + upstream), BENCH_LOAD_CPU (default 1: wrk),
 # BENCH_REDIS_CPU (default: same as BENCH_LOAD_CPU), BENCH_CONNECTIONS (default 64),

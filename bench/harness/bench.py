@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from .common import BENCH_DIR, LUA_SCRIPT, REPO_DIR, BenchError, log
-from .configs import merge_settings, nginx_conf, parse_settings, weir_toml
+from .configs import OPENRESTY_MODULE, merge_settings, nginx_conf, parse_settings, weir_toml
 from .fleet import Fleet
 from .instructions import Instructions
 from .memory import Memory
@@ -231,28 +231,14 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
     def start_openresty(self) -> None:
         """Row 8: nginx + Lua (Debian's libnginx-mod-http-lua) calling lua/limit_req.lua per
         request with the KEYS/ARGV layout Weir sends (captured from row 4's Weir)."""
-        module = Path("/usr/lib/nginx/modules/ngx_http_lua_module.so")
-        if not module.exists():
-            raise BenchError(f"{module} missing: install libnginx-mod-http-lua (run.sh does)")
-        redis_port = self.targets["redis"].port
-        call = capture_eval(self.redis_port,
-                            lambda i: http_get(redis_port, xff=f"10.252.0.{1 + i % 200}"))
-        nkeys = int(call[2])
-        sha = self.redis.cmd("SCRIPT", "LOAD", LUA_SCRIPT.read_bytes())
-        sha = sha.decode() if isinstance(sha, bytes) else sha
-        if sha != call[1]:
-            self.warn(f"{LUA_SCRIPT.relative_to(REPO_DIR)} (SHA {sha[:10]}) is not the script "
-                      f"this weir build sends ({call[1][:10]}): OpenResty runs the file")
-        prefixes = [re.sub(r"\{[^{]*\}$", "{", k) for k in call[3:3 + nkeys]]
-        self.openresty = {"weir_call": call, "sha": sha, "prefixes": prefixes,
-                          "argv": call[3 + nkeys:]}
+        if not OPENRESTY_MODULE.exists():
+            raise BenchError(f"{OPENRESTY_MODULE} missing: install libnginx-mod-http-lua "
+                             "(run.sh does)")
+        self.capture_openresty_call(self.targets["redis"].port)
         port = free_port()
         proc = self.start_nginx(
             "openresty", "openresty", port, upstream_port=self.upstream_port,
-            lua_dir=BENCH_DIR / "openresty",
-            lua_config={"port": self.redis_port, "sha": sha, "prefixes": prefixes,
-                        "argv": call[3 + nkeys:], "script_path": str(LUA_SCRIPT),
-                        "timeout_ms": 250, "pool": 64})
+            lua_dir=BENCH_DIR / "openresty", lua_config=self.openresty_lua_config())
         self.targets["openresty"] = Target(port, [proc], nginx=True)
         # It decides: one request, one EVALSHA, a 200.
         before = self.redis.snapshot()
@@ -264,6 +250,27 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             raise BenchError(f"OpenResty + Redis does not work: {what}")
         if d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0) < 1:
             self.check_failed(f"OpenResty + Redis made no EVALSHA for a request: {what}")
+
+    def capture_openresty_call(self, weir_port: int) -> None:
+        """The EVALSHA a Weir on Redis (listening on `weir_port`) sends, seen with MONITOR:
+        OpenResty sends the same SHA and ARGV layout (self.openresty)."""
+        call = capture_eval(self.redis_port,
+                            lambda i: http_get(weir_port, xff=f"10.252.0.{1 + i % 200}"))
+        nkeys = int(call[2])
+        sha = self.redis.cmd("SCRIPT", "LOAD", LUA_SCRIPT.read_bytes())
+        sha = sha.decode() if isinstance(sha, bytes) else sha
+        if sha != call[1]:
+            self.warn(f"{LUA_SCRIPT.relative_to(REPO_DIR)} (SHA {sha[:10]}) is not the script "
+                      f"this weir build sends ({call[1][:10]}): OpenResty runs the file")
+        prefixes = [re.sub(r"\{[^{]*\}$", "{", k) for k in call[3:3 + nkeys]]
+        self.openresty = {"weir_call": call, "sha": sha, "prefixes": prefixes,
+                          "argv": call[3 + nkeys:]}
+
+    def openresty_lua_config(self) -> dict:
+        """weir_limit.configure()'s table for the captured call (capture_openresty_call)."""
+        o = self.openresty
+        return {"port": self.redis_port, "sha": o["sha"], "prefixes": o["prefixes"],
+                "argv": o["argv"], "script_path": str(LUA_SCRIPT), "timeout_ms": 250, "pool": 64}
 
     def weir_accepts(self, toml: str) -> bool:
         """Does this weir build accept the config (`weir check`)? For settings that are newer

@@ -24,8 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import BenchError, log
-from .configs import nginx_conf
+from .common import BENCH_DIR, BenchError, log
+from .configs import OPENRESTY_MODULE, nginx_conf
 from .metrics import BATCH_METRIC, scrape_metrics, total
 from .model import Row
 from .procs import Proc, free_port, record_pid, wait_port
@@ -33,14 +33,15 @@ from .redis_client import redis_delta
 
 # The rows counted (by kind: a variant's rows 2-5 count too).
 INS_KINDS = ("pingora", "passthrough", "memory", "redis", "redis_log", "redis3", "nginx_proxy",
-             "nginx_limit")
+             "nginx_limit", "openresty")
+WEIR_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
 INS_CONNS = 16        # wrk connections (the proxy is the bottleneck under valgrind anyway)
 WARMUP_S = 3          # code translated, connections to the upstream and Redis open
 SHORT_S, LONG_S = 2, 10
 START_TIMEOUT_S = 120  # valgrind starting a Pingora binary takes several seconds
 STRACE_S = 2           # the native run under strace -c
-# No --fair-sched=yes: its ticket lock made Pingora's threads hand the CPU over so slowly that
-# plain Pingora ran at ~100 req/s instead of ~1000 (the counts are the same, the rows slower).
+# No --fair-sched=yes: with its ticket lock plain Pingora ran 2-10x slower (~100-500 req/s instead
+# of ~1000), left idle between requests, which also counted ~3 % more instructions per request.
 # Dumps per function, no line or instruction detail: enough for callgrind_annotate.
 CALLGRIND_OPTS = ["--tool=callgrind", "--dump-instr=no", "--dump-line=no"]
 
@@ -72,6 +73,9 @@ class Instructions:
         if not self.pingora:
             self.skipped["pingora"] = "no examples/pingora_passthrough binary (--pingora)"
             rows = [r for r in rows if r.id != "pingora"]
+        if not OPENRESTY_MODULE.exists():
+            self.skipped["openresty"] = f"{OPENRESTY_MODULE} missing"
+            rows = [r for r in rows if r.id != "openresty"]
         if "redis_log" not in self.weir_specs():
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
             rows = [r for r in rows if r.id != "redis_log"]
@@ -86,12 +90,19 @@ class Instructions:
         if kind == "pingora":
             return ([self.pingora, f"127.0.0.1:{port}", f"127.0.0.1:{self.upstream_port}", "1"],
                     {"RUST_LOG": "warn"}, "pingora")
-        if kind in ("nginx_proxy", "nginx_limit"):
+        if kind in ("nginx_proxy", "nginx_limit", "openresty"):
             root = self.workdir / f"ins-{row.id}"
             root.mkdir(parents=True, exist_ok=True)
             conf = root / "nginx.conf"
-            role = "proxy" if kind == "nginx_proxy" else "limit"
-            conf.write_text(nginx_conf(root, port, role=role, upstream_port=self.upstream_port))
+            role = {"nginx_proxy": "proxy", "nginx_limit": "limit"}.get(kind, kind)
+            lua = {}
+            if kind == "openresty":
+                if not self.openresty:
+                    self.openresty_call()
+                lua = dict(lua_dir=BENCH_DIR / "openresty",
+                           lua_config=self.openresty_lua_config())
+            conf.write_text(nginx_conf(root, port, role=role, upstream_port=self.upstream_port,
+                                       **lua))
             return (["nginx", "-p", str(root), "-c", str(conf), "-g",
                      "daemon off; master_process off;"], None, "nginx")
         spec, env = self.weir_specs()[kind]
@@ -102,10 +113,21 @@ class Instructions:
         binary = (variant.binary if variant and variant.binary else self.weir)
         return [binary, "-c", str(conf)], env or {"RUST_LOG": "warn"}, "weir"
 
+    def openresty_call(self) -> None:
+        """Row 8 sends the EVALSHA row 4's Weir sends: a native Weir on Redis, started for the
+        capture (start_openresty's way) and stopped."""
+        port = free_port()
+        toml = self.weir_config(self.weir_specs()["redis"][0], port)
+        proc = self.start_weir("weir-capture", toml, port)
+        try:
+            self.capture_openresty_call(port)
+        finally:
+            self.procs.stop(proc)
+
     def instructions_row(self, row: Row) -> dict:
         port = free_port()
         redis_row = row.redis
-        admin = free_port() if redis_row else 0
+        admin = free_port() if redis_row and (row.kind or row.id) in WEIR_KINDS else 0
         argv, env, what = self.proxy_argv(row, port, admin)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", row.id)
         vg = ["valgrind", *CALLGRIND_OPTS,
@@ -188,7 +210,10 @@ class Instructions:
         concurrency and on the proxy's speed, which valgrind changes."""
         rd = redis_delta(r0, r1)
         evals = rd["calls"].get("evalsha", 0) + rd["calls"].get("eval", 0)
-        out = {"redis_evalsha_per_req": evals / max(requests, 1), "redis_batch_mean": None,
+        # Without the histogram (OpenResty, a build that does not batch) every EVALSHA is one
+        # decision.
+        out = {"redis_evalsha_per_req": evals / max(requests, 1),
+               "redis_batch_mean": 1.0 if evals else None,
                "redis_decisions_per_req": evals / max(requests, 1)}
         if m0 and m1:
             s0, s1 = total(m0, f"{BATCH_METRIC}_sum"), total(m1, f"{BATCH_METRIC}_sum")

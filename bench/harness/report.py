@@ -550,8 +550,8 @@ def render_instructions(ins: dict) -> list[str]:
                 vs_nginx += f" ({ROW_NUMBER[twin]})"
             p2 = ir(f"passthrough@{v}" if v else "passthrough")
             over2 = (f"{r['ir_per_req'] - p2:+,.0f}"
-                     if p2 is not None and kind not in ("passthrough", "pingora", "nginx_proxy",
-                                                       "nginx_limit") else "–")
+                     if p2 is not None and kind in ("memory", "redis", "redis_log", "redis3")
+                     else "–")
             sc = r.get("syscalls") or {}
             batch = r.get("redis_batch_mean")
             out.append(
