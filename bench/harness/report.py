@@ -554,11 +554,12 @@ def render_instructions(ins: dict) -> list[str]:
                      else "–")
             sc = r.get("syscalls") or {}
             batch = r.get("redis_batch_mean")
+            counted = r["windows"][1]["requests"] - r["windows"][0]["requests"]
             out.append(
                 f"| {r['label']} | {r['ir_per_req']:,.0f} | {ratio(r['ir_per_req'], ir('pingora'))}"
                 f" | {vs_nginx} | {over2} | {ratio(r['ir_per_req'], ir(kind)) if v else '–'} | "
                 f"{fmt(sc.get('per_req'), '.2f')} | {fmt(batch, '.2f')} | "
-                f"{r['rps_under_valgrind']:,.0f} | {r['windows'][1]['requests'] - r['windows'][0]['requests']:,} |")
+                f"{r['rps_under_valgrind']:,.0f} | {counted:,} |")
         out.append("")
         out.append(
             "What this counts: user-space instructions (Ir) of the proxy process, all its "
