@@ -54,7 +54,7 @@ class Instructions:
         if not rows:
             raise BenchError(f"--instructions: no row to count (--rows {self.args.rows!r}; "
                              f"rows: {', '.join(INS_KINDS)}, a variant's as redis@NAME)")
-        log(f"instructions: {len(rows)} rows under callgrind, about 40 s each")
+        log(f"instructions: {len(rows)} rows under callgrind, ~25 s each")
         out = []
         for row in rows:
             log(f"instructions: {row.label}")
