@@ -7,9 +7,12 @@ Redis native as in the throughput rows and the same configs, warms it up with wr
 two windows on the same process: `callgrind_control -z`, wrk for SHORT_S (then LONG_S) seconds,
 `callgrind_control -d`, the dump's total Ir. Every wrk run opens and closes its connections and
 stops with requests in flight, a cost per run, not per request; the difference of the two windows
-cancels it:
+cancels it. A third window without load (IDLE_S) gives what the process does per second on its own
+(timer threads: 0.1-0.5 M instructions a second under valgrind), which is taken out too, since the
+rate under valgrind, and so that background's share per request, depends on the machine's load:
 
-    instructions per request = (Ir(long) - Ir(short)) / (requests(long) - requests(short))
+    instructions per request = (Ir(long) - Ir(short) - background/s x (t(long) - t(short)))
+                               / (requests(long) - requests(short))
 
 Only user-space instructions of the proxy process are counted (all its threads); the kernel's work
 (syscalls, TCP) is not: a separate native run under `strace -c -f` gives syscalls per request.
@@ -38,6 +41,7 @@ WEIR_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
 INS_CONNS = 16        # wrk connections (the proxy is the bottleneck under valgrind anyway)
 WARMUP_S = 3          # code translated, connections to the upstream and Redis open
 SHORT_S, LONG_S = 2, 10
+IDLE_S = 3            # the idle window: the process's background (timer ticks) per second
 START_TIMEOUT_S = 120  # valgrind starting a Pingora binary takes several seconds
 STRACE_S = 2           # the native run under strace -c
 # No --fair-sched=yes: with its ticket lock plain Pingora ran 2-10x slower (~100-500 req/s instead
@@ -65,6 +69,7 @@ class Instructions:
             except OSError as e:
                 self.fail(f"instructions {row.id}: {e!r}")
         return {"connections": INS_CONNS, "warmup_s": WARMUP_S, "windows_s": [SHORT_S, LONG_S],
+                "idle_s": IDLE_S,
                 "valgrind": valgrind_version(), "callgrind_options": CALLGRIND_OPTS,
                 "strace_s": STRACE_S, "rows": out}
 
@@ -148,6 +153,8 @@ class Instructions:
             long = self.callgrind_window(proc, safe, port, LONG_S, wenv)
             r1 = self.redis.snapshot()
             m1 = scrape_metrics(admin) if admin else None
+            time.sleep(1.0)  # connections closed, requests cut at wrk's stop finished
+            idle = self.callgrind_window(proc, safe, port, IDLE_S, None)
             with open(proc.log_path, "rb") as f:  # what the proxy logged in the windows
                 f.seek(log_start)
                 log_lines = f.read().decode(errors="replace")
@@ -157,7 +164,13 @@ class Instructions:
         if dn < 100:
             raise BenchError(f"the long window completed only {dn} requests more than the short "
                              f"one ({short['requests']} vs {long['requests']})")
-        per_req = (long["ir"] - short["ir"]) / dn
+        raw = (long["ir"] - short["ir"]) / dn
+        # What the process does per second without requests (timer threads ticking, ~0.1-0.5 M
+        # instructions a second under valgrind for Pingora and Weir): spread over requests it
+        # would add background / rate, and the rate under valgrind depends on how busy the
+        # machine is (100-700 req/s), so it is taken out.
+        background = idle["ir"] / idle["wall_s"]
+        per_req = raw - background * (long["wall_s"] - short["wall_s"]) / dn
         # The long window's dump, for `callgrind_annotate <out>/callgrind/<row>.out`.
         keep = self.out / "callgrind" / f"{safe}.out"
         keep.parent.mkdir(parents=True, exist_ok=True)
@@ -166,11 +179,13 @@ class Instructions:
             "id": row.id, "label": row.label, "kind": row.kind or row.id, "variant": row.variant,
             "proxy": what, "start_s": round(started_s, 1),
             "ir_per_req": per_req,
+            "ir_per_req_with_background": raw,
+            "background_ir_per_s": background,
             # What a plain total / requests gives: the run's fixed cost (connections opened and
             # closed, requests cut at wrk's stop) spread over its requests.
             "ir_per_req_long_window": long["ir"] / max(long["requests"], 1),
             "ir_fixed_per_run": long["ir"] - per_req * long["requests"],
-            "windows": [short, long],
+            "windows": [short, long, idle],
             "callgrind_dump": str(keep),
             "requests": long["requests"] + short["requests"],
             "rps_under_valgrind": long["requests"] / LONG_S,
@@ -194,15 +209,23 @@ class Instructions:
         return res
 
     def callgrind_window(self, proc: Proc, safe: str, port: int, seconds: int,
-                         env: dict) -> dict:
-        """Zero the counters, one wrk run, dump: the dump's total Ir and wrk's requests."""
+                         env: dict | None) -> dict:
+        """Zero the counters, one wrk run (env None: no load, a pause), dump: the dump's total
+        Ir, wrk's requests, and the seconds from the zeroing to the dump."""
         callgrind_control("-z", proc.pid)
-        res = self.wrk(port, seconds, INS_CONNS, env)
+        t0 = time.time()
+        if env is None:
+            time.sleep(seconds)
+            res = {"requests": 0, "errors": {}, "status": {}}
+        else:
+            res = self.wrk(port, seconds, INS_CONNS, env)
+        wall = time.time() - t0
         before = set(self.workdir.glob(f"cg.{safe}.{proc.pid}.*"))
         callgrind_control("-d", proc.pid)
         dump = newest_dump(self.workdir, f"cg.{safe}.{proc.pid}.", before)
-        return {"seconds": seconds, "requests": res["requests"], "ir": dump_total(dump),
-                "errors": res["errors"], "status": res["status"], "dump": dump.name}
+        return {"seconds": seconds, "wall_s": wall, "requests": res["requests"],
+                "ir": dump_total(dump), "errors": res["errors"], "status": res["status"],
+                "dump": dump.name}
 
     def redis_window(self, row: Row, requests: int, r0: dict, r1: dict, m0: dict | None,
                      m1: dict | None) -> dict:
