@@ -9,11 +9,13 @@
 #                           exits non-zero if any part fails to run
 #   extra options go to the harness (bench/harness/): --reps N, --duration S, --out DIR, --profile,
 #   --rows ID,ID, --variant NAME=PATH_TO_WEIR[,table.key=value;...] (A/B: rows 2-5 and 4a again for
-#   another binary and/or settings, interleaved; repeatable)
+#   another binary and/or settings, interleaved; repeatable), --instructions (instead of the
+#   throughput rows: instructions per request of each proxy under valgrind's callgrind, ~40 s a row)
 #
 # Environment: BENCH_SUT_CPU (default 0: proxy + upstream), BENCH_LOAD_CPU (default 1: wrk),
 # BENCH_REDIS_CPU (default: same as BENCH_LOAD_CPU), BENCH_CONNECTIONS (default 64),
-# BENCH_SKIP_BUILD=1 (use target/release/weir as it is).
+# BENCH_SKIP_BUILD=1 (use target/release/weir as it is), BENCH_WEIR / BENCH_PINGORA (other weir and
+# pingora_passthrough binaries than target/release's, e.g. built elsewhere; with BENCH_SKIP_BUILD=1).
 #
 # Installs what it needs when missing (nginx-light, wrk, redis-server, python3, the build tools of
 # scripts/setup.sh; libnginx-mod-http-lua + lua-resty-core + lua-resty-lrucache for the OpenResty
@@ -38,6 +40,11 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || need_apt+=(libnginx-mod-http-lua)
 [ -f /usr/share/lua/5.1/resty/core.lua ] || need_apt+=(lua-resty-core)
 [ -f /usr/share/lua/5.1/resty/lrucache.lua ] || need_apt+=(lua-resty-lrucache)
+# --instructions: valgrind (callgrind, callgrind_control) and strace (syscalls per request).
+if [[ " $* " == *" --instructions "* ]]; then
+  command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+  command -v strace >/dev/null 2>&1 || need_apt+=(strace)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -61,10 +68,10 @@ if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
   echo "bench: cargo build --release --example pingora_passthrough" >&2
   cargo build --release --locked --example pingora_passthrough
 fi
-weir="$PWD/target/release/weir"
+weir="${BENCH_WEIR:-$PWD/target/release/weir}"
 [ -x "$weir" ] || { echo "bench: $weir not found" >&2; exit 1; }
 pingora_args=()
-pingora="$PWD/target/release/examples/pingora_passthrough"
+pingora="${BENCH_PINGORA:-$PWD/target/release/examples/pingora_passthrough}"
 if [ -x "$pingora" ]; then
   pingora_args=(--pingora "$pingora")
 else

@@ -12,8 +12,9 @@ import traceback
 from pathlib import Path
 
 from .common import BENCH_DIR, LUA_SCRIPT, REPO_DIR, BenchError, log
-from .configs import merge_settings, nginx_conf, parse_settings, weir_toml
+from .configs import OPENRESTY_MODULE, merge_settings, nginx_conf, parse_settings, weir_toml
 from .fleet import Fleet
+from .instructions import Instructions
 from .memory import Memory
 from .model import Row, Target, Variant
 from .procs import Proc, Procs, free_port, http_get, wait_port
@@ -25,7 +26,7 @@ from .throughput import Throughput
 from .wrk_runs import WrkRuns
 
 
-class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
+class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions):
     """One benchmark run: its settings, targets, processes and results; each phase is a part."""
 
     def __init__(self, args):
@@ -118,7 +119,9 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.redis_port = port
         self.redis = Redis(port)
 
-    def start_all(self) -> None:
+    def start_base(self) -> None:
+        """Redis and the upstream, and what the weir build accepts (deny cache, access log
+        setting): what every mode needs before its proxies."""
         log(f"starting servers (SUT on CPU {self.sut_cpu}, load on CPU {self.load_cpu}, "
             f"Redis on CPU {self.redis_cpu})")
         self.start_redis()
@@ -126,45 +129,58 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.upstream_port = up
         upstream = self.start_nginx("upstream", "upstream", up)
         self.targets["upstream"] = Target(up, [upstream], nginx=True)
-        echo_port = free_port()
-        echo = self.procs.start("echo", [self.weir, "echo", "--listen", f"127.0.0.1:{echo_port}"],
-                                self.sut_cpu, env={"RUST_LOG": "warn"})
-        wait_port(echo, echo_port)
-        self.targets["echo"] = Target(echo_port, [echo])
-
         self.deny_cache = self.weir_accepts(
             weir_toml(1, up, store="redis", redis_port=self.redis_port, zones=1,
                       deny_cache_size=0))
         # Newer builds log every request at info (RUST_LOG=warn drops the lines); turn the access
         # log off where the build knows the setting, as nginx runs here with access_log off.
         self.access_log = False if self.weir_accepts(weir_toml(1, up, access_log=False)) else None
+
+    def weir_specs(self) -> dict[str, tuple[dict, dict | None]]:
+        """The Weir rows' configs (weir_toml's arguments) and environments, by target name:
+        rows 2-6b and 4a (the latter only for a build that knows [log] access_log)."""
         flood = dict(zones=1, store="redis", rate="1r/h", burst=0)
-        specs = {
-            "passthrough": dict(zones=0),
-            "memory": dict(zones=1),
-            "redis": dict(zones=1, store="redis"),
-            "redis3": dict(zones=3, store="redis"),
+        specs: dict[str, tuple[dict, dict | None]] = {
+            "passthrough": (dict(zones=0), None),
+            "memory": (dict(zones=1), None),
+            "redis": (dict(zones=1, store="redis"), None),
+            "redis3": (dict(zones=3, store="redis"), None),
             # One key, 1 request per hour, no burst: the first request passes, the rest are 429.
-            "flood": dict(flood, deny_cache_size=0) if self.deny_cache else flood,
+            "flood": (dict(flood, deny_cache_size=0) if self.deny_cache else flood, None),
         }
         if self.deny_cache:
-            specs["flood_cache"] = flood  # the default deny cache
-        for name, spec in specs.items():
-            self.add_weir(name, spec)
-        # A/B variants: rows 2-5 again with another binary and/or extra settings (4a below).
-        for v in self.variants:
-            for name in ("passthrough", "memory", "redis", "redis3"):
-                self.add_weir(f"{name}@{v.name}", specs[name], binary=v.binary,
-                              settings=v.settings)
+            specs["flood_cache"] = (flood, None)  # the default deny cache
         # Row 4 with the JSON access log on, as in production (to the log file, like stderr
         # to a container's log); only a build that knows [log] access_log.
         if self.access_log is not None:
-            redis_log = dict(zones=1, store="redis", access_log=True, log_json=True)
-            log_env = {"RUST_LOG": "warn,weir::access=info"}
-            self.add_weir("redis_log", redis_log, env=log_env)
+            specs["redis_log"] = (dict(zones=1, store="redis", access_log=True, log_json=True),
+                                  {"RUST_LOG": "warn,weir::access=info"})
+        return specs
+
+    def start_all(self) -> None:
+        self.start_base()
+        up = self.upstream_port
+        echo_port = free_port()
+        echo = self.procs.start("echo", [self.weir, "echo", "--listen", f"127.0.0.1:{echo_port}"],
+                                self.sut_cpu, env={"RUST_LOG": "warn"})
+        wait_port(echo, echo_port)
+        self.targets["echo"] = Target(echo_port, [echo])
+
+        specs = self.weir_specs()
+        for name, (spec, _) in specs.items():
+            if name != "redis_log":
+                self.add_weir(name, spec)
+        # A/B variants: rows 2-5 again with another binary and/or extra settings (4a below).
+        for v in self.variants:
+            for name in ("passthrough", "memory", "redis", "redis3"):
+                self.add_weir(f"{name}@{v.name}", specs[name][0], binary=v.binary,
+                              settings=v.settings)
+        if "redis_log" in specs:
+            spec, env = specs["redis_log"]
+            self.add_weir("redis_log", spec, env=env)
             for v in self.variants:  # row 4a of each variant too: the access log's own A/B
-                self.add_weir(f"redis_log@{v.name}", redis_log, binary=v.binary,
-                              settings=v.settings, env=log_env)
+                self.add_weir(f"redis_log@{v.name}", spec, binary=v.binary,
+                              settings=v.settings, env=env)
         else:
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
         # Scaling: threads = 2, allowed on both cores (wrk and Redis stay on theirs).
@@ -205,41 +221,32 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         """A Weir target: the config of `spec` (weir_toml's arguments), an admin listener for the
         Redis rows (their /metrics), `settings` merged in (a variant's)."""
         port = free_port()
-        spec = dict(spec)
         admin = free_port() if spec.get("store") == "redis" else 0
+        toml = self.weir_config(spec, port, admin, settings)
+        proc = self.start_weir(f"weir-{name}", toml, port, binary=binary, cpus=cpus, env=env)
+        self.targets[name] = Target(port, [proc], scheme=scheme, admin=admin)
+
+    def weir_config(self, spec: dict, port: int, admin: int = 0,
+                    settings: list | None = None) -> str:
+        """The TOML of a Weir row: `spec` (weir_toml's arguments) on `port`, the access log as
+        the build allows (off), an admin listener on `admin` (0: none), `settings` merged in."""
+        spec = dict(spec)
         spec.setdefault("access_log", self.access_log)
         toml = weir_toml(port, self.upstream_port, redis_port=self.redis_port, admin_port=admin,
                          **spec)
-        if settings:
-            toml = merge_settings(toml, settings)
-        proc = self.start_weir(f"weir-{name}", toml, port, binary=binary, cpus=cpus, env=env)
-        self.targets[name] = Target(port, [proc], scheme=scheme, admin=admin)
+        return merge_settings(toml, settings) if settings else toml
 
     def start_openresty(self) -> None:
         """Row 8: nginx + Lua (Debian's libnginx-mod-http-lua) calling lua/limit_req.lua per
         request with the KEYS/ARGV layout Weir sends (captured from row 4's Weir)."""
-        module = Path("/usr/lib/nginx/modules/ngx_http_lua_module.so")
-        if not module.exists():
-            raise BenchError(f"{module} missing: install libnginx-mod-http-lua (run.sh does)")
-        redis_port = self.targets["redis"].port
-        call = capture_eval(self.redis_port,
-                            lambda i: http_get(redis_port, xff=f"10.252.0.{1 + i % 200}"))
-        nkeys = int(call[2])
-        sha = self.redis.cmd("SCRIPT", "LOAD", LUA_SCRIPT.read_bytes())
-        sha = sha.decode() if isinstance(sha, bytes) else sha
-        if sha != call[1]:
-            self.warn(f"{LUA_SCRIPT.relative_to(REPO_DIR)} (SHA {sha[:10]}) is not the script "
-                      f"this weir build sends ({call[1][:10]}): OpenResty runs the file")
-        prefixes = [re.sub(r"\{[^{]*\}$", "{", k) for k in call[3:3 + nkeys]]
-        self.openresty = {"weir_call": call, "sha": sha, "prefixes": prefixes,
-                          "argv": call[3 + nkeys:]}
+        if not OPENRESTY_MODULE.exists():
+            raise BenchError(f"{OPENRESTY_MODULE} missing: install libnginx-mod-http-lua "
+                             "(run.sh does)")
+        self.capture_openresty_call(self.targets["redis"].port)
         port = free_port()
         proc = self.start_nginx(
             "openresty", "openresty", port, upstream_port=self.upstream_port,
-            lua_dir=BENCH_DIR / "openresty",
-            lua_config={"port": self.redis_port, "sha": sha, "prefixes": prefixes,
-                        "argv": call[3 + nkeys:], "script_path": str(LUA_SCRIPT),
-                        "timeout_ms": 250, "pool": 64})
+            lua_dir=BENCH_DIR / "openresty", lua_config=self.openresty_lua_config())
         self.targets["openresty"] = Target(port, [proc], nginx=True)
         # It decides: one request, one EVALSHA, a 200.
         before = self.redis.snapshot()
@@ -251,6 +258,27 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             raise BenchError(f"OpenResty + Redis does not work: {what}")
         if d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0) < 1:
             self.check_failed(f"OpenResty + Redis made no EVALSHA for a request: {what}")
+
+    def capture_openresty_call(self, weir_port: int) -> None:
+        """The EVALSHA a Weir on Redis (listening on `weir_port`) sends, seen with MONITOR:
+        OpenResty sends the same SHA and ARGV layout (self.openresty)."""
+        call = capture_eval(self.redis_port,
+                            lambda i: http_get(weir_port, xff=f"10.252.0.{1 + i % 200}"))
+        nkeys = int(call[2])
+        sha = self.redis.cmd("SCRIPT", "LOAD", LUA_SCRIPT.read_bytes())
+        sha = sha.decode() if isinstance(sha, bytes) else sha
+        if sha != call[1]:
+            self.warn(f"{LUA_SCRIPT.relative_to(REPO_DIR)} (SHA {sha[:10]}) is not the script "
+                      f"this weir build sends ({call[1][:10]}): OpenResty runs the file")
+        prefixes = [re.sub(r"\{[^{]*\}$", "{", k) for k in call[3:3 + nkeys]]
+        self.openresty = {"weir_call": call, "sha": sha, "prefixes": prefixes,
+                          "argv": call[3 + nkeys:]}
+
+    def openresty_lua_config(self) -> dict:
+        """weir_limit.configure()'s table for the captured call (capture_openresty_call)."""
+        o = self.openresty
+        return {"port": self.redis_port, "sha": o["sha"], "prefixes": o["prefixes"],
+                "argv": o["argv"], "script_path": str(LUA_SCRIPT), "timeout_ms": 250, "pool": 64}
 
     def weir_accepts(self, toml: str) -> bool:
         """Does this weir build accept the config (`weir check`)? For settings that are newer
@@ -303,6 +331,8 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
     # ---- the whole run ---------------------------------------------------------------------
 
     def run(self) -> int:
+        if getattr(self.args, "instructions", False):
+            return self.run_instructions()
         t_start = time.time()
         self.results["meta"] = self.meta()
         try:
@@ -341,11 +371,17 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
         self.results["ok"] = not self.failures
         self.results["skipped"] = self.skipped
         self.results["targets"] = targets(self.results)
-        md = render_markdown(self.results)
-        self.out.mkdir(parents=True, exist_ok=True)
+        return self.write_report(self.results, t_start)
+
+    def stem(self) -> str:
         # A quick run must not overwrite the full run's results (bench/README.md quotes them).
-        stem = "quick" if self.quick else "latest"
-        (self.out / f"{stem}.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        return "quick" if self.quick else "latest"
+
+    def write_report(self, results: dict, t_start: float) -> int:
+        md = render_markdown(results)
+        self.out.mkdir(parents=True, exist_ok=True)
+        stem = self.stem()
+        (self.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
         (self.out / f"{stem}.md").write_text(md)
         print(md)
         log(f"wrote {self.out}/{stem}.json and {stem}.md in {time.time() - t_start:.0f} s")
@@ -353,6 +389,52 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet):
             log(f"{len(self.failures)} failure(s):\n  " + "\n  ".join(self.failures))
             return 1
         return 0
+
+    def run_instructions(self) -> int:
+        """--instructions: only the callgrind rows (instructions.py). Their section is added to
+        <out>/latest.json and latest.md: a previous run's results there are kept (its own
+        `instructions` section replaced), so a full run followed by --instructions gives one
+        report; otherwise the files hold this section alone."""
+        t_start = time.time()
+        results = self.previous_results()
+        meta = self.meta()
+        meta["mode"] = "instructions"
+        section: dict = {"meta": meta}
+        try:
+            self.start_base()
+            section.update(self.phase_instructions())
+        except BenchError as e:
+            self.fail(str(e))
+        except Exception as e:  # a bug or an unexpected tool error: still write the report
+            self.fail(f"harness error: {e!r}\n{traceback.format_exc()}")
+        finally:
+            if self.redis:
+                self.redis.close()
+            self.procs.stop_all()
+        meta["elapsed_s"] = round(time.time() - t_start, 1)
+        section.update(failures=self.failures, warnings=self.warnings, skipped=self.skipped,
+                       ok=not self.failures)
+        if not results:
+            results = {"meta": meta, "failures": [], "warnings": [], "ok": not self.failures}
+        results["instructions"] = section
+        results["targets"] = targets(results)
+        return self.write_report(results, t_start)
+
+    def previous_results(self) -> dict:
+        """The results a previous run left in <out>/<stem>.json, {} if none (or unreadable)."""
+        path = self.out / f"{self.stem()}.json"
+        try:
+            prev = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log(f"{path}: not readable ({e}): written anew")
+            return {}
+        if not isinstance(prev, dict) or "meta" not in prev:
+            log(f"{path}: not a bench result: written anew")
+            return {}
+        log(f"adding the instructions section to {path} (its other sections kept)")
+        return prev
 
     def other_phases(self, rows: list[Row]) -> None:
         """Everything after the throughput rows; a part that fails is reported and skipped."""

@@ -36,6 +36,12 @@ def main() -> int:
                          "merged into its configs, interleaved with the others, e.g. "
                          "--variant A=/tmp/weir-A or --variant nows=,server.work_stealing=false "
                          "(empty BIN: the baseline's binary); repeatable")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead of the throughput rows: instructions per request of the proxy "
+                         "process under valgrind's callgrind (rows 2a, 2, 3, 4, 4a, 5, 7, 7b, 8 "
+                         "and rows 2-5 of every --variant; --rows picks among them), ~25 s a "
+                         "row; with syscalls per request from a native run under strace -c. Added "
+                         "to <out>/latest.{json,md}, next to what a previous run left there")
     ap.add_argument("--pingora", default="",
                     help="examples/pingora_passthrough binary: the plain Pingora row (run.sh)")
     args = ap.parse_args()

@@ -117,6 +117,7 @@ def merge_settings(toml: str, settings: list[tuple[str, str, str]]) -> str:
 
 
 NGINX_MODULES = Path("/usr/lib/nginx/modules")
+OPENRESTY_MODULE = NGINX_MODULES / "ngx_http_lua_module.so"  # row 8 (Debian's Lua module)
 
 
 def lua_str(v: str) -> str:

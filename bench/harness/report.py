@@ -252,14 +252,17 @@ def fmt(v, spec: str, none: str = "–") -> str:
 def render_markdown(res: dict) -> str:
     m = res["meta"]
     out = []
-    out.append(f"### Weir benchmark ({m['mode']}, {m['date']}, {m['git']})\n")
-    out.append(
-        f"{m['host']['cpus']} CPUs ({m['host']['cpu_model']}); proxy + upstream pinned to CPU "
-        f"{m['pinning']['proxy_and_upstream_cpu']}, wrk (1 thread, {m['connections']} "
-        f"connections) to CPU {m['pinning']['wrk_cpu']}, Redis to CPU "
-        f"{m['pinning']['redis_cpu']}; Weir threads = 1, nginx worker_processes 1. "
-        f"Median of {m['reps']} × {m['duration_s']} s runs per row, rows interleaved round-robin "
-        f"({m['warmup_s']} s warm-up before each row's first run). Upstream: {m['upstream']}.\n")
+    if res.get("rows") or not res.get("instructions"):
+        out.append(f"### Weir benchmark ({m['mode']}, {m['date']}, {m['git']})\n")
+    if res.get("rows"):
+        out.append(
+            f"{m['host']['cpus']} CPUs ({m['host']['cpu_model']}); proxy + upstream pinned to "
+            f"CPU {m['pinning']['proxy_and_upstream_cpu']}, wrk (1 thread, {m['connections']} "
+            f"connections) to CPU {m['pinning']['wrk_cpu']}, Redis to CPU "
+            f"{m['pinning']['redis_cpu']}; Weir threads = 1, nginx worker_processes 1. "
+            f"Median of {m['reps']} × {m['duration_s']} s runs per row, rows interleaved "
+            f"round-robin ({m['warmup_s']} s warm-up before each row's first run). Upstream: "
+            f"{m['upstream']}.\n")
     rows = res.get("rows", [])
     if rows:
         out.append("| row | req/s | ratio to row 2 | ratio to nginx | p50 ms | p99 ms | p99.9 ms "
@@ -394,6 +397,8 @@ def render_markdown(res: dict) -> str:
                        f"{r['admitted_minus_ideal'] + 0.0:+.1f} | {r['admitted_over_ideal']:.2f} | "
                        f"{r['offered_rps']:,} ({r['overload_x']}×) |")
         out.append("")
+    if res.get("instructions"):
+        out += render_instructions(res["instructions"])
     if res.get("targets"):
         out.append("**Targets**:\n")
         out.append("| issue | target | measured | met |")
@@ -509,4 +514,95 @@ def render_batch(batch: dict) -> list[str]:
                    + ", ".join(f"≤ {b['le']}: {100 * b['calls'] / calls:.1f}%"
                                for b in h["buckets"] if b["calls"]))
     out.append("")
+    return out
+
+
+def render_instructions(ins: dict) -> list[str]:
+    """The --instructions section: instructions per request of the proxy process (callgrind)."""
+    m = ins.get("meta", {})
+    out = [f"### Instructions per request (callgrind; {m.get('date')}, {m.get('git')})\n"]
+    rows = ins.get("rows") or []
+    if rows:
+        conns, (short, long) = ins["connections"], ins["windows_s"]
+        out.append(
+            f"Each row's proxy alone under `valgrind --tool=callgrind` ({ins.get('valgrind')}; "
+            f"nginx with `master_process off`), the upstream and Redis native, the throughput "
+            f"rows' configs; wrk (1 thread, {conns} connections, the same keys) for "
+            f"{ins['warmup_s']} s of warm-up, then two windows on the same process, "
+            f"{short} s and {long} s, each between `callgrind_control -z` and `-d`, and one "
+            f"of {ins.get('idle_s', '?')} s without load; proxy "
+            f"and upstream on CPU {m['pinning']['proxy_and_upstream_cpu']}, wrk on CPU "
+            f"{m['pinning']['wrk_cpu']}, Redis on CPU {m['pinning']['redis_cpu']}; Weir threads "
+            "= 1. "
+            "Instructions per request = (Ir of the long window − Ir of the short one − the "
+            "idle window's Ir per second × the difference in seconds) / (their difference in "
+            "completed requests): the cost of a wrk run's connections and of the requests cut at "
+            "its stop cancels out, and the process's own background (timer threads ticking, "
+            "column 'idle k/s'), which would add background / rate to every request at the "
+            "100–3000 req/s of valgrind, is left out. Busy %: the share of the long window the "
+            "proxy was on a CPU or waiting for one (schedstat); below 90 % it waited for "
+            "requests (wrk or Redis starved by other load), batched fewer events and counted "
+            "more, so the row is run again (the JSON keeps the discarded counts).\n")
+        byid = {r["id"]: r for r in rows}
+
+        def ir(rid):
+            return (byid.get(rid) or {}).get("ir_per_req")
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if (a is not None and b) else "–"
+
+        out.append("| row | instructions/req | vs plain Pingora (2a) | vs nginx | − row 2 "
+                   "(same build) | vs baseline's row | syscalls/req (native, strace) "
+                   "| Redis decisions/call | req/s under valgrind | busy % | idle k/s "
+                   "| requests counted |")
+        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for r in rows:
+            kind, v = r["kind"], r["variant"]
+            twin = NGINX_TWIN.get(kind)
+            vs_nginx = ratio(r["ir_per_req"], ir(twin)) if twin else "–"
+            if vs_nginx != "–":
+                vs_nginx += f" ({ROW_NUMBER[twin]})"
+            p2 = ir(f"passthrough@{v}" if v else "passthrough")
+            over2 = (f"{r['ir_per_req'] - p2:+,.0f}"
+                     if p2 is not None and kind in ("memory", "redis", "redis_log", "redis3")
+                     else "–")
+            sc = r.get("syscalls") or {}
+            batch = r.get("redis_batch_mean")
+            counted = r["windows"][1]["requests"] - r["windows"][0]["requests"]
+            out.append(
+                f"| {r['label']} | {r['ir_per_req']:,.0f} | {ratio(r['ir_per_req'], ir('pingora'))}"
+                f" | {vs_nginx} | {over2} | {ratio(r['ir_per_req'], ir(kind)) if v else '–'} | "
+                f"{fmt(sc.get('per_req'), '.2f')} | {fmt(batch, '.2f')} | "
+                f"{r['rps_under_valgrind']:,.0f} | {fmt(r.get('proxy_busy_pct'), '.0f')} | "
+                f"{fmt(r.get('background_ir_per_s') and r['background_ir_per_s'] / 1e3, ',.0f')} | "
+                f"{counted:,} |")
+        out.append("")
+        out.append(
+            "What this counts: user-space instructions (Ir) of the proxy process, all its "
+            "threads, libc and the allocator included. Not counted: the kernel (syscalls, TCP, "
+            "epoll; hence syscalls per request, from a separate native run of the same config "
+            f"under `strace -c -f` for {ins.get('strace_s')} s: strace slows each syscall, which "
+            "changes how many events one epoll_wait returns, so a rough figure), the upstream, "
+            "Redis and wrk; nor cache misses, branch mispredictions or memory stalls: an "
+            "instruction is not a time. Requests counted: the long window's completed requests "
+            "minus the short one's. Redis decisions/call: mean `weir_redis_batch_size` during "
+            "the long window. Coalescing depends on the concurrency and on the proxy's speed: "
+            "under valgrind (~50-100× slower; req/s column) batches differ from native runs, "
+            "and so do the Redis rows' instructions per request; compare Redis rows at similar "
+            "batch sizes. Keys: the throughput rows' 10k addresses, but only a few thousand "
+            "requests per row, so most limit keys are decided once or twice (and, at the "
+            "rows' rates, a key's state has always expired by its next request). The JSON "
+            "keeps per row the difference without the background correction "
+            "(`ir_per_req_with_background`), the plain long-window total / requests "
+            "(`ir_per_req_long_window`), the per-run cost (`ir_fixed_per_run`), the dumps' names "
+            "and the top syscalls.\n")
+    if ins.get("skipped"):
+        out.append("Not counted: " + "; ".join(f"`{k}` ({v})" for k, v in ins["skipped"].items())
+                   + ".\n")
+    for key, title in (("warnings", "Warnings (instructions)"),
+                       ("failures", "Failures (instructions)")):
+        if ins.get(key):
+            out.append(f"**{title}**:\n")
+            out += [f"- {w}" for w in ins[key]]
+            out.append("")
     return out

@@ -14,6 +14,14 @@ class Throughput:
     # ---- phase 1: throughput rows ------------------------------------------------------------
 
     def rows(self) -> list[Row]:
+        """The throughput rows this run measures: those whose target started, `--rows`'s."""
+        rows = [r for r in self.row_catalog() if r.target in self.targets]
+        if self.quick:
+            rows = [r for r in rows if r.id != "echo"]
+        return self.select_rows(rows)
+
+    def row_catalog(self) -> list[Row]:
+        """Every row, each variant's rows 2-5 right after the baseline's."""
         rows = [
             Row("upstream", "1. upstream direct (nginx `return 200`)", "upstream"),
             Row("echo", "1b. upstream direct (`weir echo`, for reference)", "echo"),
@@ -56,9 +64,10 @@ class Throughput:
                     out.append(Row(f"{r.id}@{v.name}", f"{r.label} [{v.name}]",
                                    f"{r.id}@{v.name}", redis=r.redis, kind=r.id,
                                    variant=v.name))
-        rows = [r for r in out if r.target in self.targets]
-        if self.quick:
-            rows = [r for r in rows if r.id != "echo"]
+        return out
+
+    def select_rows(self, rows: list[Row]) -> list[Row]:
+        """`--rows ID,ID` (with `ab`: rows 2-5 of the baseline and every variant, 7, 7b, 8)."""
         if self.args.rows:
             wanted = set(self.args.rows.split(","))
             if "ab" in wanted:  # the A/B set: rows 2-5 (every variant's too) and their peers
