@@ -6,6 +6,8 @@
 use std::fmt::{self, Write as _};
 use std::net::{IpAddr, SocketAddr};
 
+use crate::request::ip_text::IpText;
+
 /// An object being written into `buf`: `{` on creation, `}` and a newline at [`JsonObject::end`].
 pub struct JsonObject<'b> {
     buf: &'b mut Vec<u8>,
@@ -98,20 +100,7 @@ impl JsonStr<'_> {
 
     /// The address as its `Display` writes it; IPv4 (the common case) without `fmt`.
     pub fn push_ip(&mut self, ip: IpAddr) {
-        match ip {
-            IpAddr::V4(v4) => {
-                let [a, b, c, d] = v4.octets();
-                for (i, octet) in [a, b, c, d].into_iter().enumerate() {
-                    if i > 0 {
-                        self.buf.push(b'.');
-                    }
-                    self.push_u64(u64::from(octet));
-                }
-            }
-            IpAddr::V6(v6) => {
-                let _ = write!(self, "{v6}");
-            }
-        }
+        self.push_str(IpText::new(ip).as_str());
     }
 
     /// `ip:port` (`[ip]:port` for IPv6), as `SocketAddr`'s `Display` writes it.
