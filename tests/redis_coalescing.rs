@@ -139,6 +139,19 @@ fn coalesced_decisions_equal_the_same_decisions_made_one_by_one() {
     );
 }
 
+/// Sends `eval` raw (redis-rs turns a reply holding an error into an error as a whole) and returns
+/// the reply as Redis wrote it (RESP text).
+fn raw_reply(server: &RedisServer, eval: &redis::Cmd) -> String {
+    let mut packed = eval.get_packed_command();
+    packed.extend_from_slice(b"*1\r\n$4\r\nQUIT\r\n");
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
+    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    socket.write_all(&packed).expect("send");
+    let mut raw = String::new();
+    socket.read_to_string(&mut raw).expect("a reply");
+    raw
+}
+
 #[test]
 fn one_bad_request_in_a_batch_leaves_the_others_decided() {
     let server = RedisServer::start();
@@ -150,33 +163,13 @@ fn one_bad_request_in_a_batch_leaves_the_others_decided() {
     for algorithm in [0, 99, 0] {
         eval.arg(1).arg(T0).arg("0").arg(&[algorithm, 1, 1_000_000, 0, -1, 1]);
     }
-    // Read raw: redis-rs turns a reply holding an error into an error as a whole.
-    let mut packed = eval.get_packed_command();
-    packed.extend_from_slice(b"*1\r\n$4\r\nQUIT\r\n");
-    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
-    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    socket.write_all(&packed).expect("send");
-    let mut raw = String::new();
-    socket.read_to_string(&mut raw).expect("a batch with one bad request is still answered");
+    let raw = raw_reply(&server, &eval);
     let lines: Vec<&str> = raw.split("\r\n").collect();
     // [*3, *6 (request 1's compact reply: 4 values + 2 for its only zone), :1 (admitted), ...].
     assert_eq!(&lines[..3], ["*3", "*6", ":1"], "request 1 is admitted: {raw:?}");
     let error = lines.iter().position(|l| l.starts_with('-')).expect("request 2 gets an error");
     assert!(lines[error].contains("unknown algorithm 99"), "request 2's own error: {}", lines[error]);
     assert_eq!(&lines[error + 1..error + 3], ["*6", ":0"], "request 3 sees request 1's charge: {raw:?}");
-}
-
-/// Sends `eval` raw (redis-rs turns a reply holding an error into an error as a whole) and returns
-/// the reply's lines.
-fn raw_reply(server: &RedisServer, eval: &redis::Cmd) -> String {
-    let mut packed = eval.get_packed_command();
-    packed.extend_from_slice(b"*1\r\n$4\r\nQUIT\r\n");
-    let mut socket = std::net::TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
-    socket.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    socket.write_all(&packed).expect("send");
-    let mut raw = String::new();
-    socket.read_to_string(&mut raw).expect("a reply");
-    raw
 }
 
 #[test]
