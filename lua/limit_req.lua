@@ -11,8 +11,8 @@
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
 -- ARGV[2]  flags. First character: how much the reply says (layouts below): "0" the compact
---          reply (what the proxy reads), "f" the full reply, "1" the full reply with the sliding
---          log's entry times (O(entries) per zone); "f" and "1" are for tests and debugging.
+--          reply (what the proxy reads), "1" the full reply, the sliding log's entry times
+--          included (O(entries) per zone; for tests and debugging).
 --          Then, optionally (Redis Cluster, zones of one request spread over several hash slots,
 --          one call per slot; see src/store/redis/mod.rs):
 --            "u"  undo: append to the reply, for every key written, what lua/restore.lua needs to
@@ -57,7 +57,7 @@
 --   then 5 values per zone i, at [5 + 5*(i-1)] ...: admitted 0|1, delay_us, retry_us (-1:
 --   admitted, or never), remaining, reset_us. A request of one zone gets only its remaining and
 --   reset_us ([5], [6]): its admitted, delay and retry are [1] to [3].
--- Full reply (flags "f" and "1"): [1] to [4] as above, then
+-- Full reply (flag "1"): [1] to [4] as above, then
 --   [4 + i] zone i, an array:
 --     [1] algorithm id   [2] admitted 0|1   [3] excess (string)   [4] delay_us
 --     [5] retry_us (-1: admitted, or never)   [6] remaining   [7] reset_us   [8] expires_us
@@ -66,8 +66,7 @@
 --       leaky bucket    level (string), last_us
 --       token bucket    tokens (string), last_us
 --       fixed window    start_us, count
---       sliding log     number of entries, array of the entry times oldest first (empty unless
---                       the flag is "1")
+--       sliding log     number of entries, array of the entry times oldest first
 --       sliding window  start_us, prev, curr
 -- With flag "u", either reply has one more element: an array with one undo record per key written
 -- (none if nothing was written), each an array: the key's index in KEYS, then the ARGV of that key
@@ -648,10 +647,8 @@ local flags_seen = {}
 local function parsed_flags(flags)
   local f = flags_seen[flags]
   if not f then
-    local detail = string.sub(flags, 1, 1)
     f = {
-      log = detail == '1',
-      full = detail == '1' or detail == 'f',
+      full = string.sub(flags, 1, 1) == '1',
       undo = string.find(flags, 'u', 2, true) ~= nil,
       evaluate_only = string.find(flags, 'n', 2, true) ~= nil,
     }
@@ -702,7 +699,7 @@ local function decide(keys, k0, err, now_arg, f, params)
     return redis.error_reply(err)
   end
   now = now_arg or time_now()
-  want_log = f.log
+  want_log = f.full
   local full, want_undo, evaluate_only = f.full, f.undo, f.evaluate_only
 
   local zones = {}
