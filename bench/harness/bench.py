@@ -335,28 +335,20 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             return self.run_instructions()
         t_start = time.time()
         self.results["meta"] = self.meta()
+        self.guarded(self.throughput_run)
+        self.results["meta"]["elapsed_s"] = round(time.time() - t_start, 1)
+        self.results["failures"] = self.failures
+        self.results["warnings"] = self.warnings
+        self.results["ok"] = not self.failures
+        self.results["skipped"] = self.skipped
+        self.results["targets"] = targets(self.results)
+        return self.write_report(self.results, t_start)
+
+    def guarded(self, work) -> None:
+        """Runs `work`; a failure is reported (a harness bug with its traceback) and the report is
+        still written; the servers are stopped either way."""
         try:
-            self.start_all()
-            self.results["meta"]["weir_settings"] = {
-                "deny_cache_size_supported": self.deny_cache,
-                "access_log": ("off" if self.access_log is False
-                               else "setting unknown to this build"),
-                "configs": {name: (self.confdir / f"{name}.toml").read_text()
-                            for name in ("weir-passthrough", "weir-redis", "weir-redis3",
-                                         "weir-flood")},
-                "nginx_limit_conf": (self.workdir / "nginx_limit" / "nginx.conf").read_text(),
-                "openresty": self.openresty,
-            }
-            for v in self.variants:
-                self.results["meta"]["weir_settings"]["configs"][f"weir-redis@{v.name}"] = (
-                    self.confdir / f"weir-redis@{v.name}.toml").read_text()
-            rows = self.phase_throughput()
-            self.results["rows"] = rows_json(rows)
-            self.results["batch_size"] = self.phase_batch_size(rows)
-            if not self.args.rows:
-                self.other_phases(rows)
-            elif "paced" in self.args.rows.split(",") and any(r.id == "redis" for r in rows):
-                self.results["paced"] = self.phase_paced(rows)  # --rows ...,redis,paced
+            work()
         except BenchError as e:
             self.fail(str(e))
         except Exception as e:  # a bug or an unexpected tool error: still write the report
@@ -365,13 +357,30 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             if self.redis:
                 self.redis.close()
             self.procs.stop_all()
-        self.results["meta"]["elapsed_s"] = round(time.time() - t_start, 1)
-        self.results["failures"] = self.failures
-        self.results["warnings"] = self.warnings
-        self.results["ok"] = not self.failures
-        self.results["skipped"] = self.skipped
-        self.results["targets"] = targets(self.results)
-        return self.write_report(self.results, t_start)
+
+    def throughput_run(self) -> None:
+        """The default mode: the servers, the throughput rows, then the other phases."""
+        self.start_all()
+        self.results["meta"]["weir_settings"] = {
+            "deny_cache_size_supported": self.deny_cache,
+            "access_log": ("off" if self.access_log is False
+                           else "setting unknown to this build"),
+            "configs": {name: (self.confdir / f"{name}.toml").read_text()
+                        for name in ("weir-passthrough", "weir-redis", "weir-redis3",
+                                     "weir-flood")},
+            "nginx_limit_conf": (self.workdir / "nginx_limit" / "nginx.conf").read_text(),
+            "openresty": self.openresty,
+        }
+        for v in self.variants:
+            self.results["meta"]["weir_settings"]["configs"][f"weir-redis@{v.name}"] = (
+                self.confdir / f"weir-redis@{v.name}.toml").read_text()
+        rows = self.phase_throughput()
+        self.results["rows"] = rows_json(rows)
+        self.results["batch_size"] = self.phase_batch_size(rows)
+        if not self.args.rows:
+            self.other_phases(rows)
+        elif "paced" in self.args.rows.split(",") and any(r.id == "redis" for r in rows):
+            self.results["paced"] = self.phase_paced(rows)  # --rows ...,redis,paced
 
     def stem(self) -> str:
         # A quick run must not overwrite the full run's results (bench/README.md quotes them).
@@ -400,17 +409,12 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
         meta = self.meta()
         meta["mode"] = "instructions"
         section: dict = {"meta": meta}
-        try:
+
+        def measure() -> None:
             self.start_base()
             section.update(self.phase_instructions())
-        except BenchError as e:
-            self.fail(str(e))
-        except Exception as e:  # a bug or an unexpected tool error: still write the report
-            self.fail(f"harness error: {e!r}\n{traceback.format_exc()}")
-        finally:
-            if self.redis:
-                self.redis.close()
-            self.procs.stop_all()
+
+        self.guarded(measure)
         meta["elapsed_s"] = round(time.time() - t_start, 1)
         section.update(failures=self.failures, warnings=self.warnings, skipped=self.skipped,
                        ok=not self.failures)
