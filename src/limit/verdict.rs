@@ -22,6 +22,10 @@ pub struct Verdict {
     pub retry_after_us: Option<u64>,
     /// Per zone, in the order given.
     pub zones: Vec<ZoneOutcome>,
+    /// The store's time of the decision (µs since the epoch; Redis's clock for the Redis store).
+    /// The access log writes it as `decided_us` and `weir replay` orders requests by it: the
+    /// order the store decided in, which the proxy's own clock readings may not show.
+    pub decided_us: u64,
 }
 
 impl Verdict {
@@ -33,14 +37,14 @@ impl Verdict {
 
 pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
     let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state.as_ref(), now_us, z.cost)).collect();
-    Verdict::combine(zones)
+    Verdict::combine(zones, now_us)
 }
 
 impl Verdict {
     /// The request's verdict from its zones' outcomes: admitted only if every zone admits, the
     /// largest delay, and when rejected the largest retry of the rejecting zones (`None` if one
     /// of them never admits). Also used by stores that decide zones in several calls.
-    pub fn combine(zones: Vec<ZoneOutcome>) -> Verdict {
+    pub fn combine(zones: Vec<ZoneOutcome>, decided_us: u64) -> Verdict {
         let admitted = zones.iter().all(|z| z.admitted);
         let (delay_us, retry_after_us) = if admitted {
             (zones.iter().map(|z| z.delay_us).max().unwrap_or(0), None)
@@ -54,7 +58,7 @@ impl Verdict {
             }
             (0, retry)
         };
-        Verdict { admitted, delay_us, retry_after_us, zones }
+        Verdict { admitted, delay_us, retry_after_us, zones, decided_us }
     }
 }
 

@@ -60,6 +60,8 @@ pub struct Enforcement<'a> {
     pub statuses: Statuses,
     /// The failure policy that decided, when the store could not.
     pub fallback: Option<FailurePolicy>,
+    /// When the store decided (`Verdict::decided_us`); `None` when no store did.
+    pub decided_us: Option<u64>,
 }
 
 /// The stores a decision can use: the configured one, and the in-process one of the `local`
@@ -89,8 +91,13 @@ pub async fn enforce<'a>(
     let (enforced_result, shadow_result) =
         tokio::join!(timed_decide(store, enforced, &stores.duration), timed_decide(store, shadow, &stores.duration));
 
-    let mut result =
-        Enforcement { action: Action::Forward, headers: Vec::new(), statuses: Statuses::default(), fallback: None };
+    let mut result = Enforcement {
+        action: Action::Forward,
+        headers: Vec::new(),
+        statuses: Statuses::default(),
+        fallback: None,
+        decided_us: None,
+    };
     let mut resolve =
         |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback);
     let shadow_verdict = match shadow_result.map(|r| resolve(r, true)) {
@@ -110,6 +117,7 @@ pub async fn enforce<'a>(
             return result;
         }
     };
+    result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
     if let Some(v) = &enforced_verdict {
         record_statuses(&mut result.statuses, route, enforced, v, false);
     }

@@ -1,7 +1,7 @@
 //! Weir's own JSON access log (`[log] format = "json"`): one `weir::access` event per request
 //! with the RFC 3339 time it was written (its end), `duration_ms`, the resolved client address,
-//! the route and the `limit_req` status, and for limited requests `decided_us`, the time (µs) the
-//! proxy read just before deciding, which replay uses as the decision time. Other events of the
+//! the route and the `limit_req` status, and for limited requests `decided_us`, the store's time
+//! (µs) of the decision, which replay uses as the decision time. Other events of the
 //! same stream are skipped.
 
 use http::{HeaderMap, Method};

@@ -217,7 +217,7 @@ fn cached_rejection(checks: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u6
         })
         .collect();
     let retry = denied.iter().flatten().max().map(|until| until - now_us);
-    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones }
+    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones, decided_us: now_us }
 }
 
 #[cfg(test)]

@@ -164,7 +164,6 @@ impl MemoryStore {
 
     /// Decides synchronously; `decide` is this behind the store trait.
     pub fn decide_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
-        let now_us = self.clock.now_us();
         let tables: Vec<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
         let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
         // (table, shard) of each check; locked once each, in one global order, so concurrent
@@ -177,6 +176,9 @@ impl MemoryStore {
         order.dedup_by_key(|(table, shard, _)| (*table, *shard));
         let mut guards: Vec<MutexGuard<'_, Bounded<u64, Entry>>> =
             order.iter().map(|&(_, shard, i)| lock(&tables[i].shards[shard])).collect();
+        // The time is read under the locks: of two requests on one key, the one decided second
+        // sees the later time, so the order of `decided_us` is the order of the decisions.
+        let now_us = self.clock.now_us();
         // Per check, the index of its guard.
         let at: Vec<usize> = slots
             .iter()
@@ -267,7 +269,7 @@ fn zone_full(checks: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
             }
         })
         .collect();
-    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones }
+    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones, decided_us: now_us }
 }
 
 /// A poisoned shard only means another request panicked mid-update of plain numbers: keep serving.

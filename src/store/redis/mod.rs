@@ -371,7 +371,9 @@ impl RedisStore {
             .into_iter()
             .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
             .collect::<Result<Vec<_>, _>>()?;
-        let verdict = Verdict::combine(zones);
+        // Every slot's reply carries a time: the first call's is when the request was decided.
+        let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+        let verdict = Verdict::combine(zones, decided_us);
         if verdict.admitted {
             rollback.disarm();
         } else {
@@ -570,6 +572,7 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
             algorithms.len()
         )));
     }
+    let now_us = micros(&reply[3])?;
     let zones = if full {
         reply[REPLY_HEAD..]
             .iter()
@@ -578,9 +581,8 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
             .collect::<Result<Vec<_>, StoreError>>()?
     } else if algorithms.len() == 1 {
         let zone = [&reply[..3], &reply[REPLY_HEAD..]].concat();
-        vec![compact_zone(&zone, micros(&reply[3])?)?]
+        vec![compact_zone(&zone, now_us)?]
     } else {
-        let now_us = micros(&reply[3])?;
         reply[REPLY_HEAD..]
             .chunks_exact(REPLY_ZONE_COMPACT)
             .map(|z| compact_zone(z, now_us))
@@ -591,6 +593,7 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
         delay_us: micros(&reply[1])?,
         retry_after_us: optional_micros(&reply[2])?,
         zones,
+        decided_us: now_us,
     })
 }
 
