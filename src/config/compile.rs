@@ -16,6 +16,7 @@ use super::store::{self, StoreSettings};
 use super::upstream;
 use super::zones::{self, Zone};
 use crate::keys::RealIp;
+use crate::metrics::Meters;
 use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
 use crate::tls::{CertEntry, MinTls};
@@ -42,6 +43,8 @@ pub struct Runtime {
     pub tls_certs: Vec<CertEntry>,
     /// Things to fix that do not stop the config (certificates close to expiry), `file:line: …`.
     pub warnings: Vec<String>,
+    /// The request path's metric handles for these routes and zones.
+    pub meters: Meters,
 }
 
 impl Runtime {
@@ -142,7 +145,25 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
     let log = compile_log(&src, log)?;
-    Ok(Runtime { server, store, real_ip, upstreams, zones, conn_zones, routes, matchers, log, tls_certs, warnings })
+    let meters = Meters::new(
+        routes.iter().map(|r| r.name.as_str()),
+        zones.iter().map(|z| z.name.as_str()),
+        conn_zones.iter().map(|z| z.name.as_str()),
+    );
+    Ok(Runtime {
+        server,
+        store,
+        real_ip,
+        upstreams,
+        zones,
+        conn_zones,
+        routes,
+        matchers,
+        log,
+        tls_certs,
+        warnings,
+        meters,
+    })
 }
 
 fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {

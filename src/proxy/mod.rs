@@ -201,7 +201,7 @@ impl ProxyHttp for WeirProxy {
                 Action::Delay(delay) => {
                     // A timer on the proxy's runtime: this request waits, nothing else does.
                     ctx.delay = delay;
-                    METRICS.delay_seconds.with_label_values(&[&route.name]).observe(delay.as_secs_f64());
+                    rt.meters.route(ctx.route).delay(delay.as_secs_f64());
                     let watch_client = !hygiene::has_body(&session.req_header().headers);
                     if !wait_unless_client_leaves(session, delay, watch_client).await {
                         // nginx drops a delayed request whose client has gone; so do we, and
@@ -341,12 +341,12 @@ impl ProxyHttp for WeirProxy {
         let rt = &ctx.runtime;
         let route = ctx.route.and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        METRICS.requests.with_label_values(&[route, ctx.outcome.label()]).inc();
-        ctx.limit_statuses.count(&METRICS.zone_decisions, |zone| &rt.zones[zone].name);
-        ctx.conn_statuses.count(&METRICS.conn_decisions, |zone| &rt.conn_zones[zone].name);
+        let meters = rt.meters.route(ctx.route);
+        meters.request(ctx.outcome.slot(), ctx.outcome.label());
+        ctx.limit_statuses.count(&METRICS.zone_decisions, |zone| rt.meters.zone(zone));
+        ctx.conn_statuses.count(&METRICS.conn_decisions, |zone| rt.meters.conn_zone(zone));
         if let Some(upstream_time) = ctx.upstream_time {
-            METRICS.upstream_responses.with_label_values(&[route, itoa::Buffer::new().format(status)]).inc();
-            METRICS.upstream_duration.with_label_values(&[route]).observe(upstream_time.as_secs_f64());
+            meters.upstream_response(status, upstream_time.as_secs_f64());
         }
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);

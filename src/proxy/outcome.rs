@@ -48,6 +48,23 @@ impl Outcome {
         }
     }
 
+    /// Its place among the outcomes (0..16), for the metric handles (`metrics::RouteMeters`).
+    pub fn slot(self) -> usize {
+        match self {
+            Outcome::Limit(status) => status.slot(),
+            Outcome::Unlimited => 5,
+            Outcome::ConnRejected => 6,
+            Outcome::FailOpen => 7,
+            Outcome::FailClosed => 8,
+            Outcome::NoRoute => 9,
+            Outcome::Denied => 10,
+            Outcome::BadRequest => 11,
+            Outcome::UpstreamBusy => 12,
+            Outcome::UpstreamDown => 13,
+            Outcome::ClientGone => 14,
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Unlimited => "unlimited",
@@ -90,5 +107,8 @@ mod tests {
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();
         assert_eq!(labels.len(), all.len());
+        let slots: std::collections::HashSet<_> = all.iter().map(|o| o.slot()).collect();
+        assert_eq!(slots.len(), all.len(), "one metric handle per outcome");
+        assert!(slots.iter().all(|&s| s < crate::metrics::OUTCOME_SLOTS));
     }
 }

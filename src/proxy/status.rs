@@ -4,6 +4,8 @@
 
 use prometheus::IntCounterVec;
 
+use crate::metrics::ZoneMeters;
+
 /// nginx's `$limit_req_status` words (limit_conn uses PASSED, REJECTED and REJECTED_DRY_RUN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitStatus {
@@ -23,6 +25,11 @@ impl LimitStatus {
             LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
         }
+    }
+
+    /// Its place among the words (0..5), for the metric handles (`metrics::ZoneMeters`).
+    pub fn slot(self) -> usize {
+        self as usize
     }
 
     pub fn metric_label(self) -> &'static str {
@@ -95,10 +102,13 @@ impl Statuses {
         }
     }
 
-    /// Counts each zone's word in `metric{zone, status}`.
-    pub fn count<'a>(&self, metric: &IntCounterVec, zone_name: impl Fn(usize) -> &'a str) {
-        for (zone, status) in &self.zones {
-            metric.with_label_values(&[zone_name(*zone), status.metric_label()]).inc();
+    /// Counts each zone's word in `metric{zone, status}` through the zone's handles (zone
+    /// indices and handles come from the same config snapshot).
+    pub fn count<'a>(&self, metric: &IntCounterVec, meters: impl Fn(usize) -> Option<&'a ZoneMeters>) {
+        for &(zone, status) in &self.zones {
+            if let Some(m) = meters(zone) {
+                m.decision(status.slot(), status.metric_label(), metric);
+            }
         }
     }
 }

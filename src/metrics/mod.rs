@@ -2,7 +2,11 @@
 //! histograms for times. Labels are routes, zones and outcomes — never client keys, whose
 //! cardinality is unbounded.
 
+mod meters;
+
 use std::sync::LazyLock;
+
+pub use meters::{Meters, RouteMeters, ZoneMeters, OUTCOME_SLOTS};
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
