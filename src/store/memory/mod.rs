@@ -20,11 +20,15 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
+use smallvec::SmallVec;
 
 use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::bounded::{Bounded, Expiring};
 use crate::store::{KeyedZone, LimitStore, StoreError};
+
+/// Per-request scratch lists, one item per zone of the request: on the stack for the usual few.
+type PerZone<T> = SmallVec<[T; 4]>;
 
 /// Keys per zone when the config does not say (~150 MB for a full zone).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -164,29 +168,29 @@ impl MemoryStore {
 
     /// Decides synchronously; `decide` is this behind the store trait.
     pub fn decide_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
-        let tables: Vec<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
+        let tables: PerZone<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
+        let hashes: PerZone<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
         // (table, shard) of each check; locked once each, in one global order, so concurrent
         // requests never deadlock.
-        let slots: Vec<(usize, usize)> =
+        let slots: PerZone<(usize, usize)> =
             tables.iter().zip(&hashes).map(|(t, &h)| (Arc::as_ptr(t) as usize, t.shard_of(h))).collect();
-        let mut order: Vec<(usize, usize, usize)> =
+        let mut order: PerZone<(usize, usize, usize)> =
             slots.iter().enumerate().map(|(i, &(table, shard))| (table, shard, i)).collect();
         order.sort_unstable();
         order.dedup_by_key(|(table, shard, _)| (*table, *shard));
-        let mut guards: Vec<MutexGuard<'_, Bounded<u64, Entry>>> =
+        let mut guards: PerZone<MutexGuard<'_, Bounded<u64, Entry>>> =
             order.iter().map(|&(_, shard, i)| lock(&tables[i].shards[shard])).collect();
         // The time is read under the locks: of two requests on one key, the one decided second
         // sees the later time, so the order of `decided_us` is the order of the decisions.
         let now_us = self.clock.now_us();
         // Per check, the index of its guard.
-        let at: Vec<usize> = slots
+        let at: PerZone<usize> = slots
             .iter()
             .map(|slot| order.binary_search_by_key(slot, |&(table, shard, _)| (table, shard)).unwrap_or(0))
             .collect();
-        let lens_before: Vec<usize> = guards.iter().map(|g| g.len()).collect();
+        let lens_before: PerZone<usize> = guards.iter().map(|g| g.len()).collect();
 
-        let mut inputs: Vec<ZoneInput<'_>> = Vec::with_capacity(checks.len());
+        let mut inputs: PerZone<ZoneInput<'_>> = SmallVec::with_capacity(checks.len());
         for ((check, &g), hash) in checks.iter().zip(&at).zip(&hashes) {
             let state = guards[g].get_mut(hash, now_us).map(|e| e.state.clone());
             inputs.push(ZoneInput { limit: &check.limit, state, cost: check.cost });
