@@ -580,12 +580,12 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
             .map(|(zone, &algorithm)| parse_zone(zone, algorithm))
             .collect::<Result<Vec<_>, StoreError>>()?
     } else if algorithms.len() == 1 {
-        let zone = [&reply[..3], &reply[REPLY_HEAD..]].concat();
-        vec![compact_zone(&zone, now_us)?]
+        let (head, zone) = (&reply[..3], &reply[REPLY_HEAD..]);
+        vec![compact_zone([&head[0], &head[1], &head[2], &zone[0], &zone[1]], now_us)?]
     } else {
         reply[REPLY_HEAD..]
             .chunks_exact(REPLY_ZONE_COMPACT)
-            .map(|z| compact_zone(z, now_us))
+            .map(|z| compact_zone([&z[0], &z[1], &z[2], &z[3], &z[4]], now_us))
             .collect::<Result<_, _>>()?
     };
     Ok(Verdict {
@@ -600,14 +600,17 @@ fn parse_reply(reply: &[Value], algorithms: &[Algorithm], full: bool) -> Result<
 /// One zone of the compact reply: admitted, delay_us, retry_us, remaining, reset_us. What the
 /// reply leaves out is filled with stand-ins nothing outside the memory store reads: no excess, a
 /// state that expires when the quota is whole again, an empty bucket as `next` (never stored).
-fn compact_zone(z: &[Value], now_us: u64) -> Result<ZoneOutcome, StoreError> {
-    let reset_us = micros(&z[4])?;
+fn compact_zone(
+    [admitted, delay, retry, remaining, reset]: [&Value; 5],
+    now_us: u64,
+) -> Result<ZoneOutcome, StoreError> {
+    let reset_us = micros(reset)?;
     Ok(ZoneOutcome {
-        admitted: flag(&z[0])?,
+        admitted: flag(admitted)?,
         excess: 0.0,
-        delay_us: micros(&z[1])?,
-        retry_after_us: optional_micros(&z[2])?,
-        remaining: micros(&z[3])?,
+        delay_us: micros(delay)?,
+        retry_after_us: optional_micros(retry)?,
+        remaining: micros(remaining)?,
         reset_us,
         expires_us: now_us.saturating_add(reset_us),
         next: State::Bucket(BucketState { level: 0.0, last_us: now_us }),
