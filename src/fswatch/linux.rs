@@ -41,8 +41,8 @@ const DIR_MASK: WatchMask = WatchMask::CLOSE_WRITE
 /// to other files of the directory are not reported by this watch.
 const WRITES_MASK: WatchMask = WatchMask::MODIFY;
 
-/// inotify's events, read by a thread of its own and passed to a callback. Dropping it stops the
-/// thread once it wakes (removing the watches wakes it).
+/// inotify's events, read by a thread of its own and passed to a callback. Dropping it removes
+/// the watches, which wakes the thread to end (one that never watched anything stays blocked).
 pub struct DirWatcher {
     watches: Watches,
     shared: Arc<Shared>,
