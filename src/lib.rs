@@ -6,6 +6,7 @@ pub mod admin;
 pub mod config;
 pub mod echo;
 pub mod edge;
+pub mod fswatch;
 pub mod keys;
 pub mod limit;
 pub mod logging;

@@ -3,18 +3,19 @@
 //! — all call [`Reloader::reload`], which validates the whole file through the same path as
 //! `weir check` before swapping. A bad file is refused and the running config keeps serving.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use notify::{RecursiveMode, Watcher};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
 use crate::config::{self, Runtime, ServerSettings};
+use crate::fswatch::{self, Change, DirWatcher, Event};
 use crate::metrics::METRICS;
 
 /// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
@@ -27,18 +28,6 @@ const MAX_OPEN_WAIT: Duration = Duration::from_secs(30);
 const FILE_CHANGE: &str = "file change";
 /// A directory that never stops changing must not postpone a reload forever.
 const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
-
-/// What a file-system event says about the config file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
-    /// Its data was written: a writer may still have it open.
-    Written,
-    /// A writer closed it.
-    Closed,
-    /// Anything else that may change what the path holds: create, rename, remove, a ConfigMap's
-    /// `..data` symlink swap. These are atomic.
-    Replaced,
-}
 
 /// What `GET /config` reports about the running config.
 #[derive(Debug, Clone, Serialize)]
@@ -198,44 +187,32 @@ impl Reloader {
     /// [`DEBOUNCE`], a file written in place has been closed by its writer, and its content has
     /// read the same twice [`STABLE_FOR`] apart; that content is what is applied. So a file still
     /// being written — even one whose first half happens to be a valid config — is never applied.
+    /// The directory is watched only for finished changes (`fswatch`), and the file itself for
+    /// writes in progress: other files there (logs) and reads (Weir's own) wake nothing.
     /// The watcher lives as long as its thread, i.e. the process.
     pub fn watch(self: &Arc<Self>) -> Result<(), String> {
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = fswatch::parent_dir(&self.path);
         let (tx, rx) = mpsc::channel::<Change>();
         let file_name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Only writes that can change the config count: reads (our own included) would make
-            // every reload cause the next, and unrelated files in the same directory (logs) would
-            // hold the reload back forever.
-            use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
-            let Ok(event) = event else {
-                // The kernel's queue overflowed or the watch broke: look at the file again.
-                let _ = tx.send(Change::Replaced);
-                return;
-            };
-            if !event.paths.iter().any(|p| concerns_config(p, &file_name)) {
-                return;
-            }
-            let change = match event.kind {
-                EventKind::Access(AccessKind::Close(AccessMode::Write)) => Change::Closed,
-                EventKind::Access(_) => return,
-                EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => Change::Written,
-                _ => Change::Replaced,
+        let mut watcher = DirWatcher::start("weir-config-fs", move |event| {
+            let change = match event {
+                Event::Entry { name, change } if concerns_config(&name, &file_name) => change,
+                Event::Entry { .. } => return,
+                // Events were lost or the directory went: look at the file again.
+                Event::Rescan => Change::Replaced,
             };
             let _ = tx.send(change);
         })
-        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
-        watcher.watch(&dir, RecursiveMode::NonRecursive).map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+        .map_err(|e| e.to_string())?;
+        watcher.watch_dir(&dir).map_err(|e| e.to_string())?;
+        watcher.watch_writes(&self.path).map_err(|e| e.to_string())?;
         let reloader = Arc::clone(self);
         std::thread::Builder::new()
             .name("weir-config-watch".into())
             .spawn(move || {
                 let _watcher = watcher;
-                // Any event in the directory may concern us (renames, symlink swaps); the content
-                // hash tells whether the config really changed.
+                // An event about the file or a ConfigMap swap may or may not change the config;
+                // the content hash tells.
                 while let Ok(first) = rx.recv() {
                     match settle(&rx, first, &reloader.path) {
                         Some(text) => {
@@ -331,13 +308,13 @@ fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Opt
     }
 }
 
-/// Settings read once at start-up; a change is reported, not silently ignored.
 /// The config file itself, or a Kubernetes ConfigMap's `..data` / `..data_tmp` / `..<timestamp>`
 /// entries through which the mounted file is swapped.
-fn concerns_config(path: &Path, file_name: &std::ffi::OsStr) -> bool {
-    path.file_name().is_some_and(|name| name == file_name || name.to_string_lossy().starts_with(".."))
+fn concerns_config(name: &OsStr, file_name: &OsStr) -> bool {
+    name == file_name || fswatch::is_kubernetes_swap(name)
 }
 
+/// Settings read once at start-up; a change is reported, not silently ignored.
 fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
     let mut changes = Vec::new();
     if current.server.listen != next.server.listen {

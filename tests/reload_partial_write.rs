@@ -2,12 +2,14 @@
 //! with its writer pausing in between, is applied once, whole, after the writer closes it — never
 //! the half that fails to parse, nor the half that happens to be a valid config (a route without
 //! its `limit_req` line). Real weir, real upstream, the file written by this test through one open
-//! file handle.
+//! file handle. Also when the writer starts while the watcher is already settling another change
+//! of the file: the watcher must still know that the file is being written.
 
 mod support;
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -50,6 +52,23 @@ fn fingerprint(text: &str) -> String {
 
 #[test]
 fn a_file_written_slowly_in_pieces_is_applied_once_whole_after_its_writer_closes_it() {
+    written_in_pieces(|_| {});
+}
+
+#[test]
+fn a_file_written_in_pieces_just_after_another_change_is_still_applied_once_whole() {
+    // A change of the file's mode (same mode: still an event) sets the watcher settling; the
+    // writer truncates the file before that settles. Only writes in progress tell it apart
+    // from a finished file: no close, no rename.
+    written_in_pieces(|path| {
+        let mode = std::fs::metadata(path).expect("stat the config").permissions();
+        std::fs::set_permissions(path, mode).expect("chmod the config");
+    });
+}
+
+/// Writes a new config into the running Weir's file in three pieces, pausing after each, having
+/// first called `before_writing` with the file's path.
+fn written_in_pieces(before_writing: impl Fn(&Path)) {
     let up = Upstream::start();
     let head = with_app(
         admin::LISTEN,
@@ -75,6 +94,7 @@ rate = "1r/m"
         "limit_req = [ { zone = \"per_client\" } ]\n".to_string(),
     ];
     let full: String = pieces.concat();
+    before_writing(&weir.config_path);
     let mut file = OpenOptions::new().write(true).truncate(true).open(&weir.config_path).expect("open the config");
     let mut seen = Vec::new();
     for piece in &pieces[..2] {

@@ -1,20 +1,21 @@
 //! Certificate files reloaded when they change, without a restart: the directories of every
 //! `[[server.tls]]` cert and key are watched (so `certbot`'s rename-into-place and Kubernetes
-//! Secret symlink swaps are seen, like the config watcher in `reload.rs`). After a quiet period
-//! each pair is read again; a pair that changed, parses and matches is swapped in for new
+//! Secret symlink swaps are seen, like the config watcher in `reload.rs`), for finished changes
+//! only (`fswatch`): a file being written is looked at once its writer closes it. After a quiet
+//! period each pair is read again; a pair that changed, parses and matches is swapped in for new
 //! handshakes; one that does not is logged and the pair already served stays.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::{error, info, warn};
 
 use super::{load_pair, unix_now, CertEntry, CertResolver};
+use crate::fswatch::{self, DirWatcher, Event};
 
 /// Wait for this much quiet after a change (a renewal writes the cert and the key separately).
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -27,7 +28,7 @@ pub struct CertWatcher {
 }
 
 struct Watched {
-    watcher: Option<RecommendedWatcher>,
+    watcher: DirWatcher,
     dirs: HashSet<PathBuf>,
     /// File names of the current certs and keys: events on other files are ignored.
     names: Arc<Mutex<HashSet<OsString>>>,
@@ -39,23 +40,21 @@ impl CertWatcher {
         let (tx, rx) = mpsc::channel::<()>();
         let names: Arc<Mutex<HashSet<OsString>>> = Arc::default();
         let filter = names.clone();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = event.is_ok_and(|e| {
-                let names = filter.lock().unwrap_or_else(|p| p.into_inner());
-                !matches!(e.kind, notify::EventKind::Access(_))
-                    && e.paths.iter().any(|p| {
-                        p.file_name().is_some_and(|n| names.contains(n) || n.to_string_lossy().starts_with(".."))
-                    })
-            });
+        let watcher = DirWatcher::start("weir-cert-fs", move |event| {
+            let relevant = match event {
+                Event::Entry { name, .. } => {
+                    fswatch::is_kubernetes_swap(&name)
+                        || filter.lock().unwrap_or_else(|p| p.into_inner()).contains(&name)
+                }
+                // Events were lost or a directory went: read every pair again.
+                Event::Rescan => true,
+            };
             if relevant {
                 let _ = tx.send(());
             }
         })
         .map_err(|e| format!("cannot watch the TLS certificates: {e}"))?;
-        let this = Arc::new(Self {
-            resolver,
-            watched: Mutex::new(Watched { watcher: Some(watcher), dirs: HashSet::new(), names }),
-        });
+        let this = Arc::new(Self { resolver, watched: Mutex::new(Watched { watcher, dirs: HashSet::new(), names }) });
         this.watch_entries(&this.resolver.entries())?;
         let me = Arc::clone(&this);
         std::thread::Builder::new()
@@ -124,14 +123,11 @@ impl CertWatcher {
         let mut file_names = names.lock().unwrap_or_else(|p| p.into_inner());
         for path in entries.iter().flat_map(|e| [&e.cert_path, &e.key_path]) {
             file_names.extend(path.file_name().map(|n| n.to_os_string()));
-            let dir = parent_dir(path);
+            let dir = fswatch::parent_dir(path);
             if dirs.contains(&dir) {
                 continue;
             }
-            if let Some(w) = watcher.as_mut() {
-                w.watch(&dir, RecursiveMode::NonRecursive)
-                    .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
-            }
+            watcher.watch_dir(&dir).map_err(|e| e.to_string())?;
             dirs.insert(dir);
         }
         Ok(())
@@ -139,12 +135,5 @@ impl CertWatcher {
 
     fn lock(&self) -> MutexGuard<'_, Watched> {
         self.watched.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
     }
 }
