@@ -328,9 +328,9 @@ fn kubernetes_manifests_hang_together() {
 // Grafana
 // ---------------------------------------------------------------------------------------------
 
-/// Metric names (`weir_…`) registered in src/metrics.rs, and which of them are histograms.
+/// Metric names (`weir_…`) registered in src/metrics/mod.rs, and which of them are histograms.
 fn exported_metrics() -> (BTreeSet<String>, BTreeSet<String>) {
-    let src = read("src/metrics.rs");
+    let src = read("src/metrics/mod.rs");
     let names: BTreeSet<String> =
         Regex::new(r#""(weir_[a-z_]+)""#).unwrap().captures_iter(&src).map(|c| c[1].to_string()).collect();
     let histograms: BTreeSet<String> =
@@ -341,15 +341,15 @@ fn exported_metrics() -> (BTreeSet<String>, BTreeSet<String>) {
             .collect();
     assert!(
         names.len() >= 5 && !histograms.is_empty(),
-        "could not read the metric names out of src/metrics.rs (names {names:?}, histograms \
+        "could not read the metric names out of src/metrics/mod.rs (names {names:?}, histograms \
          {histograms:?}): update this extraction"
     );
     (names, histograms)
 }
 
-/// Label names used by src/metrics.rs (`&["route", "outcome"]`).
+/// Label names used by src/metrics/mod.rs (`&["route", "outcome"]`).
 fn exported_labels() -> BTreeSet<String> {
-    let src = read("src/metrics.rs");
+    let src = read("src/metrics/mod.rs");
     let quoted = Regex::new(r#""([a-z_]+)""#).unwrap();
     Regex::new(r"&\[([^\]]*)\]")
         .unwrap()
@@ -427,7 +427,7 @@ fn grafana_dashboard_queries_only_exported_metrics() {
                 .iter()
                 .find_map(|suffix| metric.strip_suffix(suffix).filter(|b| histograms.contains(*b)))
                 .unwrap_or(metric);
-            assert!(names.contains(base), "{metric} (in {expr}) is not exported by src/metrics.rs: {names:?}");
+            assert!(names.contains(base), "{metric} (in {expr}) is not exported by src/metrics/mod.rs: {names:?}");
             if histograms.contains(base) {
                 assert_ne!(base, metric, "{metric} is a histogram: query its _bucket, _sum or _count ({expr})");
             }
