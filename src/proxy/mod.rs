@@ -188,10 +188,12 @@ impl ProxyHttp for WeirProxy {
         let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
 
         if !keyed.is_empty() {
-            let asked_us = crate::limit::Clock::now_us(&crate::limit::SystemClock);
             let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
-            // The store's own time orders the decisions; the proxy's reading when no store decided.
-            ctx.decided_us = Some(enforcement.decided_us.unwrap_or(asked_us));
+            // The store's own time orders the decisions; the proxy's clock when no store decided
+            // (read only then: it is not needed on the usual path).
+            ctx.decided_us = Some(
+                enforcement.decided_us.unwrap_or_else(|| crate::limit::Clock::now_us(&crate::limit::SystemClock)),
+            );
             ctx.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
             ctx.limit_statuses = enforcement.statuses;
             match enforcement.action {
