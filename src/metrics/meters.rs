@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use prometheus::{Histogram, IntCounter};
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 use super::METRICS;
 
@@ -30,8 +30,8 @@ impl Meters {
         Self {
             routes: routes.into_iter().map(RouteMeters::new).collect(),
             no_route: RouteMeters::new("-"),
-            zones: zones.into_iter().map(ZoneMeters::new).collect(),
-            conn_zones: conn_zones.into_iter().map(ZoneMeters::new).collect(),
+            zones: zones.into_iter().map(|z| ZoneMeters::new(z, &METRICS.zone_decisions)).collect(),
+            conn_zones: conn_zones.into_iter().map(|z| ZoneMeters::new(z, &METRICS.conn_decisions)).collect(),
         }
     }
 
@@ -89,10 +89,11 @@ impl RouteMeters {
     }
 }
 
-/// One zone's decisions by status word.
-#[derive(Debug, Default)]
+/// One zone's decisions by status word, in `metric{zone, status}` (limit_req's or limit_conn's).
+#[derive(Debug)]
 pub struct ZoneMeters {
     zone: String,
+    metric: &'static IntCounterVec,
     decisions: Slots<IntCounter, STATUS_SLOTS>,
 }
 
@@ -100,13 +101,13 @@ pub struct ZoneMeters {
 pub const STATUS_SLOTS: usize = 8;
 
 impl ZoneMeters {
-    fn new(zone: &str) -> Self {
-        Self { zone: zone.to_string(), ..Self::default() }
+    fn new(zone: &str, metric: &'static IntCounterVec) -> Self {
+        Self { zone: zone.to_string(), metric, decisions: Slots::default() }
     }
 
-    /// `metric{zone, status}` += 1, where `metric` is the counter these handles are for.
-    pub fn decision(&self, slot: usize, status: &str, metric: &prometheus::IntCounterVec) {
-        self.decisions.get(slot, || metric.with_label_values(&[&self.zone, status]), |c| c.inc());
+    /// `metric{zone, status}` += 1.
+    pub fn decision(&self, slot: usize, status: &str) {
+        self.decisions.get(slot, || self.metric.with_label_values(&[&self.zone, status]), |c| c.inc());
     }
 }
 
@@ -176,10 +177,10 @@ mod tests {
         assert_eq!(m.route(Some(7)).route, "-", "an index the config does not have is no route");
 
         let zone = m.zone(0).expect("zone 0");
-        zone.decision(2, "rejected", &METRICS.zone_decisions);
-        zone.decision(2, "rejected", &METRICS.zone_decisions);
+        zone.decision(2, "rejected");
+        zone.decision(2, "rejected");
         assert_eq!(count(&METRICS.zone_decisions, &["meters-test-zone", "rejected"]), 2);
-        m.conn_zone(0).expect("conn zone 0").decision(0, "passed", &METRICS.conn_decisions);
+        m.conn_zone(0).expect("conn zone 0").decision(0, "passed");
         assert_eq!(count(&METRICS.conn_decisions, &["meters-test-conn", "passed"]), 1);
         assert!(m.zone(1).is_none());
     }

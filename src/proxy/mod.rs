@@ -191,9 +191,8 @@ impl ProxyHttp for WeirProxy {
             let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
             // The store's own time orders the decisions; the proxy's clock when no store decided
             // (read only then: it is not needed on the usual path).
-            ctx.decided_us = Some(
-                enforcement.decided_us.unwrap_or_else(|| crate::limit::Clock::now_us(&crate::limit::SystemClock)),
-            );
+            ctx.decided_us =
+                Some(enforcement.decided_us.unwrap_or_else(|| crate::limit::Clock::now_us(&crate::limit::SystemClock)));
             ctx.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
             ctx.limit_statuses = enforcement.statuses;
             match enforcement.action {
@@ -345,8 +344,8 @@ impl ProxyHttp for WeirProxy {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let meters = rt.meters.route(ctx.route);
         meters.request(ctx.outcome.slot(), ctx.outcome.label());
-        ctx.limit_statuses.count(&METRICS.zone_decisions, |zone| rt.meters.zone(zone));
-        ctx.conn_statuses.count(&METRICS.conn_decisions, |zone| rt.meters.conn_zone(zone));
+        ctx.limit_statuses.count(|zone| rt.meters.zone(zone));
+        ctx.conn_statuses.count(|zone| rt.meters.conn_zone(zone));
         if let Some(upstream_time) = ctx.upstream_time {
             meters.upstream_response(status, upstream_time.as_secs_f64());
         }
