@@ -129,6 +129,14 @@ mod tests {
         }
     }
 
+    /// Writes `text` to `weir.toml.tmp` beside `config` and renames it over `config`, as editors
+    /// and `mv` do.
+    fn rename_over(config: &Path, text: &str) {
+        let new = config.with_file_name("weir.toml.tmp");
+        fs::write(&new, text).expect("write the new config");
+        fs::rename(&new, config).expect("rename it over the config");
+    }
+
     fn entry(name: &str, change: Change) -> Event {
         Event::Entry { name: name.into(), change }
     }
@@ -150,9 +158,7 @@ mod tests {
         }
         // The rename comes after the appends and reads: the kernel queues events in order, so
         // once it is seen, anything the appends or reads had queued was seen before it.
-        let new = dir.path().join("weir.toml.tmp");
-        fs::write(&new, "new = true\n").expect("write the new config");
-        fs::rename(&new, &config).expect("rename it over the config");
+        rename_over(&config, "new = true\n");
         let seen = events_until(&rx, |e| *e == entry("weir.toml", Change::Replaced));
         assert_eq!(
             seen,
@@ -182,9 +188,7 @@ mod tests {
         events_until(&rx, |e| *e == entry("weir.toml", Change::Closed));
 
         // Renamed over: the new file's writes are the ones reported.
-        let new = dir.path().join("weir.toml.tmp");
-        fs::write(&new, "new = true\n").expect("write the new config");
-        fs::rename(&new, &config).expect("rename it over the config");
+        rename_over(&config, "new = true\n");
         events_until(&rx, |e| *e == entry("weir.toml", Change::Replaced));
         let mut file = OpenOptions::new().append(true).open(&config).expect("open the new config");
         file.write_all(b"more = true\n").expect("append");
