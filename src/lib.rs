@@ -6,6 +6,7 @@ pub mod admin;
 pub mod config;
 pub mod echo;
 pub mod edge;
+pub mod engine;
 pub mod fswatch;
 pub mod keys;
 pub mod limit;

@@ -17,6 +17,7 @@ use super::upstream;
 use super::zones::{self, Zone};
 use crate::keys::RealIp;
 use crate::metrics::Meters;
+use crate::request::method::MethodOverride;
 use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
 use crate::tls::{CertEntry, MinTls};
@@ -101,6 +102,10 @@ pub struct ClientLimits {
     /// Open client connections per peer address; `None`: no per-address cap.
     pub max_connections_per_ip: Option<usize>,
     pub encoded_slashes: EncodedSlash,
+    /// Header names with `_` (nginx's `underscores_in_headers off`: dropped).
+    pub underscores_in_headers: UnderscoreHeaders,
+    /// `X-HTTP-Method-Override` and its kin (see `request::method`).
+    pub method_override: MethodOverride,
     /// Set `X-Forwarded-For` / `X-Real-IP` for the upstream (see `request::forwarded`).
     pub forwarded_headers: bool,
 }
@@ -116,9 +121,22 @@ impl Default for ClientLimits {
             max_connections: None,
             max_connections_per_ip: None,
             encoded_slashes: EncodedSlash::Reject,
+            underscores_in_headers: UnderscoreHeaders::Drop,
+            method_override: MethodOverride::Strip,
             forwarded_headers: true,
         }
     }
+}
+
+/// What becomes of a request header whose name has an `_`: upstreams behind CGI/WSGI (Werkzeug,
+/// PHP) read `X_Api_Key` as `X-Api-Key`, so passing it on would let a client send a key that Weir
+/// never read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnderscoreHeaders {
+    /// Removed before anything is decided or forwarded (nginx's default).
+    Drop,
+    /// 400.
+    Reject,
 }
 
 /// Logging: read at start-up (`RUST_LOG` overrides the level); the access log switch is live.
@@ -215,6 +233,8 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         max_connections,
         max_connections_per_ip,
         encoded_slashes,
+        underscores_in_headers,
+        method_override,
         forwarded_headers,
     } = server.into_inner();
     let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2)?;
@@ -283,18 +303,34 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         Some(v) if *v.get_ref() >= min => Ok(Some(*v.get_ref() as usize)),
         Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be at least {min}, got {}", v.get_ref()))),
     };
-    let encoded_slashes = match encoded_slashes.as_ref().map(|e| (e, e.get_ref().as_str())) {
-        None => defaults.encoded_slashes,
-        Some((_, "reject")) => EncodedSlash::Reject,
-        Some((_, "keep")) => EncodedSlash::Keep,
-        Some((_, "decode")) => EncodedSlash::Decode,
-        Some((e, other)) => {
-            return Err(src.error_at(
-                &e.span(),
-                format!("server.encoded_slashes: expected \"reject\", \"keep\" or \"decode\", got {other:?}"),
-            ))
+    // A setting spelled as one of a few words.
+    fn choice<T: Copy>(
+        src: &Source<'_>,
+        value: Option<Spanned<String>>,
+        field: &str,
+        default: T,
+        words: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let Some(value) = value else { return Ok(default) };
+        if let Some((_, chosen)) = words.iter().find(|(word, _)| word == value.get_ref()) {
+            return Ok(*chosen);
         }
-    };
+        let expected: Vec<String> = words.iter().map(|(word, _)| format!("{word:?}")).collect();
+        let detail = format!("server.{field}: expected {}, got {:?}", expected.join(" or "), value.get_ref());
+        Err(src.error_at(&value.span(), detail))
+    }
+    let slashes = [("reject", EncodedSlash::Reject), ("keep", EncodedSlash::Keep), ("decode", EncodedSlash::Decode)];
+    let encoded_slashes = choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes)?;
+    let underscores = [("drop", UnderscoreHeaders::Drop), ("reject", UnderscoreHeaders::Reject)];
+    let underscores_in_headers =
+        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores)?;
+    let overrides = [
+        ("strip", MethodOverride::Strip),
+        ("honour", MethodOverride::Honour),
+        ("honor", MethodOverride::Honour),
+        ("reject", MethodOverride::Reject),
+    ];
+    let method_override = choice(src, method_override, "method_override", defaults.method_override, &overrides)?;
     let clients = ClientLimits {
         header_timeout: duration(header_timeout, "header_timeout", defaults.header_timeout)?,
         body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
@@ -304,6 +340,8 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         max_connections: count(max_connections, "max_connections", 1)?,
         max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", 1)?,
         encoded_slashes,
+        underscores_in_headers,
+        method_override,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
     };
     if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {

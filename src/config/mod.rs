@@ -16,7 +16,7 @@ mod zones;
 use std::path::Path;
 
 pub use checks::parse_duration;
-pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings};
+pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
 pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};

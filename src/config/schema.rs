@@ -62,6 +62,8 @@ pub struct Server {
     pub max_connections: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
     pub encoded_slashes: Option<Spanned<String>>,
+    pub underscores_in_headers: Option<Spanned<String>>,
+    pub method_override: Option<Spanned<String>>,
     pub forwarded_headers: Option<bool>,
 }
 

@@ -1,8 +1,8 @@
 //! What happened to a request, as one value: its `weir_requests_total{outcome}` label and its
 //! access-log word come from here, never from string literals at the call sites.
 
-use super::status::LimitStatus;
 use crate::config::FailurePolicy;
+use crate::engine::status::LimitStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

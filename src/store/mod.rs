@@ -24,7 +24,7 @@ pub use self::redis::{
     RedisTls, RedisTopology,
 };
 
-/// One `limit_req` zone of one request: built once by the key step (`proxy::limiting`), then read
+/// One `limit_req` zone of one request: built once by the key step (`engine::limit_req`), then read
 /// by the store, the response headers and the statuses of the log. Borrows the zone's name from
 /// the config snapshot the request holds; the key is the request's own.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ pub trait LimitStore: Send + Sync {
     }
 }
 
-/// One `limit_conn` zone of one request, built once by the key step (`proxy::conn_limiting`).
+/// One `limit_conn` zone of one request, built once by the key step (`engine::limit_conn`).
 #[derive(Debug, Clone)]
 pub struct KeyedConn<'a> {
     pub zone: &'a str,

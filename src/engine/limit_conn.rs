@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use super::bodies::Refusal;
 use super::lease::{new_lease_id, Lease};
 use super::policy::{self, Groups, Rejection, Resolved};
+use super::refusal::Refusal;
 use super::status::Statuses;
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::keys::RequestFacts;

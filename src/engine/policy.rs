@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
-use super::bodies::Refusal;
+use super::refusal::Refusal;
 use crate::config::{FailurePolicy, Route, Runtime, StoreSettings};
 use crate::keys::{KeySpec, RequestFacts};
 use crate::limit::{DelayPolicy, LimitReq, Rate};

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use prometheus::Histogram;
 
-use super::bodies::Refusal;
 use super::headers;
 use super::policy::{self, Groups, Resolved};
+use super::refusal::Refusal;
 use super::status::{LimitStatus, Statuses};
 use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
 use crate::keys::RequestFacts;
@@ -62,6 +62,10 @@ pub struct Enforcement<'a> {
     pub fallback: Option<FailurePolicy>,
     /// When the store decided (`Verdict::decided_us`); `None` when no store did.
     pub decided_us: Option<u64>,
+    /// What the store (or the `local` policy) said of the enforced zones and of the dry-run
+    /// ones, in the order of `Groups::enforced` and `Groups::shadow`.
+    pub enforced: Option<Verdict>,
+    pub shadow: Option<Verdict>,
 }
 
 /// The stores a decision can use: the configured one, and the in-process one of the `local`
@@ -97,6 +101,8 @@ pub async fn enforce<'a>(
         statuses: Statuses::default(),
         fallback: None,
         decided_us: None,
+        enforced: None,
+        shadow: None,
     };
     let mut resolve =
         |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback);
@@ -150,6 +156,8 @@ pub async fn enforce<'a>(
             Action::Forward
         };
     }
+    result.enforced = enforced_verdict;
+    result.shadow = shadow_verdict;
     result
 }
 
@@ -168,15 +176,8 @@ async fn timed_decide(
     Some(verdict)
 }
 
-/// The nginx status words of one decided group (enforced or dry run); `weir replay` calls it too,
-/// so replayed statuses are the live ones.
-pub fn record_statuses(
-    statuses: &mut Statuses,
-    route: &Route,
-    group: &[KeyedZone<'_>],
-    verdict: &Verdict,
-    dry_run: bool,
-) {
+/// The nginx status words of one decided group (enforced or dry run).
+fn record_statuses(statuses: &mut Statuses, route: &Route, group: &[KeyedZone<'_>], verdict: &Verdict, dry_run: bool) {
     let zones = group
         .iter()
         .zip(&verdict.zones)
