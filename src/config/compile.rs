@@ -14,8 +14,9 @@ use super::route::{self, Route};
 use super::schema;
 use super::store::{self, StoreSettings};
 use super::upstream;
+use super::zones::OverrideMatch;
 use super::zones::{self, Zone};
-use crate::keys::RealIp;
+use crate::keys::{KeyPart, RealIp};
 use crate::metrics::Meters;
 use crate::request::method::MethodOverride;
 use crate::request::EncodedSlash;
@@ -161,8 +162,9 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
-    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
+    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
     let log = compile_log(&src, log)?;
+    no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -182,6 +184,41 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         warnings,
         meters,
     })
+}
+
+/// Request headers whose names hold `_` never reach a decision (they are dropped or refused, see
+/// `UnderscoreHeaders`), so a key, override or cost read from one would always be empty: refused.
+fn no_underscored_header_is_read(
+    src: &Source<'_>,
+    zones: &[Zone],
+    conn_zones: &[ConnZone],
+    routes: &[Route],
+) -> Result<(), ConfigError> {
+    let header_of = |part: &KeyPart| match part {
+        KeyPart::Header(name) => Some(name.clone()),
+        _ => None,
+    };
+    let rate = zones.iter().flat_map(|z| {
+        let overrides = z.overrides.iter().filter_map(|o| match &o.matcher {
+            OverrideMatch::Part(part, _) => header_of(part),
+            _ => None,
+        });
+        z.key.0.iter().filter_map(header_of).chain(overrides).map(move |h| (format!("zone {:?}", z.name), h))
+    });
+    let conn = conn_zones
+        .iter()
+        .flat_map(|z| z.key.0.iter().filter_map(header_of).map(move |h| (format!("limit_conn_zone {:?}", z.name), h)));
+    let cost =
+        routes.iter().filter_map(|r| r.cost.header.clone().map(|h| (format!("route {:?}: cost_header", r.name), h)));
+    for (what, header) in rate.chain(conn).chain(cost) {
+        if header.as_str().contains('_') {
+            return Err(src.error(format!(
+                "{what}: header {header} has an underscore in its name; such headers are dropped or refused \
+                 (server.underscores_in_headers), so it would always be empty: write it with '-'"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {

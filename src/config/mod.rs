@@ -7,6 +7,7 @@ mod compile;
 mod conn;
 mod error;
 mod route;
+mod route_match;
 mod schema;
 mod store;
 mod tls;

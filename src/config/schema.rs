@@ -200,7 +200,7 @@ pub struct Route {
     pub path_prefix: Option<Spanned<String>>,
     pub path_regex: Option<Spanned<String>>,
     pub host: Option<Spanned<String>>,
-    pub methods: Option<Vec<Spanned<String>>>,
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
     pub upstream: Spanned<String>,
     #[serde(default)]
     pub limit_req: Vec<Spanned<LimitReqRef>>,
