@@ -71,14 +71,14 @@ fn main() -> ExitCode {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
                     weir::logging::init(&runtime.log);
-                    weir::reload::Reloader::new(&cli.config, runtime, &text)
+                    weir::process::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
                     eprintln!("weir: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            match weir::server::run(std::sync::Arc::new(reloader)) {
+            match weir::process::server::run(std::sync::Arc::new(reloader)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir: {e}");
@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         }
         Command::Echo { listen } => {
             weir::logging::init(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
-            match weir::echo::run(listen) {
+            match weir::process::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir echo: cannot serve on {listen}: {e}");

@@ -509,7 +509,11 @@ limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
     let all = json_lines(&w);
     let access = access_of(&all);
     assert!(access.is_empty(), "access_log = false: no access lines, got {access:#?}");
-    assert!(all.iter().any(|l| l["target"] == "weir::server"), "other logs still go to stderr:\n{}", w.stderr());
+    assert!(
+        all.iter().any(|l| l["target"] == "weir::process::server"),
+        "other logs still go to stderr:\n{}",
+        w.stderr()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ use crate::engine::{self, Refused};
 use crate::keys;
 use crate::metrics::METRICS;
 use crate::request::{forwarded, hygiene};
-use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimits};
 
 use outcome::Outcome;
 
@@ -40,16 +39,8 @@ pub struct WeirProxy {
 }
 
 impl WeirProxy {
-    /// `store` decides rates and `conn_store` concurrency; both outlive every reload.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>, conn_store: Arc<dyn ConnStore>) -> Self {
-        // The `local` failure policy's stores are bounded by each zone's `max_keys`, like the
-        // memory store, following reloads.
-        let live = runtime.clone();
-        let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let local_conns = Arc::new(MemoryConnStore::default().with_zone_limits(limits.clone()));
-        let conn_stores = ConnStores { primary: conn_store, kind: store.kind(), local: local_conns };
-        let stores = Stores::new(store, MemoryStore::default().with_zone_limits(limits));
-        crate::upstream::REGISTRY.watch(runtime.clone());
+    /// The proxy decides with stores that outlive every reload (the process makes them once).
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, stores: Stores, conn_stores: ConnStores) -> Self {
         Self { runtime, stores, conn_stores }
     }
 }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
-use crate::reload::{ReloadOutcome, Reloader};
+use crate::process::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
 
 pub struct AdminApp {

@@ -5,13 +5,15 @@ use std::sync::Arc;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
-use crate::admin::AdminApp;
 use crate::config::Runtime;
 use crate::config::StoreSettings;
 use crate::edge::{EdgeApp, TlsListeners};
+use crate::engine::limit_conn::ConnStores;
+use crate::engine::limit_req::Stores;
 use crate::limit::SystemClock;
+use crate::process::admin::AdminApp;
+use crate::process::reload::Reloader;
 use crate::proxy::WeirProxy;
-use crate::reload::Reloader;
 use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
 use crate::tls::{self, CertResolver, CertWatcher};
 use arc_swap::ArcSwap;
@@ -21,25 +23,44 @@ const GRACE_SECONDS: u64 = 1;
 /// How often an open circuit breaker pings the store to see whether it is back.
 const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The stores of a process: rate limits and concurrency leases. On Redis both share one
-/// connection, one circuit breaker and the deny cache.
-pub struct Stores {
-    pub limits: Arc<dyn LimitStore>,
-    pub conns: Arc<dyn ConnStore>,
+/// What outlives every reload, made once at start and handed to the proxy, the admin API and
+/// the engine: the stores of rate limits and concurrency leases (on Redis both share one
+/// connection, one circuit breaker and the deny cache), with the in-process stores of the `local`
+/// failure policy. Upstream pools live in `upstream::REGISTRY`, whose health and DNS task
+/// `run` starts; certificates in the `CertWatcher` that reload feeds.
+pub struct Lasting {
+    pub limits: Stores,
+    pub conns: ConnStores,
 }
 
-pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
+impl Lasting {
+    pub fn build(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Lasting, String> {
+        // Each zone's capacity follows the running config (`max_keys`), reloads included.
+        let live = runtime.clone();
+        let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
+        let (limits, conns) = primary_stores(runtime, &zone_limits)?;
+        let kind = limits.kind();
+        Ok(Lasting {
+            limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone())),
+            conns: ConnStores {
+                primary: conns,
+                kind,
+                local: Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits)),
+            },
+        })
+    }
+}
+
+type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>);
+
+/// The configured store, for rates and for concurrency leases.
+fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
     let settings = &runtime.load().store;
     Ok(match settings {
-        StoreSettings::Memory => {
-            // Each zone's capacity follows the running config (`max_keys`), reloads included.
-            let live = runtime.clone();
-            let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-            Stores {
-                limits: Arc::new(MemoryStore::default().with_zone_limits(limits.clone())),
-                conns: Arc::new(MemoryConnStore::default().with_zone_limits(limits)),
-            }
-        }
+        StoreSettings::Memory => (
+            Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone())),
+            Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
+        ),
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
                 RedisStore::new(cfg.clone(), Arc::new(SystemClock))
@@ -58,7 +79,7 @@ pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
                 )
                 .with_conn(redis),
             );
-            Stores { limits: guarded.clone(), conns: guarded }
+            (guarded.clone(), guarded)
         }
     })
 }
@@ -66,8 +87,9 @@ pub fn build_stores(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Stores, String> {
 /// Runs the proxy until a signal stops the process. Never returns on success.
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
-    // The store (and its Redis connection) is made once and outlives every reload.
-    let stores = build_stores(&reloader.runtime())?;
+    // The stores (and the Redis connection) are made once and outlive every reload.
+    let lasting = Lasting::build(&reloader.runtime())?;
+    crate::upstream::REGISTRY.watch(reloader.runtime());
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
     for warning in &runtime.warnings {
@@ -105,7 +127,8 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let proxy = WeirProxy::new(reloader.runtime(), stores.limits.clone(), stores.conns);
+    let admin_store = lasting.limits.primary.clone();
+    let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
     let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
     proxy.server_options = Some(http_options(&runtime.server));
     let mut h2 = pingora::protocols::http::v2::server::H2Options::new();
@@ -129,7 +152,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone(), stores.limits),
+            AdminApp::new(reloader.clone(), admin_store),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());
