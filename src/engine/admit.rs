@@ -123,6 +123,8 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
 
     let host = decided_host(head, target.authority, &mut forward).map_err(|e| bad(BadRequest::Host, e, None))?;
 
+    // One pass over the header names: underscores, and whether any method override is present.
+    let mut overrides = false;
     for name in head.headers.keys() {
         if name.as_str().contains('_') {
             match clients.underscores_in_headers {
@@ -132,14 +134,19 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
                     return Err(bad(BadRequest::UnderscoreHeader, detail, None));
                 }
             }
+        } else {
+            overrides |= method::is_override_header(name.as_str());
         }
     }
 
     if !method::is_valid(head.method) {
         return Err(bad(BadRequest::Method, MethodError::Invalid, None));
     }
-    let overridden = method::resolve(clients.method_override, head.method, head.headers)
-        .map_err(|e| bad(BadRequest::MethodOverride, e, None))?;
+    let overridden = match overrides {
+        false => method::Override::default(),
+        true => method::resolve(clients.method_override, head.method, head.headers)
+            .map_err(|e| bad(BadRequest::MethodOverride, e, None))?,
+    };
     if overridden.strip {
         forward.strip.extend(method::OVERRIDE_HEADERS.iter().filter(|n| head.headers.contains_key(*n)).cloned());
     }
@@ -190,4 +197,93 @@ fn ambiguous_key(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Optio
     let rate_keys = route.limits.iter().map(|zl| &rt.zones[zl.zone].key);
     let conn_keys = route.conn_limits.iter().map(|cl| &rt.conn_zones[cl.zone].key);
     rate_keys.chain(conn_keys).find_map(|spec| spec.ambiguity(facts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn runtime(server_extra: &str) -> Runtime {
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:1\"]\n{server_extra}\n[store]\nkind = \"memory\"\n\
+             [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+             [[limit_req_zone]]\nname = \"k\"\nkey = \"header:X-Api-Key\"\nrate = \"1r/s\"\n\
+             [[route]]\nname = \"api\"\nhost = \"api.example.com\"\npath_prefix = \"/\"\nupstream = \"app\"\n\
+             [[route]]\nname = \"put\"\npath = \"/items\"\nmethods = [\"PUT\"]\nupstream = \"app\"\n\
+             [[route]]\nname = \"keyed\"\npath = \"/keyed\"\nupstream = \"app\"\nlimit_req = [ {{ zone = \"k\" }} ]\n\
+             [[route]]\nname = \"any\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+        );
+        crate::config::from_text(&text, "test.toml").unwrap()
+    }
+
+    /// (method, target, Host, extra headers) → the route's name and what is forwarded, or the
+    /// 400's code.
+    fn decide(rt: &Runtime, method: &str, target: &str, host: Option<&str>, extra: &[(&str, &str)]) -> String {
+        let mut headers = HeaderMap::new();
+        if let Some(h) = host {
+            headers.insert(HOST, HeaderValue::from_str(h).unwrap());
+        }
+        for (k, v) in extra {
+            headers.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let head = Head {
+            method: &method,
+            target: target.as_bytes(),
+            authority: None,
+            headers: &headers,
+            client_ip: None,
+            route: None,
+        };
+        match admit(rt, &head) {
+            Ok(plan) => {
+                let f = &plan.forward;
+                let strip: Vec<&str> = f.strip.iter().map(|h| h.as_str()).collect();
+                format!("{} {:?} {:?} {strip:?}", rt.routes[plan.route].name, f.target, f.host)
+            }
+            Err(Refused::BadRequest { error, .. }) => error.code().to_string(),
+            Err(other) => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn request_shapes_route_and_forward_as_upstreams_read_them() {
+        let rt = runtime("");
+        let cases: &[(&str, &str, Option<&str>, &[(&str, &str)], &str)] = &[
+            ("GET", "/a", Some("api.example.com"), &[], "api None None []"),
+            ("GET", "/a", Some("API.Example.COM.:81"), &[], "api None Some(\"api.example.com:81\") []"),
+            ("GET", "http://api.example.com/a?q", None, &[], "api Some(\"/a?q\") Some(\"api.example.com\") []"),
+            ("GET", "//a/./b", Some("x"), &[], "any Some(\"/a/b\") None []"),
+            ("GET", "/caf\u{e9}", Some("x"), &[], "any Some(\"/caf%C3%A9\") None []"),
+            ("GET", "login", Some("x"), &[], "bad_target"),
+            ("GET", "/x\\y", Some("x"), &[], "bad_path"),
+            ("GET", "/a", Some("api.example.com:1:1"), &[], "bad_host"),
+            ("put", "/items", Some("x"), &[], "bad_method"),
+            ("PUT", "/items", Some("x"), &[], "put None None []"),
+            (
+                "POST",
+                "/items",
+                Some("x"),
+                &[("x-http-method-override", "PUT")],
+                "any None None [\"x-http-method-override\"]",
+            ),
+            ("GET", "/keyed", Some("x"), &[("x_api_key", "k")], "keyed None None [\"x_api_key\"]"),
+            ("GET", "/keyed", Some("x"), &[("x-api-key", "a"), ("x-api-key", "b")], "ambiguous_key"),
+        ];
+        for (method, target, host, extra, want) in cases {
+            assert_eq!(decide(&rt, method, target, *host, extra), *want, "{method} {target} {host:?} {extra:?}");
+        }
+    }
+
+    #[test]
+    fn override_and_underscore_policies() {
+        let honour = runtime("method_override = \"honour\"\nunderscores_in_headers = \"reject\"");
+        let put = [("x-http-method-override", "put")];
+        assert_eq!(decide(&honour, "POST", "/items", Some("x"), &put), "put None None []");
+        assert_eq!(decide(&honour, "GET", "/items", Some("x"), &put), "any None None [\"x-http-method-override\"]");
+        assert_eq!(decide(&honour, "GET", "/", Some("x"), &[("a_b", "1")]), "underscore_header");
+        let reject = runtime("method_override = \"reject\"");
+        assert_eq!(decide(&reject, "POST", "/items", Some("x"), &put), "method_override");
+    }
 }

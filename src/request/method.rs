@@ -14,6 +14,12 @@ pub static OVERRIDE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-method-override"),
 ];
 
+/// Whether a (lower-case) header name is one of [`OVERRIDE_HEADERS`]; no hashing, for the one
+/// pass over a request's header names.
+pub fn is_override_header(name: &str) -> bool {
+    name.starts_with("x-") && OVERRIDE_HEADERS.iter().any(|h| h.as_str() == name)
+}
+
 /// `[server] method_override`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MethodOverride {
