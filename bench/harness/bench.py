@@ -35,7 +35,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
         self.workdir = Path(args.workdir)
         # Weir watches the directories of its config and of its certificates, and every write to
         # a file there wakes the watcher: those live apart from the logs (the workdir), or each
-        # log line would wake every Weir of the bench (README, "Access log").
+        # log line would wake every Weir of the bench (docs/operating.md, "Access log").
         self.confdir = self.workdir / "conf"
         self.confdir.mkdir(parents=True, exist_ok=True)
         self.out = Path(args.out)
@@ -383,7 +383,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             self.results["paced"] = self.phase_paced(rows)  # --rows ...,redis,paced
 
     def stem(self) -> str:
-        # A quick run must not overwrite the full run's results (bench/README.md quotes them).
+        # A quick run must not overwrite the full run's results (bench/results/*.md quote them).
         return "quick" if self.quick else "latest"
 
     def write_report(self, results: dict, t_start: float) -> int:
