@@ -39,15 +39,15 @@ from pathlib import Path
 
 # The bench harness (bench/harness/, standard library only) has one implementation of what both
 # drivers need: the process recorder and wait_port (procs.py), the config writer and `weir check`
-# (configs.py), the /metrics parser (metrics.py), /proc readings (procstat.py), the RESP client
-# (resp.py). This file keeps only what is the soak's own.
+# (configs.py), the /metrics parser (metrics.py), /proc readings (procstat.py), the Redis client
+# (redis_client.py on resp.py). This file keeps only what is the soak's own.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.common import BenchError  # noqa: E402
 from harness.configs import weir_check, write_config  # noqa: E402
 from harness.metrics import metric_sum, scrape_metrics, total  # noqa: E402
 from harness.procs import Proc, Procs, free_port, log_tail, wait_port  # noqa: E402
 from harness.procstat import cpu_seconds, proc_status  # noqa: E402
-from harness.resp import RespClient  # noqa: E402
+from harness.redis_client import Redis as BenchRedis  # noqa: E402
 
 SOAK_DIR = Path(__file__).resolve().parent
 BENCH_DIR = SOAK_DIR.parent
@@ -88,11 +88,11 @@ class SoakError(BenchError):
 
 
 # --------------------------------------------------------------------------------------------
-# A minimal Redis client (RESP2)
+# Redis: the bench's client (RESP2, INFO snapshots), with the soak's error type and short timeout
 # --------------------------------------------------------------------------------------------
 
 
-class Redis(RespClient):
+class Redis(BenchRedis):
     error = SoakError
 
     def __init__(self, port: int, timeout: float = 5.0):
@@ -104,14 +104,8 @@ class Redis(RespClient):
 
     def script_calls(self) -> int:
         """Successful EVALSHA + EVAL calls since this Redis started."""
-        total = 0
-        for line in self.cmd("INFO", "commandstats").decode().splitlines():
-            m = re.match(r"cmdstat_(evalsha|eval):calls=(\d+).*?failed_calls=(\d+)", line)
-            if m:
-                total += int(m.group(2)) - int(m.group(3))
-            elif re.match(r"cmdstat_(evalsha|eval):calls=(\d+)", line):
-                total += int(re.match(r"cmdstat_\w+:calls=(\d+)", line).group(1))
-        return total
+        s = self.snapshot()
+        return sum(s["calls"].get(c, 0) - s["failed"].get(c, 0) for c in ("evalsha", "eval"))
 
 
 # --------------------------------------------------------------------------------------------
