@@ -977,7 +977,7 @@ fn expect_check_ok(case: &str, body: &str) {
 
 #[test]
 fn check_accepts_windows_up_to_the_documented_24h() {
-    // The error message and the README give the range as "1ms" to "24h".
+    // The error message and docs/configuration.md give the range as "1ms" to "24h".
     for window in ["1ms", "500ms", "10s", "15m", "1440m", "1h", "24h"] {
         expect_check_ok(
             &format!("window_{window}"),
