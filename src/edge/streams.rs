@@ -16,7 +16,6 @@
 //!   [`body_progress`]; the deadline runs only between the start of the body's forwarding and
 //!   its last byte, so a request delayed by `limit_req` is not cut for waiting.
 
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -186,16 +185,14 @@ impl BodyWatch {
     }
 
     /// Resolves once the body has been awaited for `timeout` without a piece arriving.
-    fn expired(&self) -> impl Future<Output = ()> + '_ {
-        async move {
-            loop {
-                let deadline = *self.deadline.lock().unwrap_or_else(|p| p.into_inner());
-                match deadline {
-                    None => self.armed.notified().await,
-                    Some(at) if Instant::now() >= at => return,
-                    // Progress moves the deadline without waking us: look again when this one passes.
-                    Some(at) => tokio::time::sleep_until(at).await,
-                }
+    async fn expired(&self) {
+        loop {
+            let deadline = *self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+            match deadline {
+                None => self.armed.notified().await,
+                Some(at) if Instant::now() >= at => return,
+                // Progress moves the deadline without waking us: look again when this one passes.
+                Some(at) => tokio::time::sleep_until(at).await,
             }
         }
     }
