@@ -126,8 +126,9 @@ fn an_h2_stream_flood_is_held_to_the_connection_caps_and_others_are_still_served
     let refused = Arc::new(AtomicUsize::new(0));
     let mut flooders = Vec::new();
     let mut readers = Vec::new();
-    for _ in 0..3 {
-        let mut c = H2Conn::connect(w.addr, &[]).expect("h2c connection");
+    // All three connect first (each takes a place of its own), then flood.
+    let conns: Vec<H2Conn> = (0..3).map(|_| H2Conn::connect(w.addr, &[]).expect("h2c connection")).collect();
+    for mut c in conns {
         assert_eq!(c.server_settings.setting(h2::SETTINGS_MAX_CONCURRENT_STREAMS), Some(200));
         for i in 0..200 {
             c.request(1 + 2 * i, "GET", "/slow", &[], true).unwrap();
