@@ -57,7 +57,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = super::DEFAULT_MAX_LINE_LENGTH)]
     max_line_length: usize,
     /// Stop with an error when the report's per-key tables reach this many keys (each key of
-    /// each zone reference is one; about 100-250 bytes each): bounds the replay's memory.
+    /// each zone reference is one; about 200 bytes per key and run, a whole-second log runs twice):
+    /// bounds the replay's memory.
     #[arg(long, default_value_t = super::DEFAULT_MAX_KEYS)]
     max_keys: u64,
     /// Log files (plain or gzip); `-` is standard input.

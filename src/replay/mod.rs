@@ -375,8 +375,8 @@ fn truncated(text: &str, max: usize) -> String {
 
 fn too_many_keys(max: u64, file: &str, line: u64) -> ReplayError {
     ReplayError(format!(
-        "{file}:{line}: more than {max} distinct keys (--max-keys): the report keeps a table entry per key and \
-         zone, about 100-250 bytes each; raise --max-keys if the memory is there, or replay a shorter span \
+        "{file}:{line}: more than {max} distinct keys (--max-keys): the replay keeps about 200 bytes per key \
+         (twice for a whole-second log); raise --max-keys if the memory is there, or replay a shorter span \
          (--from/--to) or fewer files"
     ))
 }
