@@ -107,6 +107,55 @@ fn the_advertised_stream_cap_is_pingoras_default_or_h2_max_streams_and_is_enforc
     assert_eq!(slow.accepted(), 5);
 }
 
+/// `conns` h2c connections (all connected before any stream is sent, each holding a place), then
+/// `streams` GET /slow on each, with a thread per connection counting `REFUSED_STREAM` resets.
+struct Flood {
+    conns: Vec<H2Conn>,
+    readers: Vec<thread::JoinHandle<()>>,
+    refused: Arc<AtomicUsize>,
+}
+
+impl Flood {
+    fn start(addr: SocketAddr, conns: usize, streams: u32) -> Flood {
+        let mut conns: Vec<H2Conn> = (0..conns).map(|_| H2Conn::connect(addr, &[]).expect("h2c connection")).collect();
+        let refused = Arc::new(AtomicUsize::new(0));
+        let mut readers = Vec::new();
+        for c in &mut conns {
+            assert_eq!(c.server_settings.setting(h2::SETTINGS_MAX_CONCURRENT_STREAMS), Some(streams));
+            for i in 0..streams {
+                c.request(1 + 2 * i, "GET", "/slow", &[], true).unwrap();
+            }
+            let mut reader = c.try_clone().unwrap();
+            let refused = refused.clone();
+            readers.push(thread::spawn(move || {
+                // Until the connection ends (the test shuts it down when done).
+                while let Ok(f) = h2::read_frame(&mut reader, Duration::from_secs(60)) {
+                    if f.kind == h2::RST_STREAM && f.error_code() == Some(h2::REFUSED_STREAM) {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        Flood { conns, readers, refused }
+    }
+
+    fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        // Shut the sockets down (the readers' clones too), then wait for the readers.
+        for c in &self.conns {
+            let _ = c.try_clone().and_then(|s| s.shutdown(std::net::Shutdown::Both));
+        }
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+    }
+}
+
 #[test]
 fn an_h2_stream_flood_is_held_to_the_connection_caps_and_others_are_still_served() {
     let fast = Upstream::start();
@@ -123,37 +172,15 @@ fn an_h2_stream_flood_is_held_to_the_connection_caps_and_others_are_still_served
 
     // Three connections of 200 streams each from 127.0.0.1: 600 requests for a slow upstream.
     // Without the caps each would hold an upstream socket: far past the 256 descriptors.
-    let refused = Arc::new(AtomicUsize::new(0));
-    let mut flooders = Vec::new();
-    let mut readers = Vec::new();
-    // All three connect first (each takes a place of its own), then flood.
-    let conns: Vec<H2Conn> = (0..3).map(|_| H2Conn::connect(w.addr, &[]).expect("h2c connection")).collect();
-    for mut c in conns {
-        assert_eq!(c.server_settings.setting(h2::SETTINGS_MAX_CONCURRENT_STREAMS), Some(200));
-        for i in 0..200 {
-            c.request(1 + 2 * i, "GET", "/slow", &[], true).unwrap();
-        }
-        let mut reader = c.try_clone().unwrap();
-        let refused = refused.clone();
-        readers.push(thread::spawn(move || {
-            // Counts refusals until the connection ends or the test drops it.
-            while let Ok(f) = h2::read_frame(&mut reader, Duration::from_secs(60)) {
-                if f.kind == h2::RST_STREAM && f.error_code() == Some(h2::REFUSED_STREAM) {
-                    refused.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-        flooders.push(c);
-    }
+    let flood = Flood::start(w.addr, 3, 200);
     // 40 places for 127.0.0.1: the three connections, each with its first stream, and 37 more
     // streams. Every other stream is refused.
     let expected_refused = 600 - 40;
     assert!(
-        wait_until(Duration::from_secs(20), Duration::from_millis(20), || refused.load(Ordering::SeqCst)
-            >= expected_refused)
-        .is_some(),
+        wait_until(Duration::from_secs(20), Duration::from_millis(20), || flood.refused() >= expected_refused)
+            .is_some(),
         "streams over the caps are refused: {} of {expected_refused}",
-        refused.load(Ordering::SeqCst)
+        flood.refused()
     );
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(20), || slow.accepted() == 40).is_some(),
@@ -171,18 +198,12 @@ fn an_h2_stream_flood_is_held_to_the_connection_caps_and_others_are_still_served
     assert_eq!(same.json()["cap"], "max_connections_per_ip");
     let m = scrape(admin);
     assert!(m.value_or_zero("weir_connections_refused_total", &[("cap", "max_connections_per_ip")]) >= 561.0);
-    assert_eq!(refused.load(Ordering::SeqCst), expected_refused, "no stream within the caps was refused");
+    assert_eq!(flood.refused(), expected_refused, "no stream within the caps was refused");
     assert_eq!(slow.accepted(), 40);
     assert!(!w.stderr().contains("Too many open files"), "{}", w.stderr());
 
-    // The flood's places come back when its connections close (the readers' clones included).
-    for c in &flooders {
-        let _ = c.try_clone().and_then(|s| s.shutdown(std::net::Shutdown::Both));
-    }
-    drop(flooders);
-    for r in readers {
-        r.join().unwrap();
-    }
+    // The flood's places come back when its connections close.
+    drop(flood);
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
             support::http::send(w.addr, &support::http::Request::get("/fast")).is_ok_and(|r| r.status == 200)
@@ -190,6 +211,40 @@ fn an_h2_stream_flood_is_held_to_the_connection_caps_and_others_are_still_served
         .is_some(),
         "the flooding address is served again once its streams are gone"
     );
+}
+
+#[test]
+fn without_a_per_address_cap_the_instance_cap_holds_an_h2_flood_and_the_admin_listener_answers() {
+    let fast = Upstream::start();
+    let slow = Holding::start();
+    // 256 descriptors: (256 - 128) / 2 = 64 places in all, and no per-address cap (as behind a
+    // load balancer): the instance cap alone stands in the way.
+    let config = h2c_config(fast.addr(), slow.addr(), "h2_max_streams = 200\nheader_timeout = \"30s\"");
+    let w = Weir::start_with_nofile(&config, 256);
+    let admin = admin::addr(&w);
+    let flood = Flood::start(w.addr, 2, 200);
+    // 64 places: the two connections, their first streams, and 62 more streams; 336 refused.
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(20), || flood.refused() >= 336).is_some(),
+        "streams over the instance cap are refused: {} of 336",
+        flood.refused()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(20), || slow.accepted() == 64).is_some(),
+        "64 streams reach the upstream: {}",
+        slow.accepted()
+    );
+    let health = support::http::get(admin, "/healthz");
+    assert_eq!(health.status, 200, "{}", health.summary());
+    // Another client is answered at once, with the instance cap's 503.
+    let other = http1_get_from("127.0.0.2", w.addr, "/fast");
+    assert!(other.starts_with("HTTP/1.1 503"), "{other}");
+    assert!(other.contains("\"max_connections\""), "{other}");
+    let m = scrape(admin);
+    assert_eq!(m.value_or_zero("weir_connections_refused_total", &[("cap", "max_connections")]), 337.0);
+    assert_eq!(slow.accepted(), 64);
+    assert_eq!(flood.refused(), 336);
+    assert!(!w.stderr().contains("Too many open files"), "{}", w.stderr());
 }
 
 /// `GET path` over HTTP/1.1 from the local address `from` (any 127.0.0.0/8 address is loopback
