@@ -37,7 +37,7 @@ enum Command {
         listen: SocketAddr,
     },
     /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
-    Replay(weir::replay::cli::ReplayArgs),
+    Replay(Box<weir::replay::cli::ReplayArgs>),
 }
 
 #[cfg(feature = "mimalloc")]
@@ -47,7 +47,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
-        Command::Replay(args) => weir::replay::cli::run(&cli.config, args),
+        Command::Replay(args) => weir::replay::cli::run(&cli.config, *args),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {

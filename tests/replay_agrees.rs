@@ -131,9 +131,16 @@ fn replay_decides_every_hostile_request_as_the_live_proxy_did() {
     ));
     let started = Instant::now();
     let mut statuses = Vec::new();
-    for r in REQUESTS {
+    for (i, r) in REQUESTS.iter().enumerate() {
         let resp = http::send_raw(w.addr, &wire(r)).expect("an answer").expect("a response");
         statuses.push(resp.status);
+        // A line is written as its request ends, after the response: wait for it, so the log's
+        // order is the order sent.
+        let logged = Instant::now() + Duration::from_secs(10);
+        while access_lines(&w).len() <= i && Instant::now() < logged {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(access_lines(&w).len(), i + 1, "request {i} was logged");
     }
     // 1r/m with no burst: the whole run must fit in the minute for the live words to be the
     // model's, as the replay's timestamps are.

@@ -27,6 +27,18 @@ use crate::upstream::Upstream;
 /// Largest accepted `burst` and `delay`: far beyond any sane bucket, and small enough that the
 /// bucket level stays an exact integer in a double (Lua) for every rate unit.
 const MAX_THREADS: i64 = 1024;
+/// The longest client timeout (`header_timeout`, `body_timeout`, `send_timeout`,
+/// `keepalive_timeout`): an hour without a byte is no longer a slow client.
+const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The largest `max_header_size`: 1 MiB of request line and headers (nginx's default is 8 KiB
+/// per line, 32 KiB in all).
+const MAX_HEADER_SIZE: i64 = 1024 * 1024;
+/// The largest `max_connections` and `max_connections_per_ip`: beyond any file-descriptor limit.
+const MAX_CONNECTIONS: i64 = 10_000_000;
+/// The largest `h2_max_streams` (nginx's `http2_max_concurrent_streams` defaults to 128).
+const MAX_H2_STREAMS: i64 = 1000;
+/// Pingora's default stream cap (`default_h2_options`), kept when the config sets none.
+pub const DEFAULT_H2_MAX_STREAMS: u32 = 100;
 
 /// The compiled, immutable configuration one request reads from start to end.
 #[derive(Debug)]
@@ -102,6 +114,10 @@ pub struct ClientLimits {
     pub max_connections: Option<usize>,
     /// Open client connections per peer address; `None`: no per-address cap.
     pub max_connections_per_ip: Option<usize>,
+    /// Concurrent streams per HTTP/2 connection, advertised as `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    /// Each stream in flight beyond a connection's first also takes a place under the two caps
+    /// above (see `edge::streams`).
+    pub h2_max_streams: u32,
     pub encoded_slashes: EncodedSlash,
     /// Header names with `_` (nginx's `underscores_in_headers off`: dropped).
     pub underscores_in_headers: UnderscoreHeaders,
@@ -121,6 +137,7 @@ impl Default for ClientLimits {
             max_header_size: 64 * 1024,
             max_connections: None,
             max_connections_per_ip: None,
+            h2_max_streams: DEFAULT_H2_MAX_STREAMS,
             encoded_slashes: EncodedSlash::Reject,
             underscores_in_headers: UnderscoreHeaders::Drop,
             method_override: MethodOverride::Strip,
@@ -269,6 +286,7 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         max_header_size,
         max_connections,
         max_connections_per_ip,
+        h2_max_streams,
         encoded_slashes,
         underscores_in_headers,
         method_override,
@@ -330,15 +348,19 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         |value: Option<Spanned<String>>, field: &str, default: Duration| match value {
             None => Ok(default),
             Some(v) => match parse_duration(v.get_ref()) {
+                Some(d) if d > MAX_CLIENT_TIMEOUT => Err(src.error_at(
+                    &v.span(),
+                    format!("server.{field}: {:?} is too long: the most is 1h (\"3600s\")", v.get_ref()),
+                )),
                 Some(d) if !d.is_zero() => Ok(d),
                 _ => Err(src
                     .error_at(&v.span(), format!("server.{field}: {:?} is not a duration like \"10s\"", v.get_ref()))),
             },
         };
-    let count = |value: Option<Spanned<i64>>, field: &str, min: i64| match value {
+    let count = |value: Option<Spanned<i64>>, field: &str, (min, max): (i64, i64)| match value {
         None => Ok(None),
-        Some(v) if *v.get_ref() >= min => Ok(Some(*v.get_ref() as usize)),
-        Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be at least {min}, got {}", v.get_ref()))),
+        Some(v) if (min..=max).contains(v.get_ref()) => Ok(Some(*v.get_ref() as usize)),
+        Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be {min}..={max}, got {}", v.get_ref()))),
     };
     // A setting spelled as one of a few words.
     fn choice<T: Copy>(
@@ -373,9 +395,12 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
         send_timeout: duration(send_timeout, "send_timeout", defaults.send_timeout)?,
         keepalive_timeout: duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout)?,
-        max_header_size: count(max_header_size, "max_header_size", 1024)?.unwrap_or(defaults.max_header_size),
-        max_connections: count(max_connections, "max_connections", 1)?,
-        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", 1)?,
+        max_header_size: count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE))?
+            .unwrap_or(defaults.max_header_size),
+        max_connections: count(max_connections, "max_connections", (1, MAX_CONNECTIONS))?,
+        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS))?,
+        h2_max_streams: count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS))?
+            .map_or(defaults.h2_max_streams, |n| n as u32),
         encoded_slashes,
         underscores_in_headers,
         method_override,

@@ -61,6 +61,8 @@ pub struct Server {
     pub max_header_size: Option<Spanned<i64>>,
     pub max_connections: Option<Spanned<i64>>,
     pub max_connections_per_ip: Option<Spanned<i64>>,
+    /// Concurrent streams one HTTP/2 connection may open (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub h2_max_streams: Option<Spanned<i64>>,
     pub encoded_slashes: Option<Spanned<String>>,
     pub underscores_in_headers: Option<Spanned<String>>,
     pub method_override: Option<Spanned<String>>,

@@ -223,15 +223,19 @@ pub(super) fn compile_store(
             }
             let timeout = match timeout {
                 None => Duration::from_millis(25),
-                Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-                    src.error_at(
-                        &t.span(),
-                        format!(
-                            "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}",
-                            t.get_ref()
-                        ),
-                    )
-                })?,
+                // Every limited request may wait this long: a minute is already far past useful.
+                Some(t) => parse_duration(t.get_ref())
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
+                    .ok_or_else(|| {
+                        src.error_at(
+                            &t.span(),
+                            format!(
+                                "store.timeout: expected a positive duration up to \"60s\" like \"25ms\" or \"1s\", \
+                                 got {:?}",
+                                t.get_ref()
+                            ),
+                        )
+                    })?,
             };
             let clock = match clock.as_ref().map(|c| c.get_ref().as_str()) {
                 None | Some("redis") => RedisClock::Redis,

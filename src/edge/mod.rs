@@ -5,6 +5,7 @@
 
 mod caps;
 mod stream;
+mod streams;
 mod tls;
 
 use std::net::IpAddr;
@@ -21,11 +22,13 @@ use tokio::io::AsyncWriteExt;
 
 pub use caps::{ConnPermit, ConnectionCaps, Refusal};
 pub use stream::{GuardedStream, StreamLimits};
+pub use streams::{awaiting_body, body_progress, h2_options};
 pub use tls::TlsListeners;
 
 use crate::config::Runtime;
 use crate::metrics::METRICS;
 use crate::proxy::{bodies, WeirProxy};
+use streams::StreamGate;
 
 /// File descriptors kept for everything but client connections: the admin listener and its
 /// clients, Redis, the config watcher, logs, Pingora's own.
@@ -103,6 +106,7 @@ impl ServerApp for EdgeApp {
             keepalive_timeout: clients.keepalive_timeout,
             max_header_size: clients.max_header_size,
         };
+        let clients = clients.clone();
         drop(runtime);
         let (stream, multiplexed) = match tls {
             Some(tls) => match tls.handshake(stream, limits.header_timeout).await {
@@ -139,6 +143,11 @@ impl ServerApp for EdgeApp {
             None => (stream, false),
         };
         let guarded: Stream = Box::new(GuardedStream::new(stream, limits, permit, multiplexed));
+        if multiplexed {
+            // Each stream takes a place under the caps and has a body deadline (see streams.rs).
+            let gate = StreamGate::new(self.proxy.clone(), self.caps.clone(), peer, (max_total, per_ip), clients);
+            return Arc::new(gate).process_new(guarded, shutdown).await;
+        }
         // HTTP/1 keep-alive loops inside the proxy, so this returns when the connection is done.
         self.proxy.process_new(guarded, shutdown).await
     }
@@ -153,9 +162,11 @@ fn local_addr(stream: &Stream) -> Option<std::net::SocketAddr> {
     digest.local_addr().and_then(|a| a.as_inet()).copied()
 }
 
+/// The peer's address, an IPv4-mapped IPv6 one (a dual-stack listener's view of an IPv4 client)
+/// as the IPv4 address it is, so caps and trusted-proxy ranges see one client one way.
 fn peer_ip(stream: &Stream) -> Option<IpAddr> {
     let digest = stream.get_socket_digest()?;
-    digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip())
+    digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip().to_canonical())
 }
 
 /// A short HTTP/1.1 503 with `Connection: close`, best effort: the client may be gone already.

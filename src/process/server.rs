@@ -131,10 +131,9 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
     let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
     proxy.server_options = Some(http_options(&runtime.server));
-    let mut h2 = pingora::protocols::http::v2::server::H2Options::new();
-    // The h2 counterpart of max_header_size (HPACK-decoded size of one request's header list).
-    h2.max_header_list_size(u32::try_from(runtime.server.clients.max_header_size).unwrap_or(u32::MAX));
-    proxy.h2_options = Some(h2);
+    // The edge serves h2 connections with these options read per connection (edge/streams.rs);
+    // the proxy's own copy matches them for any h2 connection that would not pass there.
+    proxy.h2_options = Some(crate::edge::h2_options(&runtime.server.clients));
     let mut edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
     if !listen_tls.is_empty() {
         let resolver = Arc::new(CertResolver::new(runtime.tls_certs.clone()));

@@ -247,10 +247,12 @@ impl ProxyHttp for WeirProxy {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // HTTP/2: the body deadline (body_timeout) starts with forwarding; see edge/streams.rs.
+        crate::edge::awaiting_body(!session.is_body_done());
         if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
             let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
@@ -266,6 +268,17 @@ impl ProxyHttp for WeirProxy {
             upstream_request.insert_header(http::header::CONNECTION, "close")?;
         }
         ctx.upstream_sent = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        _ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        crate::edge::body_progress(end_of_stream);
         Ok(())
     }
 

@@ -74,6 +74,9 @@ pub struct Stats {
     pub routes: Vec<RouteStats>,
     /// Per zone (index into `Runtime::zones`).
     pub series: Vec<Series>,
+    /// Entries in the per-key tables of every reference (`RefStats::keys`, `ConnStats::keys`):
+    /// what bounds the replay's memory (`--max-keys`).
+    pub keys: u64,
 }
 
 impl Stats {
@@ -124,7 +127,10 @@ impl Stats {
             s.rejected += u64::from(c.rejected);
             let key = match s.keys.get_mut(&c.key) {
                 Some(k) => k,
-                None => s.keys.entry(c.key.clone()).or_default(),
+                None => {
+                    self.keys += 1;
+                    s.keys.entry(c.key.clone()).or_default()
+                }
             };
             key.0 = key.0.max(c.in_flight + u32::from(!c.rejected));
             key.1 |= c.rejected;
@@ -145,7 +151,10 @@ impl Stats {
             }
             let key = match s.keys.get_mut(&z.key) {
                 Some(k) => k,
-                None => s.keys.entry(z.key.clone()).or_default(),
+                None => {
+                    self.keys += 1;
+                    s.keys.entry(z.key.clone()).or_default()
+                }
             };
             key.requests += 1;
             key.rejected += u64::from(rejected);
