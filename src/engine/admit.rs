@@ -217,6 +217,9 @@ mod tests {
         crate::config::from_text(&text, "test.toml").unwrap()
     }
 
+    /// method, target, Host, extra headers, and what `decide` says of them.
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+
     /// (method, target, Host, extra headers) → the route's name and what is forwarded, or the
     /// 400's code.
     fn decide(rt: &Runtime, method: &str, target: &str, host: Option<&str>, extra: &[(&str, &str)]) -> String {
@@ -250,7 +253,7 @@ mod tests {
     #[test]
     fn request_shapes_route_and_forward_as_upstreams_read_them() {
         let rt = runtime("");
-        let cases: &[(&str, &str, Option<&str>, &[(&str, &str)], &str)] = &[
+        let cases: &[Case<'_>] = &[
             ("GET", "/a", Some("api.example.com"), &[], "api None None []"),
             ("GET", "/a", Some("API.Example.COM.:81"), &[], "api None Some(\"api.example.com:81\") []"),
             ("GET", "http://api.example.com/a?q", None, &[], "api Some(\"/a?q\") Some(\"api.example.com\") []"),
