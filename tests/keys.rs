@@ -391,3 +391,104 @@ limit_req = [ {{ zone = "z" }} ]
     let out = check_config("keys.toml", &ok.replace("$LISTEN", "127.0.0.1:0"), std::time::Duration::from_secs(20));
     assert_eq!(out.code, Some(0), "{}", out.describe());
 }
+
+#[test]
+fn replay_decides_the_new_key_parts_as_the_live_proxy_did() {
+    let up = Upstream::start();
+    let dir = ConfigDir::new();
+    let secret = dir.path().join("secret.key");
+    std::fs::write(&secret, SECRET).unwrap();
+    let jwt = format!(
+        "[jwt]\nkey_file = \"{}\"\nalgorithm = \"HS256\"\nissuer = \"{ISSUER}\"\naudience = \"weir\"",
+        secret.display()
+    );
+    let routes = zone_and_route("p64", r#""ip/24""#, "")
+        + &zone_and_route("per_route", r#""route""#, "")
+        + &zone_and_route("per_user", r#""jwt:sub""#, "")
+        + &zone_and_route("user_or_ip", r#""jwt:sub""#, r#"bad_token_key = "ip/32,64""#)
+        + r#"
+[[limit_req_zone]]
+name = "per_tenant"
+key = "path:tenant"
+rate = "1r/m"
+
+[[route]]
+name = "tenants"
+path_regex = "^/tenants/(?P<tenant>[^/]+)/"
+upstream = "app"
+limit_req = [ { zone = "per_tenant", burst = 0, nodelay = true } ]
+"#;
+    let sections = "[store]\nkind = \"memory\"\n[log]\nformat = \"json\"\n";
+    let w = Weir::start(&with_app("", sections, up.addr(), &format!("{REAL_IP}\n\n{jwt}\n{routes}")));
+
+    let (alice, bob) = (bearer(&hs(&claims("alice"))), bearer(&hs(&claims("bob"))));
+    let forged = bearer(&forged_tokens()[2].1);
+    // (target, X-Forwarded-For, Authorization)
+    let requests: Vec<(&str, &str, &str)> = vec![
+        ("/p64/x", "2001:db8::1", ""),
+        ("/p64/x", "2001:db8::ffff:2", ""),
+        ("/p64/x", "2001:db8:0:1::1", ""),
+        ("/per_route/a", "192.0.2.1", ""),
+        ("/per_route/b", "192.0.2.2", ""),
+        ("/tenants/acme/x", "192.0.2.1", ""),
+        ("/tenants/%61cme/y", "192.0.2.1", ""),
+        ("/tenants/globex/x", "192.0.2.1", ""),
+        ("/per_user/x", "192.0.2.1", &alice),
+        ("/per_user/x", "192.0.2.1", &alice),
+        ("/per_user/x", "192.0.2.1", &bob),
+        ("/per_user/x", "192.0.2.1", &forged),
+        ("/user_or_ip/x", "2001:db8::1", &forged),
+        ("/user_or_ip/x", "2001:db8::2", ""),
+        ("/user_or_ip/x", "2001:db8::3", &alice),
+    ];
+    let statuses: Vec<u16> = requests
+        .iter()
+        .map(|(target, xff, auth)| {
+            let mut headers = vec![("X-Forwarded-For", *xff)];
+            if !auth.is_empty() {
+                headers.push(("Authorization", auth));
+            }
+            get(&w, target, &headers).status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 429, 200, 200, 429, 200, 429, 200, 200, 429, 200, 401, 200, 429, 200]);
+    let lines = support::poll::poll(
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(50),
+        || support::access_log::access_lines(&w),
+        |l| l.len() >= requests.len(),
+    )
+    .unwrap_or_else(|l| panic!("access lines: {l:?}"));
+    let live: Vec<String> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?").to_string()).collect();
+    assert_eq!(live.iter().filter(|w| *w == "REJECTED").count(), 5, "{live:?}");
+
+    let log: String = requests
+        .iter()
+        .enumerate()
+        .map(|(i, (target, xff, auth))| {
+            json!({ "ts": 1_800_000_000.0 + i as f64 * 0.01, "ip": "127.0.0.1", "method": "GET", "path": target,
+                    "host": "localhost", "xff": xff, "auth": auth })
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let log_path = dir.write("requests.jsonl", &log);
+    let decisions = dir.path().join("decisions.tsv");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["replay", "-c"])
+        .arg(&w.config_path)
+        .args(["--json", "--quiet", "--format", "json"])
+        .args([
+            "--field",
+            "ts=ts,ip=ip,method=method,path=path,host=host,header.X-Forwarded-For=xff,header.Authorization=auth",
+        ])
+        .arg("--decisions")
+        .arg(&decisions)
+        .arg(&log_path)
+        .output()
+        .expect("weir replay runs");
+    assert!(out.status.success(), "weir replay failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&decisions).expect("decisions written");
+    let replayed: Vec<&str> = text.lines().filter_map(|l| l.split('\t').nth(1)).collect();
+    assert_eq!(live, replayed, "live vs replayed limit_req words\n{text}");
+}
