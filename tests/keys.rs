@@ -376,6 +376,32 @@ limit_req = [ {{ zone = "z" }} ]
         (route(r#""jwt:sub""#, r#"path_prefix = "/""#, ""), "no [jwt] section"),
         (route(r#""ip""#, r#"path_prefix = "/""#, r#"bad_token_key = "ip""#), "reads no jwt: claim"),
         (route(r#""ip/0""#, r#"path_prefix = "/""#, ""), "ip/V4LEN"),
+        (
+            route(
+                r#""jwt:sub""#,
+                r#"path_prefix = "/""#,
+                "[jwt]\nkey_file = \"/nonexistent/k.pem\"\nalgorithm = \"RS256\"",
+            ),
+            "cannot read /nonexistent/k.pem",
+        ),
+        (route(r#""jwt:sub""#, r#"path_prefix = "/""#, "[jwt]\nkey_file = \"/dev/null\""), "give jwks_file"),
+        (
+            route(r#""jwt:sub""#, r#"path_prefix = "/""#, "[jwt]\nkey_file = \"/dev/null\"\nalgorithm = \"none\""),
+            "is not one of",
+        ),
+        (
+            route(r#""jwt:sub""#, r#"path_prefix = "/""#, "[jwt]\nkey_file = \"/dev/null\"\nalgorithm = \"HS256\""),
+            "the secret is empty",
+        ),
+        (route(r#""jwt:sub""#, r#"path_prefix = "/""#, "[jwt]\njwks_file = \"/dev/null\""), "not a JWKS document"),
+        (
+            route(
+                r#""jwt:sub""#,
+                r#"path_prefix = "/""#,
+                "bad_token_key = \"jwt:org\"\n[jwt]\njwks_file = \"/dev/null\"",
+            ),
+            "cannot read the token",
+        ),
         (route(r#""ip/24,129""#, r#"path_prefix = "/""#, ""), "ip/V4LEN"),
     ];
     for (text, expected) in cases {
@@ -448,7 +474,8 @@ limit_req = [ { zone = "per_tenant", burst = 0, nodelay = true } ]
             if !auth.is_empty() {
                 headers.push(("Authorization", auth));
             }
-            get(&w, target, &headers).status
+            // Logged before the next request is sent, so the log's order is the requests'.
+            http::get_logged(w.addr, target, &headers).status
         })
         .collect();
     assert_eq!(statuses, [200, 429, 200, 200, 429, 200, 429, 200, 200, 429, 200, 401, 200, 429, 200]);
