@@ -1,11 +1,13 @@
 //! The decision before any limit, for every front door: from a request's facts and the compiled
-//! config, either a refusal (400, 403, 404) or a plan — the route, the client, the cost, each
+//! config, either a refusal (400, 401, 403, 404) or a plan — the route, the client, the cost, each
 //! zone's key, and what the forwarded request must look like so that the upstream reads what
-//! was decided on. Pure: no I/O, no clock.
+//! was decided on. Pure: no I/O, and no clock but one: a bearer token's `exp`/`nbf` are checked
+//! against the wall clock (only for routes whose zones read a `jwt:` claim).
 //!
 //! Steps, in order: the target (origin or absolute form, canonical path) → the host (absolute-form
 //! authority, else `:authority`, else `Host`) → header names with `_` → the method and its
-//! overrides → the route → allow/deny on the client → keys given twice → cost → keyed zones.
+//! overrides → the route → allow/deny on the client → keys given twice → cost → keyed zones (a
+//! zone keyed on a claim without a valid token: 401, or its `bad_token_key`).
 
 use std::borrow::Cow;
 use std::net::IpAddr;
