@@ -519,3 +519,50 @@ limit_req = [ { zone = "per_tenant", burst = 0, nodelay = true } ]
     let replayed: Vec<&str> = text.lines().filter_map(|l| l.split('\t').nth(1)).collect();
     assert_eq!(live, replayed, "live vs replayed limit_req words\n{text}");
 }
+
+#[test]
+fn a_limit_conn_zone_keyed_on_a_claim_refuses_or_falls_back_too() {
+    let up = Upstream::start();
+    let dir = ConfigDir::new();
+    let secret = dir.path().join("secret.key");
+    std::fs::write(&secret, SECRET).unwrap();
+    let text = format!(
+        r#"{REAL_IP}
+
+[jwt]
+key_file = "{}"
+algorithm = "HS256"
+
+[[limit_conn_zone]]
+name = "conns_per_user"
+key = "jwt:sub"
+
+[[limit_conn_zone]]
+name = "conns_per_user_or_ip"
+key = "jwt:sub"
+bad_token_key = "ip"
+
+[[route]]
+name = "strict"
+path_prefix = "/strict/"
+upstream = "app"
+limit_conn = [ {{ zone = "conns_per_user", max = 1 }} ]
+
+[[route]]
+name = "lenient"
+path_prefix = "/lenient/"
+upstream = "app"
+limit_conn = [ {{ zone = "conns_per_user_or_ip", max = 1 }} ]
+"#,
+        secret.display()
+    );
+    let w = Weir::start(&memory_with_app(up.addr(), &text));
+    let alice = bearer(&hs(&json!({ "sub": "alice", "exp": now() + 600 })));
+    let forged = bearer(&forged_tokens()[2].1);
+    assert_eq!(get(&w, "/strict/x", &[("Authorization", &alice)]).status, 200);
+    let r = get(&w, "/strict/x", &[("Authorization", &forged)]);
+    assert_eq!(r.status, 401, "{}", r.summary());
+    assert_eq!(get(&w, "/strict/x", &[]).status, 401);
+    assert_eq!(get(&w, "/lenient/x", &[("Authorization", &forged), ("X-Forwarded-For", "192.0.2.9")]).status, 200);
+    assert_eq!(up.hits(), 2);
+}
