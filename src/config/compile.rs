@@ -16,6 +16,7 @@ use super::store::{self, StoreSettings};
 use super::upstream;
 use super::zones::OverrideMatch;
 use super::zones::{self, Zone};
+use crate::keys::jwt::Verifier;
 use crate::keys::{KeyPart, RealIp};
 use crate::metrics::Meters;
 use crate::request::method::MethodOverride;
@@ -46,6 +47,8 @@ pub struct Runtime {
     pub server: ServerSettings,
     pub store: StoreSettings,
     pub real_ip: Option<RealIp>,
+    /// `[jwt]`: the keys bearer tokens are verified with, for `jwt:` key parts.
+    pub jwt: Option<Verifier>,
     pub upstreams: Vec<Upstream>,
     pub zones: Vec<Zone>,
     pub conn_zones: Vec<ConnZone>,
@@ -171,7 +174,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, jwt } = parsed;
 
     let (server, tls_certs, mut warnings) = compile_server(&src, server)?;
     let store = store::compile_store(&src, store)?;
@@ -181,6 +184,8 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
     let log = compile_log(&src, log)?;
+    let jwt = super::jwt::compile_jwt(&src, jwt)?;
+    super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
     no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
@@ -191,6 +196,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         server,
         store,
         real_ip,
+        jwt,
         upstreams,
         zones,
         conn_zones,
@@ -220,11 +226,11 @@ fn no_underscored_header_is_read(
             OverrideMatch::Part(part, _) => header_of(part),
             _ => None,
         });
-        z.key.0.iter().filter_map(header_of).chain(overrides).map(move |h| (format!("zone {:?}", z.name), h))
+        z.key.parts.iter().filter_map(header_of).chain(overrides).map(move |h| (format!("zone {:?}", z.name), h))
     });
-    let conn = conn_zones
-        .iter()
-        .flat_map(|z| z.key.0.iter().filter_map(header_of).map(move |h| (format!("limit_conn_zone {:?}", z.name), h)));
+    let conn = conn_zones.iter().flat_map(|z| {
+        z.key.parts.iter().filter_map(header_of).map(move |h| (format!("limit_conn_zone {:?}", z.name), h))
+    });
     let cost =
         routes.iter().filter_map(|r| r.cost.header.clone().map(|h| (format!("route {:?}: cost_header", r.name), h)));
     for (what, header) in rate.chain(conn).chain(cost) {

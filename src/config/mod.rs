@@ -6,6 +6,7 @@ mod checks;
 mod compile;
 mod conn;
 mod error;
+mod jwt;
 mod route;
 mod route_match;
 mod schema;

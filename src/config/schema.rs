@@ -23,6 +23,8 @@ pub struct File {
     pub route: Vec<Spanned<Route>>,
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
+    #[serde(default)]
+    pub jwt: Option<Spanned<Jwt>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -165,6 +167,9 @@ pub struct LimitReqZone {
     pub limit: Option<Spanned<i64>>,
     /// Keys the in-process store keeps for the zone (like the size of nginx's zone).
     pub max_keys: Option<Spanned<i64>>,
+    /// The key of requests whose bearer token cannot be verified (zones keyed on `jwt:` claims);
+    /// without it they are refused with 401.
+    pub bad_token_key: Option<Spanned<OneOrMany>>,
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,
 }
@@ -243,6 +248,23 @@ pub struct LimitConnZone {
     pub name: Spanned<String>,
     pub key: Spanned<OneOrMany>,
     pub max_keys: Option<Spanned<i64>>,
+    pub bad_token_key: Option<Spanned<OneOrMany>>,
+}
+
+/// `[jwt]`: how bearer tokens are verified for `jwt:` key parts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    /// A JWKS document (RFC 7517), read at every config load.
+    pub jwks_file: Option<Spanned<String>>,
+    /// One key: an HMAC secret (the file's bytes, trailing newline removed) or a PEM public key.
+    pub key_file: Option<Spanned<String>>,
+    /// The algorithm of `key_file` (RS256, ES256, EdDSA, HS256, …).
+    pub algorithm: Option<Spanned<String>>,
+    pub issuer: Option<Spanned<OneOrMany>>,
+    pub audience: Option<Spanned<OneOrMany>>,
+    /// Clock skew allowed on `exp` and `nbf` (default 30s, at most 5m).
+    pub leeway: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

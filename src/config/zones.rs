@@ -52,11 +52,12 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
     let mut out = Vec::new();
     for zone in list {
         let span = zone.span();
-        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, max_keys, overrides } = zone.into_inner();
+        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, max_keys, bad_token_key, overrides } =
+            zone.into_inner();
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
         let zname = name.get_ref().clone();
-        let key = key_spec(src, &key, "limit_req_zone", &zname)?;
+        let key = key_spec(src, &key, bad_token_key.as_ref(), "limit_req_zone", &zname)?;
         let algorithm = match &algorithm {
             None => Algorithm::LeakyBucket,
             Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {
@@ -147,7 +148,7 @@ fn compile_override(
     let at = o.matches.span();
     let matcher = if let Some(net) = text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
     {
-        if !key.0.contains(&KeyPart::ClientIp) {
+        if !key.parts.iter().any(|p| matches!(p, KeyPart::ClientIp | KeyPart::IpPrefix(_))) {
             return Err(src.error_at(
                 &at,
                 format!(
@@ -166,7 +167,7 @@ fn compile_override(
         })?;
         let part = KeyPart::parse(part)
             .map_err(|e| src.error_at(&at, format!("limit_req_zone {zone:?}: override match: {e}")))?;
-        if !key.0.contains(&part) {
+        if !key.parts.contains(&part) {
             return Err(src.error_at(
                 &at,
                 format!("limit_req_zone {zone:?}: override match {text:?} names a part that is not in the zone's key"),

@@ -1,11 +1,13 @@
 //! The decision before any limit, for every front door: from a request's facts and the compiled
-//! config, either a refusal (400, 403, 404) or a plan — the route, the client, the cost, each
+//! config, either a refusal (400, 401, 403, 404) or a plan — the route, the client, the cost, each
 //! zone's key, and what the forwarded request must look like so that the upstream reads what
-//! was decided on. Pure: no I/O, no clock.
+//! was decided on. Pure: no I/O, and no clock but one: a bearer token's `exp`/`nbf` are checked
+//! against the wall clock (only for routes whose zones read a `jwt:` claim).
 //!
 //! Steps, in order: the target (origin or absolute form, canonical path) → the host (absolute-form
 //! authority, else `:authority`, else `Host`) → header names with `_` → the method and its
-//! overrides → the route → allow/deny on the client → keys given twice → cost → keyed zones.
+//! overrides → the route → allow/deny on the client → keys given twice → cost → keyed zones (a
+//! zone keyed on a claim without a valid token: 401, or its `bad_token_key`).
 
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -15,14 +17,15 @@ use http::Method;
 
 use super::limit_conn::keyed_conns;
 use super::limit_req::{keyed_zones, request_cost};
-use super::policy::Groups;
+use super::policy::{Groups, Unauthorized};
 use crate::config::{Route, Runtime, UnderscoreHeaders};
+use crate::keys::jwt::TokenError;
 use crate::keys::{AmbiguousKey, RequestFacts};
 use crate::request::host::{Host, HostError};
 use crate::request::method::{self, MethodError};
 use crate::request::target;
 use crate::request::{allowed, normalize_path, PathError};
-use crate::routes;
+use crate::routes::{self, PathMatch};
 use crate::store::{KeyedConn, KeyedZone};
 
 /// A request as a front door knows it.
@@ -48,6 +51,9 @@ pub enum Refused {
     NoRoute,
     /// 403: the route's allow/deny refused the client.
     Denied { route: usize },
+    /// 401: a zone keyed on a verified JWT claim, without `bad_token_key`, and the request has no
+    /// valid token (or its token lacks the claim). `absent`: no bearer token was sent at all.
+    Unauthorized { route: usize, zone: String, detail: String, absent: bool },
 }
 
 /// The checks that answer 400, each with the code written in the body and the log.
@@ -165,13 +171,26 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
         return Err(Refused::Denied { route: route_index });
     }
 
-    let facts = RequestFacts { client_ip: head.client_ip, headers: head.headers, query: target.query };
+    let mut facts = RequestFacts::new(head.client_ip, head.headers, target.query);
+    facts.route = &route.name;
+    facts.path = &path;
+    facts.path_regex = match &rt.matchers[route_index].path {
+        PathMatch::Regex(regex) => Some(regex),
+        _ => None,
+    };
+    facts.jwt = rt.jwt.as_ref();
     if let Some(ambiguous) = ambiguous_key(rt, route, &facts) {
         return Err(bad(BadRequest::AmbiguousKey, ambiguous, Some(route_index)));
     }
     let cost = request_cost(&route.cost, head.headers).map_err(|e| bad(BadRequest::Cost, e, Some(route_index)))?;
-    let zones = keyed_zones(rt, route, &facts, cost);
-    let conns = keyed_conns(rt, route, &facts);
+    let unauthorized = |u: Unauthorized<'_>| Refused::Unauthorized {
+        route: route_index,
+        zone: u.zone.to_string(),
+        absent: u.bad.0 == TokenError::Absent,
+        detail: u.bad.to_string(),
+    };
+    let zones = keyed_zones(rt, route, &facts, cost).map_err(unauthorized)?;
+    let conns = keyed_conns(rt, route, &facts).map_err(unauthorized)?;
     Ok(Plan { route: route_index, cost, zones, conns, forward })
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::lease::{new_lease_id, Lease};
-use super::policy::{self, Groups, Rejection, Resolved};
+use super::policy::{self, Groups, Rejection, Resolved, Unauthorized};
 use super::refusal::Refusal;
 use super::status::Statuses;
 use crate::config::{FailurePolicy, Route, Runtime};
@@ -14,15 +14,19 @@ use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
 
 /// The key step of limit_conn: the route's conn zones whose key for this request is not empty
 /// (empty keys are not limited), enforced ones first.
-pub fn keyed_conns<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>) -> Groups<KeyedConn<'a>> {
+pub fn keyed_conns<'a>(
+    rt: &'a Runtime,
+    route: &Route,
+    facts: &RequestFacts<'_>,
+) -> Result<Groups<KeyedConn<'a>>, Unauthorized<'a>> {
     let mut keyed = Vec::with_capacity(route.conn_limits.len());
     for (i, cl) in route.conn_limits.iter().enumerate() {
         let zone = &rt.conn_zones[cl.zone];
-        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts) {
+        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? {
             keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i });
         }
     }
-    Groups::new(keyed)
+    Ok(Groups::new(keyed))
 }
 
 pub struct ConnStores {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use prometheus::Histogram;
 
 use super::headers;
-use super::policy::{self, Groups, Resolved};
+use super::policy::{self, Groups, Resolved, Unauthorized};
 use super::refusal::Refusal;
 use super::status::{LimitStatus, Statuses};
 use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
@@ -24,11 +24,16 @@ use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
 /// effective limit, cost and dry-run flag, enforced ones first. Empty keys are not limited
 /// (nginx's allow-list idiom), nor are keys an override exempts (`rate = "unlimited"`); a matching
 /// override replaces the rate (and burst) for this key.
-pub fn keyed_zones<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>, cost: u64) -> Groups<KeyedZone<'a>> {
+pub fn keyed_zones<'a>(
+    rt: &'a Runtime,
+    route: &Route,
+    facts: &RequestFacts<'_>,
+    cost: u64,
+) -> Result<Groups<KeyedZone<'a>>, Unauthorized<'a>> {
     let mut keyed = Vec::with_capacity(route.limits.len());
     for (i, zl) in route.limits.iter().enumerate() {
         let zone = &rt.zones[zl.zone];
-        let Some(key) = policy::request_key(&zone.name, &zone.key, facts) else { continue };
+        let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? else { continue };
         let mut limit = zl.limit;
         if let Some(o) = crate::request::override_for(zone, facts) {
             let Some(rate) = o.rate else { continue };
@@ -42,7 +47,7 @@ pub fn keyed_zones<'a>(rt: &'a Runtime, route: &Route, facts: &RequestFacts<'_>,
         }
         keyed.push(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference: i });
     }
-    Groups::new(keyed)
+    Ok(Groups::new(keyed))
 }
 
 pub enum Action<'a> {

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::refusal::Refusal;
 use crate::config::{FailurePolicy, Route, Runtime, StoreSettings};
-use crate::keys::{KeySpec, RequestFacts};
+use crate::keys::{BadToken, KeySpec, RequestFacts};
 use crate::limit::{DelayPolicy, LimitReq, Rate};
 use crate::metrics::METRICS;
 use crate::store::{KeyedConn, KeyedZone, StoreError};
@@ -24,14 +24,26 @@ pub struct Rejection<'a> {
 }
 
 /// The key step's one rule for both limit kinds: a zone's key for this request, `None` when it is
-/// empty (not limited, like nginx, and counted per zone).
-pub fn request_key(zone_name: &str, spec: &KeySpec, facts: &RequestFacts<'_>) -> Option<Vec<u8>> {
-    let key = spec.extract(facts);
+/// empty (not limited, like nginx, and counted per zone); an error when the key needs a verified
+/// token the request does not have and the zone has no `bad_token_key`.
+pub fn request_key<'z>(
+    zone_name: &'z str,
+    spec: &KeySpec,
+    facts: &RequestFacts<'_>,
+) -> Result<Option<Vec<u8>>, Unauthorized<'z>> {
+    let key = spec.extract(facts).map_err(|bad| Unauthorized { zone: zone_name, bad })?;
     if key.is_empty() {
         METRICS.empty_keys.with_label_values(&[zone_name]).inc();
-        return None;
+        return Ok(None);
     }
-    Some(key)
+    Ok(Some(key))
+}
+
+/// A zone that refuses the request (401): its key needs a claim of a verified token.
+#[derive(Debug)]
+pub struct Unauthorized<'z> {
+    pub zone: &'z str,
+    pub bad: BadToken,
 }
 
 /// A zone of one request as both limit kinds key it (`KeyedZone`, `KeyedConn`).

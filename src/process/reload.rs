@@ -374,6 +374,9 @@ fn config_hash(text: &str, rt: &Runtime) -> String {
             bytes.extend_from_slice(&client.loaded.fingerprint);
         }
     }
+    if let Some(jwt) = &rt.jwt {
+        bytes.extend_from_slice(jwt.fingerprint());
+    }
     fingerprint_bytes(&bytes)
 }
 

@@ -17,6 +17,11 @@ pub fn forbidden(route: &str) -> String {
     line(json!({ "error": "forbidden", "route": route }))
 }
 
+/// 401: a zone keyed on a verified JWT claim, and the request's token is absent or refused.
+pub fn unauthorized(route: &str, zone: &str, detail: &str) -> String {
+    line(json!({ "error": "invalid_token", "route": route, "zone": zone, "detail": detail }))
+}
+
 /// 400: `error` says which check failed, `detail` what was wrong; `route` once one matched.
 pub fn bad_request(error: &str, detail: &str, route: Option<&str>) -> String {
     match route {

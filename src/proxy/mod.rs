@@ -339,6 +339,15 @@ impl WeirProxy {
                 let body = bodies::forbidden(name);
                 respond::json(session, 403, &[], body).await
             }
+            Refused::Unauthorized { route, zone, detail, absent } => {
+                ctx.route = Some(route);
+                ctx.outcome = Outcome::Unauthorized;
+                let name = ctx.runtime.routes.get(route).map_or("-", |r| r.name.as_str());
+                // RFC 6750 §3.1: no error code when the request carried no token at all.
+                let challenge = if absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
+                let body = bodies::unauthorized(name, &zone, &detail);
+                respond::json(session, 401, &[("WWW-Authenticate", challenge.to_string())], body).await
+            }
         }
     }
 }

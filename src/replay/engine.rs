@@ -10,7 +10,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use http::header::{HeaderName, COOKIE};
+use http::header::{HeaderName, AUTHORIZATION, COOKIE};
 
 use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
@@ -19,7 +19,7 @@ use crate::engine::limit_req::{self, Stores};
 use crate::engine::policy::Groups;
 use crate::engine::status::LimitStatus;
 use crate::engine::{self, BadRequest, Head, Refused};
-use crate::keys::KeyPart;
+use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::{LimitReq, ManualClock, Verdict};
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::{KeyedConn, KeyedZone, MemoryStore};
@@ -31,6 +31,8 @@ pub enum Outcome {
     NoRoute,
     /// Refused by the route's allow/deny rules (403), before any limit.
     Denied,
+    /// A zone keyed on a JWT claim refused the request's token (401), before any limit.
+    Unauthorized,
     /// A bad cost header (400), before any limit.
     BadCost,
     /// Refused with 400 before any limit for another reason (target, host, method, a key given
@@ -137,6 +139,9 @@ impl<'rt> Engine<'rt> {
             Ok(plan) => plan,
             Err(Refused::NoRoute) => return Decision::before_limits(None, Outcome::NoRoute),
             Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Outcome::Denied),
+            Err(Refused::Unauthorized { route, .. }) => {
+                return Decision::before_limits(Some(route), Outcome::Unauthorized)
+            }
             Err(Refused::BadRequest { error: BadRequest::Cost, route, .. }) => {
                 return Decision::before_limits(route, Outcome::BadCost)
             }
@@ -236,6 +241,14 @@ fn decided_at_once<F: Future>(decision: F) -> F::Output {
     }
 }
 
+/// A key's parts for requests without a verified token.
+fn fallback(spec: &KeySpec) -> &[KeyPart] {
+    match &spec.on_bad_token {
+        TokenPolicy::Reject => &[],
+        TokenPolicy::Fallback(parts) => parts,
+    }
+}
+
 /// The request headers the config reads: zone keys and overrides, the cost header, the real-IP
 /// header. Parsers keep only these.
 pub fn wanted_headers(rt: &Runtime) -> Wanted {
@@ -243,10 +256,16 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
     let mut add = |part: &KeyPart| match part {
         KeyPart::Header(h) => names.push(h.clone()),
         KeyPart::Cookie(_) => names.push(COOKIE),
-        KeyPart::ClientIp | KeyPart::Query(_) => {}
+        KeyPart::Claim(_) => names.push(AUTHORIZATION),
+        KeyPart::ClientIp
+        | KeyPart::IpPrefix(_)
+        | KeyPart::Query(_)
+        | KeyPart::Route
+        | KeyPart::Const(_)
+        | KeyPart::PathPart(_) => {}
     };
     for zone in &rt.zones {
-        zone.key.0.iter().for_each(&mut add);
+        zone.key.parts.iter().chain(fallback(&zone.key)).for_each(&mut add);
         for o in &zone.overrides {
             if let OverrideMatch::Part(part, _) = &o.matcher {
                 add(part);
@@ -254,7 +273,7 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
         }
     }
     for zone in &rt.conn_zones {
-        zone.key.0.iter().for_each(&mut add);
+        zone.key.parts.iter().chain(fallback(&zone.key)).for_each(&mut add);
     }
     names.extend(rt.routes.iter().filter_map(|r| r.cost.header.clone()));
     // Overrides route (or refuse) requests unless they are only stripped.

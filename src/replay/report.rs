@@ -138,6 +138,7 @@ fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
                 "unlimited": r.unlimited,
                 "denied": r.denied,
                 "bad_cost": r.bad_cost,
+                "unauthorized": r.unauthorized,
                 "bad_request": r.bad_request,
                 "zones": zones,
             })

@@ -49,6 +49,8 @@ pub struct RouteStats {
     pub requests: u64,
     pub denied: u64,
     pub bad_cost: u64,
+    /// Refused with 401: a zone keyed on a JWT claim, and no valid token.
+    pub unauthorized: u64,
     /// Refused with 400 once routed (a key given twice with different values).
     pub bad_request: u64,
     /// No zone of the route had a key (or every key was exempt).
@@ -109,6 +111,7 @@ impl Stats {
         match d.outcome {
             Outcome::Denied => route.denied += 1,
             Outcome::BadCost => route.bad_cost += 1,
+            Outcome::Unauthorized => route.unauthorized += 1,
             Outcome::BadRequest => route.bad_request += 1,
             Outcome::NoRoute | Outcome::Limited => {}
         }
