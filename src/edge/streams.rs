@@ -25,7 +25,6 @@ use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
 use pingora::protocols::http::v2::server::{default_h2_options, H2Options};
 use pingora::protocols::http::ServerSession;
-use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -33,7 +32,6 @@ use tokio::time::Instant;
 use super::caps::{ConnPermit, ConnectionCaps, Refusal};
 use crate::config::ClientLimits;
 use crate::metrics::METRICS;
-use crate::proxy::WeirProxy;
 
 /// Pingora's h2 options with Weir's limits: the stream cap and the header-list cap (the h2
 /// counterpart of `max_header_size`, on the HPACK-decoded size).
@@ -46,8 +44,8 @@ pub fn h2_options(clients: &ClientLimits) -> H2Options {
 
 /// Where a connection's streams take their places: the caps and the limits that applied when
 /// the connection was admitted.
-pub struct StreamGate {
-    proxy: Arc<HttpProxy<WeirProxy>>,
+pub struct StreamGate<A> {
+    proxy: Arc<A>,
     caps: Arc<ConnectionCaps>,
     peer: Option<IpAddr>,
     max_total: usize,
@@ -55,44 +53,45 @@ pub struct StreamGate {
     per_ip: Option<usize>,
     clients: ClientLimits,
     /// The connection's own place is free for a stream.
-    own_place_free: AtomicBool,
+    own_place_free: Arc<AtomicBool>,
 }
 
 /// A stream's place: the connection's own, or one taken from the caps.
 enum Place {
-    Own(Arc<StreamGate>),
+    /// The connection's own place (its flag, set free again on drop).
+    Own(Arc<AtomicBool>),
     Extra(#[allow(dead_code)] ConnPermit),
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if let Place::Own(gate) = self {
-            gate.own_place_free.store(true, Ordering::Release);
+        if let Place::Own(free) = self {
+            free.store(true, Ordering::Release);
         }
     }
 }
 
-impl StreamGate {
+impl<A: HttpServerApp + Send + Sync + 'static> StreamGate<A> {
     pub fn new(
-        proxy: Arc<HttpProxy<WeirProxy>>,
+        proxy: Arc<A>,
         caps: Arc<ConnectionCaps>,
         peer: Option<IpAddr>,
         (max_total, per_ip): (usize, Option<usize>),
         clients: ClientLimits,
     ) -> Self {
-        Self { proxy, caps, peer, max_total, per_ip, clients, own_place_free: AtomicBool::new(true) }
+        Self { proxy, caps, peer, max_total, per_ip, clients, own_place_free: Arc::new(AtomicBool::new(true)) }
     }
 
     fn take_place(self: &Arc<Self>) -> Result<Place, Refusal> {
         if self.own_place_free.swap(false, Ordering::AcqRel) {
-            return Ok(Place::Own(self.clone()));
+            return Ok(Place::Own(self.own_place_free.clone()));
         }
         self.caps.admit(self.peer, self.max_total, self.per_ip).map(Place::Extra)
     }
 }
 
 #[async_trait]
-impl HttpServerApp for StreamGate {
+impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for StreamGate<A> {
     async fn process_new_http(
         self: &Arc<Self>,
         mut session: ServerSession,
@@ -130,7 +129,7 @@ impl HttpServerApp for StreamGate {
     }
 
     fn server_options(&self) -> Option<&HttpServerOptions> {
-        self.proxy.server_options.as_ref()
+        self.proxy.server_options()
     }
 }
 

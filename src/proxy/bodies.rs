@@ -45,11 +45,6 @@ pub fn upstream_failed(error: &str, upstream: &str, route: &str, tries: usize) -
     line(json!({ "error": error, "upstream": upstream, "route": route, "tries": tries }))
 }
 
-/// A connection over `max_connections` / `max_connections_per_ip`, refused at accept.
-pub fn too_many_connections(cap: &str) -> String {
-    line(json!({ "error": "too_many_connections", "cap": cap, "retry_after": 1 }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,7 +63,6 @@ mod tests {
             upstream_busy("api"),
             no_healthy_upstream("app", "api"),
             upstream_failed("upstream_timeout", "app", "api", 2),
-            too_many_connections("max_connections"),
         ] {
             assert!(body.ends_with('\n') && body.matches('\n').count() == 1, "{body}");
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
