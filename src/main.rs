@@ -60,6 +60,14 @@ fn main() -> ExitCode {
                     rt.zones.len(),
                     rt.upstreams.len()
                 );
+                // Where secrets come from, never their values.
+                for source in &rt.secrets.sources {
+                    println!("  {}: from {}", source.setting, source.from);
+                }
+                for used in &rt.secrets.env {
+                    let names: Vec<String> = used.variables.iter().map(|v| format!("${{{v}}}")).collect();
+                    println!("  {}: from the environment ({})", used.setting, names.join(", "));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

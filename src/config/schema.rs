@@ -52,6 +52,8 @@ pub struct Server {
     pub work_stealing: Option<bool>,
     pub admin: Option<Spanned<String>>,
     pub admin_token: Option<Spanned<String>>,
+    /// A file holding the admin token (a mounted Secret), instead of `admin_token`.
+    pub admin_token_file: Option<Spanned<String>>,
     /// Allows a non-loopback admin address without a token.
     pub admin_insecure: Option<bool>,
     pub header_timeout: Option<Spanned<String>>,
@@ -78,6 +80,12 @@ pub struct TlsCert {
 pub struct Store {
     pub kind: Spanned<String>,
     pub url: Option<Spanned<String>>,
+    /// A file holding the whole `url` (with its password), instead of `url`.
+    pub url_file: Option<Spanned<String>>,
+    /// The Redis password, put into the url (which then must hold none).
+    pub password: Option<Spanned<String>>,
+    /// A file holding the Redis password, instead of `password`.
+    pub password_file: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
     pub clock: Option<Spanned<String>>,
     pub key_prefix: Option<Spanned<String>>,
