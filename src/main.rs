@@ -30,6 +30,8 @@ enum Command {
     Run,
     /// Validate a config file without starting: exit 0 if it is good, 1 with the error if not.
     Check,
+    /// Print the JSON Schema of the config file (for editors: docs/operating.md).
+    Schema,
     /// Serve a tiny upstream that answers 200 to every request (for demos and benchmarks).
     Echo {
         /// Address to listen on.
@@ -47,6 +49,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
+        Command::Schema => {
+            print!("{}", weir::config::json_schema_text());
+            ExitCode::SUCCESS
+        }
         Command::Replay(args) => weir::replay::cli::run(&cli.config, args),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {

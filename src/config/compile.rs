@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
-use toml::Spanned;
 
 use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};

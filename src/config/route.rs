@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
 use http::Method;
 use regex::Regex;
-use toml::Spanned;
 
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::conn::{self, AccessRule, ConnLimit, ConnZone};

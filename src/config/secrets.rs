@@ -5,10 +5,10 @@
 
 use std::path::PathBuf;
 
+use super::spanned::Spanned;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::interpolate::EnvUse;
