@@ -7,6 +7,7 @@ pub mod certs;
 pub mod concurrent;
 pub mod config;
 pub mod http;
+pub mod kustomize;
 pub mod metrics;
 pub mod nginx;
 pub mod poll;
