@@ -101,10 +101,14 @@ fn overlays_render_validate_and_hang_together() {
         }
 
         // Probes on the admin port: start-up on /readyz (the store decides), then /healthz.
-        let admin_port = config["server"]["admin"].as_str().and_then(|a| a.rsplit(':').next()).expect("admin");
+        let admin_port: u64 = config["server"]["admin"]
+            .as_str()
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .expect("admin");
         let named_admin = weir["ports"]
             .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["containerPort"].to_string() == admin_port))
+            .and_then(|ps| ps.iter().find(|p| p["containerPort"] == admin_port))
             .and_then(|p| p["name"].as_str())
             .expect("a named container port for the admin listener");
         for (probe, path) in
