@@ -19,4 +19,5 @@ pub mod routes;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod trace;
 pub mod upstream;

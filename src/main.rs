@@ -85,6 +85,10 @@ fn main() -> ExitCode {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
                     weir::logging::init(&runtime.log);
+                    if let Err(e) = weir::trace::install(runtime.tracing.as_ref()) {
+                        eprintln!("weir: {e}");
+                        return ExitCode::FAILURE;
+                    }
                     weir::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
@@ -92,7 +96,9 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match weir::server::run(std::sync::Arc::new(reloader)) {
+            let served = weir::server::run(std::sync::Arc::new(reloader));
+            weir::trace::shutdown();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir: {e}");

@@ -15,6 +15,7 @@ use super::route::{self, Route};
 use super::schema;
 use super::secrets::{Secret, Secrets};
 use super::store::{self, StoreSettings};
+use super::traces::TraceSettings;
 use super::upstream;
 use super::zones::{self, Zone};
 use crate::keys::RealIp;
@@ -49,6 +50,8 @@ pub struct Runtime {
     pub meters: Meters,
     /// Where the secret settings came from (files, `${NAME}`), never their values.
     pub secrets: Secrets,
+    /// `[tracing]`: OpenTelemetry traces; `None`: off.
+    pub tracing: Option<TraceSettings>,
 }
 
 impl Runtime {
@@ -155,7 +158,8 @@ fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Run
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, tracing } =
+        parsed;
 
     let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets)?;
     let store = store::compile_store(&src, store, secrets)?;
@@ -165,6 +169,7 @@ fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Run
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
     let log = compile_log(&src, log)?;
+    let tracing = super::traces::compile_tracing(&src, tracing)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -184,6 +189,7 @@ fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Run
         warnings,
         meters,
         secrets: Secrets::default(),
+        tracing,
     })
 }
 

@@ -14,6 +14,7 @@ mod secrets;
 mod spanned;
 mod store;
 mod tls;
+mod traces;
 mod upstream;
 mod zones;
 
@@ -28,6 +29,7 @@ pub use json_schema::json_schema_text;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
+pub use traces::TraceSettings;
 pub use zones::{Override, OverrideMatch, Zone};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

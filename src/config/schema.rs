@@ -32,6 +32,27 @@ pub struct File {
     /// Log level, format and the access log.
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
+    /// OpenTelemetry traces over OTLP/HTTP (docs/operating.md#traces); off when absent.
+    #[serde(default)]
+    pub tracing: Option<Spanned<Tracing>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// The OTLP/HTTP traces URL of a collector, e.g. "http://otel-collector:4318/v1/traces".
+    #[schemars(extend("examples" = ["http://127.0.0.1:4318/v1/traces"]))]
+    pub endpoint: Spanned<String>,
+    /// Share of the traces started here that are recorded (0.0-1.0); a sampled incoming traceparent
+    /// is always followed.
+    #[schemars(extend("default" = 1.0))]
+    pub sample_ratio: Option<Spanned<f64>>,
+    /// The service.name of the spans.
+    #[schemars(extend("default" = "weir"))]
+    pub service_name: Option<Spanned<String>>,
+    /// Time one export may take.
+    #[schemars(extend("default" = "10s"))]
+    pub timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
