@@ -14,7 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::config::{self, EnvUse, Runtime, SecretSource, ServerSettings};
+use crate::config::{self, EnvUse, Runtime, SecretSource, ServerSettings, TraceSettings};
 use crate::fswatch::{self, Change, DirWatcher, Event};
 use crate::metrics::METRICS;
 
@@ -82,6 +82,7 @@ type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
 struct Startup {
     server: ServerSettings,
     store: String,
+    tracing: Option<TraceSettings>,
 }
 
 impl Reloader {
@@ -100,7 +101,11 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        let started = Startup { server: runtime.server.clone(), store: format!("{:?}", runtime.store) };
+        let started = Startup {
+            server: runtime.server.clone(),
+            store: format!("{:?}", runtime.store),
+            tracing: runtime.tracing.clone(),
+        };
         Self {
             path: path.to_path_buf(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
@@ -365,6 +370,9 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
     if current.server.admin != next.server.admin {
         changes
             .push(format!("server.admin: running {:?}, the file says {:?}", current.server.admin, next.server.admin));
+    }
+    if current.tracing != next.tracing {
+        changes.push("tracing: the file changes the [tracing] settings".to_string());
     }
     // Debug output covers every store field; compared only, never logged (the URL may hold a password).
     if current.store != format!("{:?}", next.store) {

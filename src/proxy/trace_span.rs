@@ -1,8 +1,6 @@
 //! The request's OpenTelemetry span (src/trace/) fed from the request's state: the proxy's phases
 //! call [`start`] and [`finish`] and nothing else of tracing.
 
-use std::time::SystemTime;
-
 use pingora::proxy::Session;
 
 use super::status::LimitStatus;
@@ -11,7 +9,7 @@ use crate::trace::{self, Finished, RequestSpan};
 
 /// The span of the request, begun when its head was read.
 pub(super) fn start(session: &Session, ctx: &RequestCtx) -> Option<RequestSpan> {
-    trace::start(session.req_header(), SystemTime::now() - ctx.started.elapsed())
+    trace::start(session.req_header(), ctx.started)
 }
 
 /// Records the decision and the upstream attempts on the span and ends it.

@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
@@ -89,10 +89,12 @@ pub struct Finished<'a> {
     pub status: u16,
 }
 
-/// A span for the request whose head is `req`, child of its `traceparent` when it has one; `None`
-/// when tracing is off or the request is not sampled.
-pub fn start(req: &RequestHeader, started: SystemTime) -> Option<RequestSpan> {
+/// A span for the request whose head is `req` and which began at `started`, child of its
+/// `traceparent` when it has one; `None` when tracing is off (before anything else is done) or
+/// the request is not sampled.
+pub fn start(req: &RequestHeader, started: Instant) -> Option<RequestSpan> {
     let installed = INSTALLED.get()?;
+    let started = SystemTime::now() - started.elapsed();
     let parent = TraceContextPropagator::new().extract(&Headers(&req.headers));
     let span = installed
         .tracer
