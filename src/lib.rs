@@ -19,4 +19,5 @@ pub mod request;
 pub mod routes;
 pub mod store;
 pub mod tls;
+pub mod trace;
 pub mod upstream;

@@ -30,6 +30,8 @@ enum Command {
     Run,
     /// Validate a config file without starting: exit 0 if it is good, 1 with the error if not.
     Check,
+    /// Print the JSON Schema of the config file (for editors: docs/production.md).
+    Schema,
     /// Serve a tiny upstream that answers 200 to every request (for demos and benchmarks).
     Echo {
         /// Address to listen on.
@@ -47,6 +49,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
+        Command::Schema => {
+            print!("{}", weir::config::json_schema_text());
+            ExitCode::SUCCESS
+        }
         Command::Replay(args) => weir::replay::cli::run(&cli.config, *args),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
@@ -60,6 +66,14 @@ fn main() -> ExitCode {
                     rt.zones.len(),
                     rt.upstreams.len()
                 );
+                // Where secrets come from, never their values.
+                for source in &rt.secrets.sources {
+                    println!("  {}: from {}", source.setting, source.from);
+                }
+                for used in &rt.secrets.env {
+                    let names: Vec<String> = used.variables.iter().map(|v| format!("${{{v}}}")).collect();
+                    println!("  {}: from the environment ({})", used.setting, names.join(", "));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -71,6 +85,10 @@ fn main() -> ExitCode {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
                     weir::logging::init(&runtime.log);
+                    if let Err(e) = weir::trace::install(runtime.tracing.as_ref()) {
+                        eprintln!("weir: {e}");
+                        return ExitCode::FAILURE;
+                    }
                     weir::process::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
@@ -78,7 +96,9 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match weir::process::server::run(std::sync::Arc::new(reloader)) {
+            let served = weir::process::server::run(std::sync::Arc::new(reloader));
+            weir::trace::shutdown();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir: {e}");

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::schema;

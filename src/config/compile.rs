@@ -4,15 +4,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
-use toml::Spanned;
 
 use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
+use super::interpolate;
 use super::route::{self, Route};
 use super::schema;
+use super::secrets::{Secret, Secrets};
 use super::store::{self, StoreSettings};
+use super::traces::TraceSettings;
 use super::upstream;
 use super::zones::OverrideMatch;
 use super::zones::{self, Zone};
@@ -62,6 +65,10 @@ pub struct Runtime {
     pub warnings: Vec<String>,
     /// The request path's metric handles for these routes and zones.
     pub meters: Meters,
+    /// Where the secret settings came from (files, `${NAME}`), never their values.
+    pub secrets: Secrets,
+    /// `[tracing]`: OpenTelemetry traces; `None`: off.
+    pub tracing: Option<TraceSettings>,
 }
 
 impl Runtime {
@@ -93,7 +100,7 @@ pub struct ServerSettings {
     /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
     /// When set, admin requests other than `/healthz` and `/readyz` need `Authorization: Bearer <token>`.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Limits on what one client connection may hold; read per connection and request, so a
     /// reload changes them for new connections.
     pub clients: ClientLimits,
@@ -168,16 +175,33 @@ pub struct LogSettings {
     pub access_log: bool,
 }
 
+/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
 pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
+    let interpolated = interpolate::expand(&Source { file, text })?;
+    let mut secrets = Secrets::new(interpolated.uses.clone());
+    match compile_expanded(&interpolated.text, file, &mut secrets) {
+        Ok(mut runtime) => {
+            runtime.secrets = secrets;
+            Ok(runtime)
+        }
+        Err(mut e) => {
+            e.message = secrets.redact(&interpolated.redact(&e.message));
+            Err(e)
+        }
+    }
+}
+
+fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Runtime, ConfigError> {
     let src = Source { file, text };
     let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, jwt } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, jwt, tracing } =
+        parsed;
 
-    let (server, tls_certs, mut warnings) = compile_server(&src, server)?;
-    let store = store::compile_store(&src, store)?;
+    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets)?;
+    let store = store::compile_store(&src, store, secrets)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
@@ -187,6 +211,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let jwt = super::jwt::compile_jwt(&src, jwt)?;
     super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
     no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
+    let tracing = super::traces::compile_tracing(&src, tracing)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -206,6 +231,8 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         tls_certs,
         warnings,
         meters,
+        secrets: Secrets::default(),
+        tracing,
     })
 }
 
@@ -271,7 +298,11 @@ fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<Lo
 
 type ServerParts = (ServerSettings, Vec<CertEntry>, Vec<String>);
 
-fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerParts, ConfigError> {
+fn compile_server(
+    src: &Source<'_>,
+    server: Spanned<schema::Server>,
+    secrets: &mut Secrets,
+) -> Result<ServerParts, ConfigError> {
     let server_span = server.span();
     let schema::Server {
         listen,
@@ -284,6 +315,7 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         work_stealing,
         admin,
         admin_token,
+        admin_token_file,
         admin_insecure,
         header_timeout,
         body_timeout,
@@ -330,13 +362,13 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
             })
         })
         .transpose()?;
-    let admin_token = match admin_token {
+    let admin_token = match secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file)? {
         Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
             return Err(
                 src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces")
             );
         }
-        t => t.map(|t| t.into_inner()),
+        t => t.map(|t| Secret::new(t.into_inner())),
     };
     if admin_token.is_some() && admin.is_none() {
         return Err(src.error("server.admin_token: set server.admin too, or remove the token"));

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::checks::key_spec;
 use super::error::{ConfigError, Source};

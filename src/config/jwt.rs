@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use toml::Spanned;
+use super::spanned::Spanned;
 
 use super::checks::parse_duration;
 use super::conn::ConnZone;

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
-use toml::Spanned;
 
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::conn::{self, AccessRule, ConnLimit, ConnZone};

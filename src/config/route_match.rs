@@ -4,9 +4,9 @@
 //! methods upper case. What is certainly a mistake is refused; a spelling Weir can repair is
 //! repaired with a warning (`weir check` prints it, a reload logs it).
 
+use super::spanned::Spanned;
 use http::Method;
 use regex::Regex;
-use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use crate::request::{normalize_path, EncodedSlash};

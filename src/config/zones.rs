@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::checks::{check_name, key_spec, parse_duration, unique, MAX_BURST};
 use super::error::{ConfigError, Source};

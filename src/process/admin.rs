@@ -82,7 +82,7 @@ impl AdminApp {
         let Some(given) = auth.and_then(bearer_credentials) else {
             return false;
         };
-        constant_time_eq(given, token.as_bytes())
+        constant_time_eq(given, token.expose().as_bytes())
     }
 
     /// 200 while the store decides; 503 with the reason while it fails (a Redis that is down,

@@ -14,7 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Runtime, ServerSettings};
+use crate::config::{self, EnvUse, Runtime, SecretSource, ServerSettings, TraceSettings};
 use crate::fswatch::{self, Change, DirWatcher, Event};
 use crate::metrics::METRICS;
 
@@ -43,6 +43,10 @@ pub struct ConfigStatus {
     pub last_error: Option<String>,
     /// Settings that changed in the file but only apply after a restart.
     pub pending_restart: Vec<String>,
+    /// Where the secret settings came from (a file, the config file); never their values.
+    pub secrets: Vec<SecretSource>,
+    /// The settings that read environment variables (`${NAME}`), and which; never their values.
+    pub environment: Vec<EnvUse>,
     /// Fingerprint of the text the latest refused reload read, so one bad save is counted and
     /// logged once, not once per file event.
     #[serde(skip)]
@@ -78,6 +82,7 @@ type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
 struct Startup {
     server: ServerSettings,
     store: String,
+    tracing: Option<TraceSettings>,
 }
 
 impl Reloader {
@@ -90,11 +95,17 @@ impl Reloader {
             reload_failures: 0,
             last_error: None,
             pending_restart: Vec::new(),
+            secrets: runtime.secrets.sources.clone(),
+            environment: runtime.secrets.env.clone(),
             refused_hash: None,
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        let started = Startup { server: runtime.server.clone(), store: format!("{:?}", runtime.store) };
+        let started = Startup {
+            server: runtime.server.clone(),
+            store: format!("{:?}", runtime.store),
+            tracing: runtime.tracing.clone(),
+        };
         Self {
             path: path.to_path_buf(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
@@ -172,6 +183,8 @@ impl Reloader {
         METRICS.config_generation.set(status.generation as i64);
         METRICS.config_reloads.inc();
         status.hash = hash.clone();
+        status.secrets = next.secrets.sources.clone();
+        status.environment = next.secrets.env.clone();
         status.loaded_at = unix_now();
         status.last_error = None;
         info!(trigger, generation = status.generation, hash = %hash, "config reloaded");
@@ -194,9 +207,15 @@ impl Reloader {
         let dir = fswatch::parent_dir(&self.path);
         let (tx, rx) = mpsc::channel::<Change>();
         let file_name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        // The secret files the config reads (`admin_token_file`, …): a rotated secret is applied
+        // like a changed config. Those the config names at start are watched.
+        let secret_files: Vec<PathBuf> = self.runtime.load().secrets.files().cloned().collect();
+        let secret_names: Vec<std::ffi::OsString> =
+            secret_files.iter().filter_map(|f| f.file_name().map(|n| n.to_os_string())).collect();
         let mut watcher = DirWatcher::start("weir-config-fs", move |event| {
             let change = match event {
                 Event::Entry { name, change } if concerns_config(&name, &file_name) => change,
+                Event::Entry { name, .. } if secret_names.contains(&name) => Change::Replaced,
                 Event::Entry { .. } => return,
                 // Events were lost or the directory went: look at the file again.
                 Event::Rescan => Change::Replaced,
@@ -205,6 +224,12 @@ impl Reloader {
         })
         .map_err(|e| e.to_string())?;
         watcher.watch_dir(&dir).map_err(|e| e.to_string())?;
+        let mut secret_dirs: Vec<PathBuf> = secret_files.iter().map(|f| fswatch::parent_dir(f)).collect();
+        secret_dirs.sort();
+        secret_dirs.dedup();
+        for secret_dir in secret_dirs.iter().filter(|d| **d != dir) {
+            watcher.watch_dir(secret_dir).map_err(|e| e.to_string())?;
+        }
         watcher.watch_writes(&self.path).map_err(|e| e.to_string())?;
         let reloader = Arc::clone(self);
         std::thread::Builder::new()
@@ -346,6 +371,9 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
         changes
             .push(format!("server.admin: running {:?}, the file says {:?}", current.server.admin, next.server.admin));
     }
+    if current.tracing != next.tracing {
+        changes.push("tracing: the file changes the [tracing] settings".to_string());
+    }
     // Debug output covers every store field; compared only, never logged (the URL may hold a password).
     if current.store != format!("{:?}", next.store) {
         changes.push("store: the file changes the store settings".to_string());
@@ -366,6 +394,8 @@ fn bool_str(b: bool) -> &'static str {
 /// it although the text did not change.
 fn config_hash(text: &str, rt: &Runtime) -> String {
     let mut bytes = text.as_bytes().to_vec();
+    // Secrets read from files or the environment: a rotated one is a change.
+    bytes.extend_from_slice(&rt.secrets.fingerprint());
     for tls in rt.upstreams.iter().filter_map(|u| u.tls.as_ref()) {
         if let Some(ca) = &tls.ca {
             bytes.extend_from_slice(ca.pem());

@@ -6,6 +6,7 @@ mod access_log;
 pub(crate) mod bodies;
 mod outcome;
 mod respond;
+mod trace_span;
 mod upstreaming;
 
 use std::net::IpAddr;
@@ -70,6 +71,8 @@ pub struct RequestCtx {
     /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
     peer: Option<IpAddr>,
     peer_trusted: bool,
+    /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
+    trace: Option<crate::trace::RequestSpan>,
 }
 
 #[async_trait]
@@ -94,10 +97,12 @@ impl ProxyHttp for WeirProxy {
             upstream: upstreaming::Attempts::default(),
             peer: None,
             peer_trusted: false,
+            trace: None,
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.trace = trace_span::start(session, ctx);
         let rt = ctx.runtime.clone();
         let clients = &rt.server.clients;
         // The head is in: from here its body and response are bounded by Pingora's per-read
@@ -267,6 +272,9 @@ impl ProxyHttp for WeirProxy {
         if ctx.upstream.close_after() {
             upstream_request.insert_header(http::header::CONNECTION, "close")?;
         }
+        if let Some(span) = &ctx.trace {
+            span.inject(upstream_request);
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -317,6 +325,7 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
+        trace_span::finish(ctx.trace.take(), ctx, route, status);
     }
 }
 

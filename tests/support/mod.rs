@@ -8,6 +8,7 @@ pub mod concurrent;
 pub mod config;
 pub mod h2;
 pub mod http;
+pub mod kustomize;
 pub mod metrics;
 pub mod nginx;
 pub mod poll;
