@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::config::with_app;
+use support::config::{redis_store, with_app, NO_ACCESS_LOG};
 use support::http::{self, Conn, KeepAlive, Request};
 use support::poll::poll;
 use support::redis_cmd::scan_keys;
@@ -23,15 +23,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// keyed by the `X-Key` header at `rate` for route `/api/` with `limit`, and a zone at 2r/s, same
 /// key, for route `/slow/` (one request there leaves a key that drains in 500 ms).
 fn member(up: &Upstream, url: &str, rate: &str, limit: &str) -> Weir {
-    let sections = format!(
-        r#"[log]
-access_log = false
-
-[store]
-kind = "redis"
-url = "{url}"
-timeout = "1s""#
-    );
+    let sections = format!("{NO_ACCESS_LOG}\n\n{}", redis_store(url, "timeout = \"1s\""));
     let zones_and_routes = format!(
         r#"[[limit_req_zone]]
 name = "fleet"
@@ -256,10 +248,7 @@ fn two_instances_admit_what_the_model_admits_for_every_algorithm() {
         ("sliding_window", "5r/h", "{ zone = \"fleet\" }", None),
     ];
     for (algorithm, rate, reference, window) in cases {
-        let sections = format!(
-            "[log]\naccess_log = false\n\n[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
-            redis.url()
-        );
+        let sections = format!("{NO_ACCESS_LOG}\n\n{}", redis_store(&redis.url(), "timeout = \"1s\""));
         let rest = format!(
             "[[limit_req_zone]]\nname = \"fleet\"\nkey = \"header:X-Key\"\nrate = \"{rate}\"\nalgorithm = \"{algorithm}\"\n\n\
              [[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\nlimit_req = [ {reference} ]\n"
