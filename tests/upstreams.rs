@@ -378,13 +378,12 @@ fn bad_upstream_settings_are_refused_with_line_and_field() {
         let text = config(upstream).replace("$LISTEN2", "127.0.0.1:9902").replace("$LISTEN", "127.0.0.1:9901");
         let line = upstream.lines().last().unwrap_or("");
         let expected_line = text.lines().position(|l| l == line).map(|i| i + 1);
+        let l = expected_line.unwrap_or_else(|| panic!("{upstream}: its last line is not in the config:\n{text}"));
         let out = support::weir::check_config("bad.toml", &text, Duration::from_secs(20));
         assert_eq!(out.code, Some(1), "{upstream}: {}", out.describe());
         assert!(out.stderr.contains(needle), "{upstream}: stderr should mention {needle:?}: {}", out.stderr);
         assert!(out.stderr.contains("upstream \"app\""), "{upstream}: names the upstream: {}", out.stderr);
-        if let Some(l) = expected_line {
-            assert!(out.stderr.contains(&format!("bad.toml:{l}:")), "{upstream}: line {l}: {}", out.stderr);
-        }
+        assert!(out.stderr.contains(&format!("bad.toml:{l}:")), "{upstream}: line {l}: {}", out.stderr);
     }
 }
 
