@@ -352,17 +352,39 @@ limit_req = [ { zone = "sw_4s" } ]
     ));
 
     // rate = "5r/m": five pass, counting down, the sixth is over. Its Retry-After: with 5 in this
-    // minute, a sixth fits once 5 × (60 - t) / 60 <= 4, 12 s into the next minute; if the five
-    // straddled a minute boundary, sooner, but never before 12 s. The formula to the µs:
-    // `sliding_window_cases` in src/limit/tables.rs.
+    // minute, a sixth fits once 5 × (60 - t) / 60 <= 4, 12 s into the next minute. The formula to
+    // the µs: `sliding_window_cases` in src/limit/tables.rs.
+    let first_sent = now_us();
     let rs: Vec<Response> = (0..5).map(|_| get(&w, "/m/x")).collect();
     assert!(rs.iter().all(|r| r.status == 200), "{:#?}", summaries(&rs));
     assert_eq!(rs.iter().map(remaining).collect::<Vec<_>>(), vec![4, 3, 2, 1, 0]);
+    let sent = now_us();
     let sixth = get(&w, "/m/x");
+    let done = now_us();
     assert_rate_limited(&sixth, "sw_m");
     assert_eq!(policy(&sixth), (5, 60));
     let ra = retry_after(&sixth);
-    assert!((12..=72).contains(&ra), "Retry-After in 12..=72 (the rest of the minute + 12 s): {}", sixth.summary());
+    let minute = |t: u64| t / (60 * SEC_US);
+    if minute(first_sent) == minute(done) {
+        // All six in one minute (nearly always): the rest of it + 12 s, for a "now" between the
+        // sixth's sending and its answer.
+        let minute_end = (minute(sent) + 1) * 60 * SEC_US;
+        let lo = (minute_end + 12 * SEC_US - done).div_ceil(SEC_US);
+        let hi = (minute_end + 12 * SEC_US - sent).div_ceil(SEC_US);
+        assert!(
+            (lo..=hi).contains(&ra),
+            "Retry-After in {lo}..={hi} (the rest of the minute + 12 s): {}",
+            sixth.summary()
+        );
+    } else {
+        // Across a minute boundary, p of the five decided before it: a sixth fits once
+        // p × t / 60 >= 1 into the new minute, i.e. from 60 / p s (12 s for p = 5) up to 60 s
+        // (p = 1) into it; 12 s into the next one if none was (p = 0).
+        let boundary = (minute(first_sent) + 1) * 60 * SEC_US;
+        let lo = (boundary + 12 * SEC_US).saturating_sub(done).div_ceil(SEC_US);
+        let hi = (boundary + 72 * SEC_US).saturating_sub(sent).div_ceil(SEC_US);
+        assert!((lo..=hi).contains(&ra), "Retry-After in {lo}..={hi} across a minute boundary: {}", sixth.summary());
+    }
 
     // window = "4s", limit = 2: fill one window; in the next the previous 2 weigh 2 × (1 - t/4 s),
     // so a request is rejected there until 2 s into it (a fixed window would admit it at once):
