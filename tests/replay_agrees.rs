@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use support::access_log::access_lines;
 use support::config::with_app;
 use support::http;
+use support::poll::wait_until;
 use support::upstream::Upstream;
 use support::weir::{ConfigDir, Weir};
 
@@ -131,9 +132,13 @@ fn replay_decides_every_hostile_request_as_the_live_proxy_did() {
     ));
     let started = Instant::now();
     let mut statuses = Vec::new();
-    for r in REQUESTS {
+    for (i, r) in REQUESTS.iter().enumerate() {
         let resp = http::send_raw(w.addr, &wire(r)).expect("an answer").expect("a response");
         statuses.push(resp.status);
+        // A request's access line is written after its response: wait for it before the next
+        // request, or two lines can swap and pair a decision with the wrong request.
+        let logged = wait_until(Duration::from_secs(10), Duration::from_millis(5), || access_lines(&w).len() > i);
+        assert!(logged.is_some(), "request {i} ({} {}): no access line within 10 s", r.method, r.target);
     }
     // 1r/m with no burst: the whole run must fit in the minute for the live words to be the
     // model's, as the replay's timestamps are.
