@@ -182,7 +182,7 @@ fn websockets_pass_through_count_once_and_hold_their_limit_conn_place_while_open
 fn a_long_lived_websocket_keeps_renewing_its_redis_lease() {
     let redis = RedisServer::start();
     let up = echo_upstream();
-    let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\nlease_ttl = \"1s\"\n", redis.url());
+    let store = support::config::redis_store(&redis.url(), "lease_ttl = \"1s\"");
     let config = support::config::with_app("", &store, up, ZONES);
     let w = Weir::start(&config);
     let (mut first, _) = tunnel(w.addr, "bob");
