@@ -239,6 +239,16 @@ impl MemoryStore {
         verdict
     }
 
+    /// What `decide_now` would say, writing nothing (`LimitStore::peek`). Each key is read under
+    /// its own lock; a peek is a check, not a charge, so it needs no atomicity across zones.
+    pub fn peek_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
+        let now_us = self.clock.now_us();
+        let states: PerZone<Option<State>> = checks.iter().map(|c| self.state(c.zone, &c.key)).collect();
+        let inputs: PerZone<ZoneInput<'_>> =
+            checks.iter().zip(states).map(|(c, state)| ZoneInput { limit: &c.limit, state, cost: c.cost }).collect();
+        decide_all(&inputs, now_us)
+    }
+
     /// The live state of one key, for tests and the admin API.
     pub fn state(&self, zone: &str, key: &[u8]) -> Option<State> {
         let now_us = self.clock.now_us();
@@ -285,6 +295,10 @@ fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
 impl LimitStore for MemoryStore {
     async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         Ok(self.decide_now(checks))
+    }
+
+    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.peek_now(checks))
     }
 
     fn kind(&self) -> &'static str {
