@@ -316,6 +316,53 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
 mod tests {
     use super::*;
 
+    const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
+        [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
+
+    #[test]
+    fn count_statuses_must_be_a_non_empty_list_of_http_statuses() {
+        let conf = |count: &str| crate::config::from_text(&LOGIN.replace("COUNT", count), "t.toml");
+        let rt = conf("count_statuses = [401, 403]").expect("valid");
+        assert_eq!(rt.zones[0].count_statuses.as_deref(), Some(&[401, 403][..]));
+        assert_eq!(conf("").expect("valid").zones[0].count_statuses, None);
+        for bad in ["count_statuses = []", "count_statuses = [600]", "count_statuses = [-1]"] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("count_statuses"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_counted_zone_is_checked_then_charged_only_for_its_statuses() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", "count_statuses = [401]"), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let limit = route.limits[0].limit;
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), limit, 1)]);
+        let clock = Arc::new(crate::limit::ManualClock::new(1_700_000_000_000_000));
+        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        for _ in 0..3 {
+            assert!(
+                matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
+                "never charged"
+            );
+            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &stores)), 0, "200 is not counted");
+        }
+        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &stores)), 1);
+        assert!(
+            matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
+            "burst 0: one 401"
+        );
+    }
+
+    /// The memory store never waits: poll once.
+    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store waited"),
+        }
+    }
+
     #[test]
     fn cost_from_header_is_validated_and_clamped() {
         let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10, min: 1 };

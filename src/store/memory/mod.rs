@@ -328,6 +328,21 @@ mod tests {
     }
 
     #[test]
+    fn peek_says_what_decide_would_and_writes_nothing() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(T0)));
+        for _ in 0..5 {
+            assert!(store.peek_now(&[check("a", b"k", 0)]).admitted, "a peek never charges");
+        }
+        assert!(store.state("a", b"k").is_none(), "nothing written");
+        assert!(store.decide_now(&[check("a", b"k", 0)]).admitted);
+        let before = store.state("a", b"k");
+        let peeked = store.peek_now(&[check("a", b"k", 0)]);
+        assert!(!peeked.admitted, "full: the peek refuses like a decision would");
+        assert_eq!(peeked.retry_after_us, store.decide_now(&[check("a", b"k", 0)]).retry_after_us);
+        assert_eq!(store.state("a", b"k"), before);
+    }
+
+    #[test]
     fn keys_and_zones_are_independent() {
         let store = MemoryStore::new(Arc::new(ManualClock::new(T0)));
         assert!(store.decide_now(&[check("a", b"k1", 0)]).admitted);
