@@ -330,6 +330,9 @@ pub struct LimitReqZone {
     /// The key of requests whose bearer token cannot be verified (zones keyed on `jwt:` claims);
     /// without it they are refused with 401.
     pub bad_token_key: Option<Spanned<OneOrMany>>,
+    /// Count by response: only responses with one of these statuses are charged, after the
+    /// response (requests are checked, uncharged, before forwarding).
+    pub count_statuses: Option<Spanned<Vec<i64>>>,
     /// Other limits for some keys; the first match wins.
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,

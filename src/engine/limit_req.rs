@@ -16,7 +16,7 @@ use super::refusal::Refusal;
 use super::status::{LimitStatus, Statuses};
 use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
 use crate::keys::RequestFacts;
-use crate::limit::{DelayPolicy, Verdict};
+use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
 
@@ -47,6 +47,9 @@ pub fn keyed_zones<'a>(
         }
         keyed.push(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference: i });
     }
+    // Zones counted by response last in each group (stable; `Groups::new` keeps this order), so
+    // each group splits into "charged now" and "checked now, charged after the response".
+    keyed.sort_by_key(|z| counted_statuses(rt, route, z).is_some());
     Ok(Groups::new(keyed))
 }
 
@@ -97,8 +100,10 @@ pub async fn enforce<'a>(
 ) -> Enforcement<'a> {
     let store = stores.primary.as_ref();
     let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
-    let (enforced_result, shadow_result) =
-        tokio::join!(timed_decide(store, enforced, &stores.duration), timed_decide(store, shadow, &stores.duration));
+    let (enforced_result, shadow_result) = tokio::join!(
+        decide_group(rt, route, store, enforced, &stores.duration),
+        decide_group(rt, route, store, shadow, &stores.duration)
+    );
 
     let mut result = Enforcement {
         action: Action::Forward,
@@ -166,6 +171,110 @@ pub async fn enforce<'a>(
     result
 }
 
+/// The `count_statuses` of a keyed zone: `Some` when it is counted by response.
+fn counted_statuses<'r>(rt: &'r Runtime, route: &Route, zone: &KeyedZone<'_>) -> Option<&'r [u16]> {
+    rt.zones[route.limits[zone.reference].zone].count_statuses.as_deref()
+}
+
+/// One group (enforced or dry run) of a request: its zones counted by response (last in the
+/// group) are checked without charge first; only if they admit are the others charged, so a
+/// refused request is charged nowhere. The verdict lists the zones in the group's order.
+async fn decide_group(
+    rt: &Runtime,
+    route: &Route,
+    store: &dyn LimitStore,
+    group: &[KeyedZone<'_>],
+    duration: &Histogram,
+) -> Option<Result<Verdict, StoreError>> {
+    let split = group.iter().position(|z| counted_statuses(rt, route, z).is_some()).unwrap_or(group.len());
+    if split == group.len() {
+        return timed_decide(store, group, duration).await;
+    }
+    let (now, later) = group.split_at(split);
+    let started = Instant::now();
+    let peeked = store.peek(later).await;
+    duration.observe(started.elapsed().as_secs_f64());
+    let peeked = match peeked {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    if !peeked.admitted {
+        let not_charged = now.iter().map(|z| ZoneOutcome::not_charged(&z.limit, peeked.decided_us));
+        return Some(Ok(Verdict::combine(not_charged.chain(peeked.zones).collect(), peeked.decided_us)));
+    }
+    match timed_decide(store, now, duration).await {
+        None => Some(Ok(peeked)),
+        Some(Err(e)) => Some(Err(e)),
+        Some(Ok(charged)) => {
+            let zones = charged.zones.into_iter().chain(peeked.zones).collect();
+            Some(Ok(Verdict::combine(zones, charged.decided_us)))
+        }
+    }
+}
+
+/// A zone counted by response, owned so that it outlives the request's config borrow: charged
+/// after the response by [`charge_after`] if the status is one of `statuses`.
+#[derive(Debug, Clone)]
+pub struct Deferred {
+    zone: String,
+    key: Vec<u8>,
+    limit: crate::limit::LimitReq,
+    cost: u64,
+    dry_run: bool,
+    statuses: Vec<u16>,
+}
+
+/// The zones of an admitted request to charge once its response status is known (`count_statuses`);
+/// empty (no allocation) when the route has none.
+pub fn deferred(rt: &Runtime, route: &Route, keyed: &Groups<KeyedZone<'_>>) -> Vec<Deferred> {
+    keyed
+        .all()
+        .iter()
+        .filter_map(|z| {
+            let statuses = counted_statuses(rt, route, z)?;
+            Some(Deferred {
+                zone: z.zone.to_owned(),
+                key: z.key.clone(),
+                limit: z.limit,
+                cost: z.cost,
+                dry_run: z.dry_run,
+                statuses: statuses.to_vec(),
+            })
+        })
+        .collect()
+}
+
+/// Count by response: charges the deferred zones whose statuses include `status`, one atomic
+/// store call per group (enforced, dry run). The charge is a normal decision: a bucket that
+/// concurrent requests filled meanwhile refuses it and stays full (docs/charges.md, the race).
+/// Returns how many zones were charged; a store error is logged and charges nothing.
+pub async fn charge_after(deferred: &[Deferred], status: u16, stores: &Stores) -> usize {
+    let due: Vec<KeyedZone<'_>> = deferred
+        .iter()
+        .filter(|d| d.statuses.contains(&status))
+        .map(|d| KeyedZone {
+            zone: &d.zone,
+            key: d.key.clone(),
+            limit: d.limit,
+            cost: d.cost,
+            dry_run: d.dry_run,
+            reference: 0,
+        })
+        .collect();
+    let groups = Groups::new(due);
+    let mut charged = 0;
+    for (group, _) in groups.each() {
+        match timed_decide(stores.primary.as_ref(), group, &stores.duration).await {
+            None => {}
+            Some(Ok(v)) => charged += v.admitted as usize * group.len(),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, status, "count by response: the charge after the response failed")
+            }
+        }
+    }
+    charged
+}
+
 /// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
 async fn timed_decide(
     store: &dyn LimitStore,
@@ -206,6 +315,53 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
+        [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
+
+    #[test]
+    fn count_statuses_must_be_a_non_empty_list_of_http_statuses() {
+        let conf = |count: &str| crate::config::from_text(&LOGIN.replace("COUNT", count), "t.toml");
+        let rt = conf("count_statuses = [401, 403]").expect("valid");
+        assert_eq!(rt.zones[0].count_statuses.as_deref(), Some(&[401, 403][..]));
+        assert_eq!(conf("").expect("valid").zones[0].count_statuses, None);
+        for bad in ["count_statuses = []", "count_statuses = [600]", "count_statuses = [-1]"] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("count_statuses"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_counted_zone_is_checked_then_charged_only_for_its_statuses() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", "count_statuses = [401]"), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let limit = route.limits[0].limit;
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), limit, 1)]);
+        let clock = Arc::new(crate::limit::ManualClock::new(1_700_000_000_000_000));
+        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        for _ in 0..3 {
+            assert!(
+                matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
+                "never charged"
+            );
+            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &stores)), 0, "200 is not counted");
+        }
+        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &stores)), 1);
+        assert!(
+            matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
+            "burst 0: one 401"
+        );
+    }
+
+    /// The memory store never waits: poll once.
+    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store waited"),
+        }
+    }
 
     #[test]
     fn cost_from_header_is_validated_and_clamped() {

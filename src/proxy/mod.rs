@@ -73,6 +73,8 @@ pub struct RequestCtx {
     peer_trusted: bool,
     /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
     trace: Option<crate::trace::RequestSpan>,
+    /// Zones counted by response (`count_statuses`), charged in `response_filter`.
+    deferred: Vec<limit_req::Deferred>,
 }
 
 #[async_trait]
@@ -98,6 +100,7 @@ impl ProxyHttp for WeirProxy {
             peer: None,
             peer_trusted: false,
             trace: None,
+            deferred: Vec::new(),
         }
     }
 
@@ -189,6 +192,7 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
+        ctx.deferred = limit_req::deferred(&rt, route, &plan.zones);
         let upstream = &rt.upstreams[route.upstream];
         if let Err(why) = ctx.upstream.first(upstream) {
             ctx.outcome = match why {
@@ -297,6 +301,11 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_sent.map(|t| t.elapsed());
+        // Count by response: charged before the client sees the status (and before any lease is
+        // released), so its next request is checked against this charge.
+        if !ctx.deferred.is_empty() && resp.status.as_u16() >= 200 {
+            limit_req::charge_after(&std::mem::take(&mut ctx.deferred), resp.status.as_u16(), &self.stores).await;
+        }
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
         }

@@ -150,7 +150,7 @@ impl<'rt> Engine<'rt> {
         let route = &rt.routes[plan.route];
         let mut decision = Decision::before_limits(Some(plan.route), Outcome::Limited);
         if !plan.zones.is_empty() {
-            self.decide_rates(route, plan.zones, now_us, &mut decision);
+            self.decide_rates(route, plan.zones, now_us, rec.response_status, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
@@ -165,9 +165,25 @@ impl<'rt> Engine<'rt> {
     }
 
     /// The `limit_req` step through the proxy's own enforcement, on the simulated clock.
-    fn decide_rates(&self, route: &Route, keyed: Groups<KeyedZone<'_>>, now_us: u64, decision: &mut Decision) {
+    /// Zones counted by response are charged at once with the logged response status (the
+    /// proxy charges them when the response arrives: the same order for one client's requests).
+    fn decide_rates(
+        &self,
+        route: &Route,
+        keyed: Groups<KeyedZone<'_>>,
+        now_us: u64,
+        response_status: Option<u16>,
+        decision: &mut Decision,
+    ) {
         self.clock.set_us(now_us);
         let enforcement = decided_at_once(limit_req::enforce(self.rt, route, &keyed, &self.stores));
+        if let (Some(status), false) = (response_status, matches!(enforcement.action, limit_req::Action::Reject { .. }))
+        {
+            let deferred = limit_req::deferred(self.rt, route, &keyed);
+            if !deferred.is_empty() {
+                decided_at_once(limit_req::charge_after(&deferred, status, &self.stores));
+            }
+        }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
         let own_delays = |verdict: &Option<Verdict>, len: usize| -> Vec<u64> {
             match verdict {
@@ -314,6 +330,7 @@ mod tests {
             headers: HeaderMap::new(),
             route: None,
             logged_status: None,
+            response_status: None,
             order: None,
         }
     }

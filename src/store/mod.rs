@@ -89,6 +89,13 @@ pub trait LimitStore: Send + Sync {
     /// Decides every zone of one request atomically: charges all of them or none.
     async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError>;
 
+    /// What `decide` would say now, charging nothing (count by response: a request is checked
+    /// before it is forwarded and charged once its response is known). A store that cannot
+    /// evaluate without writing says so, and the failure policy answers.
+    async fn peek(&self, _zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Err(StoreError::Reply(format!("the {} store cannot check a zone without charging it", self.kind())))
+    }
+
     /// "memory" or "redis", for logs and metrics.
     fn kind(&self) -> &'static str;
 

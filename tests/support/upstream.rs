@@ -62,6 +62,8 @@ struct Inner {
     forced: AtomicU16,
     /// Every connection accepted, to close them all on [`Upstream::kill`].
     conns: Mutex<Vec<TcpStream>>,
+    /// A login endpoint: when set, requests whose `X-Password` differs are answered 401.
+    password: Mutex<Option<String>>,
 }
 
 /// A running upstream; stops accepting when dropped.
@@ -144,6 +146,12 @@ impl Upstream {
     /// Sleep this long before answering each request (0 = none).
     pub fn set_sleep(&self, d: Duration) {
         self.inner.sleep_ms.store(d.as_millis() as usize, Ordering::SeqCst);
+    }
+
+    /// Act as a login endpoint: 401 for a request whose `X-Password` is not `password`, 200
+    /// otherwise (off by default: every request gets 200).
+    pub fn set_password(&self, password: &str) {
+        *self.inner.password.lock().unwrap() = Some(password.to_string());
     }
 
     /// Requests received so far.
@@ -286,6 +294,12 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
         let get = |n: &str| {
             headers.iter().find(|(k, _)| k == n).map(|(_, v)| String::from_utf8_lossy(v).to_ascii_lowercase())
         };
+        let wrong_password = match inner.password.lock().unwrap().as_deref() {
+            Some(want) => {
+                headers.iter().find(|(k, _)| k == "x-password").map(|(_, v)| v.as_slice()) != Some(want.as_bytes())
+            }
+            None => false,
+        };
         let chunked = get("transfer-encoding").map(|v| v.contains("chunked")).unwrap_or(false);
         let content_length: usize = get("content-length").and_then(|v| v.trim().parse().ok()).unwrap_or(0);
         let close = get("connection").map(|v| v.contains("close")).unwrap_or(false) || version == "HTTP/1.0";
@@ -322,13 +336,18 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
 
         let status = match (is_health, inner.forced.load(Ordering::SeqCst)) {
             (true, _) => health,
+            (false, _) if wrong_password => 401,
             (false, 0) => 200,
             (false, forced) => forced,
         };
         let body = if method.eq_ignore_ascii_case("HEAD") { Vec::new() } else { path.as_bytes().to_vec() };
         let mut resp = format!(
             "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Upstream: {}\r\n",
-            if status == 200 { "OK" } else { "X" },
+            match status {
+                200 => "OK",
+                401 => "Unauthorized",
+                _ => "X",
+            },
             path.len(),
             inner.name
         );

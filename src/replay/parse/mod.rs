@@ -35,6 +35,8 @@ pub struct Record {
     pub route: Option<String>,
     /// The `$limit_req_status` the log recorded, to compare with the replay.
     pub logged_status: Option<String>,
+    /// The HTTP status of the response (Weir's log: `status`), for zones counted by response.
+    pub response_status: Option<u16>,
     /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
     /// without it they go in log order.
     pub order: Option<u64>,

@@ -413,6 +413,37 @@ impl LimitStore for RedisStore {
         parse_reply(&reply, &algorithms, self.full_outcomes)
     }
 
+    /// `lua/limit_req.lua` with flag "n" (evaluate only): one call per hash slot, combined.
+    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if checks.is_empty() {
+            return Ok(decide_all(&[], self.clock.now_us()));
+        }
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..checks.len()).collect()] };
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            let mut now_us = self.now_arg(|c| c.now_us());
+            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
+            let flags = format!("{}n", self.detail_flag());
+            for group in &groups {
+                let reply: Vec<Value> = self.limit_call(checks, &keys, group, now_us, &flags).invoke(&mut conn).await?;
+                let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
+                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
+                now_us.get_or_insert(verdict.decided_us);
+                for (&i, zone) in group.iter().zip(verdict.zones) {
+                    outcomes[i] = Some(zone);
+                }
+            }
+            let zones = outcomes
+                .into_iter()
+                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+            Ok(Verdict::combine(zones, decided_us))
+        })
+        .await
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
