@@ -93,6 +93,11 @@ impl Secrets {
         self.sources.iter().filter_map(|s| s.file.as_ref())
     }
 
+    /// Whether no secret was read from a file.
+    pub fn none_from_files(&self) -> bool {
+        self.values.is_empty()
+    }
+
     /// The digest of every secret value read (never the values).
     pub fn fingerprint(&self) -> [u8; 32] {
         self.digest.clone().finalize().into()

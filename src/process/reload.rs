@@ -394,8 +394,11 @@ fn bool_str(b: bool) -> &'static str {
 /// it although the text did not change.
 fn config_hash(text: &str, rt: &Runtime) -> String {
     let mut bytes = text.as_bytes().to_vec();
-    // Secrets read from files or the environment: a rotated one is a change.
-    bytes.extend_from_slice(&rt.secrets.fingerprint());
+    // Secrets read from files or the environment (`${NAME}`): a rotated one is a change. Without
+    // either, the hash is the text's alone (as documented for `GET /config`).
+    if !rt.secrets.none_from_files() || text.contains("${") {
+        bytes.extend_from_slice(&rt.secrets.fingerprint());
+    }
     for tls in rt.upstreams.iter().filter_map(|u| u.tls.as_ref()) {
         if let Some(ca) = &tls.ca {
             bytes.extend_from_slice(ca.pem());
