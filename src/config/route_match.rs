@@ -9,6 +9,7 @@ use http::Method;
 use regex::Regex;
 
 use super::error::{ConfigError, Source};
+use crate::request::host::{is_host_name, is_ipv6_literal};
 use crate::request::{normalize_path, EncodedSlash};
 use crate::routes::{HostMatch, PathMatch, RouteMatcher};
 
@@ -127,10 +128,7 @@ fn host_pattern(
         ));
     }
     let name = bare.strip_suffix('.').unwrap_or(bare);
-    let label_ok = |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    let literal =
-        name.starts_with('[') && name.ends_with(']') && name[1..name.len() - 1].parse::<std::net::Ipv6Addr>().is_ok();
-    if !literal && !name.split('.').all(label_ok) {
+    if !is_ipv6_literal(name) && !is_host_name(name) {
         return Err(here(&h.span(), format!("host: {text:?} is not a host name")));
     }
     let pattern = format!("{}{}", &text[..text.len() - bare.len()], name.to_ascii_lowercase());

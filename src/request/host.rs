@@ -27,17 +27,16 @@ impl<'a> Host<'a> {
     pub fn parse(raw: &'a str) -> Result<Host<'a>, HostError> {
         let (name, port) = split_port(raw)?;
         let name = if name.starts_with('[') {
-            let inner = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).ok_or(HostError::BadName)?;
-            inner.parse::<std::net::Ipv6Addr>().map_err(|_| HostError::BadName)?;
+            if !is_ipv6_literal(name) {
+                return Err(HostError::BadName);
+            }
             name
         } else {
             let name = name.strip_suffix('.').unwrap_or(name);
             if name.is_empty() {
                 return Err(HostError::Empty);
             }
-            let label_ok =
-                |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-            if !name.split('.').all(label_ok) {
+            if !is_host_name(name) {
                 return Err(HostError::BadName);
             }
             name
@@ -69,6 +68,17 @@ impl<'a> Host<'a> {
             None => raw == self.name,
         }
     }
+}
+
+/// A host name as Weir accepts one, in requests and in route patterns: non-empty labels of
+/// letters, digits, `-` and `_`, joined by dots.
+pub fn is_host_name(name: &str) -> bool {
+    name.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+}
+
+/// An IPv6 address in brackets (`[::1]`).
+pub fn is_ipv6_literal(name: &str) -> bool {
+    name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).is_some_and(|n| n.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 /// `name` and an optional port (`host:` has none). One `:` outside IPv6 brackets.
