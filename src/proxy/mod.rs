@@ -261,7 +261,9 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         // HTTP/2: the body deadline (body_timeout) starts with forwarding; see edge/streams.rs.
-        crate::edge::awaiting_body(!session.is_body_done());
+        if session.is_http2() {
+            crate::edge::awaiting_body(!session.is_body_done());
+        }
         if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
             let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
