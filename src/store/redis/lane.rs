@@ -433,11 +433,11 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
                 } else if let [Err(e)] = replies.as_slice() {
                     // The call as a whole was refused (OOM, BUSY, …): each request gets why.
                     jobs.into_iter().for_each(|job| answer(job, Err(e.clone())));
-                } else if replies.len() != jobs.len() {
-                    let why = format!("a batch of {} requests got {} replies", jobs.len(), replies.len());
-                    jobs.into_iter().for_each(|job| fail(job, &why));
                 } else {
-                    jobs.into_iter().zip(replies).for_each(|(job, reply)| answer(job, reply));
+                    match split_batch(replies, jobs.len()) {
+                        Ok(each) => jobs.into_iter().zip(each).for_each(|(job, reply)| answer(job, reply)),
+                        Err(why) => jobs.into_iter().for_each(|job| fail(job, &why)),
+                    }
                 }
             }
         }
@@ -472,6 +472,35 @@ fn resend(conn: &mut Connection) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A batch call's reply, one flat array (a nested array per request costs Redis a Lua table and
+/// its conversion each): per request its number of values followed by them, or one error instead.
+/// Returns each request's reply as the single-call layout would have it.
+fn split_batch(items: Vec<Reply>, requests: usize) -> Result<Vec<Reply>, String> {
+    let mut out = Vec::with_capacity(requests);
+    let mut items = items.into_iter();
+    while let Some(item) = items.next() {
+        match item {
+            Err(e) => out.push(Err(e)),
+            Ok(Value::Int(n)) if n >= 0 => {
+                let values: Vec<Value> = items
+                    .by_ref()
+                    .take(n as usize)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("an error among a batch reply's values: {e}"))?;
+                if values.len() != n as usize {
+                    return Err(format!("a batch reply ends within a request's {n} values"));
+                }
+                out.push(Ok(Value::Array(values)));
+            }
+            Ok(other) => return Err(format!("a batch reply has {other:?} where a request's length belongs")),
+        }
+    }
+    if out.len() != requests {
+        return Err(format!("a batch of {requests} requests got {} replies", out.len()));
+    }
+    Ok(out)
 }
 
 fn is_noscript(reply: &Reply) -> bool {
