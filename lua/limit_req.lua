@@ -219,8 +219,11 @@ local function leaky_path()
       or #ARGV ~= 3 + HEAD_ARGS + ZONE_ARGS * n + 2 * (requests - 1) then
       return nil
     end
+    -- (Compared as text: tonumber costs a strtod. Other texts of the same number, or anything
+    -- else, take the general path.)
+    local n_text = ARGV[3]
     for at = 4 + HEAD_ARGS + ZONE_ARGS * n, #ARGV, 2 do
-      if tonumber(ARGV[at]) ~= n or ARGV[at + 1] ~= '=' then
+      if ARGV[at] ~= n_text or ARGV[at + 1] ~= '=' then
         return nil
       end
     end
@@ -247,25 +250,14 @@ local function leaky_path()
   end
   now = now_arg or time_now()
 
-  -- The previous TTL, level and anchor written, and their text.
+  -- The previous TTL and state written, and their text.
   local ttl_x, ttl_t, level_x, anchor_x, value_t
-  local function ttl_text(x)
-    if x ~= ttl_x then
-      ttl_x, ttl_t = x, int(x)
-    end
-    return ttl_t
-  end
-  local function value_text(level, anchor_us)
-    if level ~= level_x or anchor_us ~= anchor_x then
-      level_x, anchor_x, value_t = level, anchor_us, fmt(level) .. ' ' .. int(anchor_us)
-    end
-    return value_t
-  end
   -- Zone i's admitted, excess, delay_us, retry_us, remaining, reset_us, expires_us, level and
   -- anchor_us at zr[9*(i-1) + 1 ...].
   local zr = {}
   -- The reply; in batch mode each request's reply is its number of values, then the values (or
-  -- one error instead of both), one after the other in one array.
+  -- one error instead of both), one after the other in one array: a nested array per request
+  -- would cost a Lua table and its conversion each.
   local out, o = {}, 0
 
   local function one(k0)
@@ -278,19 +270,26 @@ local function leaky_path()
       zr[zt + 1], zr[zt + 2], zr[zt + 3], zr[zt + 4], zr[zt + 5], zr[zt + 6], zr[zt + 7], zr[zt + 8], zr[zt + 9] =
         leaky_values(raw, p[at + 1], p[at + 2], p[at + 3], p[at + 4], p[at + 5])
     end
-    -- combine
-    local admitted, delay_us, retry_after_us = true, 0, -1
+    -- combine, in one pass: admitted only if every zone admits; the largest delay; when rejected,
+    -- the largest retry of the rejecting zones, -1 if one of them never admits.
+    local admitted, delay_us, retry_after_us, never = true, 0, 0, false
     for zt = 0, 9 * (n - 1), 9 do
-      if not zr[zt + 1] then
-        admitted = false
-      end
-    end
-    if admitted then
-      for zt = 0, 9 * (n - 1), 9 do
+      if zr[zt + 1] then
         if zr[zt + 3] > delay_us then
           delay_us = zr[zt + 3]
         end
+      else
+        admitted = false
+        local retry_us = zr[zt + 4]
+        if retry_us < 0 then
+          never = true
+        elseif retry_us > retry_after_us then
+          retry_after_us = retry_us
+        end
       end
+    end
+    if admitted then
+      retry_after_us = -1
       -- persist: a key given twice stores the last zone's state.
       for i = 1, n do
         local key, last, zt = KEYS[k0 + i], true, 9 * (i - 1)
@@ -300,21 +299,20 @@ local function leaky_path()
           end
         end
         if last then
-          local ttl_ms = ttl_text(ceil((zr[zt + 7] - now) / 1000) + 1)
-          redis.call('SET', key, value_text(zr[zt + 8], zr[zt + 9]), 'PX', ttl_ms)
+          local ttl_ms, level, anchor_us = ceil((zr[zt + 7] - now) / 1000) + 1, zr[zt + 8], zr[zt + 9]
+          if ttl_ms ~= ttl_x then
+            ttl_x, ttl_t = ttl_ms, int(ttl_ms)
+          end
+          if level ~= level_x or anchor_us ~= anchor_x then
+            level_x, anchor_x, value_t = level, anchor_us, fmt(level) .. ' ' .. int(anchor_us)
+          end
+          redis.call('SET', key, value_t, 'PX', ttl_t)
         end
       end
     else
-      retry_after_us = 0
-      for zt = 0, 9 * (n - 1), 9 do
-        if not zr[zt + 1] then
-          if zr[zt + 4] < 0 then
-            retry_after_us = -1
-            break
-          elseif zr[zt + 4] > retry_after_us then
-            retry_after_us = zr[zt + 4]
-          end
-        end
+      delay_us = 0
+      if never then
+        retry_after_us = -1
       end
     end
     local c = batch and o + 1 or o
@@ -931,10 +929,9 @@ end
 -- number of requests, then per request its number of keys n followed by either its 2 + 6n
 -- arguments in the single layout, or "=" when they equal the previous request's (same clock
 -- argument, flags, zones and costs: the usual batch, read once); KEYS holds every request's keys
--- in order. The reply is one flat array: per request the number of values of its reply followed
--- by those values (its single-layout reply, unwrapped), or instead of both its error (one
--- request's error never affects another's). Flat because a nested array costs Redis a Lua table
--- and its conversion per request.
+-- in order. The reply is an array with, per request, its reply (an array) or its error: one
+-- request's error never affects another's. (The leaky-bucket path above writes each request's
+-- reply flat instead: its number of values, then the values, in the same array.)
 if ARGV[1] ~= 'batch' then
   local expected = HEAD_ARGS + ZONE_ARGS * #KEYS
   if #ARGV ~= expected then
@@ -946,7 +943,7 @@ local requests = tonumber(ARGV[2])
 if not requests then
   return redis.error_reply('limit_req: batch: ARGV[2] is not a number of requests')
 end
-local replies, o = {}, 0
+local replies = {}
 local next_key, next_arg = 1, 3
 local err, now_arg, flags, params, args_keys
 for r = 1, requests do
@@ -970,18 +967,10 @@ for r = 1, requests do
   end
   local ok, reply = pcall(decide, KEYS, next_key - 1, err, now_arg, flags, params)
   next_key = next_key + nkeys
-  if not ok then
-    reply = { err = tostring(reply) }
-  end
-  if reply.err then
-    o = o + 1
-    replies[o] = reply
+  if ok then
+    replies[r] = reply
   else
-    replies[o + 1] = #reply
-    for j = 1, #reply do
-      replies[o + 1 + j] = reply[j]
-    end
-    o = o + 1 + #reply
+    replies[r] = { err = tostring(reply) }
   end
 end
 return replies

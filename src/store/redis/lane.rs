@@ -474,27 +474,28 @@ fn resend(conn: &mut Connection) -> Result<(), String> {
     Ok(())
 }
 
-/// A batch call's reply, one flat array (a nested array per request costs Redis a Lua table and
-/// its conversion each): per request its number of values followed by them, or one error instead.
-/// Returns each request's reply as the single-call layout would have it.
+/// A batch call's reply: one array with, per request, its reply as an array (the script's general
+/// path), or flat, its number of values followed by them (the leaky-bucket path: a nested array
+/// per request costs Redis a Lua table and its conversion each), or its error. Returns each
+/// request's reply as the single-call layout has it.
 fn split_batch(items: Vec<Reply>, requests: usize) -> Result<Vec<Reply>, String> {
     let mut out = Vec::with_capacity(requests);
     let mut items = items.into_iter();
     while let Some(item) = items.next() {
         match item {
-            Err(e) => out.push(Err(e)),
-            Ok(Value::Int(n)) if n >= 0 => {
-                let values: Vec<Value> = items
+            Ok(Value::Int(n)) => {
+                let n = usize::try_from(n).map_err(|_| format!("a batch reply announces {n} values"))?;
+                let values = items
                     .by_ref()
-                    .take(n as usize)
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| format!("an error among a batch reply's values: {e}"))?;
-                if values.len() != n as usize {
+                    .take(n)
+                    .collect::<Result<Vec<Value>, String>>()
+                    .map_err(|e| format!("an error among a request's values in a batch reply: {e}"))?;
+                if values.len() != n {
                     return Err(format!("a batch reply ends within a request's {n} values"));
                 }
                 out.push(Ok(Value::Array(values)));
             }
-            Ok(other) => return Err(format!("a batch reply has {other:?} where a request's length belongs")),
+            other => out.push(other),
         }
     }
     if out.len() != requests {
