@@ -59,17 +59,28 @@ CASES = {
 }
 
 FLOOR_SCRIPT = r"""
--- The floor: per request one GET, one SET ... PX of a short value and the compact reply of one
--- zone, in limit_req.lua's batch layout (arguments read as little as possible).
+-- The floor: per request and zone one GET and one SET ... PX of a short value, and the compact
+-- reply (6 integers for one zone, 4 + 5 per zone otherwise), nested per request, in
+-- limit_req.lua's batch layout (arguments read as little as possible).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local n = tonumber(ARGV[2])
+local requests, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local replies = {}
-for r = 1, n do
-  local key = KEYS[r]
-  local old = redis.call('GET', key)
-  redis.call('SET', key, '1 1700000000000000', 'PX', 2)
-  replies[r] = { 1, 0, -1, now, 100000, 10 }
+for r = 1, requests do
+  for i = 1, n do
+    local key = KEYS[(r - 1) * n + i]
+    local old = redis.call('GET', key)
+    redis.call('SET', key, '1 1700000000000000', 'PX', 2)
+  end
+  if n == 1 then
+    replies[r] = { 1, 0, -1, now, 100000, 10 }
+  else
+    local reply = { 1, 0, -1, now }
+    for i = 1, n do
+      reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4], reply[#reply + 5] = 1, 0, -1, 100000, 10
+    end
+    replies[r] = reply
+  end
 end
 return replies
 """

@@ -236,17 +236,18 @@ local function leaky_path()
     return nil
   end
   local full = flags == '1'
-  -- count, period_us, burst, delay, cost of zone i at p[5*(i-1) + 1 ...] (checked as read_args does).
+  -- p[i]: count, period_us, burst, delay, cost of zone i (checked as read_args does; one
+  -- constructor each, which sizes the table once).
   local p = {}
   for i = 1, n do
-    local base, at = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1), 5 * (i - 1)
+    local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
     local count, period_us = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
     local burst, delay, cost = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6])
     if tonumber(ARGV[base + 1]) ~= LEAKY
       or not (count and count >= 1 and period_us and period_us >= 1 and burst and delay and cost) then
       return nil
     end
-    p[at + 1], p[at + 2], p[at + 3], p[at + 4], p[at + 5] = count, period_us, burst, delay, cost
+    p[i] = { count, period_us, burst, delay, cost }
   end
   now = now_arg or time_now()
 
@@ -254,21 +255,21 @@ local function leaky_path()
   local ttl_x, ttl_t, level_x, anchor_x, value_t
   -- Zone i's admitted, excess, delay_us, retry_us, remaining, reset_us, expires_us, level and
   -- anchor_us at zr[9*(i-1) + 1 ...].
-  local zr = {}
+  local zr = { false, false, false, false, false, false, false, false, false } -- sized for one zone
   -- The reply; in batch mode each request's reply is its number of values, then the values (or
   -- one error instead of both), one after the other in one array: a nested array per request
   -- would cost a Lua table and its conversion each.
-  local out, o = {}, 0
+  local out, o = { nil, nil, nil, nil, nil, nil, nil }, 0 -- sized for one request of one zone
 
   local function one(k0)
     for i = 1, n do
-      local at, zt = 5 * (i - 1), 9 * (i - 1)
+      local q, zt = p[i], 9 * (i - 1)
       local raw = redis.pcall('GET', KEYS[k0 + i])
       if type(raw) ~= 'string' then
         raw = nil
       end
       zr[zt + 1], zr[zt + 2], zr[zt + 3], zr[zt + 4], zr[zt + 5], zr[zt + 6], zr[zt + 7], zr[zt + 8], zr[zt + 9] =
-        leaky_values(raw, p[at + 1], p[at + 2], p[at + 3], p[at + 4], p[at + 5])
+        leaky_values(raw, q[1], q[2], q[3], q[4], q[5])
     end
     -- combine, in one pass: admitted only if every zone admits; the largest delay; when rejected,
     -- the largest retry of the rejecting zones, -1 if one of them never admits.
