@@ -214,7 +214,13 @@ local function leaky_path()
   local batch = ARGV[1] == 'batch'
   local requests, a0, n = 1, 0, #KEYS
   if batch then
-    requests, a0, n = tonumber(ARGV[2]), 3, tonumber(ARGV[3])
+    a0 = 3
+  end
+  if ARGV[a0 + HEAD_ARGS + 1] ~= '0' then
+    return nil -- the first zone is no leaky bucket: the general path, at once
+  end
+  if batch then
+    requests, n = tonumber(ARGV[2]), tonumber(ARGV[3])
     if not (requests and requests >= 1 and n and n >= 1 and #KEYS >= requests * n)
       or #ARGV ~= 3 + HEAD_ARGS + ZONE_ARGS * n + 2 * (requests - 1) then
       return nil
@@ -231,8 +237,18 @@ local function leaky_path()
     return nil
   end
   local now_text, flags = ARGV[a0 + 1], ARGV[a0 + 2]
+  if flags ~= '0' and flags ~= '1' then
+    return nil
+  end
+  -- Every zone a leaky bucket? (As text, before any number is parsed: the general path pays
+  -- next to nothing more for its calls.)
+  for i = 1, n do
+    if ARGV[a0 + HEAD_ARGS + ZONE_ARGS * (i - 1) + 1] ~= '0' then
+      return nil
+    end
+  end
   local now_arg = tonumber(now_text)
-  if (now_text ~= '' and not now_arg) or (flags ~= '0' and flags ~= '1') then
+  if now_text ~= '' and not now_arg then
     return nil
   end
   local full = flags == '1'
@@ -243,8 +259,7 @@ local function leaky_path()
     local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
     local count, period_us = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
     local burst, delay, cost = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6])
-    if tonumber(ARGV[base + 1]) ~= LEAKY
-      or not (count and count >= 1 and period_us and period_us >= 1 and burst and delay and cost) then
+    if not (count and count >= 1 and period_us and period_us >= 1 and burst and delay and cost) then
       return nil
     end
     p[i] = { count, period_us, burst, delay, cost }
