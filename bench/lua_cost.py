@@ -147,11 +147,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def calls_for(sha: str, case: str, batch: int, count: int, seed: int) -> list[bytes]:
+def calls_for(sha: str, case: str, batch: int, count: int, seed: int, single: bool = False) -> list[bytes]:
     zones, clients = CASES[case]
     rng = random.Random(seed)
     out = []
     for _ in range(count):
+        if single:
+            # One request in the single-call layout (what the lane sends for a batch of one).
+            client = f"c{rng.randrange(clients)}"
+            keys = [f"weir:z{z + 1}:{{{client}}}".encode() for z in range(len(zones))]
+            args = [b"", b"0"] + [str(v).encode() for zone in zones for v in zone]
+            out.append(resp(b"EVALSHA", sha.encode(), str(len(keys)).encode(), *keys, *args))
+            continue
         keys, args = [], [b"batch", str(batch).encode()]
         for r in range(batch):
             client = f"c{rng.randrange(clients)}"
@@ -219,15 +226,16 @@ def total_ir(path: Path) -> int:
     raise RuntimeError(f"no summary in {path}")
 
 
-def instructions(body: str, case: str, batch: int, calls: int, workdir: Path, keep: str | None) -> float:
+def instructions(body: str, case: str, batch: int, calls: int, workdir: Path, keep: str | None,
+                 single: bool = False) -> float:
     port = free_port()
     out = workdir / "callgrind.out"
     p = start_redis(port, workdir, ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"])
     try:
         sha = command(port, "SCRIPT", "LOAD", body).decode()
-        run_load(port, calls_for(sha, case, batch, max(calls // 10, 20), seed=1))
+        run_load(port, calls_for(sha, case, batch, max(calls // 10, 20), seed=1, single=single))
         subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True)
-        run_load(port, calls_for(sha, case, batch, calls, seed=2))
+        run_load(port, calls_for(sha, case, batch, calls, seed=2, single=single))
         for f in workdir.glob("callgrind.out*"):
             f.unlink()
         subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True)
@@ -242,12 +250,13 @@ def instructions(body: str, case: str, batch: int, calls: int, workdir: Path, ke
     return ir / (calls * batch)
 
 
-def native(body: str, case: str, batch: int, calls: int, workdir: Path, cpu: str) -> tuple[float, float]:
+def native(body: str, case: str, batch: int, calls: int, workdir: Path, cpu: str,
+           single: bool = False) -> tuple[float, float]:
     port = free_port()
     p = start_redis(port, workdir, ["taskset", "-c", cpu])
     try:
         sha = command(port, "SCRIPT", "LOAD", body).decode()
-        load = calls_for(sha, case, batch, calls, seed=2)
+        load = calls_for(sha, case, batch, calls, seed=2, single=single)
         run_load(port, load[: calls // 10])
         command(port, "CONFIG", "RESETSTAT")
         c0 = info(port, "cpu")
@@ -271,6 +280,9 @@ def main() -> int:
     ap.add_argument("--only", choices=["ir", "us"], help="one measure only")
     ap.add_argument("--cpu", default=os.environ.get("BENCH_REDIS_CPU", "1"), help="CPU for native redis")
     ap.add_argument("--keep", help="copy the (last) callgrind dump here")
+    ap.add_argument("--single", action="store_true",
+                    help="batch 1 in the single-call layout, as the lane sends a lone request "
+                         "(not with --floor, whose script reads the batch layout)")
     args = ap.parse_args()
     body = FLOOR_SCRIPT if args.floor else Path(args.script).read_text()
     name = "floor" if args.floor else Path(args.script).name
@@ -279,8 +291,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lua_cost.") as tmp:
         for case in args.case.split(","):
             for batch in (int(b) for b in args.batch.split(",")):
-                ir = instructions(body, case, batch, args.calls, Path(tmp), args.keep) if args.only != "us" else 0
-                us = native(body, case, batch, args.calls * 40, Path(tmp), args.cpu) if args.only != "ir" else (0, 0)
+                single = args.single and batch == 1 and not args.floor
+                ir = (instructions(body, case, batch, args.calls, Path(tmp), args.keep, single)
+                      if args.only != "us" else 0)
+                us = (native(body, case, batch, args.calls * 40, Path(tmp), args.cpu, single)
+                      if args.only != "ir" else (0, 0))
                 print(f"{case:8} {batch:5}  {ir:21,.0f}  {us[0]:15.2f}  {us[1]:19.2f}", flush=True)
     return 0
 
