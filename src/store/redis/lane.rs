@@ -516,3 +516,39 @@ fn answer(job: Job, reply: Reply) {
     };
     let _ = job.reply.send(result);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Vec<Reply> {
+        values.iter().map(|&n| Ok(Value::Int(n))).collect()
+    }
+
+    #[test]
+    fn a_batch_reply_splits_per_request_flat_nested_or_failed() {
+        // Request 1 flat (2 values), request 2 nested, request 3 an error, request 4 flat (0 values).
+        let mut items = ints(&[2, 1, 0]);
+        items.push(Ok(Value::Array(vec![Value::Int(7)])));
+        items.push(Err("limit_req: zone 1: unknown algorithm 99".into()));
+        items.extend(ints(&[0]));
+        let each = split_batch(items, 4).expect("split");
+        assert_eq!(each[0], Ok(Value::Array(vec![Value::Int(1), Value::Int(0)])));
+        assert_eq!(each[1], Ok(Value::Array(vec![Value::Int(7)])));
+        assert_eq!(each[2], Err("limit_req: zone 1: unknown algorithm 99".to_string()));
+        assert_eq!(each[3], Ok(Value::Array(vec![])));
+    }
+
+    #[test]
+    fn a_batch_reply_of_the_wrong_shape_is_refused() {
+        // One reply short; values cut off; a negative count; an error among a request's values.
+        assert!(split_batch(ints(&[1, 5]), 2).is_err());
+        assert!(split_batch(ints(&[3, 1, 2]), 1).is_err());
+        assert!(split_batch(ints(&[-1]), 1).is_err());
+        let mut items = ints(&[2, 1]);
+        items.push(Err("x".into()));
+        assert!(split_batch(items, 1).is_err());
+        // More replies than requests.
+        assert!(split_batch(ints(&[0, 0]), 1).is_err());
+    }
+}
