@@ -26,7 +26,7 @@ use crate::store::{KeyedConn, KeyedZone, MemoryStore};
 
 /// What happened to one request before or at the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Admission {
     /// No route matches (404 live).
     NoRoute,
     /// Refused by the route's allow/deny rules (403), before any limit.
@@ -60,7 +60,7 @@ pub struct ZoneDecision {
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub route: Option<usize>,
-    pub outcome: Outcome,
+    pub outcome: Admission,
     /// The request's `$limit_req_status`; `None` when no zone limited it.
     pub status: Option<LimitStatus>,
     /// How long the proxy would have held it (enforced zones).
@@ -84,7 +84,7 @@ pub struct ConnDecision {
 }
 
 impl Decision {
-    fn before_limits(route: Option<usize>, outcome: Outcome) -> Self {
+    fn before_limits(route: Option<usize>, outcome: Admission) -> Self {
         Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new(), conns: Vec::new() }
     }
 
@@ -137,18 +137,18 @@ impl<'rt> Engine<'rt> {
         };
         let plan = match engine::admit(rt, &head) {
             Ok(plan) => plan,
-            Err(Refused::NoRoute) => return Decision::before_limits(None, Outcome::NoRoute),
-            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Outcome::Denied),
+            Err(Refused::NoRoute) => return Decision::before_limits(None, Admission::NoRoute),
+            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Admission::Denied),
             Err(Refused::Unauthorized { route, .. }) => {
-                return Decision::before_limits(Some(route), Outcome::Unauthorized)
+                return Decision::before_limits(Some(route), Admission::Unauthorized)
             }
             Err(Refused::BadRequest { error: BadRequest::Cost, route, .. }) => {
-                return Decision::before_limits(route, Outcome::BadCost)
+                return Decision::before_limits(route, Admission::BadCost)
             }
-            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Outcome::BadRequest),
+            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Admission::BadRequest),
         };
         let route = &rt.routes[plan.route];
-        let mut decision = Decision::before_limits(Some(plan.route), Outcome::Limited);
+        let mut decision = Decision::before_limits(Some(plan.route), Admission::Limited);
         if !plan.zones.is_empty() {
             self.decide_rates(route, plan.zones, now_us, rec.response_status, &mut decision);
         }
@@ -382,7 +382,7 @@ mod tests {
                       limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
         let rt = runtime(zones, routes);
         let mut e = Engine::new(&rt);
-        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Outcome::NoRoute);
+        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Admission::NoRoute);
         // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
         let mut exempt = rec("10.0.0.1", "/api/x");
         exempt.headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.5"));
