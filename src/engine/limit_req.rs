@@ -14,7 +14,7 @@ use super::headers;
 use super::policy::{self, Groups, Resolved, Unauthorized};
 use super::refusal::Refusal;
 use super::status::{LimitStatus, Statuses};
-use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
+use crate::config::{Cost, FailurePolicy, HeaderMode, ResponseCost, Route, Runtime};
 use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
@@ -47,9 +47,9 @@ pub fn keyed_zones<'a>(
         }
         keyed.push(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference: i });
     }
-    // Zones counted by response last in each group (stable; `Groups::new` keeps this order), so
-    // each group splits into "charged now" and "checked now, charged after the response".
-    keyed.sort_by_key(|z| counted_statuses(rt, route, z).is_some());
+    // Zones charged after the response last in each group (stable; `Groups::new` keeps this
+    // order), so each group splits into "charged now" and "checked now, charged after the response".
+    keyed.sort_by_key(|z| charged_after_response(rt, route, z));
     Ok(Groups::new(keyed))
 }
 
@@ -171,13 +171,15 @@ pub async fn enforce<'a>(
     result
 }
 
-/// The `count_statuses` of a keyed zone: `Some` when it is counted by response.
-fn counted_statuses<'r>(rt: &'r Runtime, route: &Route, zone: &KeyedZone<'_>) -> Option<&'r [u16]> {
-    rt.zones[route.limits[zone.reference].zone].count_statuses.as_deref()
+/// Whether a keyed zone is charged after the response (`count_statuses`, `cost_from_response`)
+/// rather than before forwarding.
+fn charged_after_response(rt: &Runtime, route: &Route, zone: &KeyedZone<'_>) -> bool {
+    let zone = &rt.zones[route.limits[zone.reference].zone];
+    zone.count_statuses.is_some() || zone.response_cost.is_some()
 }
 
-/// One group (enforced or dry run) of a request: its zones counted by response (last in the
-/// group) are checked without charge first; only if they admit are the others charged, so a
+/// One group (enforced or dry run) of a request: its zones charged after the response (last in
+/// the group) are checked without charge first; only if they admit are the others charged, so a
 /// refused request is charged nowhere. The verdict lists the zones in the group's order.
 async fn decide_group(
     rt: &Runtime,
@@ -186,7 +188,7 @@ async fn decide_group(
     group: &[KeyedZone<'_>],
     duration: &Histogram,
 ) -> Option<Result<Verdict, StoreError>> {
-    let split = group.iter().position(|z| counted_statuses(rt, route, z).is_some()).unwrap_or(group.len());
+    let split = group.iter().position(|z| charged_after_response(rt, route, z)).unwrap_or(group.len());
     if split == group.len() {
         return timed_decide(store, group, duration).await;
     }
@@ -212,8 +214,9 @@ async fn decide_group(
     }
 }
 
-/// A zone counted by response, owned so that it outlives the request's config borrow: charged
-/// after the response by [`charge_after`] if the status is one of `statuses`.
+/// A zone charged after the response, owned so that it outlives the request's config borrow:
+/// charged by [`charge_after`] if the status is one of `statuses` (`count_statuses`; `None`: any
+/// status), with the request's cost or, for `cost_from_response`, the response's.
 #[derive(Debug, Clone)]
 pub struct Deferred {
     zone: String,
@@ -221,50 +224,61 @@ pub struct Deferred {
     limit: crate::limit::LimitReq,
     cost: u64,
     dry_run: bool,
-    statuses: Vec<u16>,
+    statuses: Option<Vec<u16>>,
+    response_cost: Option<ResponseCost>,
 }
 
-/// The zones of an admitted request to charge once its response status is known (`count_statuses`);
-/// empty (no allocation) when the route has none.
+/// The zones of an admitted request to charge once its response is known (`count_statuses`,
+/// `cost_from_response`); empty (no allocation) when the route has none.
 pub fn deferred(rt: &Runtime, route: &Route, keyed: &Groups<KeyedZone<'_>>) -> Vec<Deferred> {
     keyed
         .all()
         .iter()
-        .filter_map(|z| {
-            let statuses = counted_statuses(rt, route, z)?;
-            Some(Deferred {
+        .filter(|z| charged_after_response(rt, route, z))
+        .map(|z| {
+            let zone = &rt.zones[route.limits[z.reference].zone];
+            Deferred {
                 zone: z.zone.to_owned(),
                 key: z.key.clone(),
                 limit: z.limit,
                 cost: z.cost,
                 dry_run: z.dry_run,
-                statuses: statuses.to_vec(),
-            })
+                statuses: zone.count_statuses.clone(),
+                response_cost: zone.response_cost.clone(),
+            }
         })
         .collect()
 }
 
-/// Count by response: charges the deferred zones whose statuses include `status`, one atomic
-/// store call per group (enforced, dry run). The charge is a normal decision: a bucket that
-/// concurrent requests filled meanwhile refuses it and stays full (docs/charges.md, the race).
+/// Charges the deferred zones due for a response of `status` with `headers` (the upstream's),
+/// one atomic store call per group (enforced, dry run) and kind:
+/// - counted by response (`count_statuses`): a normal decision, so a bucket that concurrent
+///   requests filled meanwhile refuses it and stays full (docs/charges.md, the race);
+/// - charged from the response (`cost_from_response`): the cost the response reports, charged
+///   whatever the bucket holds, into debt up to the zone's cap (`LimitStore::charge`).
+///
 /// Returns how many zones were charged; a store error is logged and charges nothing.
-pub async fn charge_after(deferred: &[Deferred], status: u16, stores: &Stores) -> usize {
-    let due: Vec<KeyedZone<'_>> = deferred
+pub async fn charge_after(deferred: &[Deferred], status: u16, headers: &http::HeaderMap, stores: &Stores) -> usize {
+    let due = |d: &&Deferred| d.statuses.as_ref().is_none_or(|s| s.contains(&status));
+    let counted: Vec<KeyedZone<'_>> = deferred
         .iter()
-        .filter(|d| d.statuses.contains(&status))
-        .map(|d| KeyedZone {
-            zone: &d.zone,
-            key: d.key.clone(),
-            limit: d.limit,
-            cost: d.cost,
-            dry_run: d.dry_run,
-            reference: 0,
+        .filter(due)
+        .filter(|d| d.response_cost.is_none())
+        .map(|d| KeyedZone { zone: &d.zone, key: d.key.clone(), limit: d.limit, cost: d.cost, dry_run: d.dry_run, reference: 0 })
+        .collect();
+    let from_response: Vec<KeyedZone<'_>> = deferred
+        .iter()
+        .filter(due)
+        .filter_map(|d| {
+            let rc = d.response_cost.as_ref()?;
+            let cost = response_cost(rc, headers);
+            Some(KeyedZone { zone: &d.zone, key: d.key.clone(), limit: ceiling(&d.limit, rc), cost, dry_run: d.dry_run, reference: 0 })
         })
         .collect();
-    let groups = Groups::new(due);
+    let store = stores.primary.as_ref();
     let mut charged = 0;
-    for (group, _) in groups.each() {
-        match timed_decide(stores.primary.as_ref(), group, &stores.duration).await {
+    for (group, _) in Groups::new(counted).each() {
+        match timed_decide(store, group, &stores.duration).await {
             None => {}
             Some(Ok(v)) => charged += v.admitted as usize * group.len(),
             Some(Err(e)) => {
@@ -272,7 +286,53 @@ pub async fn charge_after(deferred: &[Deferred], status: u16, stores: &Stores) -
             }
         }
     }
+    for (group, _) in Groups::new(from_response).each() {
+        if group.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let result = store.charge(group).await;
+        stores.duration.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(v) => charged += v.admitted as usize * group.len(),
+            Err(e) => tracing::warn!(error = %e, status, "charge from the response: the charge failed"),
+        }
+    }
     charged
+}
+
+/// For the access log: each `cost_from_response` header of the route's zones that the response
+/// carries, as its log field (`upstream_http_x_tokens_used`) and value, which `weir replay`
+/// charges from. Nothing for routes without such zones.
+pub fn response_cost_fields(rt: &Runtime, route: usize, headers: &http::HeaderMap, mut field: impl FnMut(&str, &str)) {
+    let Some(route) = rt.routes.get(route) else { return };
+    for zl in &route.limits {
+        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
+        if let Some(value) = headers.get(&rc.header).and_then(|v| v.to_str().ok()) {
+            field(&rc.log_field, value);
+        }
+    }
+}
+
+/// The cost a response reports for a `cost_from_response` zone: its header as a non-negative
+/// integer, clamped to `max`; missing, empty, negative or not an integer → `default`. Read from
+/// the upstream's response only: nothing the client sends reaches it.
+pub fn response_cost(rc: &ResponseCost, headers: &http::HeaderMap) -> u64 {
+    let Some(text) = headers.get(&rc.header).and_then(|v| v.to_str().ok()).map(str::trim) else {
+        return rc.default;
+    };
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return rc.default;
+    }
+    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
+    text.parse::<u64>().unwrap_or(u64::MAX).min(rc.max)
+}
+
+/// The limit a response's charge is capped at: the reference's burst plus the debt cap (default:
+/// one more bucket, `burst + 1`), charged at once (a charge is never delayed).
+pub fn ceiling(limit: &crate::limit::LimitReq, rc: &ResponseCost) -> crate::limit::LimitReq {
+    let debt = rc.max_debt.unwrap_or(limit.burst.saturating_add(1));
+    crate::limit::LimitReq { burst: limit.burst.saturating_add(debt), delay: DelayPolicy::NoDelay, ..*limit }
 }
 
 /// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
@@ -345,9 +405,9 @@ mod tests {
                 matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
                 "never charged"
             );
-            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &stores)), 0, "200 is not counted");
+            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)), 0, "200 is not counted");
         }
-        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &stores)), 1);
+        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)), 1);
         assert!(
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"

@@ -73,7 +73,8 @@ pub struct RequestCtx {
     peer_trusted: bool,
     /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
     trace: Option<crate::trace::RequestSpan>,
-    /// Zones counted by response (`count_statuses`), charged in `response_filter`.
+    /// Zones charged after the response (`count_statuses`, `cost_from_response`), charged in
+    /// `response_filter` from the upstream's status and headers.
     deferred: Vec<limit_req::Deferred>,
 }
 
@@ -304,7 +305,8 @@ impl ProxyHttp for WeirProxy {
         // Count by response: charged before the client sees the status (and before any lease is
         // released), so its next request is checked against this charge.
         if !ctx.deferred.is_empty() && resp.status.as_u16() >= 200 {
-            limit_req::charge_after(&std::mem::take(&mut ctx.deferred), resp.status.as_u16(), &self.stores).await;
+            let deferred = std::mem::take(&mut ctx.deferred);
+            limit_req::charge_after(&deferred, resp.status.as_u16(), &resp.headers, &self.stores).await;
         }
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
