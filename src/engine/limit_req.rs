@@ -424,6 +424,85 @@ mod tests {
     }
 
     #[test]
+    fn cost_from_response_is_checked_by_weir_check() {
+        let conf = |zone: &str| {
+            let text = LOGIN.replace("rate = \"1r/h\"\nCOUNT", zone);
+            crate::config::from_text(&text, "t.toml").map(|rt| rt.zones[0].response_cost.clone())
+        };
+        let rc = conf("rate = \"1r/h\"\ncost_from_response = { header = \"X-Tokens-Used\" }")
+            .expect("valid")
+            .expect("set");
+        assert_eq!((rc.header.as_str(), rc.default, rc.max, rc.max_debt), ("x-tokens-used", 1, 1_000_000, None));
+        assert_eq!(rc.log_field, "upstream_http_x_tokens_used");
+        for (bad, says) in [
+            ("algorithm = \"token_bucket\"\nrate = \"1r/h\"\ncost_from_response = { header = \"x\" }", "only leaky_bucket"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"bad header\" }", "not a header name"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", default = -1 }", "default must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", max = 0 }", "max must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", max_debt = 1000001 }", "max_debt must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", default = 10, max = 5 }", "must not exceed"),
+        ] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("cost_from_response") && err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_response_cost_is_a_bounded_number_or_the_default() {
+        let rc = ResponseCost {
+            header: http::HeaderName::from_static("x-tokens-used"),
+            default: 3,
+            max: 100_000,
+            max_debt: None,
+            log_field: String::new(),
+        };
+        let mut h = http::HeaderMap::new();
+        assert_eq!(response_cost(&rc, &h), 3, "missing");
+        for (value, cost) in [("5000", 5000), (" 42 ", 42), ("0", 0), ("99999999999999999999999", 100_000)] {
+            h.insert("x-tokens-used", http::HeaderValue::from_static(value));
+            assert_eq!(response_cost(&rc, &h), cost, "{value:?}");
+        }
+        for bad in ["-5", "1.5", "abc", "", "+7", "1e9", "0x10"] {
+            h.insert("x-tokens-used", http::HeaderValue::from_static(bad));
+            assert_eq!(response_cost(&rc, &h), 3, "{bad:?}");
+        }
+        h.insert("x-tokens-used", http::HeaderValue::from_bytes(b"\xff9").expect("opaque bytes"));
+        assert_eq!(response_cost(&rc, &h), 3, "not text");
+    }
+
+    #[test]
+    fn a_response_charge_goes_into_debt_and_later_responses_show_it() {
+        let zone = "rate = \"20000r/h\"\ncost_from_response = { header = \"x-tokens-used\", max_debt = 5000 }";
+        let text = LOGIN.replace("rate = \"1r/h\"\nCOUNT", zone).replace("{ zone = \"fails\" }", "{ zone = \"fails\", burst = 19999, nodelay = true }");
+        let rt = crate::config::from_text(&text, "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
+        let clock = Arc::new(crate::limit::ManualClock::new(1_700_000_000_000_000));
+        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        let mut tokens = http::HeaderMap::new();
+        tokens.insert("x-tokens-used", http::HeaderValue::from_static("7000"));
+        for _ in 0..3 {
+            let e = futures_now(enforce(&rt, route, &keyed, &stores));
+            assert!(matches!(e.action, Action::Forward), "checked, not charged");
+            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &tokens, &stores)), 1);
+        }
+        // 21000 tokens: 1000 past the budget. The next request is refused until 1001 drain (180 ms each).
+        let e = futures_now(enforce(&rt, route, &keyed, &stores));
+        assert!(matches!(e.action, Action::Reject { .. }));
+        let header = |name: &str| e.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        assert_eq!(header("Retry-After").as_deref(), Some("181"), "1001 tokens at 20000/h");
+        assert!(header("RateLimit").is_some_and(|v| v.contains("r=0")), "{:?}", e.headers);
+        // The debt is capped: a huge report fills to 20000 + 5000 and no further.
+        tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
+        futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &tokens, &stores));
+        let state = futures_now(stores.primary.inspect("fails", b"k")).expect("memory");
+        assert!(
+            matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0),
+            "{state:?}"
+        );
+    }
+
+    #[test]
     fn cost_from_header_is_validated_and_clamped() {
         let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10, min: 1 };
         let mut h = http::HeaderMap::new();
