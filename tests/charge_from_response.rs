@@ -211,3 +211,102 @@ fn weir_check_accepts_the_example_and_refuses_a_window_zone() {
     let out = run(["check", "-c", example], Duration::from_secs(30));
     assert_eq!(out.code, Some(0), "{}", out.describe());
 }
+
+/// A gRPC server (grpcio, h2c) whose calls report their tokens in the trailers (trailing
+/// metadata), as LLM gateways do when the count is known only once the answer is streamed.
+const GRPC_SERVER: &str = r#"
+import sys, grpc
+from concurrent import futures
+def say(req, ctx):
+    ctx.set_trailing_metadata((("x-tokens-used", "5000"),))
+    return b"hello " + req
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("demo.Llm", {
+    "Ask": grpc.unary_unary_rpc_method_handler(say),
+}),))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+sys.stdin.read()
+server.stop(0)
+"#;
+
+/// Six sequential calls through `target`; one line per call: the reply, or the status code.
+const GRPC_CLIENT: &str = r#"
+import sys, grpc
+channel = grpc.insecure_channel(sys.argv[1])
+ask = channel.unary_unary("/demo.Llm/Ask")
+for i in range(6):
+    try:
+        print(ask(b"weir", timeout=5).decode())
+    except grpc.RpcError as e:
+        print(e.code().name)
+"#;
+
+/// The gRPC server of [`GRPC_SERVER`], stopped (stdin closed, then killed) when dropped.
+struct GrpcServer(std::process::Child, u16);
+
+impl GrpcServer {
+    fn start() -> GrpcServer {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", GRPC_SERVER])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("/usr/bin/python3 with grpcio (scripts/setup.sh installs python3-grpcio)");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::io::BufReader::new(stdout).read_line(&mut line).expect("the gRPC server's port");
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("the gRPC server printed {line:?}"));
+        GrpcServer(child, port)
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_grpc_upstream_reports_tokens_in_its_trailers_and_the_fifth_call_is_refused() {
+    let grpc = GrpcServer::start();
+    let rest = format!(
+        r#"[store]
+kind = "memory"
+
+[[upstream]]
+name = "llm"
+servers = ["127.0.0.1:{port}"]
+protocol = "h2c"
+
+[[limit_req_zone]]
+name = "tokens"
+key = "ip"
+rate = "1r/h"
+cost_from_response = {{ header = "x-tokens-used", trailer = true }}
+
+[[route]]
+name = "llm"
+path_prefix = "/demo.Llm/"
+upstream = "llm"
+limit_req = [ {{ zone = "tokens", burst = 19999, nodelay = true }} ]
+"#,
+        port = grpc.1
+    );
+    let w = Weir::start(&support::config::with_server("h2c = true", &rest));
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", GRPC_CLIENT, &w.addr.to_string()])
+        .output()
+        .expect("/usr/bin/python3 with grpcio");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        ["hello weir", "hello weir", "hello weir", "hello weir", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"],
+        "{out:?}\n--- weir ---\n{}",
+        w.stderr()
+    );
+}

@@ -357,6 +357,10 @@ pub struct ResponseCost {
     /// How far past its burst a charge may push a bucket (0-1000000): later requests are refused
     /// or delayed until it drains. Default: one bucket (the reference's burst + 1).
     pub max_debt: Option<Spanned<i64>>,
+    /// Charge at the end of the response, from a trailer of that name when the upstream sends
+    /// one (HTTP/2 and gRPC upstreams), else from the header.
+    #[schemars(extend("default" = false))]
+    pub trailer: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -45,6 +45,9 @@ pub struct ResponseCost {
     pub max: u64,
     /// How far past its burst a charge may push a bucket; `None`: the reference's burst + 1.
     pub max_debt: Option<u64>,
+    /// Charged at the end of the response, from the trailer of that name if the upstream sent
+    /// one (HTTP/2 upstreams), else from the header.
+    pub trailer: bool,
     /// The access log's field for the header's value (`upstream_http_x_tokens_used`), which
     /// `weir replay` charges from.
     pub log_field: String,
@@ -188,7 +191,7 @@ fn response_cost_of(
         return Err(src.error_at(&spec.span(), format!("{field}: default ({default}) must not exceed max ({max})")));
     }
     let log_field = format!("{RESPONSE_FIELD_PREFIX}{}", header.as_str().replace('-', "_"));
-    Ok(ResponseCost { header, default, max, max_debt, log_field })
+    Ok(ResponseCost { header, default, max, max_debt, trailer: c.trailer.unwrap_or(false), log_field })
 }
 
 /// A zone's `count_statuses`: a non-empty list of HTTP statuses (100..=599).

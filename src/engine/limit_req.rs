@@ -226,6 +226,9 @@ pub struct Deferred {
     dry_run: bool,
     statuses: Option<Vec<u16>>,
     response_cost: Option<ResponseCost>,
+    /// Charged at the end of the response (`trailer`): its status and the cost its head
+    /// reported, once the head arrived.
+    head: Option<(u16, u64)>,
 }
 
 /// The zones of an admitted request to charge once its response is known (`count_statuses`,
@@ -245,35 +248,69 @@ pub fn deferred(rt: &Runtime, route: &Route, keyed: &Groups<KeyedZone<'_>>) -> V
                 dry_run: z.dry_run,
                 statuses: zone.count_statuses.clone(),
                 response_cost: zone.response_cost.clone(),
+                head: None,
             }
         })
         .collect()
 }
 
-/// Charges the deferred zones due for a response of `status` with `headers` (the upstream's),
-/// one atomic store call per group (enforced, dry run) and kind:
-/// - counted by response (`count_statuses`): a normal decision, so a bucket that concurrent
-///   requests filled meanwhile refuses it and stays full (docs/charges.md, the race);
-/// - charged from the response (`cost_from_response`): the cost the response reports, charged
-///   whatever the bucket holds, into debt up to the zone's cap (`LimitStore::charge`).
-///
+/// At the response head (`status`, the upstream's `headers`): charges the deferred zones due for
+/// it now, and keeps in `deferred` only those charged at the end of the response (`trailer`,
+/// see [`charge_at_end`]); zones whose `count_statuses` exclude the status are dropped.
 /// Returns how many zones were charged; a store error is logged and charges nothing.
-pub async fn charge_after(deferred: &[Deferred], status: u16, headers: &http::HeaderMap, stores: &Stores) -> usize {
-    let due = |d: &&Deferred| d.statuses.as_ref().is_none_or(|s| s.contains(&status));
-    let counted: Vec<KeyedZone<'_>> = deferred
+pub async fn charge_after(
+    deferred: &mut Vec<Deferred>,
+    status: u16,
+    headers: &http::HeaderMap,
+    stores: &Stores,
+) -> usize {
+    let (mut at_end, now): (Vec<Deferred>, Vec<Deferred>) = std::mem::take(deferred)
+        .into_iter()
+        .filter(|d| d.statuses.as_ref().is_none_or(|s| s.contains(&status)))
+        .partition(|d| d.response_cost.as_ref().is_some_and(|rc| rc.trailer));
+    for d in &mut at_end {
+        d.head = d.response_cost.as_ref().map(|rc| (status, response_cost(rc, headers)));
+    }
+    *deferred = at_end;
+    let due: Vec<(&Deferred, u64)> = now
         .iter()
-        .filter(due)
-        .filter(|d| d.response_cost.is_none())
-        .map(|d| KeyedZone { zone: &d.zone, key: d.key.clone(), limit: d.limit, cost: d.cost, dry_run: d.dry_run, reference: 0 })
+        .map(|d| (d, d.response_cost.as_ref().map_or(d.cost, |rc| response_cost(rc, headers))))
         .collect();
-    let from_response: Vec<KeyedZone<'_>> = deferred
+    charge_due(&due, status, stores).await
+}
+
+/// At the end of the response: charges the zones [`charge_after`] kept (`trailer`) with the cost
+/// of the response's trailer of that name when it has one (`trailers`: HTTP/2 upstreams), else
+/// the cost its head reported; empties `deferred` (a response that never had a head charges
+/// nothing). Returns how many zones were charged.
+pub async fn charge_at_end(deferred: &mut Vec<Deferred>, trailers: Option<&http::HeaderMap>, stores: &Stores) -> usize {
+    let taken = std::mem::take(deferred);
+    let mut charged = 0;
+    for d in &taken {
+        let (Some((status, head_cost)), Some(rc)) = (d.head, &d.response_cost) else { continue };
+        let cost = match trailers {
+            Some(t) if t.contains_key(&rc.header) => response_cost(rc, t),
+            _ => head_cost,
+        };
+        charged += charge_due(&[(d, cost)], status, stores).await;
+    }
+    charged
+}
+
+/// Charges zones with their costs, one atomic store call per group (enforced, dry run) and kind:
+/// - counted by response (`count_statuses` alone): a normal decision, so a bucket that
+///   concurrent requests filled meanwhile refuses it and stays full (docs/charges.md, the race);
+/// - charged from the response (`cost_from_response`): the reported cost, charged whatever the
+///   bucket holds, into debt up to the zone's cap (`LimitStore::charge`).
+async fn charge_due(due: &[(&Deferred, u64)], status: u16, stores: &Stores) -> usize {
+    fn keyed(d: &Deferred, limit: crate::limit::LimitReq, cost: u64) -> KeyedZone<'_> {
+        KeyedZone { zone: &d.zone, key: d.key.clone(), limit, cost, dry_run: d.dry_run, reference: 0 }
+    }
+    let counted: Vec<KeyedZone<'_>> =
+        due.iter().filter(|(d, _)| d.response_cost.is_none()).map(|&(d, cost)| keyed(d, d.limit, cost)).collect();
+    let from_response: Vec<KeyedZone<'_>> = due
         .iter()
-        .filter(due)
-        .filter_map(|d| {
-            let rc = d.response_cost.as_ref()?;
-            let cost = response_cost(rc, headers);
-            Some(KeyedZone { zone: &d.zone, key: d.key.clone(), limit: ceiling(&d.limit, rc), cost, dry_run: d.dry_run, reference: 0 })
-        })
+        .filter_map(|&(d, cost)| Some(keyed(d, ceiling(&d.limit, d.response_cost.as_ref()?), cost)))
         .collect();
     let store = stores.primary.as_ref();
     let mut charged = 0;
@@ -405,9 +442,9 @@ mod tests {
                 matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
                 "never charged"
             );
-            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)), 0, "200 is not counted");
+            assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)), 0, "200 is not counted");
         }
-        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)), 1);
+        assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)), 1);
         assert!(
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
@@ -454,6 +491,7 @@ mod tests {
             default: 3,
             max: 100_000,
             max_debt: None,
+            trailer: false,
             log_field: String::new(),
         };
         let mut h = http::HeaderMap::new();
@@ -484,7 +522,7 @@ mod tests {
         for _ in 0..3 {
             let e = futures_now(enforce(&rt, route, &keyed, &stores));
             assert!(matches!(e.action, Action::Forward), "checked, not charged");
-            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &tokens, &stores)), 1);
+            assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &tokens, &stores)), 1);
         }
         // 21000 tokens: 1000 past the budget. The next request is refused until 1001 drain (180 ms each).
         let e = futures_now(enforce(&rt, route, &keyed, &stores));
@@ -494,7 +532,7 @@ mod tests {
         assert!(header("RateLimit").is_some_and(|v| v.contains("r=0")), "{:?}", e.headers);
         // The debt is capped: a huge report fills to 20000 + 5000 and no further.
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
-        futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &tokens, &stores));
+        futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &tokens, &stores));
         let state = futures_now(stores.primary.inspect("fails", b"k")).expect("memory");
         assert!(
             matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0),

@@ -182,9 +182,11 @@ impl<'rt> Engine<'rt> {
         if let (Some((status, headers)), false) =
             (response, matches!(enforcement.action, limit_req::Action::Reject { .. }))
         {
-            let deferred = limit_req::deferred(self.rt, route, &keyed);
+            let mut deferred = limit_req::deferred(self.rt, route, &keyed);
             if !deferred.is_empty() {
-                decided_at_once(limit_req::charge_after(&deferred, status, &headers, &self.stores));
+                decided_at_once(limit_req::charge_after(&mut deferred, status, &headers, &self.stores));
+                // No trailers in a log: zones charged at the end take the head's cost.
+                decided_at_once(limit_req::charge_at_end(&mut deferred, None, &self.stores));
             }
         }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
