@@ -168,12 +168,16 @@ fn response_cost_of(
     if algorithm != Algorithm::LeakyBucket {
         return Err(src.error_at(
             &spec.span(),
-            format!("{field}: only leaky_bucket zones can be charged from the response (this one is {})", algorithm.as_str()),
+            format!(
+                "{field}: only leaky_bucket zones can be charged from the response (this one is {})",
+                algorithm.as_str()
+            ),
         ));
     }
     let c = spec.get_ref();
-    let header = http::HeaderName::from_bytes(c.header.get_ref().as_bytes())
-        .map_err(|_| src.error_at(&c.header.span(), format!("{field}: header {:?} is not a header name", c.header.get_ref())))?;
+    let header = http::HeaderName::from_bytes(c.header.get_ref().as_bytes()).map_err(|_| {
+        src.error_at(&c.header.span(), format!("{field}: header {:?} is not a header name", c.header.get_ref()))
+    })?;
     let number = |v: Option<&Spanned<i64>>, name: &str, min: i64| -> Result<Option<u64>, ConfigError> {
         match v {
             None => Ok(None),

@@ -272,10 +272,8 @@ pub async fn charge_after(
         d.head = d.response_cost.as_ref().map(|rc| (status, response_cost(rc, headers)));
     }
     *deferred = at_end;
-    let due: Vec<(&Deferred, u64)> = now
-        .iter()
-        .map(|d| (d, d.response_cost.as_ref().map_or(d.cost, |rc| response_cost(rc, headers))))
-        .collect();
+    let due: Vec<(&Deferred, u64)> =
+        now.iter().map(|d| (d, d.response_cost.as_ref().map_or(d.cost, |rc| response_cost(rc, headers)))).collect();
     charge_due(&due, status, stores).await
 }
 
@@ -442,9 +440,16 @@ mod tests {
                 matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
                 "never charged"
             );
-            assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)), 0, "200 is not counted");
+            assert_eq!(
+                futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)),
+                0,
+                "200 is not counted"
+            );
         }
-        assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)), 1);
+        assert_eq!(
+            futures_now(charge_after(&mut deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)),
+            1
+        );
         assert!(
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
@@ -466,13 +471,15 @@ mod tests {
             let text = LOGIN.replace("rate = \"1r/h\"\nCOUNT", zone);
             crate::config::from_text(&text, "t.toml").map(|rt| rt.zones[0].response_cost.clone())
         };
-        let rc = conf("rate = \"1r/h\"\ncost_from_response = { header = \"X-Tokens-Used\" }")
-            .expect("valid")
-            .expect("set");
+        let rc =
+            conf("rate = \"1r/h\"\ncost_from_response = { header = \"X-Tokens-Used\" }").expect("valid").expect("set");
         assert_eq!((rc.header.as_str(), rc.default, rc.max, rc.max_debt), ("x-tokens-used", 1, 1_000_000, None));
         assert_eq!(rc.log_field, "upstream_http_x_tokens_used");
         for (bad, says) in [
-            ("algorithm = \"token_bucket\"\nrate = \"1r/h\"\ncost_from_response = { header = \"x\" }", "only leaky_bucket"),
+            (
+                "algorithm = \"token_bucket\"\nrate = \"1r/h\"\ncost_from_response = { header = \"x\" }",
+                "only leaky_bucket",
+            ),
             ("rate = \"1r/h\"\ncost_from_response = { header = \"bad header\" }", "not a header name"),
             ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", default = -1 }", "default must be"),
             ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", max = 0 }", "max must be"),
@@ -511,7 +518,9 @@ mod tests {
     #[test]
     fn a_response_charge_goes_into_debt_and_later_responses_show_it() {
         let zone = "rate = \"20000r/h\"\ncost_from_response = { header = \"x-tokens-used\", max_debt = 5000 }";
-        let text = LOGIN.replace("rate = \"1r/h\"\nCOUNT", zone).replace("{ zone = \"fails\" }", "{ zone = \"fails\", burst = 19999, nodelay = true }");
+        let text = LOGIN
+            .replace("rate = \"1r/h\"\nCOUNT", zone)
+            .replace("{ zone = \"fails\" }", "{ zone = \"fails\", burst = 19999, nodelay = true }");
         let rt = crate::config::from_text(&text, "t.toml").expect("valid");
         let route = &rt.routes[0];
         let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
@@ -534,10 +543,7 @@ mod tests {
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
         futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &tokens, &stores));
         let state = futures_now(stores.primary.inspect("fails", b"k")).expect("memory");
-        assert!(
-            matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0),
-            "{state:?}"
-        );
+        assert!(matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0), "{state:?}");
     }
 
     #[test]

@@ -907,7 +907,12 @@ fn leaky_bucket_charged_from_the_response() {
         "a charge of 0 writes the drained level; the clock going back drains nothing",
         leaky("1r/s", 4, nodelay),
         5,
-        &[Charge(10 * SEC, 8, 8.0), Charge(9 * SEC, 0, 8.0), Charge(12 * SEC, 0, 6.0), Request(12 * SEC, Reject(2 * SEC))],
+        &[
+            Charge(10 * SEC, 8, 8.0),
+            Charge(9 * SEC, 0, 8.0),
+            Charge(12 * SEC, 0, 6.0),
+            Request(12 * SEC, Reject(2 * SEC)),
+        ],
     );
     run_budget(
         "a fractional level: only whole units below the ceiling are charged",

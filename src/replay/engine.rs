@@ -150,7 +150,8 @@ impl<'rt> Engine<'rt> {
         let route = &rt.routes[plan.route];
         let mut decision = Decision::before_limits(Some(plan.route), Outcome::Limited);
         if !plan.zones.is_empty() {
-            let response = rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
+            let response =
+                rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
             self.decide_rates(route, plan.zones, now_us, response, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
@@ -307,6 +308,22 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
     Wanted(names)
 }
 
+/// The response headers the route's `cost_from_response` zones read, from the log's
+/// `upstream_http_*` fields; empty (no allocation) for a route without such zones.
+fn logged_response_headers(rt: &Runtime, route: &Route, fields: &[(String, String)]) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    for zl in &route.limits {
+        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
+        let logged = fields
+            .iter()
+            .find(|(name, _)| rc.log_field.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX) == Some(name));
+        if let Some(value) = logged.and_then(|(_, v)| http::HeaderValue::from_str(v).ok()) {
+            headers.insert(rc.header.clone(), value);
+        }
+    }
+    headers
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,18 +469,4 @@ mod tests {
         let names: Vec<&str> = wanted.0.iter().map(|h| h.as_str()).collect();
         assert_eq!(names, ["cookie", "x-api-key", "x-forwarded-for"]);
     }
-}
-
-/// The response headers the route's `cost_from_response` zones read, from the log's
-/// `upstream_http_*` fields; empty (no allocation) for a route without such zones.
-fn logged_response_headers(rt: &Runtime, route: &Route, fields: &[(String, String)]) -> http::HeaderMap {
-    let mut headers = http::HeaderMap::new();
-    for zl in &route.limits {
-        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
-        let logged = fields.iter().find(|(name, _)| rc.log_field.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX) == Some(name));
-        if let Some(value) = logged.and_then(|(_, v)| http::HeaderValue::from_str(v).ok()) {
-            headers.insert(rc.header.clone(), value);
-        }
-    }
-    headers
 }
