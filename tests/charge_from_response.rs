@@ -99,27 +99,26 @@ fn a_fleet_on_one_redis_spends_a_20000_token_budget_in_4_responses_then_refuses(
 fn past_its_delay_the_5th_request_waits_for_the_tokens_to_drain_and_replay_agrees() {
     let up = Upstream::start();
     up.set_response_header(TOKENS, Some("5000"));
-    // 100 tokens a second; requests past 19700 tokens in the bucket wait for the excess to drain,
-    // so after 20000 tokens the next one waits 3 s (less what drained meanwhile).
+    // 100 tokens a second; requests past 19500 tokens in the bucket wait for the excess to drain,
+    // so after 20000 tokens the next one waits 5 s (less what drained meanwhile).
     let conf = llm(
         "100r/s",
-        "{ zone = \"tokens\", burst = 29999, delay = 19700 }",
+        "{ zone = \"tokens\", burst = 29999, delay = 19500 }",
         "{ header = \"x-tokens-used\", max_debt = 0 }",
     );
     let w = Weir::start(&with_app("", "[store]\nkind = \"memory\"\n[log]\nformat = \"json\"\n", up.addr(), &conf));
-    let started = Instant::now();
     let quick: Vec<u16> = (0..4).map(|_| ask(w.addr).status).collect();
     assert_eq!(quick, [200; 4]);
-    assert!(started.elapsed() < Duration::from_secs(2), "the first four are not delayed");
     let fifth = ask(w.addr);
     assert_eq!(fifth.status, 200, "delayed, not refused");
     // The bucket held 20000 tokens from the first charge on, less 100 a second since: the 5th
-    // can pass when 300 have drained since the first response, 3 s after it at the earliest.
+    // can pass when 500 have drained since the first response, 5 s after it at the earliest
+    // (the access log below shows the first four were not delayed).
     let seen = up.seen();
     assert_eq!(seen.len(), 5);
     let waited = seen[4].at.duration_since(seen[0].at);
-    assert!(waited >= Duration::from_secs(3), "the 5th reached the upstream after {waited:?}");
-    assert!(waited < Duration::from_secs(10), "the 5th waited {waited:?}");
+    assert!(waited >= Duration::from_secs(5), "the 5th reached the upstream after {waited:?}");
+    assert!(waited < Duration::from_secs(15), "the 5th waited {waited:?}");
 
     let total = 5;
     let deadline = Instant::now() + Duration::from_secs(10);
