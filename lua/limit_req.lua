@@ -19,6 +19,11 @@
 --                 put the key's previous value back (the reply's last element, see below);
 --            "n"  evaluate only: write nothing, even if every zone admits (the request was already
 --                 rejected in another slot; this call only completes the verdict).
+--            "c"  charge after the response (docs/charges.md, cost_from_response): a leaky-bucket
+--                 zone that has no room for its cost is charged the whole units that fit below its
+--                 ceiling instead (the burst sent is the reference's burst plus the debt cap), so
+--                 the charge is never refused (`leaky_bucket::charge`). Other algorithms decide
+--                 as usual.
 -- then 6 values per zone i, at ARGV[3 + 6*(i-1)] ...:
 --   algorithm  Algorithm::id(): 0 leaky_bucket, 1 token_bucket, 2 fixed_window, 3 sliding_log,
 --              4 sliding_window
@@ -852,6 +857,7 @@ local function parsed_flags(flags)
       full = string.sub(flags, 1, 1) == '1',
       undo = string.find(flags, 'u', 2, true) ~= nil,
       evaluate_only = string.find(flags, 'n', 2, true) ~= nil,
+      charge = string.find(flags, 'c', 2, true) ~= nil,
     }
     flags_seen[flags] = f
   end
@@ -892,6 +898,30 @@ local function read_args(nkeys, argv, a0)
   return nil, tonumber(now_text), parsed_flags(argv[a0 + 2]), params
 end
 
+-- leaky_bucket::charge for the zones of a charge (flag "c") that refused their cost: each is
+-- evaluated again with the whole units that fit below its ceiling (the level now is the refused
+-- evaluation's `next`). Parameters may be shared by a batch's requests: copied, not changed.
+local function charge_what_fits(keys, k0, zones)
+  for i = 1, #zones do
+    local z = zones[i]
+    local p = z.p
+    if not z.admitted and p.algorithm == LEAKY then
+      local room = math.floor(p.burst + 1 - tonumber(z.n1))
+      if room < 0 then
+        room = 0
+      end
+      local q = {}
+      for k, v in pairs(p) do
+        q[k] = v
+      end
+      q.cost = room
+      z = leaky_bucket(keys[k0 + i], q)
+      z.p = q
+      zones[i] = z
+    end
+  end
+end
+
 -- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
 -- Its keys are keys[k0 + 1 ...], the rest what read_args returned (a zone's parameters are only
 -- read, so requests with equal arguments share them).
@@ -909,6 +939,9 @@ local function decide(keys, k0, err, now_arg, f, params)
     local z = p.evaluate(keys[k0 + i], p)
     z.p = p
     zones[i] = z
+  end
+  if f.charge then
+    charge_what_fits(keys, k0, zones)
   end
 
   local admitted, delay_us, retry_after_us = combine(zones)

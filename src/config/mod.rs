@@ -35,7 +35,7 @@ pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
 pub use traces::TraceSettings;
-pub use zones::{Override, OverrideMatch, Zone};
+pub use zones::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.
 pub fn load(path: &Path) -> Result<Runtime, ConfigError> {

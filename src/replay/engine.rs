@@ -150,7 +150,9 @@ impl<'rt> Engine<'rt> {
         let route = &rt.routes[plan.route];
         let mut decision = Decision::before_limits(Some(plan.route), Admission::Limited);
         if !plan.zones.is_empty() {
-            self.decide_rates(route, plan.zones, now_us, rec.response_status, &mut decision);
+            let response =
+                rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
+            self.decide_rates(route, plan.zones, now_us, response, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
@@ -165,23 +167,27 @@ impl<'rt> Engine<'rt> {
     }
 
     /// The `limit_req` step through the proxy's own enforcement, on the simulated clock.
-    /// Zones counted by response are charged at once with the logged response status (the
-    /// proxy charges them when the response arrives: the same order for one client's requests).
+    /// Zones charged after the response are charged at once with the logged response status and
+    /// headers (the proxy charges them when the response arrives: the same order for one
+    /// client's requests).
     fn decide_rates(
         &self,
         route: &Route,
         keyed: Groups<KeyedZone<'_>>,
         now_us: u64,
-        response_status: Option<u16>,
+        response: Option<(u16, http::HeaderMap)>,
         decision: &mut Decision,
     ) {
         self.clock.set_us(now_us);
         let enforcement = decided_at_once(limit_req::enforce(self.rt, route, &keyed, &self.stores));
-        if let (Some(status), false) = (response_status, matches!(enforcement.action, limit_req::Action::Reject { .. }))
+        if let (Some((status, headers)), false) =
+            (response, matches!(enforcement.action, limit_req::Action::Reject { .. }))
         {
-            let deferred = limit_req::deferred(self.rt, route, &keyed);
+            let mut deferred = limit_req::deferred(self.rt, route, &keyed);
             if !deferred.is_empty() {
-                decided_at_once(limit_req::charge_after(&deferred, status, &self.stores));
+                decided_at_once(limit_req::charge_after(&mut deferred, status, &headers, &self.stores));
+                // No trailers in a log: zones charged at the end take the head's cost.
+                decided_at_once(limit_req::charge_at_end(&mut deferred, None, &self.stores));
             }
         }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
@@ -302,6 +308,22 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
     Wanted(names)
 }
 
+/// The response headers the route's `cost_from_response` zones read, from the log's
+/// `upstream_http_*` fields; empty (no allocation) for a route without such zones.
+fn logged_response_headers(rt: &Runtime, route: &Route, fields: &[(String, String)]) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    for zl in &route.limits {
+        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
+        let logged = fields
+            .iter()
+            .find(|(name, _)| rc.log_field.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX) == Some(name));
+        if let Some(value) = logged.and_then(|(_, v)| http::HeaderValue::from_str(v).ok()) {
+            headers.insert(rc.header.clone(), value);
+        }
+    }
+    headers
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +353,7 @@ mod tests {
             route: None,
             logged_status: None,
             response_status: None,
+            response_fields: Vec::new(),
             order: None,
         }
     }

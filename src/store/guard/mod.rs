@@ -160,6 +160,16 @@ impl LimitStore for GuardedStore {
         result
     }
 
+    /// Through the breaker, not the deny cache: a charge is never refused.
+    async fn charge(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = self.inner.charge(checks).await;
+        self.observe(&result);
+        result
+    }
+
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 
-use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::limit::{charge_all, decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::bounded::{Bounded, Expiring};
 use crate::store::{KeyedZone, LimitStore, StoreError};
@@ -168,6 +168,18 @@ impl MemoryStore {
 
     /// Decides synchronously; `decide` is this behind the store trait.
     pub fn decide_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
+        self.decide_with(checks, decide_all)
+    }
+
+    /// Charges after the response, synchronously (`LimitStore::charge`): never refused, each zone
+    /// capped at its ceiling (`limit::charge_all`), under the same locks as a decision.
+    pub fn charge_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
+        self.decide_with(checks, charge_all)
+    }
+
+    /// A decision (`decide_all`) or a charge (`charge_all`) of every zone, under their locks, and
+    /// its write.
+    fn decide_with(&self, checks: &[KeyedZone<'_>], decide: impl Fn(&[ZoneInput<'_>], u64) -> Verdict) -> Verdict {
         let tables: PerZone<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
         let hashes: PerZone<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
         // (table, shard) of each check; locked once each, in one global order, so concurrent
@@ -195,7 +207,7 @@ impl MemoryStore {
             let state = guards[g].get_mut(hash, now_us).map(|e| e.state.clone());
             inputs.push(ZoneInput { limit: &check.limit, state, cost: check.cost });
         }
-        let mut verdict = decide_all(&inputs, now_us);
+        let mut verdict = decide(&inputs, now_us);
         if verdict.admitted {
             // Room for every new key first, so that a full zone refuses the request before any
             // zone is charged (all or nothing).
@@ -299,6 +311,10 @@ impl LimitStore for MemoryStore {
 
     async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         Ok(self.peek_now(checks))
+    }
+
+    async fn charge(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.charge_now(checks))
     }
 
     fn kind(&self) -> &'static str {

@@ -334,6 +334,39 @@ impl RedisStore {
         }
     }
 
+    /// One `lua/limit_req.lua` call with `flag` after the detail flag per hash slot of the zones
+    /// (one call outside a cluster), combined; for calls that never need a rollback (a check, a
+    /// charge after the response).
+    async fn call_per_slot(&self, checks: &[KeyedZone<'_>], flag: &str) -> Result<Verdict, StoreError> {
+        if checks.is_empty() {
+            return Ok(decide_all(&[], self.clock.now_us()));
+        }
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..checks.len()).collect()] };
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            let mut now_us = self.now_arg(|c| c.now_us());
+            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
+            let flags = format!("{}{flag}", self.detail_flag());
+            for group in &groups {
+                let reply: Vec<Value> = self.limit_call(checks, &keys, group, now_us, &flags).invoke(&mut conn).await?;
+                let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
+                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
+                now_us.get_or_insert(verdict.decided_us);
+                for (&i, zone) in group.iter().zip(verdict.zones) {
+                    outcomes[i] = Some(zone);
+                }
+            }
+            let zones = outcomes
+                .into_iter()
+                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+            Ok(Verdict::combine(zones, decided_us))
+        })
+        .await
+    }
+
     /// The zones of one request over several hash slots: one call per slot (module docs).
     async fn decide_per_slot(
         &self,
@@ -415,33 +448,14 @@ impl LimitStore for RedisStore {
 
     /// `lua/limit_req.lua` with flag "n" (evaluate only): one call per hash slot, combined.
     async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if checks.is_empty() {
-            return Ok(decide_all(&[], self.clock.now_us()));
-        }
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
-        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..checks.len()).collect()] };
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            let mut now_us = self.now_arg(|c| c.now_us());
-            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
-            let flags = format!("{}n", self.detail_flag());
-            for group in &groups {
-                let reply: Vec<Value> = self.limit_call(checks, &keys, group, now_us, &flags).invoke(&mut conn).await?;
-                let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
-                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
-                now_us.get_or_insert(verdict.decided_us);
-                for (&i, zone) in group.iter().zip(verdict.zones) {
-                    outcomes[i] = Some(zone);
-                }
-            }
-            let zones = outcomes
-                .into_iter()
-                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
-                .collect::<Result<Vec<_>, _>>()?;
-            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
-            Ok(Verdict::combine(zones, decided_us))
-        })
-        .await
+        self.call_per_slot(checks, "n").await
+    }
+
+    /// `lua/limit_req.lua` with flag "c" (charge after the response, never refused, capped at
+    /// each zone's ceiling): one call per hash slot. A charge refuses nothing, so a request
+    /// whose zones span slots needs no rollback.
+    async fn charge(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        self.call_per_slot(checks, "c").await
     }
 
     fn kind(&self) -> &'static str {
