@@ -145,7 +145,7 @@ pub fn access_rules(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::allowed;
+    use crate::engine::access::allowed;
 
     #[test]
     fn first_matching_rule_in_file_order_wins() {

@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use http::header::{HeaderMap, HeaderName, HOST};
 use http::Method;
 
+use super::access::allowed;
 use super::limit_conn::keyed_conns;
 use super::limit_req::{keyed_zones, request_cost};
 use super::policy::{Groups, Unauthorized};
@@ -24,7 +25,7 @@ use crate::keys::{AmbiguousKey, RequestFacts};
 use crate::request::host::{Host, HostError};
 use crate::request::method::{self, MethodError};
 use crate::request::target;
-use crate::request::{allowed, normalize_path, PathError};
+use crate::request::{normalize_path, PathError};
 use crate::routes::{self, PathMatch};
 use crate::store::{KeyedConn, KeyedZone};
 

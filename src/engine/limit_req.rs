@@ -35,7 +35,7 @@ pub fn keyed_zones<'a>(
         let zone = &rt.zones[zl.zone];
         let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? else { continue };
         let mut limit = zl.limit;
-        if let Some(o) = crate::request::override_for(zone, facts) {
+        if let Some(o) = super::overrides::override_for(zone, facts) {
             let Some(rate) = o.rate else { continue };
             limit.rate = rate;
             if let Some(burst) = o.burst {

@@ -9,11 +9,13 @@
 //!   failure policy → an action (forward, delay, reject) with its `RateLimit` fields;
 //! - [`limit_conn::acquire`]: the plan's concurrency zones → leases, or a rejection.
 
+pub mod access;
 pub mod admit;
 pub mod headers;
 pub mod lease;
 pub mod limit_conn;
 pub mod limit_req;
+pub mod overrides;
 pub mod policy;
 pub mod refusal;
 pub mod status;

@@ -89,7 +89,8 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
     // The stores (and the Redis connection) are made once and outlive every reload.
     let lasting = Lasting::build(&reloader.runtime())?;
-    crate::upstream::REGISTRY.watch(reloader.runtime());
+    let live = reloader.runtime();
+    crate::upstream::REGISTRY.watch(move || live.load_full(), |rt: &crate::config::Runtime| &rt.upstreams);
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
     for warning in &runtime.warnings {

@@ -5,10 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-
-use super::{resolve, Pool, UpstreamSpec};
-use crate::config::Runtime;
+use super::{resolve, Pool, Upstream, UpstreamSpec};
 
 /// How often the background task looks at the config, the checks due and the health gauges.
 const TICK: Duration = Duration::from_millis(50);
@@ -51,16 +48,21 @@ impl Registry {
         self.lock().values().cloned().collect()
     }
 
-    /// Follows the live config: its upstreams get pools at once (health checks start without
-    /// waiting for traffic), pools of removed upstreams are dropped. Starts, once per process, a
-    /// thread with its own small runtime for the checks and DNS lookups.
-    pub fn watch(&'static self, runtime: Arc<ArcSwap<Runtime>>) {
+    /// Follows the live config: `snapshot` gives the current one (a new `Arc` when it changes),
+    /// `upstreams` its upstreams. They get pools at once (health checks start without waiting
+    /// for traffic), pools of removed upstreams are dropped. Starts, once per process, a thread
+    /// with its own small runtime for the checks and DNS lookups.
+    pub fn watch<S: Send + Sync + 'static>(
+        &'static self,
+        snapshot: impl Fn() -> Arc<S> + Send + 'static,
+        upstreams: fn(&S) -> &[Upstream],
+    ) {
         if self.watching.set(()).is_err() {
             return;
         }
         let spawned = std::thread::Builder::new().name("weir-upstreams".into()).spawn(move || {
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(self.run(runtime)),
+                Ok(rt) => rt.block_on(self.run(snapshot, upstreams)),
                 Err(e) => tracing::error!(error = %e, "cannot start the upstream health checker"),
             }
         });
@@ -69,23 +71,24 @@ impl Registry {
         }
     }
 
-    async fn run(&self, runtime: Arc<ArcSwap<Runtime>>) {
-        let mut seen: Option<Arc<Runtime>> = None;
+    async fn run<S>(&self, snapshot: impl Fn() -> Arc<S>, upstreams: fn(&S) -> &[Upstream]) {
+        let mut seen: Option<Arc<S>> = None;
         let mut due_check: HashMap<String, Instant> = HashMap::new();
         let mut due_resolve: HashMap<String, Instant> = HashMap::new();
         let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         let mut resolving: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
-            let rt = runtime.load_full();
-            if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &rt)) {
-                for upstream in &rt.upstreams {
+            let current = snapshot();
+            if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
+                for upstream in upstreams(&current) {
                     upstream.pool();
                 }
-                seen = Some(rt);
+                seen = Some(current);
             }
-            if let Some(rt) = &seen {
+            if let Some(current) = &seen {
                 // Also drops a pool an old snapshot's late first request brought back.
-                self.lock().retain(|name, _| rt.upstreams.iter().any(|u| &u.name == name));
+                let live = upstreams(current);
+                self.lock().retain(|name, _| live.iter().any(|u| &u.name == name));
             }
             let now = Instant::now();
             for pool in self.all() {
