@@ -489,11 +489,13 @@ limit_req = [ { zone = "per_tenant", burst = 0, nodelay = true } ]
     let live: Vec<String> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?").to_string()).collect();
     assert_eq!(live.iter().filter(|w| *w == "REJECTED").count(), 5, "{live:?}");
 
+    // Logged at the time they were sent: replay judges the tokens' exp at the logged time.
+    let sent_at = now() as f64;
     let log: String = requests
         .iter()
         .enumerate()
         .map(|(i, (target, xff, auth))| {
-            json!({ "ts": 1_800_000_000.0 + i as f64 * 0.01, "ip": "127.0.0.1", "method": "GET", "path": target,
+            json!({ "ts": sent_at + i as f64 * 0.01, "ip": "127.0.0.1", "method": "GET", "path": target,
                     "host": "localhost", "xff": xff, "auth": auth })
             .to_string()
                 + "\n"

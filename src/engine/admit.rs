@@ -41,6 +41,9 @@ pub struct Head<'a> {
     pub client_ip: Option<IpAddr>,
     /// A route the front door already knows (a replayed line of Weir's own log names it).
     pub route: Option<usize>,
+    /// When the request came (seconds since the Unix epoch), for a token's `exp`/`nbf`; `None`:
+    /// now. A replayed line gives its logged time.
+    pub unix_secs: Option<u64>,
 }
 
 /// Why a request is answered before any limit.
@@ -180,6 +183,7 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
         _ => None,
     };
     facts.jwt = rt.jwt.as_ref();
+    facts.now_secs = head.unix_secs;
     if let Some(ambiguous) = ambiguous_key(rt, route, &facts) {
         return Err(bad(BadRequest::AmbiguousKey, ambiguous, Some(route_index)));
     }
@@ -258,6 +262,7 @@ mod tests {
             headers: &headers,
             client_ip: None,
             route: None,
+            unix_secs: None,
         };
         match admit(rt, &head) {
             Ok(plan) => {

@@ -40,6 +40,8 @@ struct VerifyingKey {
 /// rotated JWKS file is read on reload).
 pub struct Verifier {
     keys: Vec<VerifyingKey>,
+    /// `exp`/`nbf` leeway (checked here against the request's time, not by jsonwebtoken).
+    leeway_secs: u64,
     /// SHA-256 of the key material, so that a reload with a rotated key file is a change.
     fingerprint: [u8; 32],
 }
@@ -102,7 +104,7 @@ impl Verifier {
                 keys
             }
         };
-        Ok(Verifier { keys, fingerprint })
+        Ok(Verifier { keys, leeway_secs: expect.leeway_secs, fingerprint })
     }
 
     /// Identifies the key material (a reload compares it to tell a rotated key from no change).
@@ -110,8 +112,10 @@ impl Verifier {
         &self.fingerprint
     }
 
-    /// The request's bearer token, verified, as its claims.
-    pub fn verify(&self, headers: &HeaderMap) -> Result<Claims, TokenError> {
+    /// The request's bearer token, verified, as its claims; `exp` and `nbf` against `now_secs`
+    /// (seconds since the Unix epoch: the request's own time, which for a replayed log is the
+    /// logged one, not today's).
+    pub fn verify(&self, headers: &HeaderMap, now_secs: u64) -> Result<Claims, TokenError> {
         let token = bearer(headers)?;
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
         let key = match &header.kid {
@@ -123,14 +127,36 @@ impl Verifier {
         .ok_or_else(|| TokenError::UnknownKey(header.kid.clone()))?;
         let data = jsonwebtoken::decode::<Strict>(token, &key.key, &key.validation)
             .map_err(|e| TokenError::Refused(e.to_string()))?;
+        self.check_times(&data.claims.0, now_secs)?;
         Ok(Claims(data.claims.0))
+    }
+
+    /// `exp` and `nbf` with the leeway, as jsonwebtoken checks them against the system clock
+    /// (which it does not let us give): expired when `exp < now - leeway`, not yet valid when
+    /// `nbf > now + leeway`. `exp` is required (checked present by the validation); `nbf` is
+    /// optional; either must be a number.
+    fn check_times(&self, claims: &Value, now_secs: u64) -> Result<(), TokenError> {
+        let time = |name: &str| match claims.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| TokenError::Refused(format!("{name} is not a number"))),
+        };
+        let now = now_secs as f64;
+        let leeway = self.leeway_secs as f64;
+        if time("exp")?.is_some_and(|exp| exp < now - leeway) {
+            return Err(TokenError::Refused("ExpiredSignature".into()));
+        }
+        if time("nbf")?.is_some_and(|nbf| nbf > now + leeway) {
+            return Err(TokenError::Refused("ImmatureSignature".into()));
+        }
+        Ok(())
     }
 }
 
 fn validation(alg: Algorithm, expect: &Expect) -> Validation {
     let mut v = Validation::new(alg);
-    v.leeway = expect.leeway_secs;
-    v.validate_nbf = true;
+    // Times are checked against the request's own time (`Verifier::check_times`).
+    v.validate_exp = false;
+    v.validate_nbf = false;
     let mut required: HashSet<String> = ["exp".to_string()].into();
     if !expect.issuers.is_empty() {
         v.set_issuer(&expect.issuers);
@@ -282,6 +308,33 @@ mod tests {
         assert!(parse(r#"{"org":{"id":1,"id":2}}"#).is_err());
         assert!(parse(r#"{"l":[{"x":1,"x":1}]}"#).is_err());
         assert_eq!(parse(r#"{"sub":"a","n":[1,2.5,null,true]}"#).unwrap()["n"][1], 2.5);
+    }
+
+    /// `exp` and `nbf` are judged at the time the caller gives (a replayed request's logged
+    /// time), with the leeway, at the exact bounds jsonwebtoken uses.
+    #[test]
+    fn token_times_are_judged_at_the_given_time() {
+        let secret = b"a-shared-secret-of-32-bytes-long";
+        let expect = Expect { issuers: vec![], audiences: vec![], leeway_secs: 30 };
+        let verifier = Verifier::new(KeySource::Single { algorithm: "HS256", key: secret }, &expect).unwrap();
+        let token = |claims: serde_json::Value| {
+            let key = jsonwebtoken::EncodingKey::from_secret(secret);
+            let jwt = jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::HS256), &claims, &key).unwrap();
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, format!("Bearer {jwt}").parse().unwrap());
+            h
+        };
+        let at = |h: &HeaderMap, now: u64| verifier.verify(h, now).map(|_| ());
+        // Issued for 2023: valid then, long expired today.
+        let old = token(serde_json::json!({"sub": "u1", "exp": 1_700_000_600u64, "nbf": 1_700_000_000u64}));
+        assert_eq!(at(&old, 1_700_000_300), Ok(()));
+        assert_eq!(at(&old, 1_700_000_630), Ok(()), "exp + leeway is still valid");
+        assert!(at(&old, 1_700_000_631).is_err(), "past exp + leeway");
+        assert_eq!(at(&old, 1_699_999_970), Ok(()), "nbf - leeway is already valid");
+        assert!(at(&old, 1_699_999_969).is_err(), "before nbf - leeway");
+        assert!(at(&old, crate::tls::unix_now() as u64).is_err(), "expired today");
+        let text_exp = token(serde_json::json!({"sub": "u1", "exp": "soon"}));
+        assert!(at(&text_exp, 1_700_000_000).is_err(), "exp must be a number");
     }
 
     #[test]

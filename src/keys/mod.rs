@@ -118,6 +118,9 @@ pub struct RequestFacts<'a> {
     pub path_regex: Option<&'a Regex>,
     /// `[jwt]`'s keys; `None` when the config has none.
     pub jwt: Option<&'a Verifier>,
+    /// The request's time in seconds since the Unix epoch, for a token's `exp`/`nbf`; `None`:
+    /// now (read only when a token is verified).
+    pub now_secs: Option<u64>,
     token: OnceCell<Result<Claims, TokenError>>,
 }
 
@@ -131,6 +134,7 @@ impl<'a> RequestFacts<'a> {
             path: "/",
             path_regex: None,
             jwt: None,
+            now_secs: None,
             token: OnceCell::new(),
         }
     }
@@ -139,7 +143,9 @@ impl<'a> RequestFacts<'a> {
     pub fn claims(&self) -> Result<&Claims, &TokenError> {
         self.token
             .get_or_init(|| match self.jwt {
-                Some(verifier) => verifier.verify(self.headers),
+                Some(verifier) => {
+                    verifier.verify(self.headers, self.now_secs.unwrap_or_else(|| crate::tls::unix_now().max(0) as u64))
+                }
                 None => Err(TokenError::Refused("no [jwt] keys are configured".into())),
             })
             .as_ref()

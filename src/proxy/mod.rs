@@ -137,6 +137,7 @@ impl ProxyHttp for WeirProxy {
             headers: &req.headers,
             client_ip: ctx.client_ip,
             route: None,
+            unix_secs: None,
         };
         let plan = match engine::admit(&rt, &head) {
             Ok(plan) => plan,

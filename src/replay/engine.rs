@@ -134,6 +134,8 @@ impl<'rt> Engine<'rt> {
             client_ip,
             // Weir's own log names the route it took; other logs are routed like live requests.
             route: rec.route.as_deref().and_then(|name| self.route_names.get(name).copied()),
+            // A token is judged at the logged time: yesterday's valid token is not expired today.
+            unix_secs: Some(now_us / 1_000_000),
         };
         let plan = match engine::admit(rt, &head) {
             Ok(plan) => plan,
@@ -359,6 +361,29 @@ mod tests {
     }
 
     const ONE_ZONE: &str = "[[limit_req_zone]]\nname = \"z\"\nkey = \"ip\"\nrate = \"1r/s\"\n";
+
+    /// A token that was valid when its request was logged (T0) but has expired since is judged at
+    /// the logged time: replay decides what the proxy decided then, not 401.
+    #[test]
+    fn a_token_is_judged_at_the_logged_time() {
+        let secret = b"a-shared-secret-of-32-bytes-long";
+        let text = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
+                    [jwt]\nkey_file = \"jwt.key\"\nalgorithm = \"HS256\"\n\
+                    [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+                    [[limit_req_zone]]\nname = \"u\"\nkey = \"jwt:sub\"\nrate = \"1r/s\"\n\
+                    [[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"u\" } ]\n";
+        let mut outside = crate::config::Fixed::default();
+        outside.files.insert("/cfg/jwt.key".into(), secret.to_vec());
+        let rt = crate::config::from_text_with(text, "/cfg/weir.toml", &outside).unwrap();
+        let claims = serde_json::json!({ "sub": "u1", "exp": T0 / 1_000_000 + 60 });
+        let key = jsonwebtoken::EncodingKey::from_secret(secret);
+        let jwt = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+        let mut r = rec("192.0.2.1", "/x");
+        r.headers.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {jwt}")).unwrap());
+        let mut e = Engine::new(&rt);
+        assert_eq!(e.decide(&r, T0).outcome, Admission::Limited, "valid at the logged time");
+        assert_eq!(e.decide(&r, T0 + 200_000_000).outcome, Admission::Unauthorized, "expired 140 s later");
+    }
 
     #[test]
     fn one_per_second_burst_zero() {
