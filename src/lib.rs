@@ -19,4 +19,6 @@ pub mod routes;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod top;
+pub mod tui;
 pub mod upstream;

@@ -68,6 +68,11 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
     // The store (and its Redis connection) is made once and outlives every reload.
     let stores = build_stores(&reloader.runtime())?;
+    // Fleet-wide top keys and resets (a no-op on the memory store, which has no fleet).
+    let instance = crate::top::fleet::instance_id();
+    if matches!(runtime.store, StoreSettings::Redis(..)) {
+        crate::top::fleet::start(stores.limits.clone(), reloader.runtime(), instance.clone())?;
+    }
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
     for warning in &runtime.warnings {
@@ -129,7 +134,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone(), stores.limits),
+            AdminApp::new(reloader.clone(), stores.limits.clone(), instance.clone()),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());

@@ -39,6 +39,8 @@ pub struct Runtime {
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
     pub log: LogSettings,
+    /// `[top]`: the per-zone tables of the hottest keys.
+    pub top: super::top::TopSettings,
     /// The `[[server.tls]]` pairs, loaded and checked (empty without TLS listeners).
     pub tls_certs: Vec<CertEntry>,
     /// Things to fix that do not stop the config (certificates close to expiry), `file:line: …`.
@@ -135,7 +137,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, top } = parsed;
 
     let (server, tls_certs, mut warnings) = compile_server(&src, server)?;
     let store = store::compile_store(&src, store)?;
@@ -145,6 +147,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
     let log = compile_log(&src, log)?;
+    let top = super::top::compile_top(&src, top)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -160,6 +163,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         routes,
         matchers,
         log,
+        top,
         tls_certs,
         warnings,
         meters,

@@ -10,6 +10,7 @@ mod route;
 mod schema;
 mod store;
 mod tls;
+mod top;
 mod upstream;
 mod zones;
 
@@ -21,6 +22,7 @@ pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
+pub use top::TopSettings;
 pub use zones::{Override, OverrideMatch, Zone};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

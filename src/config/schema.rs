@@ -23,6 +23,20 @@ pub struct File {
     pub route: Vec<Spanned<Route>>,
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
+    #[serde(default)]
+    pub top: Option<Spanned<Top>>,
+}
+
+/// `[top]`: the hottest keys per zone (admin `/top`, `weir top`, the status page).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Top {
+    pub enabled: Option<bool>,
+    pub keys: Option<Spanned<i64>>,
+    pub half_life: Option<Spanned<String>>,
+    pub near: Option<Spanned<f64>>,
+    pub reveal_keys: Option<bool>,
+    pub sketch_width: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

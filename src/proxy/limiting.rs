@@ -120,6 +120,7 @@ pub async fn enforce<'a>(
     result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
     if let Some(v) = &enforced_verdict {
         record_statuses(&mut result.statuses, route, enforced, v, false);
+        crate::top::record(rt, enforced, v);
     }
     if let Some(v) = &shadow_verdict {
         record_statuses(&mut result.statuses, route, shadow, v, true);
