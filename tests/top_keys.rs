@@ -30,6 +30,16 @@ fn shown(key: &str) -> String {
     format!("sha256:{}", &hex[..12])
 }
 
+/// Every command Redis has run so far (`INFO commandstats`).
+fn command_calls(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).expect("INFO commandstats");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
 fn top(admin: SocketAddr) -> Value {
     let r = admin::request(admin, "GET", "/top?n=5", Some(BEARER));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -203,6 +213,23 @@ fn two_instances_share_counts_and_a_reset_on_one_lets_the_key_through_on_both() 
         assert_eq!(get_keyed(&mut on_a, "victim"), 429);
         assert_eq!(get_keyed(&mut on_b, "victim"), 429);
     }
+    // What sharing the views costs Redis: a 2 s flood of the rejected key on both instances adds
+    // no Redis call per request (the deny caches answer), and the syncs' few commands per period.
+    let mut redis_conn = redis.connection();
+    let (calls_before, started) = (command_calls(&mut redis_conn), Instant::now());
+    let mut flooded = 0u64;
+    while started.elapsed() < Duration::from_secs(2) {
+        assert_eq!(get_keyed(&mut on_a, "victim"), 429);
+        assert_eq!(get_keyed(&mut on_b, "victim"), 429);
+        flooded += 2;
+    }
+    let calls = command_calls(&mut redis_conn) - calls_before - 1; // less this INFO
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("{flooded} rejected requests in {seconds:.1} s cost Redis {calls} commands (2 instances' syncs)");
+    // 2 instances × 2 syncs/s × 4-5 commands = 16-20/s, whatever the flood.
+    assert!((calls as f64) < 30.0 * seconds, "{calls} Redis commands for {flooded} requests in {seconds:.1} s");
+    assert!(flooded > calls * 5, "{flooded} requests, {calls} Redis commands");
+
     // Either instance lists the key with both instances' rejections.
     let want = shown("victim");
     for admin_addr in [admin_a, admin_b] {
