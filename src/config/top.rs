@@ -81,3 +81,53 @@ pub fn compile_top(src: &Source<'_>, top: Option<Spanned<schema::Top>>) -> Resul
         sketch_width,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Wrapper {
+        top: Option<Spanned<schema::Top>>,
+    }
+
+    fn compile(text: &str) -> Result<TopSettings, ConfigError> {
+        let wrapper: Wrapper = toml::from_str(text).expect("valid TOML");
+        compile_top(&Source { file: "t.toml", text }, wrapper.top)
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        assert_eq!(compile("").unwrap(), TopSettings::default());
+        let t = compile(
+            "[top]\nenabled = false\nkeys = 10\nhalf_life = \"5s\"\nnear = 0.9\nreveal_keys = true\nsketch_width = 1024\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t,
+            TopSettings {
+                enabled: false,
+                keys: 10,
+                half_life: Duration::from_secs(5),
+                near: 0.9,
+                reveal_keys: true,
+                sketch_width: 1024
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_line() {
+        for (text, want) in [
+            ("[top]\nkeys = 0\n", "t.toml:2: top.keys must be 1..=10000"),
+            ("[top]\n\nhalf_life = \"10\"\n", "t.toml:3: top.half_life"),
+            ("[top]\nnear = 1.5\n", "t.toml:2: top.near must be 0.0..=1.0"),
+            ("[top]\nsketch_width = 8\n", "t.toml:2: top.sketch_width"),
+        ] {
+            let e = compile(text).expect_err(text).to_string();
+            assert!(e.starts_with(want), "{e}");
+        }
+    }
+}

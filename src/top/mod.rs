@@ -39,23 +39,8 @@ pub struct Tracker {
 /// enforced group; dry-run zones are not who is being limited). Zones of a rejected request that
 /// did not reject were not charged and are skipped, like in the statuses.
 pub fn record(rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
-    let settings = &rt.top;
-    if !settings.enabled {
-        return;
-    }
-    for (zone, outcome) in zones.iter().zip(&verdict.zones) {
-        let event = match (verdict.admitted, outcome.admitted, outcome.delay_us) {
-            (false, false, _) => Event::Rejected,
-            (false, true, _) => continue,
-            (true, _, 0) => Event::Passed,
-            (true, _, _) => Event::Delayed,
-        };
-        let capacity = zone.limit.capacity().max(1);
-        let fill = 1.0 - outcome.remaining.min(capacity) as f64 / capacity as f64;
-        if event == Event::Passed && fill < settings.near {
-            continue;
-        }
-        TOP.record(settings, zone.zone, &zone.key, event, fill, verdict.decided_us);
+    if rt.top.enabled {
+        TOP.record_verdict(&rt.top, zones, verdict);
     }
 }
 
@@ -69,6 +54,24 @@ fn table_settings(s: &TopSettings) -> TableSettings {
 }
 
 impl Tracker {
+    /// [`record`]'s work: which zones of the verdict reach the tables, as what.
+    pub fn record_verdict(&self, settings: &TopSettings, zones: &[KeyedZone<'_>], verdict: &Verdict) {
+        for (zone, outcome) in zones.iter().zip(&verdict.zones) {
+            let event = match (verdict.admitted, outcome.admitted, outcome.delay_us) {
+                (false, false, _) => Event::Rejected,
+                (false, true, _) => continue,
+                (true, _, 0) => Event::Passed,
+                (true, _, _) => Event::Delayed,
+            };
+            let capacity = zone.limit.capacity().max(1);
+            let fill = 1.0 - outcome.remaining.min(capacity) as f64 / capacity as f64;
+            if event == Event::Passed && fill < settings.near {
+                continue;
+            }
+            self.record(settings, zone.zone, &zone.key, event, fill, verdict.decided_us);
+        }
+    }
+
     pub fn record(&self, settings: &TopSettings, zone: &str, key: &[u8], event: Event, fill: f64, now_us: u64) {
         let wanted = table_settings(settings);
         {
@@ -127,5 +130,70 @@ impl Tracker {
     pub fn bytes(&self) -> usize {
         let zones = self.zones.read().unwrap_or_else(|p| p.into_inner());
         zones.values().map(|t| t.lock().unwrap_or_else(|p| p.into_inner()).bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{decide_all, Algorithm, DelayPolicy, LimitReq, Rate, ZoneInput};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn limit(rate: &str, burst: u64, delay: DelayPolicy) -> LimitReq {
+        LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay }
+    }
+
+    /// Decides `zones` for one request on the model, with each zone's state after `before` earlier
+    /// requests at the same instant, and records it.
+    fn request(tracker: &Tracker, zones: &[KeyedZone<'_>], before: &[usize]) {
+        let mut states: Vec<Option<crate::limit::State>> = vec![None; zones.len()];
+        for (i, z) in zones.iter().enumerate() {
+            for _ in 0..before[i] {
+                let v = decide_all(&[ZoneInput { limit: &z.limit, state: states[i].clone(), cost: 1 }], T0);
+                states[i] = Some(v.zones[0].next.clone());
+            }
+        }
+        let inputs: Vec<ZoneInput<'_>> =
+            zones.iter().zip(&states).map(|(z, s)| ZoneInput { limit: &z.limit, state: s.clone(), cost: 1 }).collect();
+        tracker.record_verdict(&TopSettings::default(), zones, &decide_all(&inputs, T0));
+    }
+
+    fn listed(tracker: &Tracker) -> Vec<(String, Vec<u8>)> {
+        let mut out: Vec<(String, Vec<u8>)> = tracker
+            .local(T0, u64::MAX)
+            .into_iter()
+            .flat_map(|z| z.rows.into_iter().map(move |r| (z.zone.clone(), r.key)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn only_rejected_delayed_and_near_limit_requests_are_recorded() {
+        let t = Tracker::default();
+        let wide = limit("10r/s", 10, DelayPolicy::NoDelay);
+        // Far from the limit (1 of 11 used): not recorded.
+        request(&t, &[KeyedZone::new("wide", "calm", wide, 1)], &[0]);
+        assert!(listed(&t).is_empty());
+        // Over half full: recorded.
+        request(&t, &[KeyedZone::new("wide", "busy", wide, 1)], &[6]);
+        // Delayed (burst 5, no nodelay): recorded whatever the fill.
+        request(&t, &[KeyedZone::new("slow", "queued", limit("10r/s", 5, DelayPolicy::After(0)), 1)], &[1]);
+        assert_eq!(listed(&t), [("slow".to_string(), b"queued".to_vec()), ("wide".to_string(), b"busy".to_vec())]);
+    }
+
+    #[test]
+    fn a_rejected_request_records_only_its_rejecting_zones() {
+        let t = Tracker::default();
+        let tight = limit("1r/s", 0, DelayPolicy::NoDelay);
+        let loose = limit("100r/s", 100, DelayPolicy::NoDelay);
+        request(&t, &[KeyedZone::new("loose", "k", loose, 1), KeyedZone::new("tight", "k", tight, 1)], &[0, 1]);
+        let rows = t.local(T0, u64::MAX);
+        assert_eq!(listed(&t), [("tight".to_string(), b"k".to_vec())]);
+        let row = &rows.iter().find(|z| z.zone == "tight").unwrap().rows[0];
+        assert!(row.rejected_rate > 0.0 && row.fill == 1.0, "{row:?}");
+        t.forget("tight", b"k");
+        assert!(listed(&t).is_empty());
     }
 }
