@@ -22,6 +22,12 @@ fn rate_cells(r: Option<&Rates>) -> [String; 4] {
     [rate(r.requests), rate(r.passed), rate(r.delayed), rate(r.rejected)]
 }
 
+/// A client's key as the terminal may show it: control characters (a query key may decode to
+/// an escape sequence) become U+FFFD.
+fn printable(key: &str) -> String {
+    key.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect()
+}
+
 pub fn draw(frame: &mut Frame<'_>, app: &App) {
     let top = &app.top;
     let [header, routes_area, zones_area, keys_area, footer] = Layout::vertical([
@@ -87,7 +93,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
     let rows = keys.iter().map(|(zone, k)| {
         Row::new(vec![
             zone.clone(),
-            k.key.clone(),
+            printable(&k.key),
             rate(k.rate),
             rate(k.rejected_rate),
             rate(k.delayed_rate),
@@ -116,9 +122,22 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
     );
 
     let text = match (&app.confirm, &app.message) {
-        (Some((zone, _, key)), _) => format!("Reset {key} in zone {zone}? y to confirm, any other key cancels"),
-        (None, Some(message)) => message.clone(),
+        (Some((zone, _, key)), _) => {
+            format!("Reset {} in zone {zone}? y to confirm, any other key cancels", printable(key))
+        }
+        (None, Some(message)) => printable(message),
         (None, None) => "q quit  s sort  ↑/↓ select  r reset key".to_string(),
     };
     frame.render_widget(Paragraph::new(Line::from(text)), footer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(printable("203.0.113.7"), "203.0.113.7");
+        assert_eq!(printable("a\u{1b}[2Jb\n"), "a\u{fffd}[2Jb\u{fffd}");
+    }
 }
