@@ -115,13 +115,13 @@ pub trait LimitStore: Send + Sync {
     }
 
     /// Shares this instance's top-keys view (`src/top/fleet.rs`) and reads the fleet's: publishes
-    /// `view` as `instance`'s, drops the views of the instances in `forget`, and returns every
-    /// instance's view with the resets announced since the previous call. `None`: the store is not
-    /// shared (memory), there is no fleet.
+    /// `view` as `instance`'s (`None`: nothing to share, its old view is dropped), drops the views
+    /// of the instances in `forget`, and returns every instance's view with the resets announced
+    /// since the previous call. `None`: the store is not shared (memory), there is no fleet.
     async fn sync_fleet(
         &self,
         _instance: &str,
-        _view: Vec<u8>,
+        _view: Option<Vec<u8>>,
         _forget: &[String],
     ) -> Result<Option<FleetSync>, StoreError> {
         Ok(None)

@@ -57,13 +57,18 @@ async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instanc
         tick.tick().await;
         let rt = runtime.load_full();
         let now = now_us();
-        let view =
-            InstanceView { instance: instance.clone(), at_ms: now / 1000, zones: TOP.local(now, max_idle_us(&rt)) };
-        let bytes = match serde_json::to_vec(&view) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                tracing::warn!(error = %e, "top keys: cannot encode this instance's view");
-                continue;
+        let mut zones = TOP.local(now, max_idle_us(&rt));
+        zones.retain(|z| !z.rows.is_empty());
+        // Nothing to share: the old view goes, and an idle fleet leaves no key in Redis.
+        let bytes = if zones.is_empty() {
+            None
+        } else {
+            match serde_json::to_vec(&InstanceView { instance: instance.clone(), at_ms: now / 1000, zones }) {
+                Ok(bytes) => Some(bytes),
+                Err(e) => {
+                    tracing::warn!(error = %e, "top keys: cannot encode this instance's view");
+                    continue;
+                }
             }
         };
         match store.sync_fleet(&instance, bytes, &stale).await {

@@ -176,7 +176,7 @@ impl LimitStore for GuardedStore {
     async fn sync_fleet(
         &self,
         instance: &str,
-        view: Vec<u8>,
+        view: Option<Vec<u8>>,
         forget: &[String],
     ) -> Result<Option<FleetSync>, StoreError> {
         if self.breaker.is_open() {

@@ -2,12 +2,13 @@
 //! key resets and the top-keys views (`src/top/fleet.rs`).
 //!
 //! * `<prefix>{top}:views`, a hash: each instance's latest view (JSON) under its id, rewritten
-//!   every half second; the hash expires a minute after the last write, and a reader drops the
-//!   fields of instances gone quiet.
-//! * `<prefix>{top}:resets`, a stream capped at about 1,000 entries: one entry per reset
-//!   (`zone`, `key`). Every instance reads the entries after the last one it saw at each sync and
-//!   drops those keys from its deny cache, so a reset lets the key through fleet-wide within one
-//!   sync period (plus the store's timeout).
+//!   every half second while it has rows (deleted when it has none, so an idle fleet leaves no
+//!   hash); the hash expires 10 s after the last write, and a reader drops the fields of instances
+//!   gone quiet.
+//! * `<prefix>{top}:resets`, a stream capped at about 1,000 entries that expires a minute after the
+//!   last reset: one entry per reset (`zone`, `key`). Every instance reads the entries after the
+//!   last one it saw at each sync and drops those keys from its deny cache, so a reset lets the key
+//!   through fleet-wide within one sync period (plus the store's timeout).
 //!
 //! Both names carry the `{top}` hash tag: on a Redis Cluster they live in one slot.
 
@@ -19,8 +20,10 @@ use crate::store::{FleetSync, StoreError};
 /// The stream id before any: a new instance reads the stream's (at most ~1,000) past resets once,
 /// which only forgets deny-cache entries it does not have.
 pub(super) const FIRST_RESET: &str = "-";
-/// The views' hash lives this long after the last write.
-const VIEWS_TTL_MS: u64 = 60_000;
+/// The views' hash lives this long after the last write (more than `top::fleet::STALE_AFTER_MS`).
+const VIEWS_TTL_MS: u64 = 10_000;
+/// The resets' stream lives this long after the last reset (instances read it every 0.5 s).
+const RESETS_TTL_MS: u64 = 60_000;
 const MAX_RESETS: u64 = 1_000;
 
 /// A stream entry as XRANGE returns it: its id and its field-value pairs.
@@ -49,6 +52,8 @@ impl RedisStore {
             .arg(key)
             .query_async(&mut conn)
             .await?;
+        let _: Value =
+            ::redis::cmd("PEXPIRE").arg(self.fleet_key("resets")).arg(RESETS_TTL_MS).query_async(&mut conn).await?;
         Ok(())
     }
 
@@ -57,13 +62,21 @@ impl RedisStore {
     pub(super) async fn exchange_views(
         &self,
         instance: &str,
-        view: Vec<u8>,
+        view: Option<Vec<u8>>,
         forget: &[String],
     ) -> Result<FleetSync, StoreError> {
         let mut conn = self.side.get().await?;
         let views_key = self.fleet_key("views");
-        let _: Value = ::redis::cmd("HSET").arg(&views_key).arg(instance).arg(view).query_async(&mut conn).await?;
-        let _: Value = ::redis::cmd("PEXPIRE").arg(&views_key).arg(VIEWS_TTL_MS).query_async(&mut conn).await?;
+        match view {
+            Some(view) => {
+                let _: Value =
+                    ::redis::cmd("HSET").arg(&views_key).arg(instance).arg(view).query_async(&mut conn).await?;
+                let _: Value = ::redis::cmd("PEXPIRE").arg(&views_key).arg(VIEWS_TTL_MS).query_async(&mut conn).await?;
+            }
+            None => {
+                let _: Value = ::redis::cmd("HDEL").arg(&views_key).arg(instance).query_async(&mut conn).await?;
+            }
+        }
         if !forget.is_empty() {
             let _: Value = ::redis::cmd("HDEL").arg(&views_key).arg(forget).query_async(&mut conn).await?;
         }

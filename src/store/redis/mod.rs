@@ -433,7 +433,7 @@ impl LimitStore for RedisStore {
     async fn sync_fleet(
         &self,
         instance: &str,
-        view: Vec<u8>,
+        view: Option<Vec<u8>>,
         forget: &[String],
     ) -> Result<Option<crate::store::FleetSync>, StoreError> {
         self.bounded(self.exchange_views(instance, view, forget)).await.map(Some)
