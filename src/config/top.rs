@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use toml::Spanned;
-
 use super::checks::parse_duration;
 use super::error::{ConfigError, Source};
 use super::schema;
+use super::spanned::Spanned;
 
 /// `[top]`, compiled. On by default: its cost is paid only by requests at or near their limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,7 +17,7 @@ pub struct TopSettings {
     pub half_life: Duration,
     /// A passed request is recorded only when its limit is at least this full (0..=1).
     pub near: f64,
-    /// Show keys of `header:`, `query:` and `cookie:` parts as they are instead of hashed.
+    /// Show keys of `header:`, `query:`, `cookie:` and `jwt:` parts as they are instead of hashed.
     pub reveal_keys: bool,
     /// Cells per row of the admission sketch (memory: 16 bytes each, per zone, once its table is full).
     pub sketch_width: usize,

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
-use super::{InstanceView, TOP};
+use super::{InstanceView, Tracker};
 use crate::config::Runtime;
 use crate::store::LimitStore;
 
@@ -37,19 +37,24 @@ pub fn instance_id() -> String {
 }
 
 /// Starts the sync on its own thread (and runtime) when the store is shared; returns at once.
-pub fn start(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instance: String) -> Result<(), String> {
+pub fn start(
+    store: Arc<dyn LimitStore>,
+    runtime: Arc<ArcSwap<Runtime>>,
+    instance: String,
+    top: Arc<Tracker>,
+) -> Result<(), String> {
     let threaded = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("top keys: cannot start the fleet sync's runtime: {e}"))?;
     std::thread::Builder::new()
         .name("weir-fleet".into())
-        .spawn(move || threaded.block_on(run(store, runtime, instance)))
+        .spawn(move || threaded.block_on(run(store, runtime, instance, top)))
         .map_err(|e| format!("top keys: cannot start the fleet sync's thread: {e}"))?;
     Ok(())
 }
 
-async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instance: String) {
+async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stale: Vec<String> = Vec::new();
@@ -57,7 +62,7 @@ async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instanc
         tick.tick().await;
         let rt = runtime.load_full();
         let now = now_us();
-        let mut zones = TOP.local(now, max_idle_us(&rt));
+        let mut zones = top.local(now, max_idle_us(&rt));
         zones.retain(|z| !z.rows.is_empty());
         // Nothing to share: the old view goes, and an idle fleet leaves no key in Redis.
         let bytes = if zones.is_empty() {
@@ -74,11 +79,11 @@ async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instanc
         match store.sync_fleet(&instance, bytes, &stale).await {
             Ok(Some(sync)) => {
                 for (zone, key) in &sync.resets {
-                    TOP.forget(zone, key);
+                    top.forget(zone, key);
                 }
                 let (fresh, old) = others(&sync.views, &instance, now / 1000);
                 stale = old;
-                TOP.set_fleet(fresh);
+                top.set_fleet(fresh);
             }
             // Not shared: nothing to do, ever.
             Ok(None) => return,

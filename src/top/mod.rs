@@ -16,7 +16,7 @@ pub mod table;
 pub mod view;
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, RwLock};
+use std::sync::{Mutex, RwLock};
 
 use crate::config::{Runtime, TopSettings};
 use crate::limit::Verdict;
@@ -25,9 +25,9 @@ use crate::store::KeyedZone;
 pub use table::{Event, Row, Table, TableSettings};
 pub use view::{InstanceView, ZoneView};
 
-/// This process's tables (one per zone, made on the zone's first recorded request).
-pub static TOP: LazyLock<Tracker> = LazyLock::new(Tracker::default);
-
+/// A process's tables (one per zone, made on the zone's first recorded request). The serving
+/// process owns one (`process::server::Lasting`) and hands it to the engine (`Stores::recording_to`),
+/// the admin API and the fleet sync; replay has none, so it never feeds a live view.
 #[derive(Default)]
 pub struct Tracker {
     zones: RwLock<HashMap<Box<str>, Mutex<Table>>>,
@@ -35,12 +35,14 @@ pub struct Tracker {
     fleet: Mutex<Vec<InstanceView>>,
 }
 
-/// The hook of the decision path: records the zones of one decided group of a request (the
-/// enforced group; dry-run zones are not who is being limited). Zones of a rejected request that
-/// did not reject were not charged and are skipped, like in the statuses.
-pub fn record(rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
-    if rt.top.enabled {
-        TOP.record_verdict(&rt.top, zones, verdict);
+/// The hook of the decision path (`engine::limit_req::enforce`): records the zones of one decided
+/// group of a request into `tracker`, if any (the enforced group; dry-run zones are not who is
+/// being limited). Zones of a rejected request that did not reject were not charged and are
+/// skipped, like in the statuses.
+#[inline]
+pub fn record(tracker: Option<&Tracker>, rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
+    if let (Some(tracker), true) = (tracker, rt.top.enabled) {
+        tracker.record_verdict(&rt.top, zones, verdict);
     }
 }
 

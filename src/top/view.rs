@@ -84,12 +84,17 @@ pub fn shown_key(secret: bool, key: &[u8]) -> String {
 
 /// Whether the zone's keys are secrets to hide.
 pub fn zone_is_secret(rt: &Runtime, zone: &str) -> bool {
-    !rt.top.reveal_keys
-        && rt
-            .zones
-            .iter()
-            .find(|z| z.name == zone)
-            .is_none_or(|z| z.key.0.iter().any(|p| !matches!(p, KeyPart::ClientIp)))
+    !rt.top.reveal_keys && rt.zones.iter().find(|z| z.name == zone).is_none_or(|z| z.key.parts.iter().any(is_secret))
+}
+
+/// Parts that may carry a credential or a person's identity (API keys, tokens, claims such as an
+/// e-mail address); addresses, route names, constants and path parts (already in the access log)
+/// are not.
+fn is_secret(part: &KeyPart) -> bool {
+    match part {
+        KeyPart::Header(_) | KeyPart::Query(_) | KeyPart::Cookie(_) | KeyPart::Claim(_) => true,
+        KeyPart::ClientIp | KeyPart::IpPrefix(_) | KeyPart::Route | KeyPart::Const(_) | KeyPart::PathPart(_) => false,
+    }
 }
 
 /// `GET /top`: per zone the `n` keys with the most rejections and the `n` closest to their limit
@@ -125,7 +130,7 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
             let closest: Vec<Value> = rows.iter().take(n).map(show).collect();
             json!({
                 "zone": zone.name,
-                "key": zone.key.0.iter().map(part_name).collect::<Vec<_>>().join("+"),
+                "key": zone.key.parts.iter().map(KeyPart::to_string).collect::<Vec<_>>().join("+"),
                 "hashed": secret,
                 "rate": zone.rate.to_string(),
                 "algorithm": zone.algorithm.as_str(),
@@ -158,15 +163,6 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
         fields.extend(more);
     }
     out
-}
-
-fn part_name(part: &KeyPart) -> String {
-    match part {
-        KeyPart::ClientIp => "ip".into(),
-        KeyPart::Header(h) => format!("header:{h}"),
-        KeyPart::Query(q) => format!("query:{q}"),
-        KeyPart::Cookie(c) => format!("cookie:{c}"),
-    }
 }
 
 /// One counter family by its `by` label: `{value of by: {value of what: count}}`.
