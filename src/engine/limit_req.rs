@@ -364,6 +364,33 @@ mod tests {
         );
     }
 
+    #[test]
+    fn decisions_are_recorded_into_the_callers_tracker_only() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", ""), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
+        let t0 = 1_700_000_000_000_000;
+        let clock = Arc::new(crate::limit::ManualClock::new(t0));
+        let store = || Arc::new(MemoryStore::new(clock.clone()));
+        let top = Arc::new(Tracker::default());
+        let listed = || -> Vec<(String, Vec<u8>, bool)> {
+            let zones = top.local(t0, u64::MAX);
+            zones
+                .into_iter()
+                .flat_map(|z| z.rows.into_iter().map(move |r| (z.zone.clone(), r.key, r.rejected_rate > 0.0)))
+                .collect()
+        };
+        let pass_then_reject = |stores: &Stores| {
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
+        };
+        // Replay's stores have no tracker: deciding there leaves the serving process's view alone.
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));
+        assert_eq!(listed(), []);
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).recording_to(top.clone()));
+        assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
+    }
+
     /// The memory store never waits: poll once.
     fn futures_now<F: std::future::Future>(f: F) -> F::Output {
         let mut f = std::pin::pin!(f);
