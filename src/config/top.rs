@@ -94,7 +94,7 @@ mod tests {
 
     fn compile(text: &str) -> Result<TopSettings, ConfigError> {
         let wrapper: Wrapper = toml::from_str(text).expect("valid TOML");
-        compile_top(&Source { file: "t.toml", text }, wrapper.top)
+        compile_top(&Source { file: "t.toml", text, outside: &crate::config::Fixed::default() }, wrapper.top)
     }
 
     #[test]
