@@ -2,8 +2,8 @@
 # Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
 # cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), nginx-light
 # (the replay differential test), curl, Debian's python3-grpcio (a real gRPC client for
-# tests/tls.rs), kubernetes-validate from PyPI (tests/kubernetes.rs), and a Rust toolchain through
-# rustup when cargo is missing.
+# tests/tls.rs), kubernetes-validate from PyPI (tests/kubernetes.rs), tmux and chromium (tests/top_tui.rs,
+# tests/status_page.rs), and a Rust toolchain through rustup when cargo is missing.
 set -euo pipefail
 
 need_apt=()
@@ -15,6 +15,10 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 # nginx: the `weir replay` differential test runs it (its own instance on a free loopback port).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1 || need_apt+=(python3-grpcio)
+# tmux: tests/top_tui.rs runs `weir top` in a real terminal; chromium: tests/status_page.rs loads
+# the admin status page in a real headless browser.
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""

@@ -19,5 +19,7 @@ pub mod request;
 pub mod routes;
 pub mod store;
 pub mod tls;
+pub mod top;
 pub mod trace;
+pub mod tui;
 pub mod upstream;

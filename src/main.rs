@@ -38,6 +38,8 @@ enum Command {
         #[arg(short, long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
     },
+    /// A live view of an instance (its admin address): rates per route and zone, the keys being limited; reset a key.
+    Top(weir::tui::TopArgs),
     /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
     Replay(Box<weir::replay::cli::ReplayArgs>),
 }
@@ -54,6 +56,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Replay(args) => weir::replay::cli::run(&cli.config, *args),
+        Command::Top(args) => match weir::tui::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("weir top: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {

@@ -60,6 +60,8 @@ pub struct Runtime {
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
     pub log: LogSettings,
+    /// `[top]`: the per-zone tables of the hottest keys.
+    pub top: super::top::TopSettings,
     /// The `[[server.tls]]` pairs, loaded and checked (empty without TLS listeners).
     pub tls_certs: Vec<CertEntry>,
     /// Things to fix that do not stop the config (certificates close to expiry), `file:line: …`.
@@ -203,8 +205,19 @@ fn compile_expanded(
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, jwt, tracing } =
-        parsed;
+    let schema::File {
+        server,
+        store,
+        real_ip,
+        upstream,
+        limit_req_zone,
+        limit_conn_zone,
+        route,
+        log,
+        jwt,
+        tracing,
+        top,
+    } = parsed;
 
     let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets)?;
     let store = store::compile_store(&src, store, secrets)?;
@@ -218,6 +231,7 @@ fn compile_expanded(
     super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
     no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
     let tracing = super::traces::compile_tracing(&src, tracing)?;
+    let top = super::top::compile_top(&src, top)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -234,6 +248,7 @@ fn compile_expanded(
         routes,
         matchers,
         log,
+        top,
         tls_certs,
         warnings,
         meters,

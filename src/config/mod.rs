@@ -18,6 +18,7 @@ mod secrets;
 mod spanned;
 mod store;
 mod tls;
+mod top;
 mod traces;
 mod upstream;
 mod zones;
@@ -34,6 +35,7 @@ pub use outside::{Fixed, Machine, Outside};
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
+pub use top::TopSettings;
 pub use traces::TraceSettings;
 pub use zones::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 

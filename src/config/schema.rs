@@ -37,6 +37,33 @@ pub struct File {
     /// OpenTelemetry traces over OTLP/HTTP (docs/production.md#traces); off when absent.
     #[serde(default)]
     pub tracing: Option<Spanned<Tracing>>,
+    /// Live view of the keys being limited (admin /top, `weir top`, the status page); on by default.
+    #[serde(default)]
+    pub top: Option<Spanned<Top>>,
+}
+
+/// `[top]`: the hottest keys per zone (admin `/top`, `weir top`, the status page).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Top {
+    /// Track the keys being limited; false: no tracking and no cost.
+    #[schemars(extend("default" = true))]
+    pub enabled: Option<bool>,
+    /// Keys listed per zone (1-10000).
+    #[schemars(extend("default" = 64))]
+    pub keys: Option<Spanned<i64>>,
+    /// Counts halve every half_life ("100ms" to "1h").
+    #[schemars(extend("default" = "30s"))]
+    pub half_life: Option<Spanned<String>>,
+    /// A passed request is recorded only when its limit is at least this full (0.0-1.0).
+    #[schemars(extend("default" = 0.5))]
+    pub near: Option<Spanned<f64>>,
+    /// Show keys of header:, query:, cookie: and jwt: parts as they are instead of hashed.
+    #[schemars(extend("default" = false))]
+    pub reveal_keys: Option<bool>,
+    /// Cells per row of the admission sketch (64-16777216).
+    #[schemars(extend("default" = 16384))]
+    pub sketch_width: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -95,8 +122,8 @@ pub struct Server {
     /// Pingora's work stealing between the threads (default true; false: each thread runs its own
     /// runtime, and its Redis decisions stay on its own connection).
     pub work_stealing: Option<bool>,
-    /// Admin listener "IP:port" (/healthz /readyz /metrics /config /reload /limits /upstreams); off when
-    /// absent.
+    /// Admin listener "IP:port" (/healthz /readyz /metrics /config /reload /limits /upstreams /top, and
+    /// the status page at /); off when absent.
     pub admin: Option<Spanned<String>>,
     /// Bearer token for every admin endpoint but /healthz and /readyz: at least 16 printable characters.
     /// Better: admin_token_file or "${NAME}".

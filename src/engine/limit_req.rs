@@ -19,6 +19,7 @@ use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
+use crate::top::Tracker;
 
 /// The key step of limit_req: the route's zones that limit this request, each with its key,
 /// effective limit, cost and dry-run flag, enforced ones first. Empty keys are not limited
@@ -83,12 +84,20 @@ pub struct Stores {
     pub local: MemoryStore,
     /// `weir_store_duration_seconds` of `primary`, looked up once rather than per decision.
     pub duration: Histogram,
+    /// Where decided requests are recorded for the live view (`GET /top`): the serving process's
+    /// tables; `None` (replay, tests) records nothing.
+    pub top: Option<Arc<Tracker>>,
 }
 
 impl Stores {
     pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
         let duration = METRICS.store_duration.with_label_values(&[primary.kind()]);
-        Self { primary, local, duration }
+        Self { primary, local, duration, top: None }
+    }
+
+    /// Records every enforced decision into `top` (the `[top]` settings choose which).
+    pub fn recording_to(self, top: Arc<Tracker>) -> Self {
+        Self { top: Some(top), ..self }
     }
 }
 
@@ -136,6 +145,7 @@ pub async fn enforce<'a>(
     result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
     if let Some(v) = &enforced_verdict {
         record_statuses(&mut result.statuses, route, enforced, v, false);
+        crate::top::record(stores.top.as_deref(), rt, enforced, v);
     }
     if let Some(v) = &shadow_verdict {
         record_statuses(&mut result.statuses, route, shadow, v, true);
@@ -454,6 +464,33 @@ mod tests {
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
         );
+    }
+
+    #[test]
+    fn decisions_are_recorded_into_the_callers_tracker_only() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", ""), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
+        let t0 = 1_700_000_000_000_000;
+        let clock = Arc::new(crate::limit::ManualClock::new(t0));
+        let store = || Arc::new(MemoryStore::new(clock.clone()));
+        let top = Arc::new(Tracker::default());
+        let listed = || -> Vec<(String, Vec<u8>, bool)> {
+            let zones = top.local(t0, u64::MAX);
+            zones
+                .into_iter()
+                .flat_map(|z| z.rows.into_iter().map(move |r| (z.zone.clone(), r.key, r.rejected_rate > 0.0)))
+                .collect()
+        };
+        let pass_then_reject = |stores: &Stores| {
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
+        };
+        // Replay's stores have no tracker: deciding there leaves the serving process's view alone.
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));
+        assert_eq!(listed(), []);
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).recording_to(top.clone()));
+        assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
     }
 
     /// The memory store never waits: poll once.

@@ -353,6 +353,21 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric.
+    /// The series of one counter family, as (labels, value): for `/top`'s per-route and per-zone
+    /// counts, read from the same counters `/metrics` shows.
+    pub fn counter_values(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|family| family.name() == name)
+            .flat_map(|family| family.get_metric().iter())
+            .map(|m| {
+                let labels = m.get_label().iter().map(|l| (l.name().to_string(), l.value().to_string())).collect();
+                (labels, m.get_counter().get_value())
+            })
+            .collect()
+    }
+
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for well-formed metrics.

@@ -2,8 +2,12 @@
 //! `GET /healthz` (process up), `GET /readyz` (the store decides; 503 with the reason while it
 //! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
 //! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
-//! (servers with health, weight and requests in flight). With `admin_token` set, every
-//! endpoint but the probes needs `Authorization: Bearer <token>`.
+//! (servers with health, weight and requests in flight), `GET /top` (the hottest keys per zone,
+//! fleet-wide on Redis; `src/top/`), `DELETE /limits/{zone}/{key}` or
+//! `DELETE /limits/{zone}?id=ID` (resets a key's state, fleet-wide on Redis), and `GET /` (the
+//! status page: a page with no data in it, which reads the endpoints above with the token the
+//! operator types). With `admin_token` set, every endpoint but the probes and the empty page
+//! needs `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,20 +22,29 @@ use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
 use crate::process::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
+use crate::top::Tracker;
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
     store: Arc<dyn LimitStore>,
+    /// This instance's name in the fleet's top-keys views.
+    instance: String,
+    /// The tables the engine records into (`GET /top`, resets).
+    top: Arc<Tracker>,
 }
 
 enum Body {
     Json(Value),
     Text(String),
+    Html(&'static str),
 }
 
+/// The status page (`GET /`): one file, inline CSS and JS, no external assets.
+const STATUS_PAGE: &str = include_str!("admin_page.html");
+
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>) -> Self {
-        Self { reloader, store }
+    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>, instance: String, top: Arc<Tracker>) -> Self {
+        Self { reloader, store, instance, top }
     }
 
     async fn handle(
@@ -41,7 +54,8 @@ impl AdminApp {
         query: Option<&str>,
         auth: Option<&[u8]>,
     ) -> (StatusCode, Body) {
-        let public = matches!(path, "/healthz" | "/readyz");
+        // The page is public but empty: it shows what the token-protected endpoints return.
+        let public = matches!(path, "/healthz" | "/readyz") || (path == "/" && *method == Method::GET);
         if !public && !self.authorized(auth) {
             return (StatusCode::UNAUTHORIZED, Body::Json(json!({ "error": "missing or wrong bearer token" })));
         }
@@ -63,13 +77,17 @@ impl AdminApp {
             },
             (&Method::GET, "/limits") => self.limits(query).await,
             (&Method::GET, "/upstreams") => (StatusCode::OK, Body::Json(self.upstreams())),
-            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams") => {
-                (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" })))
-            }
+            (&Method::GET, "/top") => (StatusCode::OK, Body::Json(self.top(query).await)),
+            (&Method::GET, "/") => (StatusCode::OK, Body::Html(STATUS_PAGE)),
+            (&Method::DELETE, p) if p.starts_with("/limits/") => self.reset(&p["/limits/".len()..], query).await,
+            (
+                _,
+                "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams" | "/top" | "/",
+            ) => (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" }))),
             _ => (
                 StatusCode::NOT_FOUND,
                 Body::Json(json!({ "error": "not found",
-                    "endpoints": ["/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams"] })),
+                    "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top"] })),
             ),
         }
     }
@@ -122,15 +140,91 @@ impl AdminApp {
         json!({ "upstreams": list })
     }
 
+    /// `GET /top[?n=10]`: see `top::view::top_json`; with the store's state, for the page.
+    async fn top(&self, query: Option<&str>) -> Value {
+        let runtime = self.reloader.runtime().load_full();
+        let n = query_param(query, "n")
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(10)
+            .clamp(1, 100);
+        let now = crate::top::fleet::now_us();
+        let local = self.top.local(now, crate::top::fleet::max_idle_us(&runtime));
+        let fleet = self.top.fleet();
+        let health = self.store.health().await;
+        let extra = json!({
+            "instance": self.instance,
+            "store": { "kind": self.store.kind(), "ready": health.ready, "reason": health.reason,
+                       "warnings": health.warnings },
+            "config": self.reloader.status(),
+            "upstreams": self.upstreams()["upstreams"].clone(),
+            "memory": { "bytes": self.top.bytes(), "bound_bytes": crate::top::bound_bytes(&runtime) },
+        });
+        crate::top::view::top_json(&runtime, &local, &fleet, n, extra)
+    }
+
+    /// `DELETE /limits/{zone}/{key}` (the key percent-encoded) or `DELETE /limits/{zone}?id=ID`
+    /// (a row of `/top`, hashed keys included): forgets the key's state in the store (fleet-wide on
+    /// Redis), in this instance's deny cache at once and the others' within a sync period
+    /// (`top::fleet`), and in the top tables.
+    async fn reset(&self, rest: &str, query: Option<&str>) -> (StatusCode, Body) {
+        let (zone, key) = match rest.split_once('/') {
+            Some((zone, key)) => {
+                (String::from_utf8_lossy(&percent_decode(zone)).into_owned(), Some(percent_decode(key)))
+            }
+            None => (String::from_utf8_lossy(&percent_decode(rest)).into_owned(), None),
+        };
+        let runtime = self.reloader.runtime().load_full();
+        if !runtime.zones.iter().any(|z| z.name == zone) {
+            return (StatusCode::NOT_FOUND, Body::Json(json!({ "error": format!("no zone {zone:?}") })));
+        }
+        let key = match (key, query_param(query, "id")) {
+            (Some(key), None) if !key.is_empty() => key,
+            (None, Some(id)) => {
+                let id = String::from_utf8_lossy(&id).into_owned();
+                let now = crate::top::fleet::now_us();
+                // Any row, however idle: a reset may follow a look at an old listing.
+                let local = self.top.local(now, u64::MAX);
+                match crate::top::view::find_by_id(&local, &self.top.fleet(), &zone, &id) {
+                    Some(key) => key,
+                    None => {
+                        return (
+                            StatusCode::NOT_FOUND,
+                            Body::Json(
+                                json!({ "error": format!("no key with id {id:?} in zone {zone:?} (GET /top lists them)") }),
+                            ),
+                        )
+                    }
+                }
+            }
+            _ => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Body::Json(
+                        json!({ "error": "give DELETE /limits/ZONE/KEY (KEY percent-encoded) or DELETE /limits/ZONE?id=ID" }),
+                    ),
+                )
+            }
+        };
+        if let Err(e) = self.store.reset(&zone, &key).await {
+            return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": format!("reset failed: {e}") })));
+        }
+        self.top.forget(&zone, &key);
+        let secret = crate::top::view::zone_is_secret(&runtime, &zone);
+        tracing::info!(zone = %zone, key = %crate::top::view::shown_key(secret, &key), "admin: key reset");
+        (
+            StatusCode::OK,
+            Body::Json(json!({
+                "result": "reset", "zone": zone, "key": crate::top::view::shown_key(secret, &key),
+                "id": crate::top::view::key_id(&zone, &key), "store": self.store.kind(),
+            })),
+        )
+    }
+
     /// `GET /limits?zone=per_ip&key=203.0.113.7`: the key's bucket now, and per route using the zone
     /// how many requests it could still pass.
     async fn limits(&self, query: Option<&str>) -> (StatusCode, Body) {
-        let param = |name: &str| {
-            query.unwrap_or("").split('&').find_map(|pair| {
-                let (k, v) = pair.split_once('=')?;
-                (k == name).then(|| percent_decode(v))
-            })
-        };
+        let param = |name: &str| query_param(query, name);
         let (Some(zone_name), Some(key)) =
             (param("zone").map(|z| String::from_utf8_lossy(&z).into_owned()), param("key"))
         else {
@@ -183,6 +277,14 @@ fn state_json(state: &State) -> Value {
     }
 }
 
+/// A query parameter's value, percent-decoded.
+fn query_param(query: Option<&str>, name: &str) -> Option<Vec<u8>> {
+    query.unwrap_or("").split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -223,6 +325,7 @@ impl ServeHttp for AdminApp {
         let (content_type, mut bytes) = match body {
             Body::Json(v) => ("application/json", v.to_string().into_bytes()),
             Body::Text(t) => ("text/plain; version=0.0.4", t.into_bytes()),
+            Body::Html(page) => ("text/html; charset=utf-8", page.as_bytes().to_vec()),
         };
         if content_type == "application/json" {
             bytes.push(b'\n');

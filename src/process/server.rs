@@ -16,6 +16,7 @@ use crate::process::reload::Reloader;
 use crate::proxy::WeirProxy;
 use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
 use crate::tls::{self, CertResolver, CertWatcher};
+use crate::top::Tracker;
 use arc_swap::ArcSwap;
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
@@ -31,6 +32,9 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250
 pub struct Lasting {
     pub limits: Stores,
     pub conns: ConnStores,
+    /// This process's top-keys tables: the engine records into them (through `limits`), the admin
+    /// API and the fleet sync read them.
+    pub top: Arc<Tracker>,
 }
 
 impl Lasting {
@@ -40,13 +44,16 @@ impl Lasting {
         let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
         let (limits, conns) = primary_stores(runtime, &zone_limits)?;
         let kind = limits.kind();
+        let top = Arc::new(Tracker::default());
         Ok(Lasting {
-            limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone())),
+            limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone()))
+                .recording_to(top.clone()),
             conns: ConnStores {
                 primary: conns,
                 kind,
                 local: Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits)),
             },
+            top,
         })
     }
 }
@@ -91,6 +98,12 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let lasting = Lasting::build(&reloader.runtime())?;
     let live = reloader.runtime();
     crate::upstream::REGISTRY.watch(move || live.load_full(), |rt: &crate::config::Runtime| &rt.upstreams);
+    // Fleet-wide top keys and resets (a no-op on the memory store, which has no fleet).
+    let instance = crate::top::fleet::instance_id();
+    if matches!(runtime.store, StoreSettings::Redis(..)) {
+        let store = lasting.limits.primary.clone();
+        crate::top::fleet::start(store, reloader.runtime(), instance.clone(), lasting.top.clone())?;
+    }
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
     for warning in &runtime.warnings {
@@ -129,6 +142,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
     let admin_store = lasting.limits.primary.clone();
+    let admin_top = lasting.top.clone();
     let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
     let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
     proxy.server_options = Some(http_options(&runtime.server));
@@ -152,7 +166,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone(), admin_store),
+            AdminApp::new(reloader.clone(), admin_store, instance, admin_top),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());

@@ -91,6 +91,15 @@ impl<K: Hash + Eq + Clone, V: Expiring> Bounded<K, V> {
         self.map.pop(key).is_some()
     }
 
+    /// Removes every entry whose key matches; how many.
+    pub fn remove_where(&mut self, matches: impl Fn(&K) -> bool) -> usize {
+        let doomed: Vec<K> = self.map.iter().filter(|(k, _)| matches(k)).map(|(k, _)| k.clone()).collect();
+        for key in &doomed {
+            self.map.pop(key);
+        }
+        doomed.len()
+    }
+
     pub fn contains(&self, key: &K) -> bool {
         self.map.contains(key)
     }

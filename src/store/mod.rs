@@ -121,6 +121,34 @@ pub trait LimitStore: Send + Sync {
             Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
         }
     }
+
+    /// Forgets one key's state in a zone (admin reset): fleet-wide where the store is shared, and
+    /// announced to the other instances (see [`LimitStore::sync_fleet`]).
+    async fn reset(&self, _zone: &str, _key: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Reply(format!("the {} store cannot reset keys", self.kind())))
+    }
+
+    /// Shares this instance's top-keys view (`src/top/fleet.rs`) and reads the fleet's: publishes
+    /// `view` as `instance`'s (`None`: nothing to share, its old view is dropped), drops the views
+    /// of the instances in `forget`, and returns every instance's view with the resets announced
+    /// since the previous call. `None`: the store is not shared (memory), there is no fleet.
+    async fn sync_fleet(
+        &self,
+        _instance: &str,
+        _view: Option<Vec<u8>>,
+        _forget: &[String],
+    ) -> Result<Option<FleetSync>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// What [`LimitStore::sync_fleet`] read.
+#[derive(Debug, Default)]
+pub struct FleetSync {
+    /// Every instance's latest view, this one's included.
+    pub views: Vec<Vec<u8>>,
+    /// Keys reset by any instance since the previous call: (zone, key).
+    pub resets: Vec<(String, Vec<u8>)>,
 }
 
 /// One `limit_conn` zone of one request, built once by the key step (`engine::limit_conn`).

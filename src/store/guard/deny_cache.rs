@@ -99,6 +99,16 @@ impl DenyCache {
         self.account(before, shard.len());
     }
 
+    /// Forgets every entry of one client key in a zone, whatever its burst and cost (a reset).
+    pub fn forget(&self, zone: &str, key: &[u8]) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let before = shard.len();
+            shard.remove_where(|k| &*k.zone == zone && &*k.key == key);
+            self.account(before, shard.len());
+        }
+    }
+
     /// Keeps `len` in step with a shard's change; called under the shard's lock, so it never
     /// stays below the true count.
     fn account(&self, before: usize, after: usize) {
@@ -158,6 +168,18 @@ mod tests {
         assert_eq!(c.denied_until(&key("c"), 35), Some(40));
         assert_eq!(c.denied_until(&key("d"), 35), Some(50));
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn forgets_a_key_under_every_burst_and_cost() {
+        let c = DenyCache::new(100);
+        c.insert(key("a"), 1_000, 0);
+        c.insert(DenyKey { burst: 5, cost: 3, ..key("a") }, 1_000, 0);
+        c.insert(key("b"), 1_000, 0);
+        c.forget("z", b"a");
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.denied_until(&key("a"), 0), None);
+        assert_eq!(c.denied_until(&key("b"), 0), Some(1_000));
     }
 
     #[test]

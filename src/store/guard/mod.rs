@@ -17,7 +17,9 @@ use self::breaker::{Breaker, Transition};
 use self::deny_cache::{DenyCache, DenyKey};
 use crate::limit::{Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
-use crate::store::{ConnStore, ConnVerdict, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth};
+use crate::store::{
+    ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth,
+};
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,
@@ -180,6 +182,31 @@ impl LimitStore for GuardedStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+
+    /// Resets the key in the store, then here: this instance's deny cache lets it through at once;
+    /// the others' forget it when they read the reset (`sync_fleet`).
+    async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+        let result = self.inner.reset(zone, key).await;
+        self.deny_cache.forget(zone, key);
+        result
+    }
+
+    /// The fleet's resets reach this instance's deny cache here.
+    async fn sync_fleet(
+        &self,
+        instance: &str,
+        view: Option<Vec<u8>>,
+        forget: &[String],
+    ) -> Result<Option<FleetSync>, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let sync = self.inner.sync_fleet(instance, view, forget).await?;
+        for (zone, key) in sync.iter().flat_map(|s| s.resets.iter()) {
+            self.deny_cache.forget(zone, key);
+        }
+        Ok(sync)
     }
 
     /// Not ready while the circuit is open (every decision goes to the failure policy), with the

@@ -270,6 +270,15 @@ impl MemoryStore {
         shard.peek(&hash, now_us).map(|e| e.state.clone())
     }
 
+    /// Forgets one key's state (admin reset).
+    pub fn forget(&self, zone: &str, key: &[u8]) {
+        let Some(table) = self.existing_table(zone) else { return };
+        let hash = self.hasher.hash_one(key);
+        if lock(&table.shards[table.shard_of(hash)]).remove(&hash) {
+            table.metrics.keys.add(-1);
+        }
+    }
+
     /// Number of keys held, expired or not (memory accounting).
     pub fn len(&self) -> usize {
         let zones = self.zones.read().unwrap_or_else(|p| p.into_inner());
@@ -323,6 +332,11 @@ impl LimitStore for MemoryStore {
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
         Ok(self.state(zone, key))
+    }
+
+    async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+        self.forget(zone, key);
+        Ok(())
     }
 }
 

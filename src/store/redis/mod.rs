@@ -23,6 +23,7 @@
 
 mod connection;
 mod eviction;
+mod fleet;
 mod lane;
 mod limit_conn;
 mod resp;
@@ -109,6 +110,11 @@ pub struct RedisStore {
     config: RedisStoreConfig,
     clock: Arc<dyn Clock>,
     conns: Connector,
+    /// The admin side's own connection (resets, the fleet's top-keys views): never queued
+    /// behind decisions, and decisions never behind it.
+    side: Connector,
+    /// The id of the last reset read from the fleet's stream (`fleet.rs`).
+    reset_cursor: std::sync::Mutex<String>,
     /// How long a concurrency lease lives without renewal (see `limit_conn.rs`).
     lease_ttl: Duration,
     /// Whether verdicts carry every zone's whole outcome (see `with_full_outcomes`).
@@ -136,6 +142,7 @@ impl RedisStore {
     /// Parses the URL; does no I/O (the connection is made lazily on the proxy's runtime).
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let conns = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
+        let side = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
         let lanes = match parse_redis_url(&config.url) {
             Ok(RedisTopology::Single(url)) if config.tls.is_none() => {
                 lane::Target::for_url(&url, config.timeout).map(Lanes::new)
@@ -147,6 +154,8 @@ impl RedisStore {
             config,
             clock,
             conns,
+            side,
+            reset_cursor: std::sync::Mutex::new(fleet::FIRST_RESET.to_string()),
             lease_ttl: Duration::from_secs(30),
             full_outcomes: false,
             eviction: Latest::default(),
@@ -460,6 +469,19 @@ impl LimitStore for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+        self.bounded(self.reset_key(zone, key)).await
+    }
+
+    async fn sync_fleet(
+        &self,
+        instance: &str,
+        view: Option<Vec<u8>>,
+        forget: &[String],
+    ) -> Result<Option<crate::store::FleetSync>, StoreError> {
+        self.bounded(self.exchange_views(instance, view, forget)).await.map(Some)
     }
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {

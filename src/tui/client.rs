@@ -1,0 +1,84 @@
+//! The admin API as `weir top` uses it: `GET /top` and `DELETE /limits/{zone}?id=ID`, with the
+//! bearer token when one is given.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::model::Top;
+
+pub struct AdminClient {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// What a reset answered.
+#[derive(Debug, Deserialize)]
+pub struct ResetReply {
+    pub zone: String,
+    pub key: String,
+}
+
+impl AdminClient {
+    /// `admin`: `host:port` or `http://host:port`.
+    pub fn new(admin: &str, token: Option<String>) -> Self {
+        let base =
+            if admin.contains("://") { admin.trim_end_matches('/').to_string() } else { format!("http://{admin}") };
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(3)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Self { base, token, agent }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn top(&self, n: usize) -> Result<Top, String> {
+        let text = self.call(self.agent.get(format!("{}/top?n={n}", self.base)))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}/top: unexpected reply: {e}", self.base))
+    }
+
+    pub fn reset(&self, zone: &str, id: &str) -> Result<ResetReply, String> {
+        let zone = percent_encoding::utf8_percent_encode(zone, percent_encoding::NON_ALPHANUMERIC);
+        let text = self.call(self.agent.delete(format!("{}/limits/{zone}?id={id}", self.base)))?;
+        serde_json::from_str(&text).map_err(|e| format!("reset: unexpected reply: {e}"))
+    }
+
+    fn call<B>(&self, mut request: ureq::RequestBuilder<B>) -> Result<String, String>
+    where
+        ureq::RequestBuilder<B>: Callable,
+    {
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        let mut response = request.call_it().map_err(|e| format!("{}: {e}", self.base))?;
+        let status = response.status();
+        let text = response.body_mut().read_to_string().map_err(|e| format!("{}: {e}", self.base))?;
+        if status == 401 {
+            return Err(format!("{}: 401: give the admin token (--token or WEIR_ADMIN_TOKEN)", self.base));
+        }
+        if !status.is_success() {
+            let error = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            return Err(format!("{}: {status}: {error}", self.base));
+        }
+        Ok(text)
+    }
+}
+
+/// `call()` of a request without a body (GET and DELETE are both that in ureq).
+pub trait Callable {
+    fn call_it(self) -> Result<http::Response<ureq::Body>, ureq::Error>;
+}
+
+impl Callable for ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+    fn call_it(self) -> Result<http::Response<ureq::Body>, ureq::Error> {
+        self.call()
+    }
+}
