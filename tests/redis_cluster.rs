@@ -6,6 +6,8 @@
 //!   second slot rejects, the first slot's charge is taken back exactly (`lua/restore.lua`).
 //! * limit_conn across two instances, and a lease taken in one slot released when another slot's
 //!   zone is at its max.
+//! * Requests of one hash slot that arrive together are coalesced into one script call on the
+//!   slot's master (fewer EVALSHA than requests), and a fleet of two still admits exactly the limit.
 //! * A master killed with SIGKILL: its replica is promoted, weir serves per its failure policy
 //!   meanwhile and decides on Redis again by itself afterwards.
 
@@ -22,6 +24,7 @@ use support::poll::wait_until;
 use support::redis_topology::{connect, Cluster};
 use support::upstream::Upstream;
 use support::weir::Weir;
+use support::{admin, concurrent, metrics};
 use weir::store::key_slot;
 
 /// One request as a client sends it: `path` with `X-Key: key`.
@@ -90,7 +93,7 @@ path_prefix = "/conn2/"
 upstream = "app"
 limit_conn = [ { zone = "conn_ip", max = 5 }, { zone = "conn_key", max = 1 } ]
 "#;
-    Weir::start(&with_app("", &sections, up.addr(), rest))
+    Weir::start(&with_app(admin::LISTEN, &sections, up.addr(), rest))
 }
 
 /// `n` values of `X-Key` (prefixed `prefix`) whose slot is served by the master on `port`.
@@ -215,6 +218,66 @@ fn one_limit_across_instances_and_slots() {
     });
     up.set_sleep(Duration::ZERO);
     println!("one_limit_across_instances_and_slots: {:?}", started.elapsed());
+}
+
+/// `EVALSHA` calls the master on `port` has served (`INFO commandstats`).
+fn evalsha_calls(cluster: &Cluster, port: u16) -> u64 {
+    let info: String =
+        redis::cmd("INFO").arg("commandstats").query(&mut cluster.node(port).connection()).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|rest| rest.split(',').next().unwrap_or("").parse().expect("calls is a number"))
+        .unwrap_or(0)
+}
+
+/// `(count, sum)` of weir's `weir_redis_batch_size` histogram.
+fn batches(w: &Weir) -> (f64, f64) {
+    let scrape = metrics::scrape(admin::addr(w));
+    (scrape.value_or_zero("weir_redis_batch_size_count", &[]), scrape.value_or_zero("weir_redis_batch_size_sum", &[]))
+}
+
+#[test]
+fn concurrent_requests_of_one_slot_coalesce_on_its_master_and_stay_exact() {
+    let cluster = Cluster::start(3);
+    let up = Upstream::start();
+    let w1 = member(&cluster, &up, "deny_cache_size = 0");
+    let w2 = member(&cluster, &up, "deny_cache_size = 0");
+    // The slot map is read in the background on the first decision; until then redis-rs decides.
+    for w in [&w1, &w2] {
+        let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            get(w.addr, "/key/", "warm-up");
+            batches(w).0 >= 1.0
+        });
+        assert!(ready.is_some(), "no decision went through a lane to a master within 10 s");
+    }
+    let before = (batches(&w1), batches(&w2));
+    const PER_KEY: usize = 120;
+    let mut requests = 0u64;
+    let mut calls = 0u64;
+    for port in masters(&cluster) {
+        let key = keys_on(&cluster, port, "burst-", 1).remove(0);
+        let evalsha_before = evalsha_calls(&cluster, port);
+        let reqs = (0..PER_KEY)
+            .map(|i| ([w1.addr, w2.addr][i % 2], http::Request::new("GET", "/api/x").header("X-Key", &key)))
+            .collect();
+        let rs = concurrent::fire(reqs);
+        let mut got = statuses(&rs);
+        got.sort();
+        // 1r/m burst 4 nodelay: exactly 5 of the concurrent requests across both instances.
+        assert_eq!(got.iter().filter(|&&s| s == 200).count(), 5, "master {port}: {:#?}", summaries(&rs));
+        assert_eq!(got.iter().filter(|&&s| s == 429).count(), PER_KEY - 5, "master {port}: {:#?}", summaries(&rs));
+        requests += PER_KEY as u64;
+        calls += evalsha_calls(&cluster, port) - evalsha_before;
+    }
+    let after = (batches(&w1), batches(&w2));
+    let batch_count = (after.0 .0 - before.0 .0) + (after.1 .0 - before.1 .0);
+    let batched = (after.0 .1 - before.0 .1) + (after.1 .1 - before.1 .1);
+    println!(
+        "coalescing on the cluster: {requests} requests, {calls} EVALSHA on the masters, {batch_count} lane calls carrying {batched} decisions"
+    );
+    assert_eq!(batched as u64, requests, "every decision went through a master's lane");
+    assert!(calls < requests, "{calls} EVALSHA for {requests} requests: nothing was coalesced");
+    assert!(batch_count < batched, "the lanes sent {batch_count} calls for {batched} decisions");
 }
 
 #[test]
