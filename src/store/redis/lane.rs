@@ -352,7 +352,7 @@ fn drop_connection(conn: Connection, why: &str) {
 async fn connect(target: &Target) -> Result<Connection, String> {
     let budget = target.timeout.max(Duration::from_millis(200));
     let addr = format!("{}:{}", target.host, target.port);
-    let stream = tokio::time::timeout(budget, TcpStream::connect(&addr))
+    let stream = tokio::time::timeout(budget, TcpStream::connect((target.host.as_str(), target.port)))
         .await
         .map_err(|_| format!("connecting to Redis at {addr} took over {budget:?}"))?
         .map_err(|e| format!("connecting to Redis at {addr}: {e}"))?;
@@ -628,6 +628,33 @@ mod tests {
         assert_eq!(each[1], Ok(Value::Array(vec![Value::Int(7)])));
         assert_eq!(each[2], Err("limit_req: zone 1: unknown algorithm 99".to_string()));
         assert_eq!(each[3], Ok(Value::Array(vec![])));
+    }
+
+    fn job(slot: u16, id: u8) -> Job {
+        let mut call = Call::new(1, 1).in_slot(slot);
+        call.key(&[id]);
+        Job { call, reply: oneshot::channel().0 }
+    }
+
+    #[test]
+    fn a_batch_splits_per_slot_in_order_of_first_appearance() {
+        let ids = |groups: &[Vec<Job>]| -> Vec<Vec<(u16, u8)>> {
+            groups
+                .iter()
+                .map(|g| g.iter().map(|j| (j.call.slot, j.call.frame[j.call.frame.len() - 3])).collect())
+                .collect()
+        };
+        let one = by_slot(vec![job(0, 1), job(0, 2)]);
+        assert_eq!(ids(&one), [vec![(0, 1), (0, 2)]]);
+        let mixed = by_slot(vec![job(7, 1), job(3, 2), job(7, 3), job(9, 4), job(3, 5)]);
+        assert_eq!(ids(&mixed), [vec![(7, 1), (7, 3)], vec![(3, 2), (3, 5)], vec![(9, 4)]]);
+        // MOVED, ASK, TRYAGAIN, CLUSTERDOWN were not run; other errors may have been.
+        assert!(refused_unrun("MOVED 3999 127.0.0.1:6381"));
+        assert!(refused_unrun("ASK 3999 127.0.0.1:6381"));
+        assert!(refused_unrun("CLUSTERDOWN The cluster is down"));
+        assert!(refused_unrun("TRYAGAIN Multiple keys request during rehashing of slot"));
+        assert!(!refused_unrun("ERR Error running script"));
+        assert!(!refused_unrun("BUSY Redis is busy running a script"));
     }
 
     #[test]
