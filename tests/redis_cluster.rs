@@ -8,6 +8,7 @@
 //!   zone is at its max.
 //! * Requests of one hash slot that arrive together are coalesced into one script call on the
 //!   slot's master (fewer EVALSHA than requests), and a fleet of two still admits exactly the limit.
+//! * A slot moved to another master (ASK, then MOVED) is decided there, each request charged once.
 //! * A master killed with SIGKILL: its replica is promoted, weir serves per its failure policy
 //!   meanwhile and decides on Redis again by itself afterwards.
 
@@ -222,12 +223,19 @@ fn one_limit_across_instances_and_slots() {
 
 /// `EVALSHA` calls the master on `port` has served (`INFO commandstats`).
 fn evalsha_calls(cluster: &Cluster, port: u16) -> u64 {
+    evalsha_stat(cluster, port, "calls")
+}
+
+/// `field` (`calls`, `rejected_calls`, …) of `EVALSHA` in `INFO commandstats` of `port`.
+fn evalsha_stat(cluster: &Cluster, port: u16, field: &str) -> u64 {
     let info: String =
         redis::cmd("INFO").arg("commandstats").query(&mut cluster.node(port).connection()).expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|rest| rest.split(',').next().unwrap_or("").parse().expect("calls is a number"))
-        .unwrap_or(0)
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:")) else { return 0 };
+    stats
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(field).and_then(|v| v.strip_prefix('=')))
+        .map(|v| v.parse().expect("a count"))
+        .unwrap_or_else(|| panic!("no {field} in {stats}"))
 }
 
 /// `(count, sum)` of weir's `weir_redis_batch_size` histogram.
@@ -278,6 +286,87 @@ fn concurrent_requests_of_one_slot_coalesce_on_its_master_and_stay_exact() {
     assert_eq!(batched as u64, requests, "every decision went through a master's lane");
     assert!(calls < requests, "{calls} EVALSHA for {requests} requests: nothing was coalesced");
     assert!(batch_count < batched, "the lanes sent {batch_count} calls for {batched} decisions");
+}
+
+/// `CLUSTER <args>` on the node on `port`.
+fn cluster_cmd(cluster: &Cluster, port: u16, args: &[&str]) -> redis::Value {
+    let mut conn = cluster.node(port).connection();
+    redis::cmd("CLUSTER").arg(args).query(&mut conn).unwrap_or_else(|e| panic!("CLUSTER {args:?} on {port}: {e}"))
+}
+
+/// A slot moved to another master while weir decides on it (the resharding steps of the Redis
+/// Cluster specification): the lane's calls to the old master are refused with `ASK` (keys
+/// migrated, slot still migrating) then `MOVED`, go through redis-rs instead, and charge once;
+/// the lanes then follow the new slot map to the new master.
+#[test]
+fn a_slot_moved_to_another_master_is_decided_there_exactly_once() {
+    let cluster = Cluster::start(3);
+    let up = Upstream::start();
+    let w1 = member(&cluster, &up, "deny_cache_size = 0");
+    let w2 = member(&cluster, &up, "deny_cache_size = 0");
+    let masters = masters(&cluster);
+    let from = *masters.iter().next().expect("a master");
+    let to = *masters.iter().find(|&&p| p != from).expect("another master");
+    let key = keys_on(&cluster, from, "moving-", 1).remove(0);
+    let slot = key_slot(key.as_bytes());
+    let redis_key = format!("weir:fleet:{{{key}}}");
+    // The slot map is read on the first decision; wait until the lanes decide (on `from`).
+    for w in [&w1, &w2] {
+        let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            get(w.addr, "/key/", "warm-up");
+            batches(w).0 >= 1.0
+        });
+        assert!(ready.is_some(), "no decision went through a lane to a master within 10 s");
+    }
+    // 1r/m burst 4: 3 of the 5 spent on the old master.
+    let rs: Vec<Response> = (0..3).map(|i| get([w1.addr, w2.addr][i % 2], "/api/", &key)).collect();
+    assert_eq!(statuses(&rs), [200, 200, 200], "{:#?}", summaries(&rs));
+    assert!(exists_on_owner(&cluster, &redis_key));
+
+    let id = |port: u16| -> String {
+        let mut conn = cluster.node(port).connection();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).expect("CLUSTER MYID")
+    };
+    let (from_id, to_id, slot_text) = (id(from), id(to), slot.to_string());
+    cluster_cmd(&cluster, to, &["SETSLOT", &slot_text, "IMPORTING", &from_id]);
+    cluster_cmd(&cluster, from, &["SETSLOT", &slot_text, "MIGRATING", &to_id]);
+    let mut from_conn = cluster.node(from).connection();
+    let moved: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&redis_key)
+        .query(&mut from_conn)
+        .expect("MIGRATE");
+    assert_eq!(moved, "OK");
+    // The key is on `to`, the slot still `from`'s (migrating): `from` answers ASK.
+    let (before_ask, refused, lane_calls) =
+        (evalsha_calls(&cluster, to), evalsha_stat(&cluster, from, "rejected_calls"), batches(&w1).0);
+    assert_eq!(get(w1.addr, "/api/", &key).status, 200, "the 4th of 5, decided on the importing master");
+    assert!(evalsha_calls(&cluster, to) > before_ask, "decided where the key now is");
+    assert_eq!(batches(&w1).0, lane_calls + 1.0, "the request went to the old master's lane first");
+    assert!(evalsha_stat(&cluster, from, "rejected_calls") > refused, "and the old master refused it (ASK)");
+    for port in [to, from].into_iter().chain(masters.iter().copied().filter(|&p| p != to && p != from)) {
+        cluster_cmd(&cluster, port, &["SETSLOT", &slot_text, "NODE", &to_id]);
+    }
+    // Now `from` answers MOVED until the lanes read the new map.
+    let rs: Vec<Response> = (0..3).map(|i| get([w2.addr, w1.addr][i % 2], "/api/", &key)).collect();
+    assert_eq!(statuses(&rs), [200, 429, 429], "exactly 5 in all across the move: {:#?}", summaries(&rs));
+    assert_eq!(cluster.master_of(&redis_key), to);
+    assert!(exists_on_owner(&cluster, &redis_key), "the state lives on the new master");
+    // The lanes follow: a decision of the slot reaches `to` without a call to `from`.
+    for w in [&w1, &w2] {
+        let followed = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            let (old, lanes) = (evalsha_calls(&cluster, from), batches(w).0);
+            let r = get(w.addr, "/api/", &key);
+            assert_eq!(r.status, 429, "{}", r.summary());
+            evalsha_calls(&cluster, from) == old && batches(w).0 > lanes
+        });
+        assert!(followed.is_some(), "the lanes still call the old master 10 s after the move");
+    }
 }
 
 #[test]
