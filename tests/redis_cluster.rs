@@ -6,6 +6,9 @@
 //!   second slot rejects, the first slot's charge is taken back exactly (`lua/restore.lua`).
 //! * limit_conn across two instances, and a lease taken in one slot released when another slot's
 //!   zone is at its max.
+//! * Requests of one hash slot that arrive together are coalesced into one script call on the
+//!   slot's master (fewer EVALSHA than requests), and a fleet of two still admits exactly the limit.
+//! * A slot moved to another master (ASK, then MOVED) is decided there, each request charged once.
 //! * A master killed with SIGKILL: its replica is promoted, weir serves per its failure policy
 //!   meanwhile and decides on Redis again by itself afterwards.
 
@@ -22,6 +25,7 @@ use support::poll::wait_until;
 use support::redis_topology::{connect, Cluster};
 use support::upstream::Upstream;
 use support::weir::Weir;
+use support::{admin, concurrent, metrics};
 use weir::store::key_slot;
 
 /// One request as a client sends it: `path` with `X-Key: key`.
@@ -90,7 +94,7 @@ path_prefix = "/conn2/"
 upstream = "app"
 limit_conn = [ { zone = "conn_ip", max = 5 }, { zone = "conn_key", max = 1 } ]
 "#;
-    Weir::start(&with_app("", &sections, up.addr(), rest))
+    Weir::start(&with_app(admin::LISTEN, &sections, up.addr(), rest))
 }
 
 /// `n` values of `X-Key` (prefixed `prefix`) whose slot is served by the master on `port`.
@@ -215,6 +219,154 @@ fn one_limit_across_instances_and_slots() {
     });
     up.set_sleep(Duration::ZERO);
     println!("one_limit_across_instances_and_slots: {:?}", started.elapsed());
+}
+
+/// `EVALSHA` calls the master on `port` has served (`INFO commandstats`).
+fn evalsha_calls(cluster: &Cluster, port: u16) -> u64 {
+    evalsha_stat(cluster, port, "calls")
+}
+
+/// `field` (`calls`, `rejected_calls`, …) of `EVALSHA` in `INFO commandstats` of `port`.
+fn evalsha_stat(cluster: &Cluster, port: u16, field: &str) -> u64 {
+    let info: String =
+        redis::cmd("INFO").arg("commandstats").query(&mut cluster.node(port).connection()).expect("INFO");
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:")) else { return 0 };
+    stats
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(field).and_then(|v| v.strip_prefix('=')))
+        .map(|v| v.parse().expect("a count"))
+        .unwrap_or_else(|| panic!("no {field} in {stats}"))
+}
+
+/// `(count, sum)` of weir's `weir_redis_batch_size` histogram.
+fn batches(w: &Weir) -> (f64, f64) {
+    let scrape = metrics::scrape(admin::addr(w));
+    (scrape.value_or_zero("weir_redis_batch_size_count", &[]), scrape.value_or_zero("weir_redis_batch_size_sum", &[]))
+}
+
+#[test]
+fn concurrent_requests_of_one_slot_coalesce_on_its_master_and_stay_exact() {
+    let cluster = Cluster::start(3);
+    let up = Upstream::start();
+    let w1 = member(&cluster, &up, "deny_cache_size = 0");
+    let w2 = member(&cluster, &up, "deny_cache_size = 0");
+    // The slot map is read in the background on the first decision; until then redis-rs decides.
+    for w in [&w1, &w2] {
+        let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            get(w.addr, "/key/", "warm-up");
+            batches(w).0 >= 1.0
+        });
+        assert!(ready.is_some(), "no decision went through a lane to a master within 10 s");
+    }
+    let before = (batches(&w1), batches(&w2));
+    const PER_KEY: usize = 120;
+    let mut requests = 0u64;
+    let mut calls = 0u64;
+    for port in masters(&cluster) {
+        let key = keys_on(&cluster, port, "burst-", 1).remove(0);
+        let evalsha_before = evalsha_calls(&cluster, port);
+        let reqs = (0..PER_KEY)
+            .map(|i| ([w1.addr, w2.addr][i % 2], http::Request::new("GET", "/api/x").header("X-Key", &key)))
+            .collect();
+        let rs = concurrent::fire(reqs);
+        let mut got = statuses(&rs);
+        got.sort();
+        // 1r/m burst 4 nodelay: exactly 5 of the concurrent requests across both instances.
+        assert_eq!(got.iter().filter(|&&s| s == 200).count(), 5, "master {port}: {:#?}", summaries(&rs));
+        assert_eq!(got.iter().filter(|&&s| s == 429).count(), PER_KEY - 5, "master {port}: {:#?}", summaries(&rs));
+        requests += PER_KEY as u64;
+        calls += evalsha_calls(&cluster, port) - evalsha_before;
+    }
+    let after = (batches(&w1), batches(&w2));
+    let batch_count = (after.0 .0 - before.0 .0) + (after.1 .0 - before.1 .0);
+    let batched = (after.0 .1 - before.0 .1) + (after.1 .1 - before.1 .1);
+    println!(
+        "coalescing on the cluster: {requests} requests, {calls} EVALSHA on the masters, {batch_count} lane calls carrying {batched} decisions"
+    );
+    assert_eq!(batched as u64, requests, "every decision went through a master's lane");
+    assert!(calls < requests, "{calls} EVALSHA for {requests} requests: nothing was coalesced");
+    assert!(batch_count < batched, "the lanes sent {batch_count} calls for {batched} decisions");
+}
+
+/// `CLUSTER <args>` on the node on `port`.
+fn cluster_cmd(cluster: &Cluster, port: u16, args: &[&str]) -> redis::Value {
+    let mut conn = cluster.node(port).connection();
+    redis::cmd("CLUSTER").arg(args).query(&mut conn).unwrap_or_else(|e| panic!("CLUSTER {args:?} on {port}: {e}"))
+}
+
+/// A slot moved to another master while weir decides on it (the resharding steps of the Redis
+/// Cluster specification): the lane's calls to the old master are refused with `ASK` (keys
+/// migrated, slot still migrating) then `MOVED`, go through redis-rs instead, and charge once;
+/// the lanes then follow the new slot map to the new master.
+#[test]
+fn a_slot_moved_to_another_master_is_decided_there_exactly_once() {
+    let cluster = Cluster::start(3);
+    let up = Upstream::start();
+    let w1 = member(&cluster, &up, "deny_cache_size = 0");
+    let w2 = member(&cluster, &up, "deny_cache_size = 0");
+    let masters = masters(&cluster);
+    let from = *masters.iter().next().expect("a master");
+    let to = *masters.iter().find(|&&p| p != from).expect("another master");
+    let key = keys_on(&cluster, from, "moving-", 1).remove(0);
+    let slot = key_slot(key.as_bytes());
+    let redis_key = format!("weir:fleet:{{{key}}}");
+    // The slot map is read on the first decision; wait until the lanes decide (on `from`).
+    for w in [&w1, &w2] {
+        let ready = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            get(w.addr, "/key/", "warm-up");
+            batches(w).0 >= 1.0
+        });
+        assert!(ready.is_some(), "no decision went through a lane to a master within 10 s");
+    }
+    // 1r/m burst 4: 3 of the 5 spent on the old master.
+    let rs: Vec<Response> = (0..3).map(|i| get([w1.addr, w2.addr][i % 2], "/api/", &key)).collect();
+    assert_eq!(statuses(&rs), [200, 200, 200], "{:#?}", summaries(&rs));
+    assert!(exists_on_owner(&cluster, &redis_key));
+
+    let id = |port: u16| -> String {
+        let mut conn = cluster.node(port).connection();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).expect("CLUSTER MYID")
+    };
+    let (from_id, to_id, slot_text) = (id(from), id(to), slot.to_string());
+    cluster_cmd(&cluster, to, &["SETSLOT", &slot_text, "IMPORTING", &from_id]);
+    cluster_cmd(&cluster, from, &["SETSLOT", &slot_text, "MIGRATING", &to_id]);
+    let mut from_conn = cluster.node(from).connection();
+    let moved: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&redis_key)
+        .query(&mut from_conn)
+        .expect("MIGRATE");
+    assert_eq!(moved, "OK");
+    // The key is on `to`, the slot still `from`'s (migrating): `from` answers ASK.
+    let (before_ask, refused, lane_calls) =
+        (evalsha_calls(&cluster, to), evalsha_stat(&cluster, from, "rejected_calls"), batches(&w1).0);
+    assert_eq!(get(w1.addr, "/api/", &key).status, 200, "the 4th of 5, decided on the importing master");
+    assert!(evalsha_calls(&cluster, to) > before_ask, "decided where the key now is");
+    assert_eq!(batches(&w1).0, lane_calls + 1.0, "the request went to the old master's lane first");
+    assert!(evalsha_stat(&cluster, from, "rejected_calls") > refused, "and the old master refused it (ASK)");
+    for port in [to, from].into_iter().chain(masters.iter().copied().filter(|&p| p != to && p != from)) {
+        cluster_cmd(&cluster, port, &["SETSLOT", &slot_text, "NODE", &to_id]);
+    }
+    // Now `from` answers MOVED until the lanes read the new map.
+    let rs: Vec<Response> = (0..3).map(|i| get([w2.addr, w1.addr][i % 2], "/api/", &key)).collect();
+    assert_eq!(statuses(&rs), [200, 429, 429], "exactly 5 in all across the move: {:#?}", summaries(&rs));
+    assert_eq!(cluster.master_of(&redis_key), to);
+    assert!(exists_on_owner(&cluster, &redis_key), "the state lives on the new master");
+    // The lanes follow: a decision of the slot reaches `to` without a call to `from`.
+    for w in [&w1, &w2] {
+        let followed = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            let (old, lanes) = (evalsha_calls(&cluster, from), batches(w).0);
+            let r = get(w.addr, "/api/", &key);
+            assert_eq!(r.status, 429, "{}", r.summary());
+            evalsha_calls(&cluster, from) == old && batches(w).0 > lanes
+        });
+        assert!(followed.is_some(), "the lanes still call the old master 10 s after the move");
+    }
 }
 
 #[test]

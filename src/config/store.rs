@@ -31,7 +31,7 @@ pub struct Resilience {
     /// How long a concurrency lease lives without renewal: a crashed proxy's slots come back
     /// after this. Leases are renewed every third of it while their request runs.
     pub lease_ttl: Duration,
-    /// `coalesce`: the decision lane (store/redis/lane.rs) for a plain `redis://` server.
+    /// `coalesce`: the decision lanes (store/redis/lane.rs) for a plain `redis://` server or each master of a plain `redis+cluster://`.
     pub coalesce: bool,
 }
 

@@ -8,8 +8,13 @@
 //! whose arguments equal the previous one's (same zones, costs, flags) sends "=" in their place,
 //! and the script reads them once per batch.
 //!
-//! Used for `redis://` single servers over TCP; TLS, Unix sockets, Cluster and Sentinel go
-//! through redis-rs (`connection.rs`). Commands are encoded straight into a reused buffer
+//! Used for `redis://` single servers over TCP, and for each master of a plain-TCP Redis Cluster
+//! (`slot_owners.rs` says which lane a request goes to). On a Cluster a script's keys must all be
+//! in one hash slot, so a batch holds the requests of one slot: a lane's queue is split per slot
+//! into one call each, pipelined on the one connection. A call Redis did not run (`MOVED`, `ASK`,
+//! `CLUSTERDOWN`, `TRYAGAIN`, or a connection that could not be made) is answered
+//! `LaneError::NotRun`, so the caller may send it another way without charging twice. TLS, Unix
+//! sockets and Sentinel go through redis-rs (`connection.rs`). Commands are encoded straight into a reused buffer
 //! (`resp.rs`) and the script is loaded once per connection (and again after a `NOSCRIPT`).
 //! A connection is made on the first decision and after a failure; every decision queued or in
 //! flight on a failed connection gets an error at once (the caller's failure policy decides), and a
@@ -54,6 +59,24 @@ pub(super) struct Target {
     timeout: Duration,
 }
 
+/// Why a lane gave no verdict.
+#[derive(Debug)]
+pub(super) enum LaneError {
+    /// Redis did not run the call (a redirect, a cluster that is down, no connection): sending
+    /// it elsewhere charges nothing twice.
+    NotRun(StoreError),
+    /// Anything else, the script possibly run.
+    Failed(StoreError),
+}
+
+impl From<LaneError> for StoreError {
+    fn from(e: LaneError) -> Self {
+        match e {
+            LaneError::NotRun(e) | LaneError::Failed(e) => e,
+        }
+    }
+}
+
 impl Target {
     /// The lane's target for a single-server URL, if the lane can serve it (plain TCP).
     pub(super) fn for_url(url: &str, timeout: Duration) -> Option<Arc<Self>> {
@@ -70,6 +93,27 @@ impl Target {
         }))
     }
 
+    /// The same credentials and budget for another node (a Cluster master).
+    pub(super) fn at(&self, host: &str, port: u16) -> Arc<Self> {
+        Arc::new(Self {
+            host: host.to_owned(),
+            port,
+            username: self.username.clone(),
+            password: self.password.clone(),
+            db: self.db,
+            timeout: self.timeout,
+        })
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `host:port`.
+    pub(super) fn addr(&self) -> (&str, u16) {
+        (&self.host, self.port)
+    }
+
     /// How long a connection may leave a call unanswered before it is dropped.
     fn stall_limit(&self) -> Duration {
         (self.timeout * 4).max(Duration::from_secs(1))
@@ -84,11 +128,19 @@ pub(super) struct Call {
     keys_end: usize,
     keys: usize,
     args: usize,
+    /// The hash slot of the keys on a Cluster (0 elsewhere): only calls of one slot share a batch.
+    slot: u16,
 }
 
 impl Call {
     pub(super) fn new(keys: usize, zones: usize) -> Self {
-        Self { frame: Vec::with_capacity(64 * zones + 48), keys_end: 0, keys, args: 0 }
+        Self { frame: Vec::with_capacity(64 * zones + 48), keys_end: 0, keys, args: 0, slot: 0 }
+    }
+
+    /// Marks the call as one of Cluster hash slot `slot`.
+    pub(super) fn in_slot(mut self, slot: u16) -> Self {
+        self.slot = slot;
+        self
     }
 
     /// Appends a key (all keys come before the first argument).
@@ -117,7 +169,7 @@ impl Call {
 
 struct Job {
     call: Call,
-    reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
+    reply: oneshot::Sender<Result<Vec<Value>, LaneError>>,
 }
 
 /// The lanes of one store, one per proxy thread that decides.
@@ -137,32 +189,36 @@ impl Lanes {
 
     /// Decides one request through this thread's lane; the reply is the script's array.
     pub(super) async fn decide(&self, call: Call) -> Result<Vec<Value>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.enqueue(Job { call, reply })?;
-        answer.await.map_err(|_| StoreError::Connection("the decision lane stopped".into()))?
+        Ok(decide_on(&self.target, call).await?)
     }
+}
 
-    fn enqueue(&self, job: Job) -> Result<(), StoreError> {
-        LANES.with(|lanes| {
-            let mut lanes = lanes.borrow_mut();
-            let mine =
-                lanes.iter().position(|(t, q)| std::ptr::eq(t.as_ptr(), Arc::as_ptr(&self.target)) && !q.is_closed());
-            let queue = match mine {
-                Some(i) => &lanes[i].1,
-                None => {
-                    // Lanes of dropped stores (an old config's) and of ended runtimes go.
-                    lanes.retain(|(t, q)| t.strong_count() > 0 && !q.is_closed());
-                    let runtime = tokio::runtime::Handle::try_current()
-                        .map_err(|_| StoreError::Connection("no async runtime on this thread".into()))?;
-                    let (queue, jobs) = mpsc::unbounded_channel();
-                    runtime.spawn(run(self.target.clone(), jobs));
-                    lanes.push((Arc::downgrade(&self.target), queue));
-                    &lanes[lanes.len() - 1].1
-                }
-            };
-            queue.send(job).map_err(|_| StoreError::Connection("the decision lane stopped".into()))
-        })
-    }
+/// Decides one request through this thread's lane to `target` (made on first use).
+pub(super) async fn decide_on(target: &Arc<Target>, call: Call) -> Result<Vec<Value>, LaneError> {
+    let (reply, answer) = oneshot::channel();
+    enqueue(target, Job { call, reply }).map_err(LaneError::NotRun)?;
+    answer.await.map_err(|_| LaneError::Failed(StoreError::Connection("the decision lane stopped".into())))?
+}
+
+fn enqueue(target: &Arc<Target>, job: Job) -> Result<(), StoreError> {
+    LANES.with(|lanes| {
+        let mut lanes = lanes.borrow_mut();
+        let mine = lanes.iter().position(|(t, q)| std::ptr::eq(t.as_ptr(), Arc::as_ptr(target)) && !q.is_closed());
+        let queue = match mine {
+            Some(i) => &lanes[i].1,
+            None => {
+                // Lanes of dropped stores (an old config's) and of ended runtimes go.
+                lanes.retain(|(t, q)| t.strong_count() > 0 && !q.is_closed());
+                let runtime = tokio::runtime::Handle::try_current()
+                    .map_err(|_| StoreError::Connection("no async runtime on this thread".into()))?;
+                let (queue, jobs) = mpsc::unbounded_channel();
+                runtime.spawn(run(target.clone(), jobs));
+                lanes.push((Arc::downgrade(target), queue));
+                &lanes[lanes.len() - 1].1
+            }
+        };
+        queue.send(job).map_err(|_| StoreError::Connection("the decision lane stopped".into()))
+    })
 }
 
 /// What a reply in flight answers.
@@ -201,7 +257,11 @@ impl Pending {
 }
 
 fn fail(job: Job, why: &str) {
-    let _ = job.reply.send(Err(StoreError::Connection(why.to_string())));
+    let _ = job.reply.send(Err(LaneError::Failed(StoreError::Connection(why.to_string()))));
+}
+
+fn not_run(job: Job, why: StoreError) {
+    let _ = job.reply.send(Err(LaneError::NotRun(why)));
 }
 
 struct Connection {
@@ -227,7 +287,8 @@ async fn run(target: Arc<Target>, mut jobs: mpsc::UnboundedReceiver<Job>) {
                     Ok(()) => conn = Some(fresh),
                     Err(why) => drop_connection(fresh, &why),
                 },
-                Err(why) => batch.into_iter().for_each(|job| fail(job, &why)),
+                // Nothing was sent: the caller may send these elsewhere.
+                Err(why) => batch.into_iter().for_each(|job| not_run(job, StoreError::Connection(why.clone()))),
             }
             continue;
         };
@@ -291,7 +352,7 @@ fn drop_connection(conn: Connection, why: &str) {
 async fn connect(target: &Target) -> Result<Connection, String> {
     let budget = target.timeout.max(Duration::from_millis(200));
     let addr = format!("{}:{}", target.host, target.port);
-    let stream = tokio::time::timeout(budget, TcpStream::connect(&addr))
+    let stream = tokio::time::timeout(budget, TcpStream::connect((target.host.as_str(), target.port)))
         .await
         .map_err(|_| format!("connecting to Redis at {addr} took over {budget:?}"))?
         .map_err(|e| format!("connecting to Redis at {addr}: {e}"))?;
@@ -348,11 +409,35 @@ async fn request(conn: &mut Connection, command: &[u8], budget: Duration) -> Res
 
 /// Writes one call for `batch` (single layout for one request) and records it as in flight.
 async fn send(conn: &mut Connection, batch: Vec<Job>, target: &Target) -> Result<(), String> {
-    METRICS.redis_batch_size.observe(batch.len() as f64);
     conn.write.clear();
-    encode(&mut conn.write, &batch);
-    conn.in_flight.push_back(Pending::sent(batch));
+    queue_calls(conn, batch);
     write(conn, target).await
+}
+
+/// Encodes one call per hash slot of `batch` (one call off a Cluster) into the write buffer and
+/// records each as in flight.
+fn queue_calls(conn: &mut Connection, batch: Vec<Job>) {
+    for group in by_slot(batch) {
+        METRICS.redis_batch_size.observe(group.len() as f64);
+        encode(&mut conn.write, &group);
+        conn.in_flight.push_back(Pending::sent(group));
+    }
+}
+
+/// `batch` split per hash slot, in the order each slot first appears.
+fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let first = batch.first().map(|j| j.call.slot);
+    if batch.iter().all(|j| Some(j.call.slot) == first) {
+        return vec![batch];
+    }
+    let mut groups: Vec<Vec<Job>> = Vec::new();
+    for job in batch {
+        match groups.iter_mut().find(|g| g[0].call.slot == job.call.slot) {
+            Some(group) => group.push(job),
+            None => groups.push(vec![job]),
+        }
+    }
+    groups
 }
 
 async fn write(conn: &mut Connection, target: &Target) -> Result<(), String> {
@@ -449,8 +534,7 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
         conn.write.clear();
         script_load(&mut conn.write);
         conn.in_flight.push_back(Pending::Load(Instant::now()));
-        encode(&mut conn.write, &reload);
-        conn.in_flight.push_back(Pending::sent(reload));
+        queue_calls(conn, reload);
         // Written by the caller's next turn: the write must not block the read side here.
         return resend(conn);
     }
@@ -504,6 +588,12 @@ fn split_batch(items: Vec<Reply>, requests: usize) -> Result<Vec<Reply>, String>
     Ok(out)
 }
 
+/// A Cluster's refusal to run a call here: the slot is elsewhere (`MOVED`), migrating (`ASK`,
+/// `TRYAGAIN`), or the cluster cannot serve it now (`CLUSTERDOWN`).
+fn refused_unrun(error: &str) -> bool {
+    ["MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN"].iter().any(|p| error.starts_with(p))
+}
+
 fn is_noscript(reply: &Reply) -> bool {
     matches!(reply, Err(e) if e.starts_with("NOSCRIPT"))
 }
@@ -511,8 +601,9 @@ fn is_noscript(reply: &Reply) -> bool {
 fn answer(job: Job, reply: Reply) {
     let result = match reply {
         Ok(Value::Array(values)) => Ok(values),
-        Ok(other) => Err(StoreError::Reply(format!("expected the script's array, got {other:?}"))),
-        Err(e) => Err(StoreError::Server(e)),
+        Ok(other) => Err(LaneError::Failed(StoreError::Reply(format!("expected the script's array, got {other:?}")))),
+        Err(e) if refused_unrun(&e) => Err(LaneError::NotRun(StoreError::Server(e))),
+        Err(e) => Err(LaneError::Failed(StoreError::Server(e))),
     };
     let _ = job.reply.send(result);
 }
@@ -537,6 +628,33 @@ mod tests {
         assert_eq!(each[1], Ok(Value::Array(vec![Value::Int(7)])));
         assert_eq!(each[2], Err("limit_req: zone 1: unknown algorithm 99".to_string()));
         assert_eq!(each[3], Ok(Value::Array(vec![])));
+    }
+
+    fn job(slot: u16, id: u8) -> Job {
+        let mut call = Call::new(1, 1).in_slot(slot);
+        call.key(&[id]);
+        Job { call, reply: oneshot::channel().0 }
+    }
+
+    #[test]
+    fn a_batch_splits_per_slot_in_order_of_first_appearance() {
+        let ids = |groups: &[Vec<Job>]| -> Vec<Vec<(u16, u8)>> {
+            groups
+                .iter()
+                .map(|g| g.iter().map(|j| (j.call.slot, j.call.frame[j.call.frame.len() - 3])).collect())
+                .collect()
+        };
+        let one = by_slot(vec![job(0, 1), job(0, 2)]);
+        assert_eq!(ids(&one), [vec![(0, 1), (0, 2)]]);
+        let mixed = by_slot(vec![job(7, 1), job(3, 2), job(7, 3), job(9, 4), job(3, 5)]);
+        assert_eq!(ids(&mixed), [vec![(7, 1), (7, 3)], vec![(3, 2), (3, 5)], vec![(9, 4)]]);
+        // MOVED, ASK, TRYAGAIN, CLUSTERDOWN were not run; other errors may have been.
+        assert!(refused_unrun("MOVED 3999 127.0.0.1:6381"));
+        assert!(refused_unrun("ASK 3999 127.0.0.1:6381"));
+        assert!(refused_unrun("CLUSTERDOWN The cluster is down"));
+        assert!(refused_unrun("TRYAGAIN Multiple keys request during rehashing of slot"));
+        assert!(!refused_unrun("ERR Error running script"));
+        assert!(!refused_unrun("BUSY Redis is busy running a script"));
     }
 
     #[test]

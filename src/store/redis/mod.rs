@@ -28,6 +28,7 @@ mod lane;
 mod limit_conn;
 mod resp;
 mod rollback;
+mod slot_owners;
 mod slots;
 mod url;
 
@@ -42,8 +43,9 @@ use async_trait::async_trait;
 
 use self::connection::{Connector, LuaScript, RedisConn, ScriptCall};
 use self::eviction::Latest;
-use self::lane::{Call, Lanes};
+use self::lane::{Call, LaneError, Lanes};
 use self::rollback::Rollback;
+use self::slot_owners::SlotOwners;
 use self::slots::group_by_slot;
 use crate::limit::{
     decide_all, Algorithm, BucketState, Clock, DelayPolicy, SlidingState, State, TokenState, Verdict, WindowState,
@@ -124,6 +126,9 @@ pub struct RedisStore {
     /// The per-thread, coalescing path of `limit_req` decisions (`lane.rs`); `None` where only
     /// redis-rs can go (TLS, Unix socket, Cluster, Sentinel).
     lanes: Option<Lanes>,
+    /// On a plain-TCP Cluster: which master's lane decides a request of one hash slot
+    /// (`slot_owners.rs`); `None` elsewhere, or with coalescing off.
+    cluster_lanes: Option<Arc<SlotOwners>>,
 }
 
 /// Client keys longer than this are replaced by their SHA-256 in Redis key names.
@@ -143,14 +148,16 @@ impl RedisStore {
     pub fn new(config: RedisStoreConfig, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         let conns = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
         let side = Connector::new(&config.url, config.timeout, config.tls.as_deref())?;
-        let lanes = match parse_redis_url(&config.url) {
+        let (lanes, cluster_lanes) = match parse_redis_url(&config.url) {
             Ok(RedisTopology::Single(url)) if config.tls.is_none() => {
-                lane::Target::for_url(&url, config.timeout).map(Lanes::new)
+                (lane::Target::for_url(&url, config.timeout).map(Lanes::new), None)
             }
-            _ => None,
+            Ok(RedisTopology::Cluster(seeds)) if config.tls.is_none() => (None, SlotOwners::new(seeds, config.timeout)),
+            _ => (None, None),
         };
         Ok(Self {
             lanes,
+            cluster_lanes,
             config,
             clock,
             conns,
@@ -178,6 +185,7 @@ impl RedisStore {
     pub fn with_coalescing(mut self, on: bool) -> Self {
         if !on {
             self.lanes = None;
+            self.cluster_lanes = None;
         }
         self
     }
@@ -376,6 +384,31 @@ impl RedisStore {
         .await
     }
 
+    /// A request of one hash slot through the lane of the master that owns the slot, coalesced
+    /// with the other requests of that slot (`slot_owners.rs`). `None`: no verdict and nothing
+    /// charged (no owner known yet, or Redis did not run the call: a redirect, a cluster that is
+    /// down, no connection), so the caller decides through redis-rs, which follows redirects.
+    async fn decide_on_master(
+        &self,
+        owners: &Arc<SlotOwners>,
+        zones: &[KeyedZone<'_>],
+        keys: &[Vec<u8>],
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let slot = slots::key_slot(&keys[0]);
+        let Some(master) = owners.owner(slot) else { return Ok(None) };
+        let call = self.lane_call(zones, keys).in_slot(slot);
+        match tokio::time::timeout(self.config.timeout, lane::decide_on(&master, call)).await {
+            Ok(Ok(reply)) => Ok(Some(reply)),
+            Ok(Err(LaneError::NotRun(why))) => {
+                tracing::debug!(reason = %why, slot, "the slot's master did not run the decision; through redis-rs");
+                owners.mark_stale();
+                Ok(None)
+            }
+            Ok(Err(LaneError::Failed(e))) => Err(e),
+            Err(_) => Err(StoreError::Timeout(self.config.timeout)),
+        }
+    }
+
     /// The zones of one request over several hash slots: one call per slot (module docs).
     async fn decide_per_slot(
         &self,
@@ -433,15 +466,20 @@ impl LimitStore for RedisStore {
             return Ok(decide_all(&[], self.clock.now_us()));
         }
         let keys: Vec<Vec<u8>> = zones.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let mut lane_reply = None;
         if self.is_cluster() {
             let groups = group_by_slot(&keys);
             if groups.len() > 1 {
                 return self.bounded(self.decide_per_slot(zones, &keys, &groups)).await;
             }
+            if let Some(owners) = &self.cluster_lanes {
+                lane_reply = self.decide_on_master(owners, zones, &keys).await?;
+            }
         }
-        let reply: Vec<Value> = match &self.lanes {
-            Some(lanes) => self.bounded(lanes.decide(self.lane_call(zones, &keys))).await?,
-            None => {
+        let reply: Vec<Value> = match (lane_reply, &self.lanes) {
+            (Some(reply), _) => reply,
+            (None, Some(lanes)) => self.bounded(lanes.decide(self.lane_call(zones, &keys))).await?,
+            (None, None) => {
                 let all: Vec<usize> = (0..zones.len()).collect();
                 let call = self.limit_call(zones, &keys, &all, self.now_arg(|c| c.now_us()), self.detail_flag());
                 self.bounded(async {
