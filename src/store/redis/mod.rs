@@ -374,12 +374,7 @@ impl RedisStore {
                     outcomes[i] = Some(zone);
                 }
             }
-            let results = outcomes
-                .into_iter()
-                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
-                .collect::<Result<Vec<_>, _>>()?;
-            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
-            Ok(Verdict::combine(results, decided_us))
+            combine_slots(outcomes, now_us)
         })
         .await
     }
@@ -442,13 +437,7 @@ impl RedisStore {
                 outcomes[i] = Some(zone);
             }
         }
-        let results = outcomes
-            .into_iter()
-            .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Every slot's reply carries a time: the first call's is when the request was decided.
-        let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
-        let verdict = Verdict::combine(results, decided_us);
+        let verdict = combine_slots(outcomes, now_us)?;
         if verdict.admitted {
             rollback.disarm();
         } else {
@@ -456,6 +445,17 @@ impl RedisStore {
         }
         Ok(verdict)
     }
+}
+
+/// One request's verdict from its per-slot calls: every zone answered by some slot, and the first
+/// call's time (every slot's reply carries one) as when the request was decided.
+fn combine_slots(outcomes: Vec<Option<ZoneOutcome>>, now_us: Option<u64>) -> Result<Verdict, StoreError> {
+    let results = outcomes
+        .into_iter()
+        .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+    Ok(Verdict::combine(results, decided_us))
 }
 
 #[async_trait]
