@@ -15,6 +15,7 @@ pub mod proxy;
 pub mod reload;
 pub mod replay;
 pub mod request;
+pub mod rls;
 pub mod routes;
 pub mod server;
 pub mod store;

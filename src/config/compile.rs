@@ -10,6 +10,7 @@ use toml::Spanned;
 use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
+use super::rls;
 use super::route::{self, Route};
 use super::schema;
 use super::store::{self, StoreSettings};
@@ -45,6 +46,8 @@ pub struct Runtime {
     pub warnings: Vec<String>,
     /// The request path's metric handles for these routes and zones.
     pub meters: Meters,
+    /// Envoy's rate limit service (`[rls]`), when configured.
+    pub rls: Option<crate::rls::RlsSettings>,
 }
 
 impl Runtime {
@@ -135,15 +138,24 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log } = parsed;
+    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, rls } = parsed;
 
-    let (server, tls_certs, mut warnings) = compile_server(&src, server)?;
+    // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
+    let rls_only = rls.is_some() && route.is_empty();
+    let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
+    let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
+    let (server, tls_certs, mut warnings) = compile_server(&src, server, rls_only, rls_tls)?;
     let store = store::compile_store(&src, store)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
+    keyless_zones_only_in_rls(&src, &routes, &zones)?;
+    let rls = rls::compile_rls(&src, rls, &zones)?;
+    if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
+        return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
+    }
     let log = compile_log(&src, log)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
@@ -163,7 +175,21 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         tls_certs,
         warnings,
         meters,
+        rls,
     })
+}
+
+/// A zone without `key` is keyed by `[rls]` descriptors; an HTTP route has no key to give it.
+fn keyless_zones_only_in_rls(src: &Source<'_>, routes: &[Route], zones: &[Zone]) -> Result<(), ConfigError> {
+    for route in routes {
+        if let Some(zl) = route.limits.iter().find(|zl| zones[zl.zone].key.0.is_empty()) {
+            return Err(src.error(format!(
+                "route {:?}: limit_req zone {:?} has no key; give the zone a key (e.g. key = \"ip\") to use it in a route",
+                route.name, zones[zl.zone].name
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {
@@ -193,7 +219,12 @@ fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<Lo
 
 type ServerParts = (ServerSettings, Vec<CertEntry>, Vec<String>);
 
-fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<ServerParts, ConfigError> {
+fn compile_server(
+    src: &Source<'_>,
+    server: Spanned<schema::Server>,
+    rls_only: bool,
+    rls_tls: bool,
+) -> Result<ServerParts, ConfigError> {
     let server_span = server.span();
     let schema::Server {
         listen,
@@ -217,10 +248,10 @@ fn compile_server(src: &Source<'_>, server: Spanned<schema::Server>) -> Result<S
         encoded_slashes,
         forwarded_headers,
     } = server.into_inner();
-    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2)?;
+    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls)?;
     let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
     let listen = listen.map(Spanned::into_inner).unwrap_or_default();
-    if listen.is_empty() && tls.listen_tls.is_empty() {
+    if listen.is_empty() && tls.listen_tls.is_empty() && !rls_only {
         return Err(src.error_at(
             &listen_span,
             "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"] (or server.listen_tls)",

@@ -6,6 +6,7 @@ mod checks;
 mod compile;
 mod conn;
 mod error;
+mod rls;
 mod route;
 mod schema;
 mod store;

@@ -234,7 +234,7 @@ pub(super) fn compile_routes(
     Ok((routes, matchers))
 }
 
-fn compile_limit_ref(
+pub(super) fn compile_limit_ref(
     r: &schema::LimitReqRef,
     zones: &[Zone],
     here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,

@@ -8,7 +8,8 @@ use toml::Spanned;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct File {
-    pub server: Spanned<Server>,
+    /// Optional only for a process that serves the rate limit service alone (`[rls]`).
+    pub server: Option<Spanned<Server>>,
     #[serde(default)]
     pub store: Option<Spanned<Store>>,
     #[serde(default)]
@@ -23,6 +24,8 @@ pub struct File {
     pub route: Vec<Spanned<Route>>,
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
+    /// Envoy's rate limit service (src/rls/).
+    pub rls: Option<Spanned<Rls>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -33,7 +36,7 @@ pub struct Log {
     pub access_log: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Server {
     pub listen: Option<Spanned<Vec<Spanned<String>>>>,
@@ -154,7 +157,8 @@ pub struct HealthCheck {
 #[serde(deny_unknown_fields)]
 pub struct LimitReqZone {
     pub name: Spanned<String>,
-    pub key: Spanned<OneOrMany>,
+    /// Optional only for zones that `[rls]` descriptors alone use (their key is the descriptor's).
+    pub key: Option<Spanned<OneOrMany>>,
     pub algorithm: Option<Spanned<String>>,
     pub rate: Option<Spanned<String>>,
     pub window: Option<Spanned<String>>,
@@ -250,4 +254,49 @@ pub struct LimitReqRef {
     pub nodelay: Option<Spanned<bool>>,
     #[serde(default)]
     pub dry_run: bool,
+}
+
+/// `[rls]`: Envoy's rate limit service (`envoy.service.ratelimit.v3`) on the same zones.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rls {
+    pub listen: Option<Spanned<Vec<Spanned<String>>>>,
+    /// gRPC over TLS, with the certificates of `[[server.tls]]`.
+    pub listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Descriptors one request may carry.
+    pub max_descriptors: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub domain: Vec<Spanned<RlsDomain>>,
+}
+
+/// `[[rls.domain]]`: what one `domain` of the requests limits; compiled into a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlsDomain {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub dry_run: bool,
+    pub rate_limit_headers: Option<Spanned<String>>,
+    pub on_error: Option<Spanned<String>>,
+    #[serde(default)]
+    pub descriptor: Vec<Spanned<RlsDescriptor>>,
+}
+
+/// `[[rls.domain.descriptor]]` (nested as `descriptor` inside one another): a rule for one entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlsDescriptor {
+    pub key: Spanned<String>,
+    pub value: Option<Spanned<String>>,
+    pub zone: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
+    pub delay: Option<Spanned<i64>>,
+    pub nodelay: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Matches and limits nothing (a value exempt from a key's default rule).
+    #[serde(default)]
+    pub unlimited: bool,
+    #[serde(default)]
+    pub descriptor: Vec<Spanned<RlsDescriptor>>,
 }

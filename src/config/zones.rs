@@ -56,7 +56,11 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
         let zname = name.get_ref().clone();
-        let key = key_spec(src, &key, "limit_req_zone", &zname)?;
+        // No key: a zone for `[rls]` descriptors only (`compile` refuses it in a route).
+        let key = match &key {
+            Some(key) => key_spec(src, key, "limit_req_zone", &zname)?,
+            None => KeySpec(Vec::new()),
+        };
         let algorithm = match &algorithm {
             None => Algorithm::LeakyBucket,
             Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {
