@@ -1,0 +1,479 @@
+//! The rate limit service (`[rls]`, Envoy's `envoy.service.ratelimit.v3`) of the real `weir`
+//! binary, called by a gRPC client generated from the same protos (tonic): decisions equal to the
+//! proxy's on the same zone (memory and Redis), two instances sharing one Redis, hostile input,
+//! Redis down, and an imported envoyproxy/ratelimit config.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use support::http;
+use support::redis_server::RedisServer;
+use support::upstream::Upstream;
+use support::weir::{self as weir_proc, Weir};
+use tonic::transport::Channel;
+use weir::rls::proto::rate_limit_descriptor::Entry;
+use weir::rls::proto::rate_limit_response::Code;
+use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient};
+
+/// Bound on one call: a hang is an error, never a stuck test.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .timeout(CALL_TIMEOUT)
+        .connect_timeout(CALL_TIMEOUT)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
+    RateLimitServiceClient::new(channel)
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.into(), descriptors, hits_addend: 0 }
+}
+
+async fn call(c: &mut RateLimitServiceClient<Channel>, req: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(req).await.unwrap_or_else(|s| panic!("ShouldRateLimit failed: {s:?}")).into_inner()
+}
+
+fn code(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("a known code")
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
+}
+
+/// `r=` of the first item of a `RateLimit` field.
+fn r_of(field: &str) -> u64 {
+    field.split(';').find_map(|p| p.strip_prefix("r=")).and_then(|v| v.parse().ok()).expect("r=")
+}
+
+/// A proxy route and an RLS domain on the same zones: `per_client` keyed by `X-Client` (1r/m,
+/// burst 3, so time does not matter), `tight` (1r/m, no burst) for all-or-nothing.
+fn shared_zones(store: &str, up: &Upstream) -> String {
+    format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+
+[log]
+access_log = false
+
+{store}
+
+[[upstream]]
+name = "app"
+servers = ["{up}"]
+
+[[limit_req_zone]]
+name = "per_client"
+key = "header:X-Client"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "tight"
+key = "header:X-Client"
+rate = "1r/m"
+
+[[limit_req_zone]]
+name = "slow"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/"
+upstream = "app"
+limit_req = [{{ zone = "per_client", burst = 3, nodelay = true }}]
+
+[rls]
+listen = ["$LISTEN2"]
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.descriptor]]
+key = "client"
+zone = "per_client"
+burst = 3
+nodelay = true
+
+[[rls.domain.descriptor]]
+key = "login"
+zone = "tight"
+
+[[rls.domain.descriptor]]
+key = "queued"
+zone = "slow"
+burst = 5
+delay = 1
+"#,
+        up = up.addr()
+    )
+}
+
+/// The same sequence through the proxy (one client key) and the RLS (another key of the same
+/// zone): the same admissions and the same remaining counts, then all-or-nothing and delay.
+async fn rls_decides_like_the_proxy(store: &str) {
+    let up = Upstream::start();
+    let w = Weir::start(&shared_zones(store, &up));
+    let (proxy, rls) = (w.addrs[0], w.addrs[1]);
+    let mut c = client(rls).await;
+
+    let mut through_proxy = Vec::new();
+    let mut through_rls = Vec::new();
+    for _ in 0..6 {
+        let resp = http::get_with(proxy, "/", &[("X-Client", "alice")]);
+        let r = resp.header("RateLimit").map(|f| r_of(&f));
+        through_proxy.push((resp.status == 200, r));
+        let answer = call(&mut c, request("edge", vec![descriptor(&[("client", "bob")])])).await;
+        let status = &answer.statuses[0];
+        assert_eq!(header(&answer, "RateLimit").map(r_of), Some(u64::from(status.limit_remaining)));
+        through_rls.push((code(&answer) == Code::Ok, header(&answer, "RateLimit").map(r_of)));
+    }
+    assert_eq!(through_rls, through_proxy, "RLS (right) vs proxy (left), same zone and store");
+    assert_eq!(through_proxy.iter().filter(|(ok, _)| *ok).count(), 4, "burst 3: four pass, {through_proxy:?}");
+
+    // The last answer was a rejection: statuses, limit and Retry-After for Envoy's 429.
+    let over = call(&mut c, request("edge", vec![descriptor(&[("client", "bob")])])).await;
+    assert_eq!(code(&over), Code::OverLimit);
+    assert_eq!(over.statuses[0].code, i32::from(Code::OverLimit));
+    let limit = over.statuses[0].current_limit.as_ref().expect("current_limit");
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("per_client", 1));
+    assert!(header(&over, "Retry-After").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
+    assert_eq!(header(&over, "RateLimit-Policy"), Some("\"per_client\";q=4;w=240"));
+
+    // Several descriptors: all or nothing. `tight` admits one; the second call is rejected by it
+    // and must not charge `per_client` for carol.
+    let both = || request("edge", vec![descriptor(&[("client", "carol")]), descriptor(&[("login", "carol")])]);
+    let first = call(&mut c, both()).await;
+    assert_eq!(code(&first), Code::Ok);
+    assert_eq!(first.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>(), vec![3, 0]);
+    let second = call(&mut c, both()).await;
+    assert_eq!(code(&second), Code::OverLimit);
+    assert_eq!(second.statuses.iter().map(|s| s.code).collect::<Vec<_>>(), vec![1, 2], "only `tight` is over");
+    let alone = call(&mut c, request("edge", vec![descriptor(&[("client", "carol")])])).await;
+    assert_eq!(alone.statuses[0].limit_remaining, 2, "the rejected call charged nothing: 3 left before this one");
+
+    // Unknown keys and unknown domains are allowed, with one OK status per descriptor.
+    let unknown =
+        call(&mut c, request("edge", vec![descriptor(&[("nope", "x")]), descriptor(&[("client", "dave")])])).await;
+    assert_eq!((code(&unknown), unknown.statuses.len()), (Code::Ok, 2));
+    assert!(unknown.statuses[0].current_limit.is_none());
+    let other = call(&mut c, request("other", vec![descriptor(&[("client", "x")])])).await;
+    assert_eq!((code(&other), other.statuses.len()), (Code::Ok, 1));
+
+    // delay: OK, with the wait for the upstream (Envoy cannot hold a request).
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let a = call(&mut c, request("edge", vec![descriptor(&[("queued", "q")])])).await;
+        assert_eq!(code(&a), Code::Ok);
+        waits.push(a.request_headers_to_add.iter().find(|h| h.key == "x-weir-delay-ms").map(|h| h.value.clone()));
+    }
+    assert_eq!(waits[0], None, "the first two fit the delay = 1 allowance");
+    assert_eq!(waits[1], None);
+    let wait: u64 = waits[2].as_deref().expect("the third is delayed").parse().expect("ms");
+    assert!((50_000..=60_000).contains(&wait), "about one 1r/m slot: {wait} ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_decides_like_the_proxy_on_memory() {
+    rls_decides_like_the_proxy("[store]\nkind = \"memory\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_decides_like_the_proxy_on_redis() {
+    let redis = RedisServer::start();
+    // A generous store timeout: on a loaded machine the default 25 ms would hand some decisions to
+    // the `local` failure policy, which is not what this compares.
+    let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"", redis.url());
+    rls_decides_like_the_proxy(&store).await;
+}
+
+fn rls_only(store: &str, domains: &str) -> String {
+    format!(
+        r#"[log]
+access_log = false
+
+{store}
+
+[[limit_req_zone]]
+name = "shared"
+rate = "1r/m"
+
+[rls]
+listen = ["$LISTEN"]
+
+{domains}
+"#
+    )
+}
+
+/// Two instances on one Redis, hammered at once with the same key: exactly the zone's count
+/// passes fleet-wide (±1 for what leaks during the run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_admit_one_limiters_count() {
+    let redis = RedisServer::start();
+    let config = rls_only(
+        // A generous timeout, and `deny` on failure: only Redis's own decisions can admit.
+        &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_error = \"deny\"", redis.url()),
+        "[[rls.domain]]\nname = \"d\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"shared\"\nburst = 49\nnodelay = true\n",
+    );
+    let (a, b) = (Weir::start(&config), Weir::start(&config));
+    let mut tasks = tokio::task::JoinSet::new();
+    for addr in [a.addr, b.addr] {
+        for _ in 0..4 {
+            let mut c = client(addr).await;
+            tasks.spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..100 {
+                    if code(&call(&mut c, request("d", vec![descriptor(&[("k", "same")])])).await) == Code::Ok {
+                        ok += 1;
+                    }
+                }
+                ok
+            });
+        }
+    }
+    let mut admitted = 0;
+    while let Some(n) = tasks.join_next().await {
+        admitted += n.expect("client task");
+    }
+    assert!((50..=51).contains(&admitted), "capacity 50 fleet-wide, admitted {admitted} of 800");
+}
+
+/// Malformed and hostile calls get clear gRPC statuses; the process stays small and its proxy
+/// listener keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_clear_statuses_and_bounded_memory() {
+    let up = Upstream::start();
+    let w = Weir::start(&shared_zones("[store]\nkind = \"memory\"", &up));
+    let (proxy, rls) = (w.addrs[0], w.addrs[1]);
+    let mut c = client(rls).await;
+    let invalid = |r: Result<tonic::Response<RateLimitResponse>, tonic::Status>, what: &str| match r {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{what}: {s:?}");
+            s.message().to_string()
+        }
+        Ok(r) => panic!("{what}: answered {r:?}"),
+    };
+    let one = || vec![descriptor(&[("client", "x")])];
+    assert!(invalid(c.should_rate_limit(request("", one())).await, "empty domain").contains("domain"));
+    assert!(invalid(c.should_rate_limit(request("edge", vec![])).await, "no descriptors").contains("descriptor"));
+    let many = (0..300).map(|i| descriptor(&[("client", &i.to_string())])).collect();
+    assert!(invalid(c.should_rate_limit(request("edge", many)).await, "300 descriptors").contains("at most 64"));
+    invalid(c.should_rate_limit(request("edge", vec![descriptor(&[])])).await, "an empty descriptor");
+
+    // 10k-character values: decided (the key is hashed to a bounded size), as are unknown keys.
+    let long = "v".repeat(10_000);
+    let a = call(&mut c, request("edge", vec![descriptor(&[("client", &long)]), descriptor(&[(&long, &long)])])).await;
+    assert_eq!((code(&a), a.statuses.len()), (Code::Ok, 2));
+    assert_eq!(a.statuses[0].limit_remaining, 3);
+
+    // A message over the size cap: refused by the codec before any decoding work.
+    let huge = "v".repeat(100_000);
+    let s = c.should_rate_limit(request("edge", vec![descriptor(&[("client", &huge)])])).await.expect_err("too big");
+    assert_eq!(s.code(), tonic::Code::OutOfRange, "{s:?}");
+
+    // Invalid UTF-8 in a string field: a decode error, not a crash.
+    let s = raw_call(rls, b"\x0a\x02\xff\xfe").await.expect_err("invalid UTF-8");
+    assert_eq!(s.code(), tonic::Code::Internal, "{s:?}");
+    assert!(s.message().contains("UTF-8") || s.message().contains("utf-8"), "{s:?}");
+
+    // Huge metadata: the connection's call fails; a fresh call is answered.
+    let mut req = tonic::Request::new(request("edge", one()));
+    req.metadata_mut().insert("x-huge", "h".repeat(100_000).parse().expect("ascii metadata"));
+    let s = client(rls).await.should_rate_limit(req).await.expect_err("metadata over 16 KiB");
+    assert_ne!(s.code(), tonic::Code::Ok);
+
+    // 1,000 concurrent calls on one connection: the server admits 256 streams at a time and the
+    // client queues the rest; every call is answered.
+    let started = Instant::now();
+    let shared = client(rls).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let mut c = shared.clone();
+        calls.spawn(async move {
+            c.should_rate_limit(request("edge", vec![descriptor(&[("nope", &i.to_string())])])).await
+        });
+    }
+    let mut answered = 0;
+    while let Some(r) = calls.join_next().await {
+        if r.expect("task").is_ok() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 1000, "in {:?}", started.elapsed());
+
+    let rss_kib = rss_kib(w.pid().expect("pid"));
+    assert!(rss_kib < 200 * 1024, "weir's RSS after the hostile calls: {rss_kib} KiB");
+    let resp = http::get_with(proxy, "/", &[("X-Client", "after")]);
+    assert_eq!(resp.status, 200, "the proxy listener is unaffected");
+    let after = call(&mut client(rls).await, request("edge", one())).await;
+    assert_eq!(code(&after), Code::Ok);
+}
+
+/// A call whose body is `payload` as it is (for bytes the generated types cannot hold).
+async fn raw_call(
+    addr: SocketAddr,
+    payload: &'static [u8],
+) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Raw {
+        #[prost(bytes = "vec", tag = "1")]
+        domain: Vec<u8>,
+    }
+    let domain = prost::Message::decode(payload).map(|r: Raw| r.domain).unwrap_or_default();
+    let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(e.to_string()))?;
+    let path = http_path("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    grpc.unary(tonic::Request::new(Raw { domain }), path, tonic_prost::ProstCodec::<Raw, RateLimitResponse>::default())
+        .await
+}
+
+fn http_path(p: &'static str) -> ::http::uri::PathAndQuery {
+    ::http::uri::PathAndQuery::from_static(p)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Redis gone: each domain's failure policy answers, within the store's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_with_the_failure_policy() {
+    let mut redis = RedisServer::start();
+    let config = rls_only(
+        &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"100ms\"\non_error = \"allow\"", redis.url()),
+        r#"[[rls.domain]]
+name = "closed"
+on_error = "deny"
+
+[[rls.domain.descriptor]]
+key = "k"
+zone = "shared"
+burst = 100
+
+[[rls.domain]]
+name = "open"
+
+[[rls.domain.descriptor]]
+key = "k"
+zone = "shared"
+burst = 100
+"#,
+    );
+    let w = Weir::start(&config);
+    let mut c = client(w.addr).await;
+    assert_eq!(code(&call(&mut c, request("closed", vec![descriptor(&[("k", "a")])])).await), Code::Ok);
+    redis.stop();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let denied = call(&mut c, request("closed", vec![descriptor(&[("k", "a")])])).await;
+        assert_eq!(code(&denied), Code::OverLimit, "on_error = deny");
+        assert_eq!(header(&denied, "Retry-After"), Some("1"));
+        let allowed = call(&mut c, request("open", vec![descriptor(&[("k", "a")])])).await;
+        assert_eq!(code(&allowed), Code::Ok, "the store's on_error = allow");
+        assert!(started.elapsed() < Duration::from_secs(2), "two decisions took {:?}", started.elapsed());
+    }
+}
+
+/// envoyproxy/ratelimit's README example (domain `messaging`), imported with `weir import-rls`
+/// and served: 5 marketing messages a day per number, 100 messages a day per number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_envoyproxy_ratelimit_example_decides_as_documented() {
+    let yaml = r#"
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+"#;
+    let dir = weir_proc::ConfigDir::new();
+    let file = dir.write("messaging.yaml", yaml);
+    let out = weir_proc::run(
+        [std::ffi::OsStr::new("import-rls"), file.as_os_str(), "--listen".as_ref(), "$LISTEN".as_ref()],
+        Duration::from_secs(30),
+    );
+    assert!(out.code == Some(0), "{}", out.describe());
+    assert!(out.stderr.is_empty(), "everything is expressible: {}", out.describe());
+    let toml = format!("[log]\naccess_log = false\n\n{}", out.stdout);
+    let checked =
+        weir_proc::check_config("imported.toml", &toml.replace("$LISTEN", "127.0.0.1:1"), Duration::from_secs(30));
+    assert!(checked.code == Some(0), "{}", checked.describe());
+
+    let w = Weir::start(&toml);
+    let mut c = client(w.addr).await;
+    let marketing = || {
+        request(
+            "messaging",
+            vec![
+                descriptor(&[("message_type", "marketing"), ("to_number", "2061111111")]),
+                descriptor(&[("to_number", "2061111111")]),
+            ],
+        )
+    };
+    let codes: Vec<Code> = {
+        let mut v = Vec::new();
+        for _ in 0..6 {
+            v.push(code(&call(&mut c, marketing()).await));
+        }
+        v
+    };
+    assert_eq!(codes, [vec![Code::Ok; 5], vec![Code::OverLimit]].concat(), "5 marketing messages a day");
+    let plain = || request("messaging", vec![descriptor(&[("to_number", "2061111111")])]);
+    let mut ok = 0;
+    for _ in 0..100 {
+        if code(&call(&mut c, plain()).await) == Code::Ok {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 95, "100 messages a day to one number, 5 of them marketing");
+    let other = call(&mut c, request("messaging", vec![descriptor(&[("to_number", "2062222222")])])).await;
+    assert_eq!(code(&other), Code::Ok, "each number has its own count");
+}
+
+/// `[rls]` is validated by `weir check` like the rest of the file.
+#[test]
+fn check_reports_rls_mistakes_with_lines() {
+    let bad =
+        rls_only("", "[[rls.domain]]\nname = \"d\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"missing\"\n")
+            .replace("$LISTEN", "127.0.0.1:1");
+    let out = weir_proc::check_config("bad.toml", &bad, Duration::from_secs(30));
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(out.stderr.contains("unknown zone \"missing\""), "{}", out.describe());
+    let good =
+        rls_only("", "[[rls.domain]]\nname = \"d\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"shared\"\n")
+            .replace("$LISTEN", "127.0.0.1:1");
+    let out = weir_proc::check_config("good.toml", &good, Duration::from_secs(30));
+    assert!(out.code == Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("1 rls domains"), "{}", out.describe());
+}
