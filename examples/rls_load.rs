@@ -23,13 +23,18 @@ fn arg<T: std::str::FromStr>(n: usize, default: T) -> T {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr: String = std::env::args().nth(1).ok_or("usage: rls_load ADDR [SECONDS] [CONNECTIONS] [IN_FLIGHT] [KEYS]")?;
+    let addr: String =
+        std::env::args().nth(1).ok_or("usage: rls_load ADDR [SECONDS] [CONNECTIONS] [IN_FLIGHT] [KEYS]")?;
     let seconds: f64 = arg(2, 5.0);
     let connections: usize = arg(3, 4);
     let in_flight: usize = arg(4, 16);
     let keys: u64 = arg(5, 10_000);
-    let (ok, over, errors, next) =
-        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (ok, over, errors, next) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

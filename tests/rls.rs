@@ -477,3 +477,132 @@ fn check_reports_rls_mistakes_with_lines() {
     assert!(out.code == Some(0), "{}", out.describe());
     assert!(out.stdout.contains("1 rls domains"), "{}", out.describe());
 }
+
+/// gRPC over TLS with the `[[server.tls]]` certificates, rules changed by a hot reload, and the
+/// RLS's metrics on the admin listener; no `[server]` listener: the service alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_hot_reload_and_metrics() {
+    use support::certs::{install, Ca};
+    use tonic::transport::{Certificate, ClientTlsConfig};
+
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = install(dir.path(), "rls", &ca.leaf(&["localhost"], "localhost", 30));
+    let base = format!(
+        r#"[server]
+admin = "$LISTEN2"
+
+[[server.tls]]
+cert = "{}"
+key = "{}"
+
+[log]
+access_log = false
+
+[[limit_req_zone]]
+name = "shared"
+rate = "1r/m"
+
+[rls]
+listen_tls = ["$LISTEN"]
+
+[[rls.domain]]
+name = "d"
+
+[[rls.domain.descriptor]]
+key = "a"
+zone = "shared"
+"#,
+        cert.display(),
+        key.display()
+    );
+    let w = Weir::start(&base);
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())).domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://localhost:{}", w.addr.port()))
+        .expect("uri")
+        .tls_config(tls)
+        .expect("tls config")
+        .timeout(CALL_TIMEOUT)
+        .connect()
+        .await
+        .expect("TLS connect");
+    let mut c = RateLimitServiceClient::new(channel);
+    let b = || request("d", vec![descriptor(&[("b", "x")])]);
+    for _ in 0..3 {
+        assert_eq!(code(&call(&mut c, b()).await), Code::Ok, "no rule for b yet: unmatched, allowed");
+    }
+
+    // A rule for `b` appears on the next reload: the rewritten file is applied by itself.
+    let text = std::fs::read_to_string(&w.config_path).expect("config");
+    std::fs::write(&w.config_path, format!("{text}\n[[rls.domain.descriptor]]\nkey = \"b\"\nzone = \"shared\"\n"))
+        .expect("rewrite config");
+    let started = Instant::now();
+    let mut reloaded = false;
+    while started.elapsed() < Duration::from_secs(15) {
+        if code(&call(&mut c, b()).await) == Code::OverLimit {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reloaded, "the new rule limits b within 15 s of the rewrite\n{}", w.stderr());
+
+    let admin = w.addrs[1];
+    let m = tokio::task::spawn_blocking(move || {
+        support::metrics::scrape_until(admin, Duration::from_secs(10), Duration::from_millis(50), |m| {
+            m.value_or_zero("weir_rls_requests_total", &[("domain", "d"), ("outcome", "over_limit")]) >= 1.0
+        })
+    })
+    .await
+    .expect("scrape");
+    let m = m.unwrap_or_else(|last| panic!("{}", last.filtered()));
+    assert!(m.value_or_zero("weir_rls_unmatched_descriptors_total", &[("domain", "d")]) >= 3.0, "{}", m.filtered());
+    assert!(
+        m.value_or_zero("weir_rls_requests_total", &[("domain", "d"), ("outcome", "ok")]) >= 4.0,
+        "{}",
+        m.filtered()
+    );
+    assert!(
+        m.value_or_zero("weir_limit_req_decisions_total", &[("zone", "shared"), ("status", "rejected")]) >= 1.0,
+        "the zone's own series count RLS decisions\n{}",
+        m.filtered()
+    );
+}
+
+/// One JSON access-log line per decision, beside the proxy's, with the RLS's fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_writes_one_json_access_line() {
+    let config = rls_only(
+        "[store]\nkind = \"memory\"",
+        "[[rls.domain]]\nname = \"d\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"shared\"\n",
+    )
+    .replace("[log]\naccess_log = false", "[log]\nformat = \"json\"");
+    let w = Weir::start(&config);
+    let mut c = client(w.addr).await;
+    assert_eq!(
+        code(&call(&mut c, request("d", vec![descriptor(&[("k", "v")]), descriptor(&[("u", "v")])])).await),
+        Code::Ok
+    );
+    assert_eq!(code(&call(&mut c, request("d", vec![descriptor(&[("k", "v")])])).await), Code::OverLimit);
+    let started = Instant::now();
+    let lines = loop {
+        let lines: Vec<serde_json::Value> = w
+            .stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|j| j["front_door"] == "rls")
+            .collect();
+        if lines.len() >= 2 || started.elapsed() > Duration::from_secs(10) {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(lines.len(), 2, "{}", w.stderr());
+    assert_eq!(
+        (&lines[0]["domain"], &lines[0]["descriptors"], &lines[0]["unmatched"], &lines[0]["code"]),
+        (&"d".into(), &2.into(), &1.into(), &"OK".into())
+    );
+    assert_eq!((&lines[0]["limit_req"], &lines[0]["zones"]), (&"PASSED".into(), &"shared=PASSED".into()));
+    assert_eq!((&lines[1]["code"], &lines[1]["limit_req"]), (&"OVER_LIMIT".into(), &"REJECTED".into()));
+    assert_eq!(lines[1]["target"], "weir::access");
+}
