@@ -14,4 +14,5 @@ cargo build --locked --bins
 for conf in conf/*.toml; do ./target/debug/weir check -c "$conf"; done
 cargo test --locked -- --test-threads="${WEIR_TEST_THREADS:-2}"
 bash bench/run.sh --quick
+bash bench/rls.sh --quick
 bash bench/soak.sh --duration 60

@@ -62,6 +62,10 @@ pub fn import(yaml: &str, listen: &str) -> Result<Imported, String> {
     for d in &file.descriptors {
         out.descriptor(d, &file.domain, &[], 1)?;
     }
+    let domain = sanitize(&file.domain);
+    if domain != file.domain {
+        out.notes.push(format!("domain {:?} renamed {domain:?} (names are A-Z a-z 0-9 _ - .)", file.domain));
+    }
     let mut toml = String::new();
     let _ = writeln!(toml, "# Imported from envoyproxy/ratelimit by `weir import-rls` (domain {:?}).", file.domain);
     let _ = writeln!(toml, "# Fixed windows like envoyproxy/ratelimit's; other algorithms: docs/rls.md.");
@@ -71,14 +75,7 @@ pub fn import(yaml: &str, listen: &str) -> Result<Imported, String> {
     let _ = writeln!(toml, "# Shared limits across instances need a Redis store:\n# [store]\n# kind = \"redis\"\n# url = \"redis://127.0.0.1:6379\"\n");
     toml.push_str(&out.zones);
     let _ = writeln!(toml, "[rls]\nlisten = [{}]\n", quote(listen));
-    let _ = writeln!(toml, "[[rls.domain]]\nname = {}", quote(&sanitize(&file.domain)));
-    if sanitize(&file.domain) != file.domain {
-        out.notes.push(format!(
-            "domain {:?} renamed {:?} (names are A-Z a-z 0-9 _ - .)",
-            file.domain,
-            sanitize(&file.domain)
-        ));
-    }
+    let _ = writeln!(toml, "[[rls.domain]]\nname = {}", quote(&domain));
     toml.push_str(&out.rules);
     Ok(Imported { toml, not_expressed: out.notes })
 }

@@ -11,7 +11,7 @@ use tracing::Level;
 use super::answer;
 use super::plan::{self, Plan};
 use super::proto::rate_limit_response::Code;
-use super::proto::{RateLimitRequest, RateLimitResponse, RateLimitService};
+use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
 use crate::config::{FailurePolicy, Runtime};
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
@@ -74,15 +74,11 @@ impl RateLimitService for RlsService {
             }
             _ => {
                 METRICS.rls_requests.with_label_values(&[domain_label, "ok"]).inc();
+                // Nothing to decide: every descriptor is unmatched (or the domain unknown).
+                let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
                 let response = RateLimitResponse {
                     overall_code: Code::Ok.into(),
-                    statuses: vec![Default::default(); req.descriptors.len()]
-                        .into_iter()
-                        .map(|mut s: super::proto::DescriptorStatus| {
-                            s.code = Code::Ok.into();
-                            s
-                        })
-                        .collect(),
+                    statuses: vec![ok; req.descriptors.len()],
                     ..RateLimitResponse::default()
                 };
                 access_log(&req, &plan, None, &response, &rt, started);
