@@ -78,6 +78,14 @@ type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
 struct Startup {
     server: ServerSettings,
     store: String,
+    /// `[rls] listen` and `listen_tls` (empty without `[rls]`).
+    rls_listen: RlsListen,
+}
+
+type RlsListen = (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>);
+
+fn rls_listen(runtime: &Runtime) -> RlsListen {
+    runtime.rls.as_ref().map(|r| (r.listen.clone(), r.listen_tls.clone())).unwrap_or_default()
 }
 
 impl Reloader {
@@ -94,7 +102,11 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        let started = Startup { server: runtime.server.clone(), store: format!("{:?}", runtime.store) };
+        let started = Startup {
+            server: runtime.server.clone(),
+            store: format!("{:?}", runtime.store),
+            rls_listen: rls_listen(&runtime),
+        };
         Self {
             path: path.to_path_buf(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
@@ -321,6 +333,13 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
         changes.push(format!(
             "server.listen: running {:?}, the file says {:?}",
             current.server.listen, next.server.listen
+        ));
+    }
+    let next_rls = rls_listen(next);
+    if current.rls_listen != next_rls {
+        changes.push(format!(
+            "rls.listen / rls.listen_tls: running {:?}, the file says {:?}",
+            current.rls_listen, next_rls
         ));
     }
     if current.server.threads != next.server.threads {
