@@ -12,7 +12,7 @@ use super::plan::Plan;
 use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
-use crate::config::{FailurePolicy, HeaderMode};
+use crate::config::{FailurePolicy, HeaderMode, Route};
 use crate::limit::LimitReq;
 use crate::proxy::limiting::{Action, Enforcement};
 use crate::proxy::status::LimitStatus;
@@ -50,7 +50,7 @@ pub fn parse_remaining(field: &str) -> Vec<Remaining> {
 }
 
 /// The response to one request, from its plan and the enforcement outcome.
-pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, mode: HeaderMode) -> RateLimitResponse {
+pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, route: &Route, mode: HeaderMode) -> RateLimitResponse {
     let rejected = matches!(enforcement.action, Action::Reject { .. });
     let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
     let field = |name: &str| enforcement.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
@@ -68,10 +68,12 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, mode: HeaderMode)
             if denied_by_policy {
                 return Code::OverLimit;
             }
-            // A rejecting zone reports nothing left; one another zone rejected was not charged and
-            // reports what it had (`proxy::headers::remaining`).
-            let rejecting = enforcement.statuses.zones.iter().any(|&(_, s)| s == LimitStatus::Rejected)
-                && remaining.get(i).is_some_and(|r| r.remaining == 0);
+            // Its zone's word is REJECTED and this key has nothing left (a zone that another one
+            // rejected was not charged and reports what it had: `proxy::headers::remaining`).
+            let zone_index = route.limits[z.reference].zone;
+            let rejecting =
+                enforcement.statuses.zones.iter().any(|&(zi, s)| zi == zone_index && s == LimitStatus::Rejected)
+                    && remaining.get(i).is_some_and(|r| r.remaining == 0);
             if rejecting {
                 Code::OverLimit
             } else {

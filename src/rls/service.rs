@@ -65,7 +65,7 @@ impl RateLimitService for RlsService {
                 let groups = Groups::new(keyed);
                 let enforcement = super::decide(&rt, &domain.route, &groups, &self.stores).await;
                 let plan = Plan { keyed: groups.into_all(), slots };
-                let response = answer::respond(&plan, &enforcement, domain.headers);
+                let response = answer::respond(&plan, &enforcement, &domain.route, domain.headers);
                 enforcement.statuses.count(|z| rt.meters.zone(z));
                 let outcome = outcome(&enforcement);
                 METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
