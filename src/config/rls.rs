@@ -181,3 +181,69 @@ fn compile_rules(
     }
     Ok(rules)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::from_text;
+
+    const ZONES: &str = "[[limit_req_zone]]\nname = \"z\"\nrate = \"1r/s\"\n\n";
+
+    fn error(text: &str) -> String {
+        match from_text(text, "t.toml") {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn rls_alone_needs_no_server_and_compiles_domains_into_routes() {
+        let text = format!(
+            "{ZONES}[rls]\nlisten = [\"127.0.0.1:8081\"]\n\n[[rls.domain]]\nname = \"d\"\non_error = \"deny\"\nrate_limit_headers = \"none\"\n\n\
+             [[rls.domain.descriptor]]\nkey = \"a\"\n\n[[rls.domain.descriptor.descriptor]]\nkey = \"b\"\nzone = \"z\"\nburst = 2\n"
+        );
+        let rt = from_text(&text, "t.toml").expect("compiles");
+        let rls = rt.rls.as_ref().expect("[rls]");
+        let d = rls.domain("d").expect("domain");
+        assert_eq!(d.route.name, "rls:d");
+        assert_eq!(d.route.limits.len(), 1);
+        assert_eq!(d.route.limits[0].limit.burst, 2);
+        assert_eq!(d.route.on_error, Some(crate::config::FailurePolicy::Deny));
+        assert_eq!(d.headers, crate::config::HeaderMode::None);
+        assert_eq!(d.rules[0].children[0].limit, Some(0));
+        assert!(rt.server.listen.is_empty());
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_their_line() {
+        let rls = "[rls]\nlisten = [\"127.0.0.1:8081\"]\n\n[[rls.domain]]\nname = \"d\"\n\n";
+        let cases = [
+            (format!("{ZONES}[rls]\n"), "give listen"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"nope\"\n"), "unknown zone"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nburst = 2\n"), "need a zone"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\n"), "give a zone"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n"), "twice"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"*\"\nzone = \"z\"\n"), "leave it out"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zone or unlimited"),
+            (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
+            (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
+            (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),
+        ];
+        for (text, expected) in &cases {
+            let e = error(text);
+            assert!(e.contains(expected), "{e}\n--- for ---\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_keyless_zone_is_for_descriptors_only() {
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:8080\"]\n\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:9000\"]\n\n{ZONES}\
+             [[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [{{ zone = \"z\" }}]\n"
+        );
+        assert!(error(&text).contains("has no key"), "{}", error(&text));
+        // Routes need [server] listeners even when [rls] is there.
+        let with_rls =
+            text.replace("[server]\nlisten = [\"127.0.0.1:8080\"]\n", "[rls]\nlisten = [\"127.0.0.1:8081\"]\n");
+        assert!(error(&with_rls).contains("server.listen"), "{}", error(&with_rls));
+    }
+}
