@@ -2,7 +2,7 @@
 # Weir soak test (issue 16): mixed traffic through two Weir instances on one Redis while Redis is
 # killed and restarted, configs are reloaded every 10 s and one instance is SIGKILLed and
 # restarted; then checks for Weir-caused 5xx, leaked leases, RSS/fd growth and dead processes.
-# See bench/README.md, "Soak".
+# See bench/README.md, "Soak"; results in bench/results/soak-2026-11.md.
 #
 #   bench/soak.sh                      10 minutes with the debug build (target/debug/weir)
 #   bench/soak.sh --duration 60        the CI version

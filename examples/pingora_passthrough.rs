@@ -11,7 +11,8 @@
 //! connection from Pingora's pool (an idle timeout of 60 s, Weir's default). No filters, no logging,
 //! no config file; the same `pingora` crate and features as Weir (Cargo.toml), `threads` worker
 //! threads (default 1), Pingora's default runtime settings otherwise (the grace period on SIGTERM
-//! aside: 1 s, as Weir's).
+//! aside: 1 s, as Weir's), and Weir's allocator (mimalloc, unless both are built with
+//! `--no-default-features`), so that the row compares like with like.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -20,6 +21,10 @@ use async_trait::async_trait;
 use pingora::prelude::{HttpPeer, ProxyHttp, Result, Session};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Passthrough {
     upstream: SocketAddr,

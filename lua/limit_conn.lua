@@ -22,7 +22,7 @@
 -- held:    writes nothing; per zone the number of unexpired leases (what "acquire" would report
 --   as held). On a Redis Cluster, zones in different hash slots are acquired one slot per call;
 --   once one slot rejects, the leases taken in earlier slots are released and the remaining slots
---   are only counted with "held", to report what one call would have (src/store/redis_conn.rs).
+--   are only counted with "held", to report what one call would have (src/store/redis/limit_conn.rs).
 -- Every write sets the set's TTL to the lease TTL, so an idle key vanishes with its last lease.
 -- Only KEYS[] are touched.
 

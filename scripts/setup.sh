@@ -2,7 +2,8 @@
 # Installs what building and testing Weir needs on Debian/Ubuntu, skipping what is already there:
 # cmake (Pingora's zlib-ng build), a C compiler, redis-server (tests and the Redis store), nginx-light
 # (the replay differential test), curl, Debian's python3-grpcio (a real gRPC client for
-# tests/tls.rs), and a Rust toolchain through rustup when cargo is missing.
+# tests/tls.rs), kubernetes-validate from PyPI (tests/kubernetes.rs), and a Rust toolchain through
+# rustup when cargo is missing.
 set -euo pipefail
 
 need_apt=()
@@ -26,6 +27,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" nginx-light "* ]]; then
     $sudo service nginx stop >/dev/null 2>&1 || $sudo nginx -s stop >/dev/null 2>&1 || true
   fi
+fi
+
+# kubernetes-validate (PyPI): tests/kubernetes.rs checks the rendered manifests against the
+# Kubernetes API schemas it ships (offline).
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  echo "setup: installing kubernetes-validate with pip" >&2
+  python3 -m pip install --quiet kubernetes-validate \
+    || python3 -m pip install --quiet --break-system-packages kubernetes-validate
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

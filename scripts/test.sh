@@ -13,6 +13,13 @@ cargo clippy --all-targets --locked -- -D warnings
 cargo build --locked --bins
 for conf in conf/*.toml; do ./target/debug/weir check -c "$conf"; done
 cargo test --locked -- --test-threads="${WEIR_TEST_THREADS:-2}"
+# The container image builds where a Docker engine runs; say so where none does.
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  docker build -f deploy/Dockerfile -t weir:test .
+  docker run --rm weir:test check -c /etc/weir/routes.toml
+else
+  echo "test: no Docker engine here: skipped building deploy/Dockerfile (tests/deploy_files.rs checks it)"
+fi
 bash bench/run.sh --quick
 bash bench/rls.sh --quick
 bash bench/soak.sh --duration 60

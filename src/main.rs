@@ -30,6 +30,8 @@ enum Command {
     Run,
     /// Validate a config file without starting: exit 0 if it is good, 1 with the error if not.
     Check,
+    /// Print the JSON Schema of the config file (for editors: docs/production.md).
+    Schema,
     /// Serve a tiny upstream that answers 200 to every request (for demos and benchmarks).
     Echo {
         /// Address to listen on.
@@ -45,7 +47,7 @@ enum Command {
         listen: String,
     },
     /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
-    Replay(weir::replay::cli::ReplayArgs),
+    Replay(Box<weir::replay::cli::ReplayArgs>),
 }
 
 #[cfg(feature = "mimalloc")]
@@ -55,7 +57,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
-        Command::Replay(args) => weir::replay::cli::run(&cli.config, args),
+        Command::Schema => {
+            print!("{}", weir::config::json_schema_text());
+            ExitCode::SUCCESS
+        }
+        Command::Replay(args) => weir::replay::cli::run(&cli.config, *args),
         Command::ImportRls { file, listen } => import_rls(&file, &listen),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
@@ -70,6 +76,14 @@ fn main() -> ExitCode {
                     rt.zones.len(),
                     rt.upstreams.len()
                 );
+                // Where secrets come from, never their values.
+                for source in &rt.secrets.sources {
+                    println!("  {}: from {}", source.setting, source.from);
+                }
+                for used in &rt.secrets.env {
+                    let names: Vec<String> = used.variables.iter().map(|v| format!("${{{v}}}")).collect();
+                    println!("  {}: from the environment ({})", used.setting, names.join(", "));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -81,14 +95,20 @@ fn main() -> ExitCode {
             let reloader = match weir::config::load_with_text(&cli.config) {
                 Ok((runtime, text)) => {
                     weir::logging::init(&runtime.log);
-                    weir::reload::Reloader::new(&cli.config, runtime, &text)
+                    if let Err(e) = weir::trace::install(runtime.tracing.as_ref()) {
+                        eprintln!("weir: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                    weir::process::reload::Reloader::new(&cli.config, runtime, &text)
                 }
                 Err(e) => {
                     eprintln!("weir: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            match weir::server::run(std::sync::Arc::new(reloader)) {
+            let served = weir::process::server::run(std::sync::Arc::new(reloader));
+            weir::trace::shutdown();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir: {e}");
@@ -98,7 +118,7 @@ fn main() -> ExitCode {
         }
         Command::Echo { listen } => {
             weir::logging::init(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
-            match weir::echo::run(listen) {
+            match weir::process::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("weir echo: cannot serve on {listen}: {e}");

@@ -1,8 +1,11 @@
-//! End-to-end behaviour of every rate-limiting algorithm, request cost and per-key overrides: the
-//! real `weir` binary (memory store), a real upstream, real sockets on loopback. Counts follow the
-//! model in `src/limit/`; where time matters, a rejection that must still hold is checked at a
-//! time just before it may end (exact lower bound) and an admission after it with a margin
-//! (generous upper bound). Config errors go through `weir check -c`.
+//! The contract of the running binary for every rate-limiting algorithm, request cost and per-key
+//! overrides: each reachable through the config and the proxy, with its statuses and headers. The
+//! real `weir` binary (memory store), a real upstream, real sockets on loopback. The model itself
+//! (every instant, boundary, cost and extreme) is table-driven on a manual clock in
+//! `src/limit/tables.rs`; here, where time matters, short windows and rates keep each test to
+//! seconds, nothing waits for a wall-clock minute, and a limit that must hold until an instant is
+//! checked by asking until it is lifted: no admission read before the instant (exact lower bound),
+//! one within seconds after it (generous upper bound). Config errors go through `weir check -c`.
 
 mod support;
 
@@ -14,7 +17,6 @@ use support::http::{self, statuses, summaries, Response};
 use support::ratelimit::{retry_after, sf_param};
 use support::upstream::Upstream;
 use support::weir::{check_config, Weir};
-use weir::limit::{evaluate, Algorithm, Clock, DelayPolicy, LimitReq, ManualClock, Rate, State, ZoneOutcome};
 
 const SEC_US: u64 = 1_000_000;
 
@@ -73,6 +75,34 @@ fn next_window_start(period: Duration, offset: Duration) -> u64 {
     start
 }
 
+/// An admission after rejections (see [`poll_until_admitted`]).
+struct Admitted {
+    response: Response,
+    /// When the admitted request was read back (µs since the epoch).
+    done: u64,
+    /// When each rejected request before it was sent (µs since the epoch).
+    rejected_sent: Vec<u64>,
+}
+
+/// Sends `GET path` every 50 ms until it is admitted, for at most `within`: every answer before
+/// that must be `zone`'s 429, and one must be admitted in time (fails loudly otherwise).
+fn poll_until_admitted(w: &Weir, path: &str, zone: &str, within: Duration) -> Admitted {
+    let deadline = Instant::now() + within;
+    let mut rejected_sent = Vec::new();
+    loop {
+        let sent = now_us();
+        let r = get(w, path);
+        let done = now_us();
+        if r.status == 200 {
+            return Admitted { response: r, done, rejected_sent };
+        }
+        assert_rate_limited(&r, zone);
+        rejected_sent.push(sent);
+        assert!(Instant::now() < deadline, "{path}: still rejected {within:?} later: {}", r.summary());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Each algorithm end to end
 // ---------------------------------------------------------------------------------------------
@@ -115,7 +145,7 @@ limit_req = [ { zone = "fw" } ]
     // Retry-After = the rest of the window, rounded up (at least 1 s), for a "now" between the
     // request's sending and its answer: 2 when it ran less than 1 s into the window, as it
     // normally does; a slow machine moves the bounds, never skips the check (the exact instant:
-    // `window_boundaries_on_a_simulated_clock`).
+    // `fixed_window_cases` in src/limit/tables.rs).
     let rest_secs = |at: u64| (start + 2 * SEC_US).saturating_sub(at).div_ceil(SEC_US).max(1);
     assert!(
         (rest_secs(done)..=rest_secs(sent)).contains(&ra),
@@ -126,16 +156,19 @@ limit_req = [ { zone = "fw" } ]
     );
     assert_eq!(policy(&fourth), (3, 2), "{}", fourth.summary());
 
-    // Exact lower bound: the window has not ended 200 ms before its end.
-    sleep_until_us(start + 2 * SEC_US - 200_000);
-    let still = get(&w, "/fw/a");
-    assert_rate_limited(&still, "fw");
-    assert!(now_us() < start + 2 * SEC_US, "the check before the boundary ran before it");
-
-    // The next window opens whole: 3 more right away (with the 3 just before: the double burst).
-    sleep_until_us(start + 2 * SEC_US + 30_000);
-    let rs: Vec<Response> = (0..4).map(|_| get(&w, "/fw/a")).collect();
-    assert_eq!(statuses(&rs), vec![200, 200, 200, 429], "a new window: {:#?}", summaries(&rs));
+    // Rejected until the window ends (exact lower bound: nothing admitted is read before its end),
+    // then the next window opens whole: 3 more right away (with the 3 just before: the double
+    // burst). The instants to the µs: `fixed_window_cases` in src/limit/tables.rs.
+    let reopened = poll_until_admitted(&w, "/fw/a", "fw", Duration::from_secs(7));
+    assert!(
+        reopened.done >= start + 2 * SEC_US,
+        "admitted {} µs before the window's end: {}",
+        start + 2 * SEC_US - reopened.done,
+        reopened.response.summary()
+    );
+    assert_eq!(remaining(&reopened.response), 2, "a new window: {}", reopened.response.summary());
+    let rs: Vec<Response> = (0..3).map(|_| get(&w, "/fw/a")).collect();
+    assert_eq!(statuses(&rs), vec![200, 200, 429], "a new window: {:#?}", summaries(&rs));
     assert_eq!(up.hits(), 6, "upstream saw exactly the admitted requests");
 }
 
@@ -193,14 +226,17 @@ limit_req = [ { zone = "log_2s" } ]
     assert_eq!(retry_after(&full), 1, "the first entry leaves within a second: {}", full.summary());
     assert_eq!(policy(&full), (3, 2));
 
-    // Exact lower bound: the first entry is still in the window 1.8 s after it was sent.
-    sleep_until_us(first_sent + 1_800_000);
-    assert_rate_limited(&get(&w, "/s/x"), "log_2s");
-    // After it leaves, exactly one place is free (the other two are 1 s younger).
-    sleep_until_us(first_done + 2 * SEC_US + 100_000);
-    let after = get(&w, "/s/x");
-    assert_eq!(after.status, 200, "the oldest entry has left the window: {}", after.summary());
-    assert_eq!(remaining(&after), 0, "{}", after.summary());
+    // The first entry stays in the window 2 s after it was admitted (exact lower bound: nothing
+    // admitted is read before); after it leaves, exactly one place is free (the other two are 1 s
+    // younger). The instants to the µs: `sliding_log_cases` in src/limit/tables.rs.
+    let after = poll_until_admitted(&w, "/s/x", "log_2s", Duration::from_secs(6));
+    assert!(
+        after.done >= first_sent + 2 * SEC_US,
+        "admitted {} µs before the oldest entry left: {}",
+        first_sent + 2 * SEC_US - after.done,
+        after.response.summary()
+    );
+    assert_eq!(remaining(&after.response), 0, "{}", after.response.summary());
     let again = get(&w, "/s/x");
     assert_rate_limited(&again, "log_2s");
 }
@@ -265,14 +301,20 @@ limit_req = [ { zone = "fast_tokens", burst = 2 } ]
     assert!((59..=60).contains(&retry_after(&lb[3])), "{}", lb[3].summary());
 
     // 2r/s: a token every 500 ms.
+    let first_sent = now_us();
     let fast: Vec<Response> = (0..4).map(|_| get(&w, "/fast/x")).collect();
-    let third_done = now_us();
     assert_eq!(statuses(&fast), vec![200, 200, 200, 429], "{:#?}", summaries(&fast));
     assert_eq!(retry_after(&fast[3]), 1, "500 ms, rounded up: {}", fast[3].summary());
     assert_eq!(policy(&fast[3]), (3, 2), "3 tokens at 2r/s refill in 1.5 s, rounded up");
-    sleep_until_us(third_done + 600_000);
-    let refilled = get(&w, "/fast/x");
-    assert_eq!(refilled.status, 200, "one token back after 500 ms: {}", refilled.summary());
+    // A full bucket at the first request, refilling since: the first token is back 500 ms after it
+    // (exact lower bound), and only one.
+    let refilled = poll_until_admitted(&w, "/fast/x", "fast_tokens", Duration::from_secs(5));
+    assert!(
+        refilled.done >= first_sent + 500_000,
+        "a token back {} µs before 500 ms: {}",
+        first_sent + 500_000 - refilled.done,
+        refilled.response.summary()
+    );
     assert_rate_limited(&get(&w, "/fast/x"), "fast_tokens");
 }
 
@@ -289,11 +331,11 @@ algorithm = "sliding_window"
 rate = "5r/m"
 
 [[limit_req_zone]]
-name = "sw_2s"
+name = "sw_4s"
 key = "ip"
 algorithm = "sliding_window"
-window = "2s"
-limit = 4
+window = "4s"
+limit = 2
 
 [[route]]
 name = "per_minute"
@@ -305,14 +347,14 @@ limit_req = [ { zone = "sw_m" } ]
 name = "short"
 path_prefix = "/s/"
 upstream = "app"
-limit_req = [ { zone = "sw_2s" } ]
+limit_req = [ { zone = "sw_4s" } ]
 "#,
     ));
 
-    // Keep the six requests inside one minute: a boundary would weigh the first ones slightly less.
-    if now_us() % (60 * SEC_US) > 55 * SEC_US {
-        next_window_start(Duration::from_secs(60), Duration::from_millis(100));
-    }
+    // rate = "5r/m": five pass, counting down, the sixth is over. Its Retry-After: with 5 in this
+    // minute, a sixth fits once 5 × (60 - t) / 60 <= 4, 12 s into the next minute. The formula to
+    // the µs: `sliding_window_cases` in src/limit/tables.rs.
+    let first_sent = now_us();
     let rs: Vec<Response> = (0..5).map(|_| get(&w, "/m/x")).collect();
     assert!(rs.iter().all(|r| r.status == 200), "{:#?}", summaries(&rs));
     assert_eq!(rs.iter().map(remaining).collect::<Vec<_>>(), vec![4, 3, 2, 1, 0]);
@@ -321,94 +363,52 @@ limit_req = [ { zone = "sw_2s" } ]
     let done = now_us();
     assert_rate_limited(&sixth, "sw_m");
     assert_eq!(policy(&sixth), (5, 60));
-    // Nothing before this minute, 5 in it: room for one more only in the next minute, once
-    // 5 × (60 - t) / 60 <= 4, i.e. 12 s into it.
-    let minute_end = (sent / (60 * SEC_US) + 1) * 60 * SEC_US;
-    let lo = (minute_end + 12 * SEC_US - done).div_ceil(SEC_US);
-    let hi = (minute_end + 12 * SEC_US - sent).div_ceil(SEC_US);
     let ra = retry_after(&sixth);
-    assert!((lo..=hi).contains(&ra), "Retry-After in {lo}..={hi} (the rest of the minute + 12 s): {}", sixth.summary());
-
-    // window = "2s", limit = 4: fill one window, then halfway through the next the previous 4
-    // still weigh 4 × 1/2 = 2: exactly 2 more pass (a fixed window would pass 4).
-    let start = next_window_start(Duration::from_secs(2), Duration::from_millis(50));
-    let rs: Vec<Response> = (0..5).map(|_| get(&w, "/s/x")).collect();
-    assert_eq!(statuses(&rs), vec![200, 200, 200, 200, 429], "{:#?}", summaries(&rs));
-    // Exact lower bound: at the start of the next window the previous 4 weigh (almost) 4.
-    sleep_until_us(start + 2 * SEC_US + 50_000);
-    assert_rate_limited(&get(&w, "/s/x"), "sw_2s");
-    // From 1 s into it they weigh 2 or less: two pass; until 1.5 s, more than 1: the third is over.
-    // (`window_boundaries_on_a_simulated_clock` checks the same instants exactly.)
-    sleep_until_us(start + 3 * SEC_US + 20_000);
-    let rs: Vec<Response> = (0..3).map(|_| get(&w, "/s/x")).collect();
-    let done = now_us();
-    assert!(
-        done < start + 3 * SEC_US + 500_000,
-        "precondition: the three requests 1 s into the window were answered before 1.5 s into it \
-         (the last at {} ms); the machine was too slow for this check",
-        (done - start - 2 * SEC_US) / 1000
-    );
-    assert_eq!(rs[0].status, 200, "{:#?}", summaries(&rs));
-    assert_eq!(rs[1].status, 200, "{:#?}", summaries(&rs));
-    assert_rate_limited(&rs[2], "sw_2s");
-}
-
-/// The instants of the two window tests above, on a simulated clock: the model that the memory
-/// store runs, without the wall clock's noise.
-#[test]
-fn window_boundaries_on_a_simulated_clock() {
-    let clock = ManualClock::new(1_700_000_000 * SEC_US); // a multiple of 2 s: a window starts here
-    let window = |algorithm| LimitReq {
-        algorithm,
-        rate: Rate { count: 4, period_us: 2 * SEC_US },
-        burst: 0,
-        delay: DelayPolicy::NoDelay,
-    };
-    let run = |limit: &LimitReq, state: &mut Option<State>, n: usize| -> Vec<ZoneOutcome> {
-        (0..n)
-            .map(|_| {
-                let out = evaluate(limit, state.as_ref(), clock.now_us(), 1);
-                if out.admitted {
-                    *state = Some(out.next.clone());
-                }
-                out
-            })
-            .collect()
-    };
-    let admitted = |outs: &[ZoneOutcome]| outs.iter().map(|o| o.admitted).collect::<Vec<_>>();
-    let start = clock.now_us();
-
-    // Fixed window, 3 per 2 s: a 4th request 50 ms in waits out the rest of the window, 1.95 s,
-    // which the proxy rounds up to Retry-After: 2; the next window opens whole.
-    let fw = LimitReq { rate: Rate { count: 3, period_us: 2 * SEC_US }, ..window(Algorithm::FixedWindow) };
-    let mut state = None;
-    clock.set_us(start + 50_000);
-    let outs = run(&fw, &mut state, 4);
-    assert_eq!(admitted(&outs), [true, true, true, false]);
-    assert_eq!(outs[3].retry_after_us, Some(1_950_000));
-    clock.set_us(start + 2 * SEC_US - 1);
-    assert_eq!(admitted(&run(&fw, &mut state, 1)), [false], "the window has not ended 1 µs before its end");
-    clock.set_us(start + 2 * SEC_US);
-    assert_eq!(admitted(&run(&fw, &mut state, 4)), [true, true, true, false], "a new window");
-
-    // Sliding window, 4 per 2 s: fill one window; in the next the previous 4 weigh 4 × (1 - t/2 s).
-    let sw = window(Algorithm::SlidingWindow);
-    let mut state = None;
-    clock.set_us(start + 50_000);
-    assert_eq!(admitted(&run(&sw, &mut state, 5)), [true, true, true, true, false]);
-    let filled = state.clone();
-    clock.set_us(start + 2 * SEC_US + 50_000);
-    assert_eq!(admitted(&run(&sw, &mut state, 1)), [false], "at the start of the next window the 4 weigh ~4");
-    // From 1 s on they weigh 2 or less: two pass; the third is over until 1.5 s ...
-    for at in [3 * SEC_US, 3 * SEC_US + 20_000, 3 * SEC_US + 499_999] {
-        let mut state = filled.clone();
-        clock.set_us(start + at);
-        assert_eq!(admitted(&run(&sw, &mut state, 3)), [true, true, false], "{} ms into the window", at / 1000 - 2000);
+    let minute = |t: u64| t / (60 * SEC_US);
+    if minute(first_sent) == minute(done) {
+        // All six in one minute (nearly always): the rest of it + 12 s, for a "now" between the
+        // sixth's sending and its answer.
+        let minute_end = (minute(sent) + 1) * 60 * SEC_US;
+        let lo = (minute_end + 12 * SEC_US - done).div_ceil(SEC_US);
+        let hi = (minute_end + 12 * SEC_US - sent).div_ceil(SEC_US);
+        assert!(
+            (lo..=hi).contains(&ra),
+            "Retry-After in {lo}..={hi} (the rest of the minute + 12 s): {}",
+            sixth.summary()
+        );
+    } else {
+        // Across a minute boundary, p of the five decided before it: a sixth fits once
+        // p × t / 60 >= 1 into the new minute, i.e. from 60 / p s (12 s for p = 5) up to 60 s
+        // (p = 1) into it; 12 s into the next one if none was (p = 0).
+        let boundary = (minute(first_sent) + 1) * 60 * SEC_US;
+        let lo = (boundary + 12 * SEC_US).saturating_sub(done).div_ceil(SEC_US);
+        let hi = (boundary + 72 * SEC_US).saturating_sub(sent).div_ceil(SEC_US);
+        assert!((lo..=hi).contains(&ra), "Retry-After in {lo}..={hi} across a minute boundary: {}", sixth.summary());
     }
-    // ... and passes from 1.5 s on, when the previous 4 weigh 1.
-    let mut state = filled.clone();
-    clock.set_us(start + 3 * SEC_US + 500_000);
-    assert_eq!(admitted(&run(&sw, &mut state, 4)), [true, true, true, false], "1.5 s into the window");
+
+    // window = "4s", limit = 2: fill one window; in the next the previous 2 weigh 2 × (1 - t/4 s),
+    // so a request is rejected there until 2 s into it (a fixed window would admit it at once):
+    // exact lower bound, generous upper bound.
+    let start = next_window_start(Duration::from_secs(4), Duration::from_millis(50));
+    let rs: Vec<Response> = (0..3).map(|_| get(&w, "/s/x")).collect();
+    assert_eq!(statuses(&rs), vec![200, 200, 429], "{:#?}", summaries(&rs));
+    assert_eq!(policy(&rs[2]), (2, 4), "{}", rs[2].summary());
+    sleep_until_us(start + 4 * SEC_US);
+    let next = poll_until_admitted(&w, "/s/x", "sw_4s", Duration::from_secs(10));
+    assert!(
+        next.rejected_sent.iter().any(|&t| t >= start + 4 * SEC_US),
+        "a request sent in the next window was rejected (the previous window weighs in): sent at {:?}, admitted {}",
+        next.rejected_sent,
+        next.response.summary()
+    );
+    assert!(
+        next.done >= start + 6 * SEC_US,
+        "admitted {} µs before 2 s into the next window: {}",
+        start + 6 * SEC_US - next.done,
+        next.response.summary()
+    );
+    // One passed: 2 × (1 - t/4) + 1 + 1 > 2 for the rest of the window.
+    assert_rate_limited(&get(&w, "/s/x"), "sw_4s");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -977,7 +977,7 @@ fn expect_check_ok(case: &str, body: &str) {
 
 #[test]
 fn check_accepts_windows_up_to_the_documented_24h() {
-    // The error message and the README give the range as "1ms" to "24h".
+    // The error message and docs/configuration.md give the range as "1ms" to "24h".
     for window in ["1ms", "500ms", "10s", "15m", "1440m", "1h", "24h"] {
         expect_check_ok(
             &format!("window_{window}"),

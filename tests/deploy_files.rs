@@ -37,37 +37,21 @@ fn weir_check(text: &str, what: &str) {
 // Kubernetes
 // ---------------------------------------------------------------------------------------------
 
-/// Every YAML document of deploy/kubernetes/*.yaml, with the file it came from.
+/// Every object of the Redis overlay (deploy/kubernetes/overlays/redis: N replicas on one Redis),
+/// rendered like kustomize (tests/kubernetes.rs checks every overlay against the API schemas).
 fn manifests() -> Vec<(String, Yaml)> {
-    let dir = repo().join("deploy/kubernetes");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no YAML in {}", dir.display());
-    let mut docs = Vec::new();
-    for file in files {
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        let text = fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value =
-                <Yaml as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("{name}: invalid YAML: {e}"));
-            if value.is_null() {
-                continue;
-            }
+    let objects = support::kustomize::render(&repo().join("deploy/kubernetes/overlays/redis"));
+    assert!(!objects.is_empty(), "deploy/kubernetes/overlays/redis renders nothing");
+    objects
+        .into_iter()
+        .map(|o| {
             for field in ["apiVersion", "kind"] {
-                assert!(
-                    value[field].as_str().is_some_and(|s| !s.is_empty()),
-                    "{name}: a document without {field}: {value:?}"
-                );
+                assert!(o[field].as_str().is_some_and(|s| !s.is_empty()), "an object without {field}: {o}");
             }
-            assert!(value["metadata"]["name"].as_str().is_some(), "{name}: a document without metadata.name");
-            docs.push((name.clone(), value));
-        }
-    }
-    docs
+            assert!(o["metadata"]["name"].as_str().is_some(), "an object without metadata.name: {o}");
+            ("overlays/redis".to_string(), serde_yaml::to_value(&o).expect("JSON to YAML"))
+        })
+        .collect()
 }
 
 fn kind<'a>(docs: &'a [(String, Yaml)], k: &str) -> Vec<&'a Yaml> {
@@ -194,8 +178,11 @@ fn kubernetes_manifests_hang_together() {
     let toml_text =
         cm["data"][file_name.as_ref()].as_str().unwrap_or_else(|| panic!("ConfigMap {cm_name} has no key {file_name}"));
 
-    // The embedded config is valid, as `weir check` says.
-    weir_check(toml_text, &format!("ConfigMap {cm_name} key {file_name}"));
+    // The embedded config is valid, as `weir check` says (with the Secret's files it reads).
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let objects: Vec<Json> = docs.iter().map(|(_, d)| serde_json::to_value(d).expect("YAML to JSON")).collect();
+    let checked = support::kustomize::weir_config_with_secrets(&objects, secrets.path());
+    weir_check(&checked, &format!("ConfigMap {cm_name} key {file_name}"));
     let config: toml::Value = toml::from_str(toml_text).expect("TOML");
     let server = &config["server"];
     let listen: Vec<&str> =
@@ -214,9 +201,10 @@ fn kubernetes_manifests_hang_together() {
         assert!(ports.contains(&socket_port(addr)), "weir exposes {addr}: {ports:?}");
     }
 
-    // Probes on the admin port, both on /healthz: readiness must not follow the shared Redis,
-    // or one Redis outage takes every replica out of the Service (see deployment.yaml).
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/healthz")] {
+    // Probes on the admin port, liveness and readiness on /healthz: readiness must not follow the
+    // shared Redis, or one Redis outage takes every replica out of the Service (see
+    // deployment.yaml); only start-up waits for the store (/readyz).
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/healthz"), ("startupProbe", "/readyz")] {
         let get = &weir[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe} path");
         let port = resolve_port(weir, &get["port"]);
@@ -256,8 +244,11 @@ fn kubernetes_manifests_hang_together() {
     let listen_port = socket_port(listen[0]);
     let service = kind(&docs, "Service")
         .into_iter()
-        .find(|s| selects(&string_map(&s["spec"]["selector"]), &pod_labels))
-        .expect("a Service selecting the weir pods");
+        .find(|s| {
+            selects(&string_map(&s["spec"]["selector"]), &pod_labels)
+                && seq(&s["spec"]["ports"]).iter().any(|p| p["port"] == 80)
+        })
+        .expect("a Service selecting the weir pods on port 80");
     let sp = seq(&service["spec"]["ports"]).into_iter().find(|p| p["port"] == 80).expect("Service port 80");
     assert_eq!(resolve_port(weir, &sp["targetPort"]), Some(listen_port), "Service port 80 targets Weir's listener");
     assert!(
@@ -296,8 +287,8 @@ fn kubernetes_manifests_hang_together() {
     let policy = args.iter().position(|a| *a == "--maxmemory-policy").and_then(|i| args.get(i + 1));
     assert_eq!(policy, Some(&"noeviction"), "the limit-state Redis must not evict: args {args:?}");
 
-    // The admin port has no token here: a NetworkPolicy must restrict who reaches it.
-    if server.get("admin_token").is_none() {
+    // Besides the admin token, a NetworkPolicy restricts who reaches the admin port.
+    {
         let policies: Vec<&Yaml> = kind(&docs, "NetworkPolicy")
             .into_iter()
             .filter(|p| selects(&string_map(&p["spec"]["podSelector"]["matchLabels"]), &pod_labels))
@@ -592,7 +583,12 @@ fn dockerfile_builds_the_binary_the_readme_builds() {
     let stages = stages(&instructions);
     assert!(stages.len() >= 2, "a multi-stage build");
     let (builder, runtime) = (stages[0], stages[stages.len() - 1]);
-    assert_eq!(builder[0].args, "rust:1-bookworm AS builder");
+    // A pinned toolchain (rust:1.NN), so the same sources build the same binary.
+    assert!(
+        Regex::new(r"^rust:1\.\d+-bookworm AS builder$").unwrap().is_match(&builder[0].args),
+        "builder image {:?}: pin rust:1.NN-bookworm",
+        builder[0].args
+    );
     assert_eq!(runtime[0].args, "debian:bookworm-slim");
     let runs = |stage: &[Instruction]| -> Vec<String> {
         stage.iter().filter(|i| i.keyword == "RUN").map(|i| i.args.clone()).collect()

@@ -440,17 +440,18 @@ upstream = "app"
 "#
         ),
     ));
-    // Paths as clients send them, bytes and all; what the proxy logs for each (it keeps
-    // quotes, backslashes and UTF-8; escapes come back in upper-case hex, a raw control byte
-    // percent-encoded).
-    let logged: [(&[u8], &str); 4] = [
-        (b"/q\"b\\s\"}{", "/q\"b\\s\"}{"),
-        (b"/caf\xc3\xa9/\xe2\x80\xa8", "/caf\u{e9}/\u{2028}"),
-        (b"/ctl%01%1f%7f%22", "/ctl%01%1F%7F%22"),
-        (b"/raw\x01", "/raw%01"),
+    // Paths as clients send them, bytes and all; what the proxy logs for each and its status.
+    // Forwarded paths are logged as forwarded: canonical, so raw UTF-8 and control bytes come
+    // back percent-encoded in upper-case hex. A raw backslash is refused (400) and logged as
+    // sent, quotes, backslash and all.
+    let logged: [(&[u8], &str, u16); 4] = [
+        (b"/q\"b\\s\"}{", "/q\"b\\s\"}{", 400),
+        (b"/caf\xc3\xa9/\xe2\x80\xa8", "/caf%C3%A9/%E2%80%A8", 200),
+        (b"/ctl%01%1f%7f%22", "/ctl%01%1F%7F%22", 200),
+        (b"/raw\x01", "/raw%01", 200),
     ];
-    for (target, _) in logged {
-        assert_eq!(get_raw_logged(w.addr, target), Some(200), "{}", String::from_utf8_lossy(target));
+    for (target, _, status) in logged {
+        assert_eq!(get_raw_logged(w.addr, target), Some(status), "{}", String::from_utf8_lossy(target));
     }
     // Not UTF-8: refused before routing (no line, or a line that is still JSON).
     for target in [&b"/bad\xff\xfe\"x"[..], b"/half\xc3"] {
@@ -462,9 +463,9 @@ upstream = "app"
 
     // json_lines panics on any stderr line that is not one JSON object.
     let lines = access_lines(&w, logged.len() + 1);
-    for (target, path) in logged {
+    for (target, path, status) in logged {
         let line = line_for(&lines, path);
-        assert_eq!(line["status"], 200, "{}: {line}", String::from_utf8_lossy(target));
+        assert_eq!(line["status"], status, "{}: {line}", String::from_utf8_lossy(target));
     }
     let dead_line = line_for(&lines, "/dead/x");
     assert_eq!(dead_line["upstream_addr"], dead.to_string(), "{dead_line}");
@@ -508,7 +509,11 @@ limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
     let all = json_lines(&w);
     let access = access_of(&all);
     assert!(access.is_empty(), "access_log = false: no access lines, got {access:#?}");
-    assert!(all.iter().any(|l| l["target"] == "weir::server"), "other logs still go to stderr:\n{}", w.stderr());
+    assert!(
+        all.iter().any(|l| l["target"] == "weir::process::server"),
+        "other logs still go to stderr:\n{}",
+        w.stderr()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::config::with_app;
+use support::config::{redis_store, with_app, NO_ACCESS_LOG};
 use support::http::{self, summaries, Response};
 use support::poll::wait_until;
 use support::redis_topology::{connect, Cluster};
@@ -35,17 +35,8 @@ fn statuses(rs: &[Response]) -> Vec<u16> {
 
 /// A weir instance on the cluster, `store_extra` lines added to `[store]`.
 fn member(cluster: &Cluster, up: &Upstream, store_extra: &str) -> Weir {
-    let sections = format!(
-        r#"[log]
-access_log = false
-
-[store]
-kind = "redis"
-url = "{url}"
-timeout = "500ms"
-{store_extra}"#,
-        url = cluster.url()
-    );
+    let store = redis_store(&cluster.url(), &format!("timeout = \"500ms\"\n{store_extra}"));
+    let sections = format!("{NO_ACCESS_LOG}\n\n{store}");
     let rest = r#"[[limit_req_zone]]
 name = "fleet"
 key = "header:X-Key"

@@ -11,7 +11,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::admin;
-use support::config::with_app;
+use support::config::{redis_store, with_app};
 use support::http::{KeepAlive, Request, Response};
 use support::metrics::{scrape, scrape_until};
 use support::poll::poll;
@@ -32,9 +32,8 @@ fn start(redis: &RedisServer, up: &Upstream, on_error: &str) -> Weir {
 }
 
 fn start_url(url: &str, up: &Upstream, on_error: &str) -> Weir {
-    let sections = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"\ncircuit_breaker_failures = 3\n"
-    );
+    let sections =
+        redis_store(url, &format!("timeout = \"200ms\"\non_error = \"{on_error}\"\ncircuit_breaker_failures = 3"));
     Weir::start(&with_app(
         admin::LISTEN,
         &sections,

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::admin;
-use support::config::with_app;
+use support::config::{redis_store, with_app, NO_ACCESS_LOG};
 use support::http::{self, statuses, summaries, Conn, KeepAlive, Request, Response};
 use support::metrics::{self, Scrape};
 use support::poll::wait_until;
@@ -34,15 +34,7 @@ const POLL: Duration = Duration::from_millis(25);
 /// `[server]` with the admin listener on `$LISTEN2`, no access log, a Redis `[store]` at `url`
 /// with `store_extra` lines, one upstream "app" pointing at `up`, then `rest`.
 fn config(up: &Upstream, url: &str, store_extra: &str, rest: &str) -> String {
-    let sections = format!(
-        r#"[log]
-access_log = false
-
-[store]
-kind = "redis"
-url = "{url}"
-{store_extra}"#
-    );
+    let sections = format!("{NO_ACCESS_LOG}\n\n{}", redis_store(url, store_extra));
     with_app(admin::LISTEN, &sections, up.addr(), rest)
 }
 

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::certs::{install, Ca};
-use support::config::with_app;
+use support::config::{redis_store, with_app, NO_ACCESS_LOG};
 use support::http::{self, summaries, Response};
 use support::redis_topology::{NodeTls, SentinelSetup};
 use support::upstream::Upstream;
@@ -18,19 +18,11 @@ use support::weir::Weir;
 
 /// A Weir on the setup's Sentinel; `store_extra`: more `[store]` lines (the TLS files).
 fn member(setup: &SentinelSetup, up: &Upstream, store_extra: &str) -> Weir {
-    let sections = format!(
-        r#"[log]
-access_log = false
-
-[store]
-kind = "redis"
-url = "{url}"
-timeout = "500ms"
-on_error = "allow"
-deny_cache_size = 0
-{store_extra}"#,
-        url = setup.url()
+    let store = redis_store(
+        &setup.url(),
+        &format!("timeout = \"500ms\"\non_error = \"allow\"\ndeny_cache_size = 0\n{store_extra}"),
     );
+    let sections = format!("{NO_ACCESS_LOG}\n\n{store}");
     let rest = r#"[[limit_req_zone]]
 name = "fleet"
 key = "header:X-Key"

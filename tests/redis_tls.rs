@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use support::certs::{install, Ca};
+use support::config::redis_store;
 use support::http::get_with;
 use support::poll::wait_until;
 use support::upstream::Upstream;
@@ -56,19 +57,21 @@ impl Drop for TlsRedis {
 }
 
 fn config(up: SocketAddr, port: u16, ca: &Path, client: &(std::path::PathBuf, std::path::PathBuf)) -> String {
+    let store = redis_store(
+        &format!("rediss://127.0.0.1:{port}/"),
+        &format!(
+            "timeout = \"1s\"\non_error = \"deny\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"",
+            ca.display(),
+            client.0.display(),
+            client.1.display()
+        ),
+    );
     format!(
         r#"[server]
 listen = ["$LISTEN"]
 threads = 2
 
-[store]
-kind = "redis"
-url = "rediss://127.0.0.1:{port}/"
-timeout = "1s"
-on_error = "deny"
-tls_ca = "{}"
-tls_cert = "{}"
-tls_key = "{}"
+{store}
 
 [[upstream]]
 name = "app"
@@ -84,10 +87,7 @@ name = "api"
 path_prefix = "/"
 upstream = "app"
 limit_req = [ {{ zone = "per_key", burst = 1, nodelay = true }} ]
-"#,
-        ca.display(),
-        client.0.display(),
-        client.1.display()
+"#
     )
 }
 

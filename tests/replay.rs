@@ -618,7 +618,11 @@ http {{
     for s in senders {
         s.join().unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // nginx logs a request after answering it: wait (bounded) for every line, not a fixed while.
+    let logged = || std::fs::read_to_string(&access).map_or(0, |l| l.lines().count());
+    let all_logged =
+        support::poll::wait_until(Duration::from_secs(10), Duration::from_millis(20), || logged() >= total);
+    assert!(all_logged.is_some(), "nginx logged {} of {total} requests", logged());
     drop(nginx);
 
     let log = std::fs::read_to_string(&access).unwrap();

@@ -4,9 +4,8 @@
 
 mod support;
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -16,175 +15,19 @@ use support::config::with_server;
 use support::http::{self, KeepAlive, Request};
 use support::metrics::scrape;
 use support::poll::{poll, wait_until};
+use support::upstream::Upstream;
 use support::weir::{run, Weir};
 
-// ---------------------------------------------------------------------------------------------
-// A controllable upstream: health status, forced status, hanging, sleeping, killable (listener
-// and every open connection), restartable on the same port, counting its own concurrency.
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct Inner {
-    hits: AtomicUsize,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-    /// Status of `GET /health`.
-    health: AtomicU16,
-    /// When non-zero, every other request gets this status.
-    forced: AtomicU16,
-    stop: AtomicBool,
-    conns: Mutex<Vec<TcpStream>>,
+/// A backend as the tests of this file use it: the shared upstream named `name` (its name in
+/// `X-Upstream`), answering `/health` with 200 until told otherwise.
+fn backend(name: &str) -> Upstream {
+    backend_on(name, TcpListener::bind("127.0.0.1:0").expect("bind"))
 }
 
-struct Backend {
-    addr: SocketAddr,
-    inner: Arc<Inner>,
-    accept: Option<thread::JoinHandle<()>>,
-}
-
-impl Backend {
-    fn start(name: &str) -> Backend {
-        Backend::start_on(name, TcpListener::bind("127.0.0.1:0").expect("bind"))
-    }
-
-    /// On a given address again (after [`Backend::kill`]); retried while the port is busy.
-    fn restart_at(name: &str, addr: SocketAddr) -> Backend {
-        let listener =
-            poll(Duration::from_secs(5), Duration::from_millis(20), || TcpListener::bind(addr), Result::is_ok)
-                .unwrap_or_else(|e| panic!("cannot bind {addr} again: {e:?}"))
-                .expect("bound");
-        Backend::start_on(name, listener)
-    }
-
-    fn start_on(name: &str, listener: TcpListener) -> Backend {
-        let addr = listener.local_addr().expect("local addr");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let inner = Arc::new(Inner::default());
-        inner.health.store(200, Ordering::SeqCst);
-        let (served, tag) = (inner.clone(), name.to_string());
-        let accept = thread::spawn(move || {
-            while !served.stop.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        let _ = conn.set_nonblocking(false);
-                        if let Ok(clone) = conn.try_clone() {
-                            served.conns.lock().unwrap().push(clone);
-                        }
-                        let (served, tag) = (served.clone(), tag.clone());
-                        thread::spawn(move || {
-                            let _ = serve(conn, &served, &tag);
-                        });
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(2)),
-                    Err(_) => thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        });
-        Backend { addr, inner, accept: Some(accept) }
-    }
-
-    /// Closes the listener and every open connection: as if the process died.
-    fn kill(&mut self) {
-        self.inner.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.accept.take() {
-            let _ = t.join();
-        }
-        for c in self.inner.conns.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-
-    fn hits(&self) -> usize {
-        self.inner.hits.load(Ordering::SeqCst)
-    }
-
-    fn max_in_flight(&self) -> usize {
-        self.inner.max_in_flight.load(Ordering::SeqCst)
-    }
-
-    fn set_health(&self, status: u16) {
-        self.inner.health.store(status, Ordering::SeqCst);
-    }
-
-    fn force_status(&self, status: u16) {
-        self.inner.forced.store(status, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn serve(stream: TcpStream, inner: &Inner, name: &str) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        if line.trim().is_empty() {
-            continue;
-        }
-        let path = line.split(' ').nth(1).unwrap_or("/").to_string();
-        let mut content_length = 0usize;
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h)? == 0 {
-                return Ok(());
-            }
-            if h.trim().is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    content_length = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        io::copy(&mut (&mut reader).take(content_length as u64), &mut io::sink())?;
-        if inner.stop.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let status = if path == "/health" {
-            inner.health.load(Ordering::SeqCst)
-        } else {
-            inner.hits.fetch_add(1, Ordering::SeqCst);
-            let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-            inner.max_in_flight.fetch_max(now, Ordering::SeqCst);
-            if path.starts_with("/hang") {
-                while !inner.stop.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                inner.in_flight.fetch_sub(1, Ordering::SeqCst);
-                return Ok(());
-            }
-            let sleep = path.strip_prefix("/sleep/").and_then(|r| r.split('/').next()?.parse::<u64>().ok());
-            if let Some(ms) = sleep {
-                let until = Instant::now() + Duration::from_millis(ms);
-                while Instant::now() < until && !inner.stop.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_millis(5));
-                }
-            }
-            // Out of flight before the response: weir cannot see the answer earlier.
-            inner.in_flight.fetch_sub(1, Ordering::SeqCst);
-            match inner.forced.load(Ordering::SeqCst) {
-                0 => 200,
-                s => s,
-            }
-        };
-        let body = name.as_bytes();
-        let head = format!(
-            "HTTP/1.1 {status} X\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Upstream: {name}\r\n\r\n",
-            body.len()
-        );
-        writer.write_all(head.as_bytes())?;
-        writer.write_all(body)?;
-        writer.flush()?;
-    }
+fn backend_on(name: &str, listener: TcpListener) -> Upstream {
+    let up = Upstream::start_on(name, listener);
+    up.set_health(200);
+    up
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,9 +92,9 @@ fn wait_health(w: &Weir, addr: SocketAddr, up: bool, timeout: Duration) -> Durat
 
 #[test]
 fn weights_split_traffic_3_to_1() {
-    let a = Backend::start("a");
-    let b = Backend::start("b");
-    let w = Weir::start(&config(&format!(r#"servers = ["{} weight=3", "{} weight=1"]"#, a.addr, b.addr)));
+    let a = backend("a");
+    let b = backend("b");
+    let w = Weir::start(&config(&format!(r#"servers = ["{} weight=3", "{} weight=1"]"#, a.addr(), b.addr())));
     let mut client = KeepAlive::new(w.addr, Duration::from_secs(5));
     let mut to_a = 0;
     for i in 0..4000 {
@@ -269,8 +112,8 @@ fn weights_split_traffic_3_to_1() {
 
 #[test]
 fn active_http_check_takes_a_server_out_on_500_and_back_on_200() {
-    let a = Backend::start("a");
-    let b = Backend::start("b");
+    let a = backend("a");
+    let b = backend("b");
     let w = Weir::start(&config(&format!(
         r#"servers = ["{}", "{}"]
 [upstream.health_check]
@@ -278,11 +121,12 @@ path = "/health"
 interval = "100ms"
 rise = 1
 fall = 1"#,
-        a.addr, b.addr
+        a.addr(),
+        b.addr()
     )));
-    wait_health(&w, b.addr, true, Duration::from_secs(3));
+    wait_health(&w, b.addr(), true, Duration::from_secs(3));
     b.set_health(500);
-    let took = wait_health(&w, b.addr, false, Duration::from_secs(3));
+    let took = wait_health(&w, b.addr(), false, Duration::from_secs(3));
     println!("health path 500 → down after {took:?}");
     let before = b.hits();
     for i in 0..40 {
@@ -292,12 +136,12 @@ fall = 1"#,
     }
     assert_eq!(b.hits(), before, "no request reached the server whose health path says 500");
     let m = scrape(admin::addr(&w));
-    assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &b.addr.to_string())]), 0.0);
-    assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &a.addr.to_string())]), 1.0);
-    assert!(m.sum("weir_upstream_health_changes_total", &[("server", &b.addr.to_string()), ("to", "down")]) >= 1.0);
+    assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &b.addr().to_string())]), 0.0);
+    assert_eq!(m.must("weir_upstream_server_up", &[("upstream", "app"), ("server", &a.addr().to_string())]), 1.0);
+    assert!(m.sum("weir_upstream_health_changes_total", &[("server", &b.addr().to_string()), ("to", "down")]) >= 1.0);
 
     b.set_health(200);
-    wait_health(&w, b.addr, true, Duration::from_secs(3));
+    wait_health(&w, b.addr(), true, Duration::from_secs(3));
     let back = wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
         http::get(w.addr, "/again").header("x-upstream").as_deref() == Some("b")
     });
@@ -308,9 +152,9 @@ fall = 1"#,
 /// back on the same port.
 #[test]
 fn a_killed_server_costs_no_client_errors_and_gets_traffic_back_within_interval_times_rise() {
-    let a = Backend::start("a");
-    let mut b = Backend::start("b");
-    let b_addr = b.addr;
+    let a = backend("a");
+    let mut b = backend("b");
+    let b_addr = b.addr();
     let interval = Duration::from_millis(200);
     let rise = 2;
     let w = Weir::start(&config(&format!(
@@ -320,7 +164,8 @@ path = "/health"
 interval = "200ms"
 rise = {rise}
 fall = 1"#,
-        a.addr, b.addr
+        a.addr(),
+        b.addr()
     )));
     wait_health(&w, b_addr, true, Duration::from_secs(3));
 
@@ -356,7 +201,8 @@ fall = 1"#,
     // active check bringing it back also clears its passive failures.
     thread::sleep(Duration::from_millis(1000));
     let restarted = Instant::now();
-    let b2 = Backend::restart_at("b", b_addr);
+    let b2 = Upstream::restart_at("b", b_addr);
+    b2.set_health(200);
     let back = wait_until(Duration::from_secs(5), Duration::from_millis(5), || b2.hits() > 0)
         .unwrap_or_else(|| panic!("b never got traffic back: {:?}", servers(&w)));
     thread::sleep(Duration::from_millis(200));
@@ -390,11 +236,11 @@ fall = 1"#,
 /// more requests reach the server. The upstream counts its own concurrency.
 #[test]
 fn max_conns_holds_across_50_reloads() {
-    let up = Backend::start("slow");
+    let up = backend("slow");
     let text = |n: usize| {
         config(&format!(
             "servers = [\"{}\"]\nmax_conns = 2\nread_timeout = \"{}s\"\n# generation {n}\n",
-            up.addr,
+            up.addr(),
             30 + n % 2
         ))
     };
@@ -442,16 +288,17 @@ fn max_conns_holds_across_50_reloads() {
 
 #[test]
 fn no_healthy_server_is_a_quick_502_naming_the_upstream() {
-    let a = Backend::start("a");
-    let b = Backend::start("b");
+    let a = backend("a");
+    let b = backend("b");
     a.set_health(500);
     b.set_health(503);
     let w = Weir::start(&config(&format!(
         "servers = [\"{}\", \"{}\"]\n[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\nfall = 1",
-        a.addr, b.addr
+        a.addr(),
+        b.addr()
     )));
-    wait_health(&w, a.addr, false, Duration::from_secs(3));
-    wait_health(&w, b.addr, false, Duration::from_secs(3));
+    wait_health(&w, a.addr(), false, Duration::from_secs(3));
+    wait_health(&w, b.addr(), false, Duration::from_secs(3));
     let t0 = Instant::now();
     let r = http::get(w.addr, "/anything");
     let took = t0.elapsed();
@@ -466,8 +313,8 @@ fn no_healthy_server_is_a_quick_502_naming_the_upstream() {
 
 #[test]
 fn a_hung_server_gets_504_after_read_timeout() {
-    let up = Backend::start("hung");
-    let w = Weir::start(&config(&format!("servers = [\"{}\"]\nread_timeout = \"700ms\"", up.addr)));
+    let up = backend("hung");
+    let w = Weir::start(&config(&format!("servers = [\"{}\"]\nread_timeout = \"700ms\"", up.addr())));
     let t0 = Instant::now();
     let r = http::get(w.addr, "/hang");
     let took = t0.elapsed();
@@ -481,12 +328,13 @@ fn a_hung_server_gets_504_after_read_timeout() {
 
 #[test]
 fn listed_statuses_go_to_the_next_server_for_idempotent_methods_only() {
-    let good = Backend::start("good");
-    let bad = Backend::start("bad");
+    let good = backend("good");
+    let bad = backend("bad");
     bad.force_status(503);
     let w = Weir::start(&config(&format!(
         "servers = [\"{}\", \"{}\"]\nnext_upstream = [\"error\", \"timeout\", \"http_503\"]\nmax_fails = 0",
-        good.addr, bad.addr
+        good.addr(),
+        bad.addr()
     )));
     for i in 0..20 {
         let r = http::get(w.addr, &format!("/get/{i}"));
@@ -530,13 +378,12 @@ fn bad_upstream_settings_are_refused_with_line_and_field() {
         let text = config(upstream).replace("$LISTEN2", "127.0.0.1:9902").replace("$LISTEN", "127.0.0.1:9901");
         let line = upstream.lines().last().unwrap_or("");
         let expected_line = text.lines().position(|l| l == line).map(|i| i + 1);
+        let l = expected_line.unwrap_or_else(|| panic!("{upstream}: its last line is not in the config:\n{text}"));
         let out = support::weir::check_config("bad.toml", &text, Duration::from_secs(20));
         assert_eq!(out.code, Some(1), "{upstream}: {}", out.describe());
         assert!(out.stderr.contains(needle), "{upstream}: stderr should mention {needle:?}: {}", out.stderr);
         assert!(out.stderr.contains("upstream \"app\""), "{upstream}: names the upstream: {}", out.stderr);
-        if let Some(l) = expected_line {
-            assert!(out.stderr.contains(&format!("bad.toml:{l}:")), "{upstream}: line {l}: {}", out.stderr);
-        }
+        assert!(out.stderr.contains(&format!("bad.toml:{l}:")), "{upstream}: line {l}: {}", out.stderr);
     }
 }
 
@@ -606,12 +453,12 @@ impl Drop for Dns {
 }
 
 /// Two backends on the same port of 127.0.0.2 and 127.0.0.3.
-fn backends_on_two_loopback_ips() -> (Backend, Backend, u16) {
+fn backends_on_two_loopback_ips() -> (Upstream, Upstream, u16) {
     for _ in 0..20 {
         let first = TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
         let port = first.local_addr().expect("addr").port();
         if let Ok(second) = TcpListener::bind(("127.0.0.3", port)) {
-            return (Backend::start_on("two", first), Backend::start_on("three", second), port);
+            return (backend_on("two", first), backend_on("three", second), port);
         }
     }
     panic!("no port free on both 127.0.0.2 and 127.0.0.3");
@@ -661,9 +508,9 @@ fn a_server_name_is_followed_when_its_address_changes_and_kept_when_it_stops_res
 /// its method; the refusing server is then out for fail_timeout.
 #[test]
 fn a_refused_connection_goes_to_the_next_server_for_any_method() {
-    let good = Backend::start("good");
+    let good = backend("good");
     let dead = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
-    let w = Weir::start(&config(&format!("servers = [\"{dead}\", \"{}\"]", good.addr)));
+    let w = Weir::start(&config(&format!("servers = [\"{dead}\", \"{}\"]", good.addr())));
     for i in 0..10 {
         let r = http::must_send(w.addr, &Request::new("POST", &format!("/p/{i}")).body(b"payload"));
         assert_eq!(r.status, 200, "POST {i}: {}", r.summary());
@@ -682,10 +529,10 @@ fn a_refused_connection_goes_to_the_next_server_for_any_method() {
 fn tries_bounds_the_servers_per_request_and_non_idempotent_allows_post_retries() {
     let dead = |_: usize| TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
     let (d1, d2) = (dead(1), dead(2));
-    let good = Backend::start("good");
+    let good = backend("good");
     // max_fails = 0: the dead servers stay in rotation, so every request meets them.
     let w =
-        Weir::start(&config(&format!("servers = [\"{d1}\", \"{d2}\", \"{}\"]\ntries = 2\nmax_fails = 0", good.addr)));
+        Weir::start(&config(&format!("servers = [\"{d1}\", \"{d2}\", \"{}\"]\ntries = 2\nmax_fails = 0", good.addr())));
     let mut failed = 0;
     for i in 0..30 {
         let r = http::get(w.addr, &format!("/t/{i}"));
@@ -709,12 +556,13 @@ fn tries_bounds_the_servers_per_request_and_non_idempotent_allows_post_retries()
     assert_eq!(refused, failed as f64 + retries, "refused connections = 502s + retries");
 
     // A POST answered 503 goes to the next server only with non_idempotent.
-    let a = Backend::start("a");
-    let b = Backend::start("b");
+    let a = backend("a");
+    let b = backend("b");
     b.force_status(503);
     let w = Weir::start(&config(&format!(
         "servers = [\"{}\", \"{}\"]\nnext_upstream = [\"error\", \"http_503\", \"non_idempotent\"]\nmax_fails = 0",
-        a.addr, b.addr
+        a.addr(),
+        b.addr()
     )));
     for i in 0..10 {
         let r = http::must_send(w.addr, &Request::new("POST", &format!("/post/{i}")).body(b"x"));

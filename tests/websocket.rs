@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use support::metrics::scrape;
 use support::poll::poll;
+use support::redis_cmd::{scan_keys, zcard, zrange_scores};
 use support::redis_server::RedisServer;
 use support::weir::Weir;
 
@@ -181,12 +182,28 @@ fn websockets_pass_through_count_once_and_hold_their_limit_conn_place_while_open
 fn a_long_lived_websocket_keeps_renewing_its_redis_lease() {
     let redis = RedisServer::start();
     let up = echo_upstream();
-    let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\nlease_ttl = \"1s\"\n", redis.url());
+    let store = support::config::redis_store(&redis.url(), "lease_ttl = \"1s\"");
     let config = support::config::with_app("", &store, up, ZONES);
     let w = Weir::start(&config);
     let (mut first, _) = tunnel(w.addr, "bob");
-    // Three lease lifetimes later the socket still holds its place.
-    std::thread::sleep(Duration::from_millis(3000));
+    // The lease is one member of one set, scored with its expiry (ms): renewals push the score
+    // on. Seen pushed three lifetimes past its first expiry, the same member, it was renewed.
+    let mut conn = redis.connection();
+    let lease = || {
+        let keys = scan_keys(&mut redis.connection(), "*conn:*");
+        let [key] = keys.as_slice() else { return None };
+        match zrange_scores(&mut redis.connection(), key).as_slice() {
+            [(member, expiry)] => Some((key.clone(), member.clone(), *expiry)),
+            _ => None,
+        }
+    };
+    let (key, member, first_expiry) =
+        poll(TIMEOUT, Duration::from_millis(20), lease, Option::is_some).ok().flatten().expect("one lease in Redis");
+    let renewed = poll(TIMEOUT, Duration::from_millis(50), lease, |l| {
+        l.as_ref().is_some_and(|(_, m, expiry)| *m == member && *expiry >= first_expiry + 3000.0)
+    });
+    assert!(renewed.is_ok(), "the lease {member} of {key} was not renewed past {first_expiry}: {renewed:?}");
+    assert_eq!(zcard(&mut conn, &key), 1, "still one lease");
     assert_eq!(echo(&mut first, b"ping"), "ping");
     let (status, _) = open(w.addr, "bob");
     assert!(status.contains(" 503 "), "the renewed lease still holds the only place: {status}");

@@ -12,7 +12,8 @@ import traceback
 from pathlib import Path
 
 from .common import BENCH_DIR, LUA_SCRIPT, REPO_DIR, BenchError, log
-from .configs import OPENRESTY_MODULE, merge_settings, nginx_conf, parse_settings, weir_toml
+from .configs import (OPENRESTY_MODULE, merge_settings, nginx_conf, parse_settings, weir_check,
+                      weir_toml, write_config)
 from .fleet import Fleet
 from .instructions import Instructions
 from .memory import Memory
@@ -35,7 +36,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
         self.workdir = Path(args.workdir)
         # Weir watches the directories of its config and of its certificates, and every write to
         # a file there wakes the watcher: those live apart from the logs (the workdir), or each
-        # log line would wake every Weir of the bench (README, "Access log").
+        # log line would wake every Weir of the bench (docs/operating.md, "Access log").
         self.confdir = self.workdir / "conf"
         self.confdir.mkdir(parents=True, exist_ok=True)
         self.out = Path(args.out)
@@ -87,7 +88,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
     def start_weir(self, name: str, toml: str, port: int, *, binary: str | None = None,
                    cpus: str | None = None, env: dict | None = None) -> Proc:
         conf = self.confdir / f"{name}.toml"
-        conf.write_text(toml)
+        write_config(conf, toml)
         proc = self.procs.start(name, [binary or self.weir, "-c", str(conf)],
                                 cpus or self.sut_cpu, env=env or {"RUST_LOG": "warn"})
         wait_port(proc, port)
@@ -284,9 +285,8 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
         """Does this weir build accept the config (`weir check`)? For settings that are newer
         than the harness, e.g. store.deny_cache_size."""
         conf = self.confdir / "probe.toml"
-        conf.write_text(toml)
-        cp = subprocess.run([self.weir, "check", "-c", str(conf)], capture_output=True, text=True)
-        return cp.returncode == 0
+        write_config(conf, toml)
+        return weir_check(self.weir, conf)[0]
 
     def check_weir_store(self) -> None:
         """Fail early and clearly if the Redis store is not deciding (e.g. not implemented)."""
@@ -383,7 +383,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             self.results["paced"] = self.phase_paced(rows)  # --rows ...,redis,paced
 
     def stem(self) -> str:
-        # A quick run must not overwrite the full run's results (bench/README.md quotes them).
+        # A quick run must not overwrite the full run's results (bench/results/*.md quote them).
         return "quick" if self.quick else "latest"
 
     def write_report(self, results: dict, t_start: float) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -62,6 +64,21 @@ def weir_toml(port: int, upstream_port: int, *, store: str = "memory", redis_por
     if zones:
         lines.append(f"limit_req = [ {limits} ]")
     return "\n".join(lines) + "\n"
+
+
+def write_config(path: Path, text: str) -> None:
+    """Writes a config file the way Weir wants to see a change: whole, by an atomic rename of a
+    temporary file beside it (its file watcher never applies a half-written file, but a rename is
+    seen at once). The soak rewrites live configs with it; the bench writes fresh ones."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def weir_check(weir: str, path: Path) -> tuple[bool, str]:
+    """`weir check -c path`: (accepted, its output)."""
+    cp = subprocess.run([weir, "check", "-c", str(path)], capture_output=True, text=True)
+    return cp.returncode == 0, cp.stdout + cp.stderr
 
 
 def parse_settings(text: str) -> list[tuple[str, str, str]]:

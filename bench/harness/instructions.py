@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .common import BENCH_DIR, BenchError, log
-from .configs import OPENRESTY_MODULE, nginx_conf
+from .configs import OPENRESTY_MODULE, nginx_conf, write_config
 from .metrics import BATCH_METRIC, scrape_metrics, total
 from .model import Row
 from .procs import Proc, free_port, record_pid, wait_port
@@ -137,7 +137,7 @@ class Instructions:
         # In the config directory, not next to the logs and dumps: Weir watches its config's
         # directory, and a line written beside it would wake the watcher (and count).
         conf = self.confdir / f"ins-{row.id}.toml"
-        conf.write_text(toml)
+        write_config(conf, toml)
         binary = (variant.binary if variant and variant.binary else self.weir)
         return [binary, "-c", str(conf)], env or {"RUST_LOG": "warn"}, "weir"
 

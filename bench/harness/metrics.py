@@ -1,4 +1,5 @@
-"""Weir's admin /metrics (Prometheus text): scraping, and the Redis batch-size histogram."""
+"""Weir's admin /metrics (Prometheus text): scraping and parsing (the bench and the soak), sums over
+labels, and the Redis batch-size histogram."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 def scrape_metrics(admin_port: int, timeout: float = 3.0) -> dict[tuple[str, str], float]:
     """(name, labels) -> value of every sample on the admin listener's /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=timeout) as r:
-        text = r.read().decode(errors="replace")
+        return parse_metrics(r.read().decode(errors="replace"))
+
+
+def parse_metrics(text: str) -> dict[tuple[str, str], float]:
+    """(name, labels as written, e.g. '{zone="z1"}' or '') -> value of every sample."""
     out = {}
     for line in text.splitlines():
         m = _LINE.match(line)
@@ -29,6 +34,14 @@ def total(metrics: dict, name: str) -> float | None:
     """The sum of every series of `name`; None if the metric is absent."""
     vals = [v for (n, _), v in metrics.items() if n == name]
     return sum(vals) if vals else None
+
+
+def metric_sum(metrics: dict, name: str, **labels) -> float:
+    """The sum of the series of `name` whose labels include every `label="value"` given; 0 when
+    none does (a counter not yet incremented is absent)."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum((v for (n, ls), v in metrics.items() if n == name and all(w in ls for w in want)),
+               0.0)
 
 
 def batch_histogram(metrics: dict) -> dict:

@@ -1,4 +1,5 @@
-"""Processes and ports."""
+"""Processes and ports: the recorder of every process the bench or the soak starts (bench/soak/
+soak.py uses this module too), waiting for a port, a log's last lines."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,20 +38,31 @@ class Proc:
         return self.popen.poll() is None
 
     def log_tail(self, n: int = 15) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
+        return log_tail(self.log_path, n)
+
+
+def log_tail(path: Path, n: int = 15) -> str:
+    """The last `n` lines of a log file ("" if it cannot be read)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
 
 
 class Procs:
+    """Starts processes, each leading its own process group and logging to <workdir>/<name>.log,
+    records them in the pid file, and stops them. Safe to use from several threads (the soak's
+    chaos threads kill and restart processes while others run)."""
+
     def __init__(self, workdir: Path, pidfile: Path):
         self.workdir = workdir
         self.pidfile = pidfile
         self.procs: list[Proc] = []
+        self.lock = threading.Lock()
 
-    def start(self, name: str, argv: list[str], cpus: str | None, env: dict | None = None) -> Proc:
+    def start(self, name: str, argv: list[str], cpus: str | None = None,
+              env: dict | None = None) -> Proc:
         if cpus is not None:
             argv = ["taskset", "-c", cpus] + argv  # taskset execs: the pid is the program's
         log_path = self.workdir / f"{name}.log"
@@ -61,9 +74,10 @@ class Procs:
             env=full_env, start_new_session=True,
         )
         out.close()
-        record_pid(self.pidfile, popen.pid)
         proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
+        with self.lock:
+            record_pid(self.pidfile, popen.pid)
+            self.procs.append(proc)
         return proc
 
     def ours(self) -> set[int]:
@@ -92,6 +106,16 @@ class Procs:
                 log(f"{proc.name} ignored SIGTERM for {grace}s: SIGKILL")
                 self._signal(proc, signal.SIGKILL)
                 proc.popen.wait()
+            self._forget(proc)
+
+    def kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:
+        """`sig` (SIGKILL: a crash) to the process group at once, then reaps the process."""
+        self._signal(proc, sig)
+        proc.popen.wait()
+        self._forget(proc)
+
+    def _forget(self, proc: Proc) -> None:
+        with self.lock:
             if proc in self.procs:
                 self.procs.remove(proc)
 
@@ -102,8 +126,10 @@ class Procs:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop_all(self) -> None:
-        self.stop(*reversed(self.procs))
+    def stop_all(self, grace: float = 5.0) -> None:
+        with self.lock:
+            procs = list(reversed(self.procs))
+        self.stop(*procs, grace=grace)
 
 
 def record_pid(pidfile: Path, pid: int) -> None:
@@ -124,17 +150,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(proc: Proc, port: int, timeout: float = 15.0) -> None:
+def wait_port(proc: Proc, port: int, timeout: float = 15.0, what: str = "") -> None:
+    """Until `port` accepts connections on loopback; BenchError (with the log's tail) if the
+    process exits first or `timeout` passes. `what` names the port in the error ("admin")."""
+    name = f"{proc.name} {what}".strip()
     deadline = time.time() + timeout
     while time.time() < deadline:
         if not proc.alive():
-            raise BenchError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+            raise BenchError(f"{name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise BenchError(f"{proc.name} not listening on {port} after {timeout}s:\n{proc.log_tail()}")
+    raise BenchError(f"{name} not listening on {port} after {timeout}s:\n{proc.log_tail()}")
 
 
 def http_get(port: int, xff: str | None = None, path: str = "/") -> int:

@@ -37,12 +37,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The bench harness's RESP client, pid file and /proc readings (bench/harness/: resp.py, procs.py,
-# procstat.py; standard library only): one implementation of each for both drivers.
+# The bench harness (bench/harness/, standard library only) has one implementation of what both
+# drivers need: the process recorder and wait_port (procs.py), the config writer and `weir check`
+# (configs.py), the /metrics parser (metrics.py), /proc readings (procstat.py), the Redis client
+# (redis_client.py on resp.py). This file keeps only what is the soak's own.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.procs import free_port, record_pid  # noqa: E402
+from harness.common import BenchError  # noqa: E402
+from harness.configs import weir_check, write_config  # noqa: E402
+from harness.metrics import metric_sum, scrape_metrics, total  # noqa: E402
+from harness.procs import Proc, Procs, free_port, log_tail, wait_port  # noqa: E402
 from harness.procstat import cpu_seconds, proc_status  # noqa: E402
-from harness.resp import RespClient  # noqa: E402
+from harness.redis_client import Redis as BenchRedis  # noqa: E402
 
 SOAK_DIR = Path(__file__).resolve().parent
 BENCH_DIR = SOAK_DIR.parent
@@ -69,97 +74,25 @@ WATCHDOG_S = 180
 
 LEASE_TTL_S = 3
 CLIENT_TIMEOUT_S = 15.0
+# How long a started process (Redis, the upstream, a Weir and its admin listener) may take to listen.
+PORT_WAIT_S = 30.0
 
 
 def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class SoakError(Exception):
-    """The soak could not run (a process did not start, a tool failed)."""
+class SoakError(BenchError):
+    """The soak could not run (a process did not start, a tool failed). The harness's own helpers
+    raise BenchError, its base: main() answers both with exit status 2."""
 
 
 # --------------------------------------------------------------------------------------------
-# Processes: each in its own process group, recorded with its start time in <workdir>/pids so that
-# soak.sh's EXIT trap can end exactly those if this script dies first.
+# Redis: the bench's client (RESP2, INFO snapshots), with the soak's error type and short timeout
 # --------------------------------------------------------------------------------------------
 
 
-class Procs:
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.pidfile = workdir / "pids"
-        self.live: list[subprocess.Popen] = []
-        self.lock = threading.Lock()
-
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        out = open(self.workdir / f"{name}.log", "ab")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
-        out.close()
-        with self.lock:
-            record_pid(self.pidfile, popen.pid)  # with its start time, for soak.sh's trap
-            self.live.append(popen)
-        return popen
-
-    def kill(self, popen: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(popen.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        popen.wait()
-        with self.lock:
-            if popen in self.live:
-                self.live.remove(popen)
-
-    def stop_all(self, grace: float = 5.0) -> None:
-        with self.lock:
-            procs = list(reversed(self.live))
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.time() + grace
-        for p in procs:
-            try:
-                p.wait(max(0.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                self.kill(p)
-        with self.lock:
-            self.live.clear()
-
-
-def wait_port(popen: subprocess.Popen, name: str, port: int, log_path: Path,
-              timeout: float = 30.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if popen.poll() is not None:
-            raise SoakError(f"{name} exited with {popen.returncode}:\n{tail(log_path)}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SoakError(f"{name} not listening on {port} after {timeout}s:\n{tail(log_path)}")
-
-
-def tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-# --------------------------------------------------------------------------------------------
-# A minimal Redis client (RESP2)
-# --------------------------------------------------------------------------------------------
-
-
-class Redis(RespClient):
+class Redis(BenchRedis):
     error = SoakError
 
     def __init__(self, port: int, timeout: float = 5.0):
@@ -171,14 +104,8 @@ class Redis(RespClient):
 
     def script_calls(self) -> int:
         """Successful EVALSHA + EVAL calls since this Redis started."""
-        total = 0
-        for line in self.cmd("INFO", "commandstats").decode().splitlines():
-            m = re.match(r"cmdstat_(evalsha|eval):calls=(\d+).*?failed_calls=(\d+)", line)
-            if m:
-                total += int(m.group(2)) - int(m.group(3))
-            elif re.match(r"cmdstat_(evalsha|eval):calls=(\d+)", line):
-                total += int(re.match(r"cmdstat_\w+:calls=(\d+)", line).group(1))
-        return total
+        s = self.snapshot()
+        return sum(s["calls"].get(c, 0) - s["failed"].get(c, 0) for c in ("evalsha", "eval"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,12 +274,6 @@ upstream = "app"
 """
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------------
 # Weir instances
 # --------------------------------------------------------------------------------------------
@@ -376,7 +297,7 @@ class Instance:
     port: int
     admin: int
     conf: Path
-    popen: subprocess.Popen | None = None
+    proc: Proc | None = None
     lives: list[Life] = field(default_factory=list)
     up: bool = False
 
@@ -393,30 +314,6 @@ def admin_get(port: int, path: str, timeout: float = 3.0) -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         conn.close()
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            pass
-    return out
-
-
-def metric_sum(metrics: dict[str, float], name: str, **labels) -> float:
-    total = 0.0
-    for k, v in metrics.items():
-        base = k.split("{", 1)[0]
-        if base != name:
-            continue
-        if all(f'{lk}="{lv}"' in k for lk, lv in labels.items()):
-            total += v
-    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,7 +506,8 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.workdir = Path(args.workdir)
-        self.procs = Procs(self.workdir)
+        # Every process recorded with its start time in <workdir>/pids, for soak.sh's EXIT trap.
+        self.procs = Procs(self.workdir, self.workdir / "pids")
         self.duration = args.duration
         self.redis_port = free_port()
         self.upstream_port = free_port()
@@ -618,8 +516,8 @@ class Soak:
             d = self.workdir / name
             d.mkdir(exist_ok=True)
             self.instances.append(Instance(name, free_port(), free_port(), d / "weir.toml"))
-        self.redis: subprocess.Popen | None = None
-        self.upstream: subprocess.Popen | None = None
+        self.redis: Proc | None = None
+        self.upstream: Proc | None = None
         self.variant = 0
         self.t0 = time.time()
         self.lock = threading.Lock()        # one chaos action at a time on the Weir instances
@@ -681,21 +579,20 @@ class Soak:
             "redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
             "--dir", str(self.workdir)])
-        wait_port(self.redis, "redis-server", self.redis_port, self.workdir / "redis.log")
+        wait_port(self.redis, self.redis_port, PORT_WAIT_S)
 
     def start_weir(self, inst: Instance) -> None:
-        log_path = self.workdir / f"{inst.name}.log"
-        inst.popen = self.procs.start(inst.name, [self.args.weir, "-c", str(inst.conf)])
-        life = Life(pid=inst.popen.pid, started=time.time())
+        inst.proc = self.procs.start(inst.name, [self.args.weir, "-c", str(inst.conf)])
+        life = Life(pid=inst.proc.pid, started=time.time())
         inst.lives.append(life)
-        wait_port(inst.popen, inst.name, inst.port, log_path)
-        wait_port(inst.popen, inst.name + " admin", inst.admin, log_path)
+        wait_port(inst.proc, inst.port, PORT_WAIT_S)
+        wait_port(inst.proc, inst.admin, PORT_WAIT_S, "admin")
         life.ready = time.time()
         inst.up = True
 
     def write_configs(self) -> None:
         for inst in self.instances:
-            write_atomic(inst.conf, weir_toml(port=inst.port, admin=inst.admin,
+            write_config(inst.conf, weir_toml(port=inst.port, admin=inst.admin,
                                               redis=self.redis_port, upstream=self.upstream_port,
                                               variant=self.variant, on_error=self.args.on_error))
 
@@ -703,12 +600,11 @@ class Soak:
         self.start_redis()
         self.upstream = self.procs.start("upstream", [sys.executable, str(SOAK_DIR / "upstream.py"),
                                                       "--port", str(self.upstream_port)])
-        wait_port(self.upstream, "upstream", self.upstream_port, self.workdir / "upstream.log")
+        wait_port(self.upstream, self.upstream_port, PORT_WAIT_S)
         self.write_configs()
-        r = subprocess.run([self.args.weir, "check", "-c", str(self.instances[0].conf)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SoakError(f"weir check refused the soak config: {r.stdout}{r.stderr}")
+        ok, output = weir_check(self.args.weir, self.instances[0].conf)
+        if not ok:
+            raise SoakError(f"weir check refused the soak config: {output}")
         for inst in self.instances:
             self.start_weir(inst)
         # Every instance decides on Redis before the clock starts.
@@ -723,21 +619,18 @@ class Soak:
                 raise SoakError("Weir made no script call to Redis for a limited request")
 
     def sample(self, inst: Instance) -> dict | None:
-        if not inst.up or inst.popen is None or inst.popen.poll() is not None:
+        if not inst.up or inst.proc is None or not inst.proc.alive():
             return None
         try:
-            return proc_sample(inst.popen.pid, inst.ports(self))
+            return proc_sample(inst.proc.pid, inst.ports(self))
         except OSError:
             return None
 
     def scrape(self, inst: Instance) -> dict | None:
         try:
-            status, body = admin_get(inst.admin, "/metrics")
-        except OSError:
+            m = scrape_metrics(inst.admin)   # an answer other than 200 raises too (HTTPError)
+        except (OSError, http.client.HTTPException):
             return None
-        if status != 200:
-            return None
-        m = parse_metrics(body.decode(errors="replace"))
         inst.lives[-1].last_metrics = m
         return m
 
@@ -857,7 +750,7 @@ class Soak:
             inst.up = False
             start = time.time()
             self.kill_windows.append([start, 0.0])
-            self.procs.kill(inst.popen, signal.SIGKILL)
+            self.procs.kill(inst.proc, signal.SIGKILL)
             prefix = f"{life.pid:x}-"
             try:
                 self.killed_leases = {"prefix": prefix, "at_kill": self.live_leases(prefix)[2]}
@@ -869,7 +762,7 @@ class Soak:
             self.start_weir(inst)
             # Connections refused until the new process listens; a margin for requests in flight.
             self.kill_windows[-1][1] = time.time() + 1.0
-            self.event("weir restarted", instance=inst.name, pid=inst.popen.pid,
+            self.event("weir restarted", instance=inst.name, pid=inst.proc.pid,
                        down_s=round(time.time() - start, 2))
         # Its leases must be gone once lease_ttl has passed (a crashed proxy never leaks a slot).
         if not self.sleep_until(at + LEASE_TTL_S + 1.5):
@@ -891,14 +784,15 @@ class Soak:
         """Notices processes that die on their own; scrapes metrics every few seconds."""
         while not self.done.wait(1.0):
             for inst in self.instances:
-                if inst.up and inst.popen is not None and inst.popen.poll() is not None:
+                if inst.up and inst.proc is not None and not inst.proc.alive():
                     inst.up = False
-                    msg = f"{inst.name} (pid {inst.popen.pid}) died: exit {inst.popen.returncode}"
-                    inst.lives[-1].ended = f"died: exit {inst.popen.returncode}"
+                    code = inst.proc.popen.returncode
+                    msg = f"{inst.name} (pid {inst.proc.pid}) died: exit {code}"
+                    inst.lives[-1].ended = f"died: exit {code}"
                     self.deaths.append(msg)
-                    self.event("DIED", instance=inst.name, code=inst.popen.returncode)
-            if self.upstream.poll() is not None:
-                self.deaths.append(f"upstream died: exit {self.upstream.returncode}")
+                    self.event("DIED", instance=inst.name, code=code)
+            if not self.upstream.alive():
+                self.deaths.append(f"upstream died: exit {self.upstream.popen.returncode}")
                 self.event("upstream DIED")
                 return
             if int(time.time() - self.t0) % 5 == 0:
@@ -1051,7 +945,7 @@ class Soak:
                 check(f"{inst.name} Redis sockets", end["fd_kinds"].get("redis", 0) <= REDIS_SOCKETS_MAX,
                       f"{end['fd_kinds'].get('redis', 0)} at the end after {len(self.redis_restarts)} "
                       f"Redis restarts (limit {REDIS_SOCKETS_MAX})")
-                active = final.last_metrics.get("weir_limit_conn_active_leases")
+                active = total(final.last_metrics, "weir_limit_conn_active_leases")
                 check(f"{inst.name} active leases gauge", not active,
                       f"weir_limit_conn_active_leases = {active} after the traffic")
             instances[inst.name] = {"port": inst.port, "admin": inst.admin, "lives": lives,
@@ -1260,7 +1154,7 @@ def main() -> int:
     threading.Thread(target=watchdog, daemon=True, name="watchdog").start()
     try:
         result = soak.run()
-    except SoakError as e:
+    except BenchError as e:   # SoakError, or a harness helper's (a process that did not start)
         log(f"could not run: {e}")
         return 2
     except KeyboardInterrupt:
@@ -1282,7 +1176,7 @@ def main() -> int:
         for f in soak.failures:
             log(f"FAILED: {f}")
         for name in [i.name for i in soak.instances] + ["redis", "upstream"]:
-            t = tail(soak.workdir / f"{name}.log", 10)
+            t = log_tail(soak.workdir / f"{name}.log", 10)
             if t:
                 log(f"--- last lines of {name}.log ---\n{t}")
         return 1

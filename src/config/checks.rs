@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::schema;
-use crate::keys::{KeyPart, KeySpec};
+use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 
 /// The largest `burst` (and `delay`) of a limit.
 pub(super) const MAX_BURST: i64 = 1_000_000;
@@ -20,22 +20,41 @@ pub(super) fn parse_cidr(text: &str) -> Option<IpNet> {
     text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
-/// A zone's `key`: one part or a list (composite).
+/// A zone's `key`: one part or a list (composite), and its `bad_token_key` (the key of requests
+/// whose token cannot be verified, when the key reads a claim).
 pub(super) fn key_spec(
     src: &Source<'_>,
     key: &Spanned<schema::OneOrMany>,
+    bad_token_key: Option<&Spanned<schema::OneOrMany>>,
     what: &str,
     zone: &str,
 ) -> Result<KeySpec, ConfigError> {
+    let parts = key_parts(src, key, &format!("{what} {zone:?}: key"))?;
+    let mut spec = KeySpec::new(parts);
+    if let Some(fallback) = bad_token_key {
+        let field = format!("{what} {zone:?}: bad_token_key");
+        if !spec.reads_claims() {
+            return Err(
+                src.error_at(&fallback.span(), format!("{field}: the key reads no jwt: claim, so no token is checked"))
+            );
+        }
+        let parts = key_parts(src, fallback, &field)?;
+        if parts.iter().any(|p| matches!(p, KeyPart::Claim(_))) {
+            return Err(
+                src.error_at(&fallback.span(), format!("{field}: the fallback for a bad token cannot read the token"))
+            );
+        }
+        spec.on_bad_token = TokenPolicy::Fallback(parts);
+    }
+    Ok(spec)
+}
+
+fn key_parts(src: &Source<'_>, key: &Spanned<schema::OneOrMany>, field: &str) -> Result<Vec<KeyPart>, ConfigError> {
     let items = key.get_ref().items();
     if items.is_empty() {
-        return Err(src.error_at(&key.span(), format!("{what} {zone:?}: key must not be empty")));
+        return Err(src.error_at(&key.span(), format!("{field} must not be empty")));
     }
-    let parts = items
-        .iter()
-        .map(|k| KeyPart::parse(k).map_err(|e| src.error_at(&key.span(), format!("{what} {zone:?}: key: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(KeySpec(parts))
+    items.iter().map(|k| KeyPart::parse(k).map_err(|e| src.error_at(&key.span(), format!("{field}: {e}")))).collect()
 }
 
 /// Names appear in headers, Redis keys, logs and metric labels: keep them plain.

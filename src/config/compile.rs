@@ -4,20 +4,26 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
-use toml::Spanned;
 
 use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
+use super::interpolate;
 use super::rls;
 use super::route::{self, Route};
 use super::schema;
+use super::secrets::{Secret, Secrets};
 use super::store::{self, StoreSettings};
+use super::traces::TraceSettings;
 use super::upstream;
+use super::zones::OverrideMatch;
 use super::zones::{self, Zone};
-use crate::keys::RealIp;
+use crate::keys::jwt::Verifier;
+use crate::keys::{KeyPart, RealIp};
 use crate::metrics::Meters;
+use crate::request::method::MethodOverride;
 use crate::request::EncodedSlash;
 use crate::routes::RouteMatcher;
 use crate::tls::{CertEntry, MinTls};
@@ -26,6 +32,18 @@ use crate::upstream::Upstream;
 /// Largest accepted `burst` and `delay`: far beyond any sane bucket, and small enough that the
 /// bucket level stays an exact integer in a double (Lua) for every rate unit.
 const MAX_THREADS: i64 = 1024;
+/// The longest client timeout (`header_timeout`, `body_timeout`, `send_timeout`,
+/// `keepalive_timeout`): an hour without a byte is no longer a slow client.
+const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The largest `max_header_size`: 1 MiB of request line and headers (nginx's default is 8 KiB
+/// per line, 32 KiB in all).
+const MAX_HEADER_SIZE: i64 = 1024 * 1024;
+/// The largest `max_connections` and `max_connections_per_ip`: beyond any file-descriptor limit.
+const MAX_CONNECTIONS: i64 = 10_000_000;
+/// The largest `h2_max_streams` (nginx's `http2_max_concurrent_streams` defaults to 128).
+const MAX_H2_STREAMS: i64 = 1000;
+/// Pingora's default stream cap (`default_h2_options`), kept when the config sets none.
+pub const DEFAULT_H2_MAX_STREAMS: u32 = 100;
 
 /// The compiled, immutable configuration one request reads from start to end.
 #[derive(Debug)]
@@ -33,6 +51,8 @@ pub struct Runtime {
     pub server: ServerSettings,
     pub store: StoreSettings,
     pub real_ip: Option<RealIp>,
+    /// `[jwt]`: the keys bearer tokens are verified with, for `jwt:` key parts.
+    pub jwt: Option<Verifier>,
     pub upstreams: Vec<Upstream>,
     pub zones: Vec<Zone>,
     pub conn_zones: Vec<ConnZone>,
@@ -46,6 +66,10 @@ pub struct Runtime {
     pub warnings: Vec<String>,
     /// The request path's metric handles for these routes and zones.
     pub meters: Meters,
+    /// Where the secret settings came from (files, `${NAME}`), never their values.
+    pub secrets: Secrets,
+    /// `[tracing]`: OpenTelemetry traces; `None`: off.
+    pub tracing: Option<TraceSettings>,
     /// Envoy's rate limit service (`[rls]`), when configured.
     pub rls: Option<crate::rls::RlsSettings>,
 }
@@ -79,7 +103,7 @@ pub struct ServerSettings {
     /// The admin listener (`/config`, `/reload`, `/metrics`, …); off when absent.
     pub admin: Option<SocketAddr>,
     /// When set, admin requests other than `/healthz` and `/readyz` need `Authorization: Bearer <token>`.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Limits on what one client connection may hold; read per connection and request, so a
     /// reload changes them for new connections.
     pub clients: ClientLimits,
@@ -103,7 +127,15 @@ pub struct ClientLimits {
     pub max_connections: Option<usize>,
     /// Open client connections per peer address; `None`: no per-address cap.
     pub max_connections_per_ip: Option<usize>,
+    /// Concurrent streams per HTTP/2 connection, advertised as `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    /// Each stream in flight beyond a connection's first also takes a place under the two caps
+    /// above (see `edge::streams`).
+    pub h2_max_streams: u32,
     pub encoded_slashes: EncodedSlash,
+    /// Header names with `_` (nginx's `underscores_in_headers off`: dropped).
+    pub underscores_in_headers: UnderscoreHeaders,
+    /// `X-HTTP-Method-Override` and its kin (see `request::method`).
+    pub method_override: MethodOverride,
     /// Set `X-Forwarded-For` / `X-Real-IP` for the upstream (see `request::forwarded`).
     pub forwarded_headers: bool,
 }
@@ -118,10 +150,24 @@ impl Default for ClientLimits {
             max_header_size: 64 * 1024,
             max_connections: None,
             max_connections_per_ip: None,
+            h2_max_streams: DEFAULT_H2_MAX_STREAMS,
             encoded_slashes: EncodedSlash::Reject,
+            underscores_in_headers: UnderscoreHeaders::Drop,
+            method_override: MethodOverride::Strip,
             forwarded_headers: true,
         }
     }
+}
+
+/// What becomes of a request header whose name has an `_`: upstreams behind CGI/WSGI (Werkzeug,
+/// PHP) read `X_Api_Key` as `X-Api-Key`, so passing it on would let a client send a key that Weir
+/// never read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnderscoreHeaders {
+    /// Removed before anything is decided or forwarded (nginx's default).
+    Drop,
+    /// 400.
+    Reject,
 }
 
 /// Logging: read at start-up (`RUST_LOG` overrides the level); the access log switch is live.
@@ -132,31 +178,63 @@ pub struct LogSettings {
     pub access_log: bool,
 }
 
+/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
 pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
+    let interpolated = interpolate::expand(&Source { file, text })?;
+    let mut secrets = Secrets::new(interpolated.uses.clone());
+    match compile_expanded(&interpolated.text, file, &mut secrets) {
+        Ok(mut runtime) => {
+            runtime.secrets = secrets;
+            Ok(runtime)
+        }
+        Err(mut e) => {
+            e.message = secrets.redact(&interpolated.redact(&e.message));
+            Err(e)
+        }
+    }
+}
+
+fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Runtime, ConfigError> {
     let src = Source { file, text };
     let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),
     })?;
-    let schema::File { server, store, real_ip, upstream, limit_req_zone, limit_conn_zone, route, log, rls } = parsed;
+    let schema::File {
+        server,
+        store,
+        real_ip,
+        upstream,
+        limit_req_zone,
+        limit_conn_zone,
+        route,
+        log,
+        jwt,
+        tracing,
+        rls,
+    } = parsed;
 
     // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
     let rls_only = rls.is_some() && route.is_empty();
     let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
     let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
-    let (server, tls_certs, mut warnings) = compile_server(&src, server, rls_only, rls_tls)?;
-    let store = store::compile_store(&src, store)?;
+    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets, rls_only, rls_tls)?;
+    let store = store::compile_store(&src, store, secrets)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
-    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones)?;
+    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
     keyless_zones_only_in_rls(&src, &routes, &zones)?;
     let rls = rls::compile_rls(&src, rls, &zones)?;
     if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
         return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
     }
     let log = compile_log(&src, log)?;
+    let jwt = super::jwt::compile_jwt(&src, jwt)?;
+    super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
+    no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
+    let tracing = super::traces::compile_tracing(&src, tracing)?;
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
@@ -166,6 +244,7 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         server,
         store,
         real_ip,
+        jwt,
         upstreams,
         zones,
         conn_zones,
@@ -175,6 +254,8 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
         tls_certs,
         warnings,
         meters,
+        secrets: Secrets::default(),
+        tracing,
         rls,
     })
 }
@@ -182,10 +263,45 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
 /// A zone without `key` is keyed by `[rls]` descriptors; an HTTP route has no key to give it.
 fn keyless_zones_only_in_rls(src: &Source<'_>, routes: &[Route], zones: &[Zone]) -> Result<(), ConfigError> {
     for route in routes {
-        if let Some(zl) = route.limits.iter().find(|zl| zones[zl.zone].key.0.is_empty()) {
+        if let Some(zl) = route.limits.iter().find(|zl| zones[zl.zone].key.parts.is_empty()) {
             return Err(src.error(format!(
                 "route {:?}: limit_req zone {:?} has no key; give the zone a key (e.g. key = \"ip\") to use it in a route",
                 route.name, zones[zl.zone].name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Request headers whose names hold `_` never reach a decision (they are dropped or refused, see
+/// `UnderscoreHeaders`), so a key, override or cost read from one would always be empty: refused.
+fn no_underscored_header_is_read(
+    src: &Source<'_>,
+    zones: &[Zone],
+    conn_zones: &[ConnZone],
+    routes: &[Route],
+) -> Result<(), ConfigError> {
+    let header_of = |part: &KeyPart| match part {
+        KeyPart::Header(name) => Some(name.clone()),
+        _ => None,
+    };
+    let rate = zones.iter().flat_map(|z| {
+        let overrides = z.overrides.iter().filter_map(|o| match &o.matcher {
+            OverrideMatch::Part(part, _) => header_of(part),
+            _ => None,
+        });
+        z.key.parts.iter().filter_map(header_of).chain(overrides).map(move |h| (format!("zone {:?}", z.name), h))
+    });
+    let conn = conn_zones.iter().flat_map(|z| {
+        z.key.parts.iter().filter_map(header_of).map(move |h| (format!("limit_conn_zone {:?}", z.name), h))
+    });
+    let cost =
+        routes.iter().filter_map(|r| r.cost.header.clone().map(|h| (format!("route {:?}: cost_header", r.name), h)));
+    for (what, header) in rate.chain(conn).chain(cost) {
+        if header.as_str().contains('_') {
+            return Err(src.error(format!(
+                "{what}: header {header} has an underscore in its name; such headers are dropped or refused \
+                 (server.underscores_in_headers), so it would always be empty: write it with '-'"
             )));
         }
     }
@@ -222,6 +338,7 @@ type ServerParts = (ServerSettings, Vec<CertEntry>, Vec<String>);
 fn compile_server(
     src: &Source<'_>,
     server: Spanned<schema::Server>,
+    secrets: &mut Secrets,
     rls_only: bool,
     rls_tls: bool,
 ) -> Result<ServerParts, ConfigError> {
@@ -237,6 +354,7 @@ fn compile_server(
         work_stealing,
         admin,
         admin_token,
+        admin_token_file,
         admin_insecure,
         header_timeout,
         body_timeout,
@@ -245,7 +363,10 @@ fn compile_server(
         max_header_size,
         max_connections,
         max_connections_per_ip,
+        h2_max_streams,
         encoded_slashes,
+        underscores_in_headers,
+        method_override,
         forwarded_headers,
     } = server.into_inner();
     let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls)?;
@@ -280,13 +401,13 @@ fn compile_server(
             })
         })
         .transpose()?;
-    let admin_token = match admin_token {
+    let admin_token = match secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file)? {
         Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
             return Err(
                 src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces")
             );
         }
-        t => t.map(|t| t.into_inner()),
+        t => t.map(|t| Secret::new(t.into_inner())),
     };
     if admin_token.is_some() && admin.is_none() {
         return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
@@ -304,37 +425,62 @@ fn compile_server(
         |value: Option<Spanned<String>>, field: &str, default: Duration| match value {
             None => Ok(default),
             Some(v) => match parse_duration(v.get_ref()) {
+                Some(d) if d > MAX_CLIENT_TIMEOUT => Err(src.error_at(
+                    &v.span(),
+                    format!("server.{field}: {:?} is too long: the most is 1h (\"3600s\")", v.get_ref()),
+                )),
                 Some(d) if !d.is_zero() => Ok(d),
                 _ => Err(src
                     .error_at(&v.span(), format!("server.{field}: {:?} is not a duration like \"10s\"", v.get_ref()))),
             },
         };
-    let count = |value: Option<Spanned<i64>>, field: &str, min: i64| match value {
+    let count = |value: Option<Spanned<i64>>, field: &str, (min, max): (i64, i64)| match value {
         None => Ok(None),
-        Some(v) if *v.get_ref() >= min => Ok(Some(*v.get_ref() as usize)),
-        Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be at least {min}, got {}", v.get_ref()))),
+        Some(v) if (min..=max).contains(v.get_ref()) => Ok(Some(*v.get_ref() as usize)),
+        Some(v) => Err(src.error_at(&v.span(), format!("server.{field}: must be {min}..={max}, got {}", v.get_ref()))),
     };
-    let encoded_slashes = match encoded_slashes.as_ref().map(|e| (e, e.get_ref().as_str())) {
-        None => defaults.encoded_slashes,
-        Some((_, "reject")) => EncodedSlash::Reject,
-        Some((_, "keep")) => EncodedSlash::Keep,
-        Some((_, "decode")) => EncodedSlash::Decode,
-        Some((e, other)) => {
-            return Err(src.error_at(
-                &e.span(),
-                format!("server.encoded_slashes: expected \"reject\", \"keep\" or \"decode\", got {other:?}"),
-            ))
+    // A setting spelled as one of a few words.
+    fn choice<T: Copy>(
+        src: &Source<'_>,
+        value: Option<Spanned<String>>,
+        field: &str,
+        default: T,
+        words: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let Some(value) = value else { return Ok(default) };
+        if let Some((_, chosen)) = words.iter().find(|(word, _)| word == value.get_ref()) {
+            return Ok(*chosen);
         }
-    };
+        let expected: Vec<String> = words.iter().map(|(word, _)| format!("{word:?}")).collect();
+        let detail = format!("server.{field}: expected {}, got {:?}", expected.join(" or "), value.get_ref());
+        Err(src.error_at(&value.span(), detail))
+    }
+    let slashes = [("reject", EncodedSlash::Reject), ("keep", EncodedSlash::Keep), ("decode", EncodedSlash::Decode)];
+    let encoded_slashes = choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes)?;
+    let underscores = [("drop", UnderscoreHeaders::Drop), ("reject", UnderscoreHeaders::Reject)];
+    let underscores_in_headers =
+        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores)?;
+    let overrides = [
+        ("strip", MethodOverride::Strip),
+        ("honour", MethodOverride::Honour),
+        ("honor", MethodOverride::Honour),
+        ("reject", MethodOverride::Reject),
+    ];
+    let method_override = choice(src, method_override, "method_override", defaults.method_override, &overrides)?;
     let clients = ClientLimits {
         header_timeout: duration(header_timeout, "header_timeout", defaults.header_timeout)?,
         body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
         send_timeout: duration(send_timeout, "send_timeout", defaults.send_timeout)?,
         keepalive_timeout: duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout)?,
-        max_header_size: count(max_header_size, "max_header_size", 1024)?.unwrap_or(defaults.max_header_size),
-        max_connections: count(max_connections, "max_connections", 1)?,
-        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", 1)?,
+        max_header_size: count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE))?
+            .unwrap_or(defaults.max_header_size),
+        max_connections: count(max_connections, "max_connections", (1, MAX_CONNECTIONS))?,
+        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS))?,
+        h2_max_streams: count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS))?
+            .map_or(defaults.h2_max_streams, |n| n as u32),
         encoded_slashes,
+        underscores_in_headers,
+        method_override,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
     };
     if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::checks::key_spec;
 use super::error::{ConfigError, Source};
@@ -50,7 +50,7 @@ pub fn compile_conn_zones(
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut out = Vec::new();
     for zone in list {
-        let schema::LimitConnZone { name, key, max_keys } = zone.into_inner();
+        let schema::LimitConnZone { name, key, max_keys, bad_token_key } = zone.into_inner();
         super::checks::check_name(src, &name, "limit_conn_zone.name")?;
         super::checks::unique(src, &mut seen, &name, "limit_conn_zone")?;
         if req_zones.iter().any(|z| z.name == *name.get_ref()) {
@@ -62,7 +62,7 @@ pub fn compile_conn_zones(
                 ),
             ));
         }
-        let key = key_spec(src, &key, "limit_conn_zone", name.get_ref())?;
+        let key = key_spec(src, &key, bad_token_key.as_ref(), "limit_conn_zone", name.get_ref())?;
         let max_keys = super::zones::max_keys_of(src, max_keys.as_ref(), "limit_conn_zone", name.get_ref())?;
         out.push(ConnZone { name: name.into_inner(), key, max_keys });
     }

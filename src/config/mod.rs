@@ -6,22 +6,33 @@ mod checks;
 mod compile;
 mod conn;
 mod error;
+mod interpolate;
+mod json_schema;
+mod jwt;
 mod rls;
 mod route;
+mod route_match;
 mod schema;
+mod secrets;
+mod spanned;
 mod store;
 mod tls;
+mod traces;
 mod upstream;
 mod zones;
 
 use std::path::Path;
 
 pub use checks::parse_duration;
-pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings};
+pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
 pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
+pub use interpolate::EnvUse;
+pub use json_schema::json_schema_text;
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
+pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
+pub use traces::TraceSettings;
 pub use zones::{Override, OverrideMatch, Zone};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.

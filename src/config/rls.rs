@@ -6,12 +6,11 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use toml::Spanned;
-
 use super::checks::{check_name, unique};
 use super::error::{ConfigError, Source};
 use super::route::{compile_limit_ref, Cost, HeaderMode, Route, ZoneLimit};
 use super::schema;
+use super::spanned::Spanned;
 use super::store::FailurePolicy;
 use super::zones::Zone;
 use crate::rls::rules::{Rule, ValueMatch};

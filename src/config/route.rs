@@ -3,19 +3,18 @@
 
 use std::collections::HashMap;
 
+use super::spanned::Spanned;
 use http::header::HeaderName;
-use http::Method;
-use regex::Regex;
-use toml::Spanned;
 
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::conn::{self, AccessRule, ConnLimit, ConnZone};
 use super::error::{ConfigError, Source};
+use super::route_match::{compile_match, shadowing, MatchInput};
 use super::schema;
 use super::store::FailurePolicy;
 use super::zones::Zone;
 use crate::limit::{Algorithm, DelayPolicy, LimitReq};
-use crate::routes::{HostMatch, PathMatch, RouteMatcher};
+use crate::routes::RouteMatcher;
 use crate::upstream::Upstream;
 
 /// Which rate-limit fields responses carry.
@@ -85,6 +84,7 @@ pub(super) fn compile_routes(
     upstreams: &[Upstream],
     zones: &[Zone],
     conn_zones: &[ConnZone],
+    warnings: &mut Vec<String>,
 ) -> Result<(Vec<Route>, Vec<RouteMatcher>), ConfigError> {
     let mut seen = HashMap::new();
     let mut routes = Vec::new();
@@ -120,35 +120,18 @@ pub(super) fn compile_routes(
         let rname = name.get_ref().clone();
         let here = |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("route {rname:?}: {msg}"));
 
-        let path = match (path, path_prefix, path_regex) {
-            (Some(p), None, None) => PathMatch::Exact(checked_path(p, &here)?),
-            (None, Some(p), None) => PathMatch::Prefix(checked_path(p, &here)?),
-            (None, None, Some(r)) => PathMatch::Regex(
-                Regex::new(r.get_ref()).map_err(|e| here(&r.span(), format!("path_regex: invalid regex: {e}")))?,
-            ),
-            _ => return Err(here(&route_span, "give exactly one of path, path_prefix or path_regex".into())),
-        };
-        let host = host
-            .map(|h| {
-                let valid = !h.get_ref().is_empty()
-                    && h.get_ref().bytes().all(|b| b.is_ascii_alphanumeric() || b"-.*:[]".contains(&b));
-                if valid {
-                    Ok(HostMatch::parse(h.get_ref()))
-                } else {
-                    Err(here(&h.span(), format!("host: {:?} is not a host name", h.get_ref())))
-                }
-            })
-            .transpose()?;
-        let methods = methods
-            .map(|list| {
-                list.iter()
-                    .map(|m| {
-                        Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes())
-                            .map_err(|_| here(&m.span(), format!("methods: {:?} is not an HTTP method", m.get_ref())))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .transpose()?;
+        let input = MatchInput { path, path_prefix, path_regex, host, methods };
+        let matcher = compile_match(src, &rname, &route_span, input, &here, warnings)?;
+        matchers.push(matcher);
+        if let Some(earlier) = shadowing(&matchers, matchers.len() - 1) {
+            return Err(here(
+                &route_span,
+                format!(
+                    "can never match: route {:?} comes first with the same path and host and all of its methods",
+                    routes_so_far_name(&routes, earlier)
+                ),
+            ));
+        }
         let upstream_index = upstreams.iter().position(|u| u.name == *upstream.get_ref()).ok_or_else(|| {
             let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
             here(
@@ -229,9 +212,12 @@ pub(super) fn compile_routes(
             cost,
             grpc_status,
         });
-        matchers.push(RouteMatcher { path, host, methods });
     }
     Ok((routes, matchers))
+}
+
+fn routes_so_far_name(routes: &[Route], index: usize) -> &str {
+    routes.get(index).map_or("?", |r| r.name.as_str())
 }
 
 pub(super) fn compile_limit_ref(
@@ -333,15 +319,4 @@ fn compile_cost(
         return Err(here(&m.span(), format!("min_cost ({min}) must not exceed max_cost ({max})")));
     }
     Ok(Cost { default, header, max, min })
-}
-
-fn checked_path(
-    p: Spanned<String>,
-    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
-) -> Result<String, ConfigError> {
-    if p.get_ref().starts_with('/') {
-        Ok(p.into_inner())
-    } else {
-        Err(here(&p.span(), format!("path must start with '/', got {:?}", p.get_ref())))
-    }
 }

@@ -2,92 +2,199 @@
 //! later checks may reject are `Spanned`, so errors can name their line. Nothing here is used at
 //! request time: `compile` turns it into the runtime model.
 
+use super::spanned::Spanned;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use toml::Spanned;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct File {
-    /// Optional only for a process that serves the rate limit service alone (`[rls]`).
+    /// The proxy's listeners, threads, admin API and client limits. Optional only for a process that
+    /// serves the rate limit service alone (`[rls]`).
     pub server: Option<Spanned<Server>>,
+    /// Where limit state lives: this process (`memory`, the default) or a Redis shared by the fleet.
     #[serde(default)]
     pub store: Option<Spanned<Store>>,
+    /// Proxies in front of Weir whose forwarding header gives the client address (nginx real_ip).
     #[serde(default)]
     pub real_ip: Option<Spanned<RealIp>>,
+    /// Named groups of servers that routes forward to.
     #[serde(default)]
     pub upstream: Vec<Spanned<Upstream>>,
+    /// Rate-limit zones (nginx limit_req_zone): a key and a rate.
     #[serde(default)]
     pub limit_req_zone: Vec<Spanned<LimitReqZone>>,
+    /// Concurrency zones (nginx limit_conn_zone): requests in flight per key.
     #[serde(default)]
     pub limit_conn_zone: Vec<Spanned<LimitConnZone>>,
+    /// Routes, matched in file order: the first that matches a request handles it.
     #[serde(default)]
     pub route: Vec<Spanned<Route>>,
+    /// Log level, format and the access log.
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
-    /// Envoy's rate limit service (src/rls/).
+    #[serde(default)]
+    pub jwt: Option<Spanned<Jwt>>,
+    /// OpenTelemetry traces over OTLP/HTTP (docs/production.md#traces); off when absent.
+    #[serde(default)]
+    pub tracing: Option<Spanned<Tracing>>,
+    /// Envoy's rate limit service over gRPC (docs/rls.md): descriptors decided on the same zones.
+    #[serde(default)]
     pub rls: Option<Spanned<Rls>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// The OTLP/HTTP traces URL of a collector, e.g. "http://otel-collector:4318/v1/traces".
+    #[schemars(extend("examples" = ["http://127.0.0.1:4318/v1/traces"]))]
+    pub endpoint: Spanned<String>,
+    /// Share of the traces started here that are recorded (0.0-1.0); a sampled incoming traceparent
+    /// is always followed.
+    #[schemars(extend("default" = 1.0))]
+    pub sample_ratio: Option<Spanned<f64>>,
+    /// The service.name of the spans.
+    #[schemars(extend("default" = "weir"))]
+    pub service_name: Option<Spanned<String>>,
+    /// Time one export may take.
+    #[schemars(extend("default" = "10s"))]
+    pub timeout: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Log {
+    /// Log level (RUST_LOG overrides it); read at start.
+    #[schemars(extend("enum" = ["error", "warn", "info", "debug", "trace"], "default" = "info"))]
     pub level: Option<Spanned<String>>,
+    /// Log lines as text or one JSON object per line; read at start.
+    #[schemars(extend("enum" = ["text", "json"], "default" = "text"))]
     pub format: Option<Spanned<String>>,
+    /// One line per request; a reload can switch it.
+    #[schemars(extend("default" = true))]
     pub access_log: Option<bool>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Server {
+    /// Addresses the proxy listens on (cleartext), each "IP:port"; this or listen_tls non-empty. A change
+    /// needs a restart.
+    #[schemars(extend("examples" = [["127.0.0.1:8080"]]))]
     pub listen: Option<Spanned<Vec<Spanned<String>>>>,
     /// Addresses that speak TLS (HTTPS), with the certificates of `tls`.
     pub listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Certificates for listen_tls: a PEM chain (leaf first) and its key, paths relative to the config file.
     #[serde(default)]
     pub tls: Vec<Spanned<TlsCert>>,
+    /// Oldest TLS version accepted.
+    #[schemars(extend("enum" = ["1.2", "1.3"], "default" = "1.2"))]
     pub min_tls: Option<Spanned<String>>,
     /// Offer HTTP/2 through ALPN on the TLS listeners (default true).
     pub http2: Option<bool>,
     /// Cleartext HTTP/2 with prior knowledge on the `listen` addresses (default false).
     pub h2c: Option<bool>,
+    /// Pingora worker threads, 1-1024 (default: the number of CPUs). A change needs a restart.
     pub threads: Option<Spanned<i64>>,
     /// Pingora's work stealing between the threads (default true; false: each thread runs its own
     /// runtime, and its Redis decisions stay on its own connection).
     pub work_stealing: Option<bool>,
+    /// Admin listener "IP:port" (/healthz /readyz /metrics /config /reload /limits /upstreams); off when
+    /// absent.
     pub admin: Option<Spanned<String>>,
+    /// Bearer token for every admin endpoint but /healthz and /readyz: at least 16 printable characters.
+    /// Better: admin_token_file or "${NAME}".
     pub admin_token: Option<Spanned<String>>,
+    /// A file holding the admin token (a mounted Secret), instead of `admin_token`.
+    pub admin_token_file: Option<Spanned<String>>,
     /// Allows a non-loopback admin address without a token.
     pub admin_insecure: Option<bool>,
+    /// Time to read a whole request head (nginx client_header_timeout).
+    #[schemars(extend("default" = "10s"))]
     pub header_timeout: Option<Spanned<String>>,
+    /// Time between two reads of a request body (nginx client_body_timeout).
+    #[schemars(extend("default" = "60s"))]
     pub body_timeout: Option<Spanned<String>>,
+    /// Time between two writes to the client.
+    #[schemars(extend("default" = "60s"))]
     pub send_timeout: Option<Spanned<String>>,
+    /// Idle keep-alive client connections are closed after this.
+    #[schemars(extend("default" = "75s"))]
     pub keepalive_timeout: Option<Spanned<String>>,
+    /// Bytes of request line and headers, at least 1024.
+    #[schemars(extend("default" = 65536))]
     pub max_header_size: Option<Spanned<i64>>,
+    /// Open client connections per instance (default: from the file-descriptor limit).
     pub max_connections: Option<Spanned<i64>>,
+    /// Open client connections per peer address (default: no cap).
     pub max_connections_per_ip: Option<Spanned<i64>>,
+    /// Concurrent streams one HTTP/2 connection may open (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    #[schemars(extend("default" = 100))]
+    pub h2_max_streams: Option<Spanned<i64>>,
+    /// %2F, %5C and a raw backslash in paths: reject (400), keep (matched escaped) or decode.
+    #[schemars(extend("enum" = ["reject", "keep", "decode"], "default" = "reject"))]
     pub encoded_slashes: Option<Spanned<String>>,
+    /// Request header names with an underscore: drop (nginx) or reject (400).
+    #[schemars(extend("enum" = ["drop", "reject"], "default" = "drop"))]
+    pub underscores_in_headers: Option<Spanned<String>>,
+    /// X-HTTP-Method-Override and its kin: strip, honour (route on it) or reject (400).
+    #[schemars(extend("enum" = ["strip", "honour", "honor", "reject"], "default" = "strip"))]
+    pub method_override: Option<Spanned<String>>,
+    /// Set X-Forwarded-For and X-Real-IP for the upstream.
+    #[schemars(extend("default" = true))]
     pub forwarded_headers: Option<bool>,
 }
 
 /// One `[[server.tls]]` certificate: a PEM chain (leaf first) and its key.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsCert {
+    /// PEM certificate chain file, leaf first.
     pub cert: Spanned<String>,
+    /// PEM private key file of the certificate.
     pub key: Spanned<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Store {
+    /// memory: limits of this process only; redis: limits shared by every instance. A change needs a restart.
+    #[schemars(extend("enum" = ["memory", "redis"], "default" = "memory"))]
     pub kind: Spanned<String>,
+    /// redis://[user:password@]host:port/db, rediss://, redis+cluster://h1:7000,h2:7001 or
+    /// redis+sentinel://s1:26379/master. Put the password in password_file or "${NAME}", not here.
+    #[schemars(extend("examples" = ["redis://127.0.0.1:6379/0"]))]
     pub url: Option<Spanned<String>>,
+    /// A file holding the whole `url` (with its password), instead of `url`.
+    pub url_file: Option<Spanned<String>>,
+    /// The Redis password, put into the url (which then must hold none).
+    pub password: Option<Spanned<String>>,
+    /// A file holding the Redis password, instead of `password`.
+    pub password_file: Option<Spanned<String>>,
+    /// Budget of one decision, round trip included.
+    #[schemars(extend("default" = "25ms"))]
     pub timeout: Option<Spanned<String>>,
+    /// redis: Redis TIME, one clock for the fleet; local: each proxy's clock.
+    #[schemars(extend("enum" = ["redis", "local"], "default" = "redis"))]
     pub clock: Option<Spanned<String>>,
+    /// Prefix of every Redis key.
+    #[schemars(extend("default" = "weir:"))]
     pub key_prefix: Option<Spanned<String>>,
+    /// What requests get when Redis fails: allow (fail open), deny (fail closed), local (this instance's
+    /// share of each limit).
+    #[schemars(extend("enum" = ["allow", "deny", "local"], "default" = "local"))]
     pub on_error: Option<Spanned<String>>,
+    /// Instances sharing the limits: on_error = "local" gives each 1/fleet_size of every limit (1-10000).
+    #[schemars(extend("default" = 1))]
     pub fleet_size: Option<Spanned<i64>>,
+    /// Rejected keys remembered until their retry time; 0 turns it off.
+    #[schemars(extend("default" = 10000))]
     pub deny_cache_size: Option<Spanned<i64>>,
+    /// Consecutive failures before decisions stop waiting on Redis (1-1000).
+    #[schemars(extend("default" = 3))]
     pub circuit_breaker_failures: Option<Spanned<i64>>,
+    /// A crashed instance's limit_conn slots come back after this (1s-60m).
+    #[schemars(extend("default" = "30s"))]
     pub lease_ttl: Option<Spanned<String>>,
     /// Decisions ready together share one script call on a connection per proxy thread.
     pub coalesce: Option<Spanned<bool>>,
@@ -100,85 +207,155 @@ pub struct Store {
     pub tls_key: Option<Spanned<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RealIp {
+    /// CIDRs or addresses of the proxies in front of Weir.
+    #[schemars(extend("examples" = [["10.0.0.0/8"]]))]
     pub trusted: Vec<Spanned<String>>,
+    /// The forwarding header.
+    #[schemars(extend("default" = "X-Forwarded-For"))]
     pub header: Option<Spanned<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
+    /// The name routes refer to: 1-64 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
     /// `"host:port"`, optionally followed by `weight=N max_fails=N fail_timeout=T max_conns=N`.
     pub servers: Spanned<Vec<Spanned<String>>>,
+    /// Requests in flight per server and instance.
     pub max_conns: Option<Spanned<i64>>,
+    /// Passive health: failures within fail_timeout that take a server out for fail_timeout; 0 turns it off.
+    #[schemars(extend("default" = 1))]
     pub max_fails: Option<Spanned<i64>>,
+    /// Passive health window and time out.
+    #[schemars(extend("default" = "10s"))]
     pub fail_timeout: Option<Spanned<String>>,
+    /// nginx proxy_connect_timeout.
+    #[schemars(extend("default" = "5s"))]
     pub connect_timeout: Option<Spanned<String>>,
+    /// nginx proxy_read_timeout.
+    #[schemars(extend("default" = "60s"))]
     pub read_timeout: Option<Spanned<String>>,
+    /// nginx proxy_send_timeout.
+    #[schemars(extend("default" = "60s"))]
     pub send_timeout: Option<Spanned<String>>,
+    /// Idle kept-alive connections to the servers are closed after this.
+    #[schemars(extend("default" = "60s"))]
     pub idle_timeout: Option<Spanned<String>>,
+    /// Idle connections kept per server; 0: no reuse.
     pub keepalive: Option<Spanned<i64>>,
+    /// Servers tried per request, the first included (1-16; default: each server once).
     pub tries: Option<Spanned<i64>>,
+    /// When to try the next server (nginx proxy_next_upstream): error, timeout, http_500, http_502, http_503,
+    /// http_504, http_429, non_idempotent, off.
+    #[schemars(extend("default" = ["error", "timeout"]))]
     pub next_upstream: Option<Spanned<Vec<Spanned<String>>>>,
+    /// No new try after this long ("0": no limit).
+    #[schemars(extend("default" = "0"))]
     pub next_upstream_timeout: Option<Spanned<String>>,
+    /// Host names are resolved again this often (at least 100ms).
+    #[schemars(extend("default" = "30s"))]
     pub resolve_interval: Option<Spanned<String>>,
+    /// DNS server "IP" or "IP:port" for the names (default: the system resolver).
     pub resolver: Option<Spanned<String>>,
+    /// Active health check of each server.
     pub health_check: Option<Spanned<HealthCheck>>,
     /// HTTPS to the servers, and its settings.
     pub tls: Option<Spanned<bool>>,
+    /// Server name sent in TLS (default: the host of each server).
     pub sni: Option<Spanned<String>>,
+    /// Check the servers' certificates.
+    #[schemars(extend("default" = true))]
     pub verify: Option<Spanned<bool>>,
+    /// PEM file of the CAs that sign the servers' certificates (default: the system's roots).
     pub ca_file: Option<Spanned<String>>,
+    /// PEM client certificate for mutual TLS, with client_key.
     pub client_cert: Option<Spanned<String>>,
+    /// PEM key of client_cert.
     pub client_key: Option<Spanned<String>>,
     /// `"h1"`, `"h2"` (over TLS) or `"h2c"`.
     pub protocol: Option<Spanned<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
+    /// tcp: a connect; http: a request (the default when path is set).
     #[serde(rename = "type")]
+    #[schemars(extend("enum" = ["http", "tcp"]))]
     pub kind: Option<Spanned<String>>,
+    /// Path of the HTTP check.
     pub path: Option<Spanned<String>>,
+    /// Host header of the check (default: the upstream's name).
     pub host: Option<Spanned<String>>,
+    /// Healthy statuses: "200", "200,204", "200-299".
+    #[schemars(extend("default" = "200-399"))]
     pub status: Option<Spanned<String>>,
+    /// Time between checks (at least 100ms).
+    #[schemars(extend("default" = "5s"))]
     pub interval: Option<Spanned<String>>,
+    /// Time one check may take.
+    #[schemars(extend("default" = "1s"))]
     pub timeout: Option<Spanned<String>>,
+    /// Consecutive passes to come back (1-100).
+    #[schemars(extend("default" = 2))]
     pub rise: Option<Spanned<i64>>,
+    /// Consecutive failures to go out (1-100).
+    #[schemars(extend("default" = 3))]
     pub fall: Option<Spanned<i64>>,
+    /// Check this port instead of the server's.
     pub port: Option<Spanned<i64>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitReqZone {
+    /// The zone's name; state is keyed by it: unique, 1-64 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
+    /// What the zone counts per: "ip", "header:NAME", "query:NAME", "cookie:NAME", or a list of these.
     /// Optional only for zones that `[rls]` descriptors alone use (their key is the descriptor's).
+    #[schemars(extend("examples" = ["ip", ["header:X-Tenant", "ip"]]))]
     pub key: Option<Spanned<OneOrMany>>,
+    /// The zone's algorithm (docs/algorithms.md); window algorithms take no burst or delay.
+    #[schemars(extend("enum" = ["leaky_bucket", "token_bucket", "fixed_window", "sliding_log", "sliding_window"], "default" = "leaky_bucket"))]
     pub algorithm: Option<Spanned<String>>,
+    /// The sustained rate: "N r/s", "N r/m" or "N r/h".
+    #[schemars(extend("examples" = ["10r/s", "600r/m"]))]
     pub rate: Option<Spanned<String>>,
+    /// Window algorithms: the window of `limit` (1ms-24h).
     pub window: Option<Spanned<String>>,
+    /// Window algorithms: requests per window (1-1000000).
     pub limit: Option<Spanned<i64>>,
-    /// Keys the in-process store keeps for the zone (like the size of nginx's zone).
+    /// Keys the memory store keeps for the zone (1-100000000), like the size of nginx's zone.
+    #[schemars(extend("default" = 1000000))]
     pub max_keys: Option<Spanned<i64>>,
+    /// The key of requests whose bearer token cannot be verified (zones keyed on `jwt:` claims);
+    /// without it they are refused with 401.
+    pub bad_token_key: Option<Spanned<OneOrMany>>,
+    /// Count by response: only responses with one of these statuses are charged, after the
+    /// response (requests are checked, uncharged, before forwarding).
+    pub count_statuses: Option<Spanned<Vec<i64>>>,
+    /// Other limits for some keys; the first match wins.
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ZoneOverride {
+    /// An IP or CIDR (key "ip"), or "header:X-Api-Key=partner-123".
     #[serde(rename = "match")]
     pub matches: Spanned<String>,
+    /// The key's rate, or "unlimited" to exempt it.
     pub rate: Option<Spanned<String>>,
+    /// Replaces the routes' burst for this key.
     pub burst: Option<Spanned<i64>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -194,32 +371,59 @@ impl OneOrMany {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
+    /// The route's name (metrics, logs, headers): 1-64 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
+    /// Matches this exact path (one of path, path_prefix, path_regex).
     pub path: Option<Spanned<String>>,
+    /// Matches paths starting with this (one of path, path_prefix, path_regex).
     pub path_prefix: Option<Spanned<String>>,
+    /// Matches paths this regular expression matches (one of path, path_prefix, path_regex).
     pub path_regex: Option<Spanned<String>>,
+    /// Matches this Host ("*.example.com" matches subdomains); the port is ignored.
     pub host: Option<Spanned<String>>,
-    pub methods: Option<Vec<Spanned<String>>>,
+    /// Matches these methods (default: any).
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The upstream requests are forwarded to.
     pub upstream: Spanned<String>,
+    /// Rate limits: zone, burst, delay or nodelay, dry_run.
     #[serde(default)]
     pub limit_req: Vec<Spanned<LimitReqRef>>,
+    /// Status of a rate-limited request (400-599).
+    #[schemars(extend("default" = 429))]
     pub limit_req_status: Option<Spanned<i64>>,
+    /// Decide and report, never delay or reject (every limit of the route).
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub dry_run: bool,
+    /// draft: RateLimit-Policy and RateLimit; legacy: X-RateLimit-*; none.
+    #[schemars(extend("enum" = ["draft", "legacy", "none"], "default" = "draft"))]
     pub rate_limit_headers: Option<Spanned<String>>,
+    /// Overrides store.on_error for this route.
+    #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Concurrency limits: zone, max, dry_run.
     #[serde(default)]
     pub limit_conn: Vec<Spanned<LimitConnRef>>,
+    /// Status of a request over a concurrency cap (400-599).
+    #[schemars(extend("default" = 503))]
     pub limit_conn_status: Option<Spanned<i64>>,
+    /// What one request counts as (0-1000000).
+    #[schemars(extend("default" = 1))]
     pub cost: Option<Spanned<i64>>,
+    /// The request gives its cost in this header (a bad value is a 400).
     pub cost_header: Option<Spanned<String>>,
+    /// With cost_header: larger values are clamped to this.
     pub max_cost: Option<Spanned<i64>>,
+    /// With cost_header: smaller values are raised to this.
+    #[schemars(extend("default" = 1))]
     pub min_cost: Option<Spanned<i64>>,
+    /// CIDRs, addresses or "all" allowed (nginx allow); first match of allow and deny in file order wins.
     #[serde(default)]
     pub allow: Vec<Spanned<String>>,
+    /// CIDRs, addresses or "all" denied (nginx deny).
     #[serde(default)]
     pub deny: Vec<Spanned<String>>,
     /// Rejections of `application/grpc*` requests as gRPC statuses (default true).
@@ -228,75 +432,131 @@ pub struct Route {
     pub grpc_status: Option<Spanned<i64>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitConnRef {
+    /// A limit_conn_zone.
     pub zone: Spanned<String>,
+    /// Requests in flight per key (1-65535).
     pub max: Spanned<i64>,
+    /// Shadow mode for this limit only.
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub dry_run: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitConnZone {
+    /// The zone's name: unique across both kinds of zones.
     pub name: Spanned<String>,
+    /// What the zone counts per, as for limit_req_zone.
     pub key: Spanned<OneOrMany>,
+    /// Keys with requests in flight the memory store keeps.
+    #[schemars(extend("default" = 1000000))]
     pub max_keys: Option<Spanned<i64>>,
+    pub bad_token_key: Option<Spanned<OneOrMany>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// `[jwt]`: how bearer tokens are verified for `jwt:` key parts.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    /// A JWKS document (RFC 7517), read at every config load.
+    pub jwks_file: Option<Spanned<String>>,
+    /// One key: an HMAC secret (the file's bytes, trailing newline removed) or a PEM public key.
+    pub key_file: Option<Spanned<String>>,
+    /// The algorithm of `key_file` (RS256, ES256, EdDSA, HS256, …).
+    pub algorithm: Option<Spanned<String>>,
+    pub issuer: Option<Spanned<OneOrMany>>,
+    pub audience: Option<Spanned<OneOrMany>>,
+    /// Clock skew allowed on `exp` and `nbf` (default 30s, at most 5m).
+    pub leeway: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitReqRef {
+    /// A limit_req_zone.
     pub zone: Spanned<String>,
+    /// Requests allowed above the rate (0-1000000).
+    #[schemars(extend("default" = 0))]
     pub burst: Option<Spanned<i64>>,
+    /// Excess requests forwarded without waiting (0-burst); not with nodelay.
     pub delay: Option<Spanned<i64>>,
+    /// Forward everything within the burst at once.
+    #[schemars(extend("default" = false))]
     pub nodelay: Option<Spanned<bool>>,
+    /// Shadow mode for this limit only.
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub dry_run: bool,
 }
 
 /// `[rls]`: Envoy's rate limit service (`envoy.service.ratelimit.v3`) on the same zones.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rls {
+    /// Addresses the gRPC service listens on (cleartext HTTP/2), each "IP:port". A change needs a restart.
+    #[schemars(extend("examples" = [["127.0.0.1:8081"]]))]
     pub listen: Option<Spanned<Vec<Spanned<String>>>>,
     /// gRPC over TLS, with the certificates of `[[server.tls]]`.
     pub listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Descriptors one request may carry.
+    /// Descriptors one request may carry (1-1024).
+    #[schemars(extend("default" = 64))]
     pub max_descriptors: Option<Spanned<i64>>,
     #[serde(default)]
     pub domain: Vec<Spanned<RlsDomain>>,
 }
 
 /// `[[rls.domain]]`: what one `domain` of the requests limits; compiled into a route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RlsDomain {
+    /// The `domain` of Envoy's requests (the ratelimit filter's `domain`).
     pub name: Spanned<String>,
+    /// Shadow mode for every limit of the domain: decide and report, never answer OVER_LIMIT.
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub dry_run: bool,
+    /// Which rate-limit fields the answer asks Envoy to add.
+    #[schemars(extend("enum" = ["draft", "legacy", "none"], "default" = "draft"))]
     pub rate_limit_headers: Option<Spanned<String>>,
+    /// Overrides store.on_error for this domain.
+    #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Rules for the descriptors' entries, matched by key (and value).
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,
 }
 
 /// `[[rls.domain.descriptor]]` (nested as `descriptor` inside one another): a rule for one entry.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RlsDescriptor {
+    /// The entry's key, e.g. "remote_address" or "generic_key".
     pub key: Spanned<String>,
+    /// Only entries with this value (without it: any value, which becomes the zone's key).
     pub value: Option<Spanned<String>>,
+    /// The limit_req_zone deciding a descriptor that ends at this rule.
     pub zone: Option<Spanned<String>>,
+    /// Requests allowed above the rate (0-1000000).
+    #[schemars(extend("default" = 0))]
     pub burst: Option<Spanned<i64>>,
+    /// Excess requests admitted without a wait (0-burst); not with nodelay.
     pub delay: Option<Spanned<i64>>,
+    /// Admit everything within the burst at once.
+    #[schemars(extend("default" = false))]
     pub nodelay: Option<Spanned<bool>>,
+    /// Shadow mode for this rule only.
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub dry_run: bool,
     /// Matches and limits nothing (a value exempt from a key's default rule).
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub unlimited: bool,
+    /// Rules for the next entry of the descriptor.
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,
 }

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-use toml::Spanned;
+use super::spanned::Spanned;
 
 use super::checks::parse_duration;
 use super::error::{ConfigError, Source};
 use super::schema;
+use super::secrets::{url_with_password, Secrets};
 use crate::store::{parse_redis_url, RedisClock, RedisStoreConfig, RedisTls};
 use rustls_pki_types::pem::PemObject;
 
@@ -157,6 +158,7 @@ fn redis_tls(
 pub(super) fn compile_store(
     src: &Source<'_>,
     store: Option<Spanned<schema::Store>>,
+    secrets: &mut Secrets,
 ) -> Result<StoreSettings, ConfigError> {
     let Some(store) = store else {
         return Ok(StoreSettings::Memory);
@@ -164,6 +166,9 @@ pub(super) fn compile_store(
     let schema::Store {
         kind,
         url,
+        url_file,
+        password,
+        password_file,
         timeout,
         clock,
         key_prefix,
@@ -182,6 +187,9 @@ pub(super) fn compile_store(
         "memory" => {
             let redis_only = [
                 ("url", url.map(|u| u.span())),
+                ("url_file", url_file.map(|u| u.span())),
+                ("password", password.map(|u| u.span())),
+                ("password_file", password_file.map(|u| u.span())),
                 ("timeout", timeout.map(|t| t.span())),
                 ("clock", clock.map(|c| c.span())),
                 ("key_prefix", key_prefix.map(|k| k.span())),
@@ -202,6 +210,8 @@ pub(super) fn compile_store(
             Ok(StoreSettings::Memory)
         }
         "redis" => {
+            let url = secrets.value_or_file(src, "store.url", url, url_file)?;
+            let password = secrets.value_or_file(src, "store.password", password, password_file)?;
             let url = match (url, cluster) {
                 (Some(u), Some(c)) => {
                     let at = if c.span().start > u.span().start { c.span() } else { u.span() };
@@ -217,21 +227,32 @@ pub(super) fn compile_store(
                      \"redis+cluster://10.0.0.1:7000,10.0.0.2:7001\" or \"redis+sentinel://10.0.0.1:26379/mymaster\"",
                 )
             })?;
+            let url = match password {
+                None => url,
+                Some(pw) => Spanned::new(
+                    url.span(),
+                    url_with_password(url.get_ref(), pw.get_ref()).map_err(|e| src.error_at(&pw.span(), e))?,
+                ),
+            };
             // redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+sentinel://.
             if let Err(e) = parse_redis_url(url.get_ref()) {
                 return Err(src.error_at(&url.span(), format!("store.url: {e}")));
             }
             let timeout = match timeout {
                 None => Duration::from_millis(25),
-                Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-                    src.error_at(
-                        &t.span(),
-                        format!(
-                            "store.timeout: expected a positive duration like \"25ms\" or \"1s\", got {:?}",
-                            t.get_ref()
-                        ),
-                    )
-                })?,
+                // Every limited request may wait this long: a minute is already far past useful.
+                Some(t) => parse_duration(t.get_ref())
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
+                    .ok_or_else(|| {
+                        src.error_at(
+                            &t.span(),
+                            format!(
+                                "store.timeout: expected a positive duration up to \"60s\" like \"25ms\" or \"1s\", \
+                                 got {:?}",
+                                t.get_ref()
+                            ),
+                        )
+                    })?,
             };
             let clock = match clock.as_ref().map(|c| c.get_ref().as_str()) {
                 None | Some("redis") => RedisClock::Redis,
@@ -307,7 +328,7 @@ mod tests {
 
     fn compile(text: &str) -> Result<StoreSettings, ConfigError> {
         let wrapper: Wrapper = toml::from_str(text).expect("valid TOML");
-        compile_store(&Source { file: "t.toml", text }, wrapper.store)
+        compile_store(&Source { file: "t.toml", text }, wrapper.store, &mut Secrets::default())
     }
 
     fn url_of(text: &str) -> String {

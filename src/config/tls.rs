@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use toml::Spanned;
+use super::spanned::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::schema;

@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use toml::Spanned;
+use super::spanned::Spanned;
 
 use super::checks::{check_name, parse_duration, unique};
 use super::error::{ConfigError, Source};

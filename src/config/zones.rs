@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use super::spanned::Spanned;
 use ipnet::IpNet;
-use toml::Spanned;
 
 use super::checks::{check_name, key_spec, parse_duration, unique, MAX_BURST};
 use super::error::{ConfigError, Source};
@@ -26,6 +26,9 @@ pub struct Zone {
     pub overrides: Vec<Override>,
     /// Keys the in-process store keeps for the zone (`memory` store, `local` fallback).
     pub max_keys: usize,
+    /// Count by response (`count_statuses`): when set, a request is only checked before it is
+    /// forwarded, and charged after its response if the status is one of these (docs/charges.md).
+    pub count_statuses: Option<Vec<u16>>,
 }
 
 /// Different limits for some keys (hot keys, premium tenants), like Envoy's descriptor values.
@@ -52,14 +55,33 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
     let mut out = Vec::new();
     for zone in list {
         let span = zone.span();
-        let schema::LimitReqZone { name, key, algorithm, rate, window, limit, max_keys, overrides } = zone.into_inner();
+        let schema::LimitReqZone {
+            name,
+            key,
+            algorithm,
+            rate,
+            window,
+            limit,
+            max_keys,
+            bad_token_key,
+            count_statuses,
+            overrides,
+        } = zone.into_inner();
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
         let zname = name.get_ref().clone();
         // No key: a zone for `[rls]` descriptors only (`compile` refuses it in a route).
         let key = match &key {
-            Some(key) => key_spec(src, key, "limit_req_zone", &zname)?,
-            None => KeySpec(Vec::new()),
+            Some(key) => key_spec(src, key, bad_token_key.as_ref(), "limit_req_zone", &zname)?,
+            None => match &bad_token_key {
+                Some(b) => {
+                    return Err(src.error_at(
+                        &b.span(),
+                        format!("limit_req_zone {zname:?}: bad_token_key: the zone has no key, so no token is checked"),
+                    ))
+                }
+                None => KeySpec::new(Vec::new()),
+            },
         };
         let algorithm = match &algorithm {
             None => Algorithm::LeakyBucket,
@@ -108,9 +130,28 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             .map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname))
             .collect::<Result<_, _>>()?;
         let max_keys = max_keys_of(src, max_keys.as_ref(), "limit_req_zone", &zname)?;
-        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys });
+        let count_statuses = count_statuses.as_ref().map(|c| statuses_of(src, c, &zname)).transpose()?;
+        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys, count_statuses });
     }
     Ok(out)
+}
+
+/// A zone's `count_statuses`: a non-empty list of HTTP statuses (100..=599).
+fn statuses_of(src: &Source<'_>, list: &Spanned<Vec<i64>>, zone: &str) -> Result<Vec<u16>, ConfigError> {
+    let bad = |why: String| src.error_at(&list.span(), format!("limit_req_zone {zone:?}: count_statuses: {why}"));
+    if list.get_ref().is_empty() {
+        return Err(bad("give at least one status, e.g. [401, 403]".into()));
+    }
+    list.get_ref()
+        .iter()
+        .map(|&s| {
+            if (100..=599).contains(&s) {
+                Ok(s as u16)
+            } else {
+                Err(bad(format!("{s} is not an HTTP status (100..=599)")))
+            }
+        })
+        .collect()
 }
 
 /// Largest accepted `max_keys`: ~15 GB of state in one zone.
@@ -151,7 +192,7 @@ fn compile_override(
     let at = o.matches.span();
     let matcher = if let Some(net) = text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
     {
-        if !key.0.contains(&KeyPart::ClientIp) {
+        if !key.parts.iter().any(|p| matches!(p, KeyPart::ClientIp | KeyPart::IpPrefix(_))) {
             return Err(src.error_at(
                 &at,
                 format!(
@@ -170,7 +211,7 @@ fn compile_override(
         })?;
         let part = KeyPart::parse(part)
             .map_err(|e| src.error_at(&at, format!("limit_req_zone {zone:?}: override match: {e}")))?;
-        if !key.0.contains(&part) {
+        if !key.parts.contains(&part) {
             return Err(src.error_at(
                 &at,
                 format!("limit_req_zone {zone:?}: override match {text:?} names a part that is not in the zone's key"),

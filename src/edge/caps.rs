@@ -38,12 +38,15 @@ pub struct ConnPermit {
 impl ConnectionCaps {
     /// Takes a place for a connection from `ip`, or says which cap is full. `per_ip` is skipped
     /// for peers it does not apply to (the caller passes `None`, e.g. for trusted proxies).
+    /// An IPv4-mapped IPv6 peer (`::ffff:a.b.c.d`, what a dual-stack `[::]` listener sees of an
+    /// IPv4 client) counts as its IPv4 address: one client, one count, whichever listener it uses.
     pub fn admit(
         self: &Arc<Self>,
         ip: Option<IpAddr>,
         max_total: usize,
         per_ip: Option<usize>,
     ) -> Result<ConnPermit, Refusal> {
+        let ip = ip.map(|ip| ip.to_canonical());
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_total).then_some(n + 1))
             .map_err(|_| Refusal::Instance)?;
@@ -117,5 +120,15 @@ mod tests {
         drop((a1, a2));
         assert_eq!(caps.tracked_ips(), 1);
         assert!(caps.admit(ip("192.0.2.1"), 10, Some(2)).is_ok());
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_counts_as_its_ipv4_address() {
+        let caps = Arc::new(ConnectionCaps::default());
+        let _v4 = caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap();
+        let _mapped = caps.admit(ip("::ffff:192.0.2.1"), 10, Some(2)).unwrap();
+        assert_eq!(caps.admit(ip("::ffff:192.0.2.1"), 10, Some(2)).unwrap_err(), Refusal::PerIp);
+        assert_eq!(caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap_err(), Refusal::PerIp);
+        assert_eq!(caps.tracked_ips(), 1);
     }
 }

@@ -5,6 +5,7 @@
 
 mod caps;
 mod stream;
+mod streams;
 mod tls;
 
 use std::net::IpAddr;
@@ -13,19 +14,19 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use pingora::apps::ServerApp;
+use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::{Stream, ALPN};
-use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncWriteExt;
 
 pub use caps::{ConnPermit, ConnectionCaps, Refusal};
 pub use stream::{GuardedStream, StreamLimits};
+pub use streams::{awaiting_body, body_progress, h2_options};
 pub use tls::TlsListeners;
 
 use crate::config::Runtime;
 use crate::metrics::METRICS;
-use crate::proxy::{bodies, WeirProxy};
+use streams::StreamGate;
 
 /// File descriptors kept for everything but client connections: the admin listener and its
 /// clients, Redis, the config watcher, logs, Pingora's own.
@@ -35,8 +36,9 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-pub struct EdgeApp {
-    proxy: Arc<HttpProxy<WeirProxy>>,
+/// Wraps the HTTP app it serves (the proxy): generic, so the edge knows nothing of the proxy.
+pub struct EdgeApp<A> {
+    proxy: Arc<A>,
     runtime: Arc<ArcSwap<Runtime>>,
     caps: Arc<ConnectionCaps>,
     /// The instance cap when the config sets none, from the file-descriptor limit.
@@ -47,9 +49,9 @@ pub struct EdgeApp {
     h2c: bool,
 }
 
-impl EdgeApp {
-    pub fn new(proxy: HttpProxy<WeirProxy>, runtime: Arc<ArcSwap<Runtime>>, fd_limit: u64) -> Self {
-        let h2c = proxy.server_options.as_ref().is_some_and(|o| o.h2c);
+impl<A: HttpServerApp> EdgeApp<A> {
+    pub fn new(proxy: A, runtime: Arc<ArcSwap<Runtime>>, fd_limit: u64) -> Self {
+        let h2c = proxy.server_options().is_some_and(|o| o.h2c);
         Self {
             proxy: Arc::new(proxy),
             runtime,
@@ -75,7 +77,7 @@ pub fn default_max_connections(fd_limit: u64) -> usize {
 }
 
 #[async_trait]
-impl ServerApp for EdgeApp {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
     async fn process_new(self: &Arc<Self>, mut stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let runtime = self.runtime.load();
         let clients = &runtime.server.clients;
@@ -103,6 +105,7 @@ impl ServerApp for EdgeApp {
             keepalive_timeout: clients.keepalive_timeout,
             max_header_size: clients.max_header_size,
         };
+        let clients = clients.clone();
         drop(runtime);
         let (stream, multiplexed) = match tls {
             Some(tls) => match tls.handshake(stream, limits.header_timeout).await {
@@ -139,6 +142,11 @@ impl ServerApp for EdgeApp {
             None => (stream, false),
         };
         let guarded: Stream = Box::new(GuardedStream::new(stream, limits, permit, multiplexed));
+        if multiplexed {
+            // Each stream takes a place under the caps and has a body deadline (see streams.rs).
+            let gate = StreamGate::new(self.proxy.clone(), self.caps.clone(), peer, (max_total, per_ip), clients);
+            return Arc::new(gate).process_new(guarded, shutdown).await;
+        }
         // HTTP/1 keep-alive loops inside the proxy, so this returns when the connection is done.
         self.proxy.process_new(guarded, shutdown).await
     }
@@ -153,14 +161,22 @@ fn local_addr(stream: &Stream) -> Option<std::net::SocketAddr> {
     digest.local_addr().and_then(|a| a.as_inet()).copied()
 }
 
+/// The peer's address, an IPv4-mapped IPv6 one (a dual-stack listener's view of an IPv4 client)
+/// as the IPv4 address it is, so caps and trusted-proxy ranges see one client one way.
 fn peer_ip(stream: &Stream) -> Option<IpAddr> {
     let digest = stream.get_socket_digest()?;
-    digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip())
+    digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip().to_canonical())
+}
+
+/// The body of a connection refused at accept (`max_connections` / `max_connections_per_ip`).
+fn too_many_connections(cap: &str) -> String {
+    // One family with the proxy's bodies (`proxy/bodies.rs`): {"error": …, what to do}.
+    crate::engine::refusal::line(serde_json::json!({ "error": "too_many_connections", "cap": cap, "retry_after": 1 }))
 }
 
 /// A short HTTP/1.1 503 with `Connection: close`, best effort: the client may be gone already.
 async fn refuse(stream: &mut Stream, refusal: Refusal) {
-    let body = bodies::too_many_connections(refusal.label());
+    let body = too_many_connections(refusal.label());
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n\
          Connection: close\r\nContent-Length: {}\r\n\r\n{body}",

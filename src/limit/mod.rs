@@ -18,6 +18,9 @@ mod state;
 mod token_bucket;
 mod verdict;
 
+#[cfg(test)]
+mod tables;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use evaluation::Evaluation;
 pub use fixed_window::WindowState;

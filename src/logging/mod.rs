@@ -1,7 +1,7 @@
 //! Weir's logs: everything goes to stderr through `tracing` (level from `[log] level` unless
 //! `RUST_LOG` says otherwise; text or JSON lines from `[log] format`), except the JSON access log
 //! line, which is formatted by hand ([`line`]) because it is written once per request:
-//! `tracing`'s JSON formatter cost several µs of CPU a line (bench/README.md, "Levers, A/B").
+//! `tracing`'s JSON formatter cost several µs of CPU a line (bench/results/levers-2026-11.md, "Levers, A/B").
 //! Which lines are written is still `tracing`'s filter's choice, for those lines too.
 
 pub mod json;

@@ -67,7 +67,7 @@ pub struct Metrics {
     /// Client connections refused at accept, by cap (`max_connections`, `max_connections_per_ip`).
     pub connections_refused: IntCounterVec,
     /// Client connections closed by a timeout or size cap, by cause (`header_timeout`,
-    /// `keepalive_timeout`, `header_size`).
+    /// `keepalive_timeout`, `header_size`), and HTTP/2 streams cut by `body_timeout`.
     pub connections_cut: IntCounterVec,
     /// In-process stores (`memory`, and the `local` fallback): keys held per zone.
     pub memory_keys: IntGaugeVec,

@@ -9,8 +9,8 @@ use pingora::prelude::*;
 use pingora::proxy::Session;
 use tracing::Level;
 
-use super::status::LimitStatus;
 use super::RequestCtx;
+use crate::engine::status::LimitStatus;
 use crate::logging::json::{JsonObject, JsonStr};
 use crate::logging::{self, line};
 

@@ -5,58 +5,8 @@
 
 use serde_json::json;
 
-fn line(value: serde_json::Value) -> String {
-    value.to_string() + "\n"
-}
-
-/// Why a limit refused a request. Both of its answers are written from it: the JSON body, and
-/// for a gRPC request the `grpc-message`, so neither is parsed back from the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal<'a> {
-    /// 429 (or `limit_req_status`): `retry_after` is `None` when the request can never pass.
-    RateLimited { route: &'a str, zone: &'a str, retry_after: Option<u64> },
-    /// The limits could not be decided and the failure policy is `deny`.
-    LimiterUnavailable { route: &'a str },
-    /// 503 (or `limit_conn_status`): a concurrency cap is full.
-    TooManyConcurrent { route: &'a str, zone: &'a str, max: u32 },
-}
-
-impl Refusal<'_> {
-    pub fn body(&self) -> String {
-        match *self {
-            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
-                line(json!({ "error": "rate_limited", "route": route, "zone": zone, "retry_after": secs }))
-            }
-            Refusal::RateLimited { route, zone, retry_after: None } => line(json!({
-                "error": "request_too_costly", "route": route, "zone": zone, "retry_after": null,
-                "detail": "the request costs more than the zone can ever admit at once, so it can never pass",
-            })),
-            Refusal::LimiterUnavailable { route } => {
-                line(json!({ "error": "limiter_unavailable", "route": route, "retry_after": 1 }))
-            }
-            Refusal::TooManyConcurrent { route, zone, max } => line(json!({
-                "error": "too_many_concurrent_requests", "route": route, "zone": zone, "max": max, "retry_after": 1
-            })),
-        }
-    }
-
-    /// The body's facts on one line, for `grpc-message`:
-    /// `rate limited: route api, zone per_ip, retry after 3s`.
-    pub fn grpc_message(&self) -> String {
-        match *self {
-            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
-                format!("rate limited: route {route}, zone {zone}, retry after {secs}s")
-            }
-            Refusal::RateLimited { route, zone, retry_after: None } => {
-                format!("request too costly: route {route}, zone {zone}")
-            }
-            Refusal::LimiterUnavailable { route } => format!("limiter unavailable: route {route}, retry after 1s"),
-            Refusal::TooManyConcurrent { route, zone, max } => {
-                format!("too many concurrent requests: route {route}, zone {zone}, max {max}, retry after 1s")
-            }
-        }
-    }
-}
+use crate::engine::refusal::line;
+pub use crate::engine::Refusal;
 
 pub fn no_route() -> String {
     line(json!({ "error": "no_route", "detail": "no route matches this request" }))
@@ -65,6 +15,11 @@ pub fn no_route() -> String {
 /// `allow`/`deny` refused the client address.
 pub fn forbidden(route: &str) -> String {
     line(json!({ "error": "forbidden", "route": route }))
+}
+
+/// 401: a zone keyed on a verified JWT claim, and the request's token is absent or refused.
+pub fn unauthorized(route: &str, zone: &str, detail: &str) -> String {
+    line(json!({ "error": "invalid_token", "route": route, "zone": zone, "detail": detail }))
 }
 
 /// 400: `error` says which check failed, `detail` what was wrong; `route` once one matched.
@@ -90,11 +45,6 @@ pub fn upstream_failed(error: &str, upstream: &str, route: &str, tries: usize) -
     line(json!({ "error": error, "upstream": upstream, "route": route, "tries": tries }))
 }
 
-/// A connection over `max_connections` / `max_connections_per_ip`, refused at accept.
-pub fn too_many_connections(cap: &str) -> String {
-    line(json!({ "error": "too_many_connections", "cap": cap, "retry_after": 1 }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,7 +63,6 @@ mod tests {
             upstream_busy("api"),
             no_healthy_upstream("app", "api"),
             upstream_failed("upstream_timeout", "app", "api", 2),
-            too_many_connections("max_connections"),
         ] {
             assert!(body.ends_with('\n') && body.matches('\n').count() == 1, "{body}");
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();

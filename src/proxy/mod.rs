@@ -4,14 +4,9 @@
 
 mod access_log;
 pub(crate) mod bodies;
-pub mod conn_limiting;
-mod headers;
-mod lease;
-pub mod limiting;
 mod outcome;
-pub mod policy;
 mod respond;
-pub mod status;
+mod trace_span;
 mod upstreaming;
 
 use std::net::IpAddr;
@@ -25,19 +20,18 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::config::{Route, Runtime};
+use crate::config::Runtime;
 use crate::edge::GuardedStream;
-use crate::keys::{self, AmbiguousKey, RequestFacts};
+use crate::engine::lease::Lease;
+use crate::engine::limit_conn::{self, ConnStores};
+use crate::engine::limit_req::{self, Action, Stores};
+use crate::engine::status::Statuses;
+use crate::engine::{self, Refused};
+use crate::keys;
 use crate::metrics::METRICS;
-use crate::request::{allowed, forwarded, hygiene, normalize_path};
-use crate::routes;
-use crate::store::{ConnStore, LimitStore, MemoryConnStore, MemoryStore, ZoneLimits};
+use crate::request::{forwarded, hygiene};
 
-use conn_limiting::ConnStores;
-use lease::Lease;
-use limiting::{request_cost, Action, Stores};
 use outcome::Outcome;
-use status::Statuses;
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
@@ -46,16 +40,8 @@ pub struct WeirProxy {
 }
 
 impl WeirProxy {
-    /// `store` decides rates and `conn_store` concurrency; both outlive every reload.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, store: Arc<dyn LimitStore>, conn_store: Arc<dyn ConnStore>) -> Self {
-        // The `local` failure policy's stores are bounded by each zone's `max_keys`, like the
-        // memory store, following reloads.
-        let live = runtime.clone();
-        let limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let local_conns = Arc::new(MemoryConnStore::default().with_zone_limits(limits.clone()));
-        let conn_stores = ConnStores { primary: conn_store, kind: store.kind(), local: local_conns };
-        let stores = Stores::new(store, MemoryStore::default().with_zone_limits(limits));
-        crate::upstream::REGISTRY.watch(runtime.clone());
+    /// The proxy decides with stores that outlive every reload (the process makes them once).
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, stores: Stores, conn_stores: ConnStores) -> Self {
         Self { runtime, stores, conn_stores }
     }
 }
@@ -85,6 +71,10 @@ pub struct RequestCtx {
     /// The TCP peer, and whether it is a trusted proxy (for the forwarded headers).
     peer: Option<IpAddr>,
     peer_trusted: bool,
+    /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
+    trace: Option<crate::trace::RequestSpan>,
+    /// Zones counted by response (`count_statuses`), charged in `response_filter`.
+    deferred: Vec<limit_req::Deferred>,
 }
 
 #[async_trait]
@@ -109,10 +99,13 @@ impl ProxyHttp for WeirProxy {
             upstream: upstreaming::Attempts::default(),
             peer: None,
             peer_trusted: false,
+            trace: None,
+            deferred: Vec::new(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        ctx.trace = trace_span::start(session, ctx);
         let rt = ctx.runtime.clone();
         let clients = &rt.server.clients;
         // The head is in: from here its body and response are bounded by Pingora's per-read
@@ -128,67 +121,34 @@ impl ProxyHttp for WeirProxy {
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
         ctx.peer = peer;
         ctx.peer_trusted = keys::peer_is_trusted(peer, rt.real_ip.as_ref());
-        ctx.client_ip = keys::client_ip(peer, &req.headers, rt.real_ip.as_ref());
+        ctx.client_ip = engine::client_ip(&rt, peer, &req.headers);
 
-        // Framing an upstream could read differently, and paths that have no one meaning, are
-        // refused before anything is counted; the connection is closed, as its framing is in doubt.
+        // Framing an upstream could read differently is refused before anything is counted; the
+        // connection is closed, as its framing is in doubt.
         let h2 = req.version == http::Version::HTTP_2;
         if let Err(e) = hygiene::check(req.version, &req.headers, req.uri.authority().map(|a| a.as_str())) {
             return bad_request(session, ctx, "bad_framing", &e.to_string(), true).await;
         }
-        let path = match normalize_path(req.uri.path(), clients.encoded_slashes) {
-            Ok(path) => path,
-            Err(e) => return bad_request(session, ctx, "bad_path", &e.to_string(), false).await,
+        let head = engine::Head {
+            method: &req.method,
+            target: req.raw_path(),
+            authority: if h2 { req.uri.authority().map(|a| a.as_str()) } else { None },
+            headers: &req.headers,
+            client_ip: ctx.client_ip,
+            route: None,
         };
-        if let std::borrow::Cow::Owned(canonical) = path {
-            // Forward what was matched and limited: the upstream sees the same resource.
-            let target = match req.uri.query() {
-                Some(q) => format!("{canonical}?{q}"),
-                None => canonical,
-            };
-            match http::Uri::builder().path_and_query(target).build() {
-                Ok(uri) => session.req_header_mut().set_uri(uri),
-                Err(_) => return bad_request(session, ctx, "bad_path", "the path cannot be forwarded", false).await,
-            }
+        let plan = match engine::admit(&rt, &head) {
+            Ok(plan) => plan,
+            Err(refused) => return self.refuse(session, ctx, refused).await,
+        };
+        ctx.route = Some(plan.route);
+        let route = &rt.routes[plan.route];
+        if let Err(e) = forward_as_decided(session.req_header_mut(), &plan.forward) {
+            return bad_request(session, ctx, "bad_target", &e.to_string(), false).await;
         }
 
-        let req = session.req_header();
-        // HTTP/2 names the host in :authority (a Host beside it was checked to agree).
-        let header_host = || req.headers.get(HOST).and_then(|h| h.to_str().ok());
-        let host = if h2 { req.uri.host().or_else(header_host) } else { header_host().or_else(|| req.uri.host()) };
-        let Some(route_index) = routes::find(&rt.matchers, host, &req.method, req.uri.path()) else {
-            ctx.outcome = Outcome::NoRoute;
-            return respond::json(session, 404, &[], bodies::no_route()).await;
-        };
-        ctx.route = Some(route_index);
-        let route = &rt.routes[route_index];
-
-        // Like nginx's allow/deny, on the real client address; checked first so that refused
-        // clients never touch limit state.
-        if let Some(ip) = ctx.client_ip {
-            if !allowed(&route.access, ip) {
-                ctx.outcome = Outcome::Denied;
-                return respond::json(session, 403, &[], bodies::forbidden(&route.name)).await;
-            }
-        }
-
-        let facts = RequestFacts { client_ip: ctx.client_ip, headers: &req.headers, query: req.uri.query() };
-        // A key given twice with different values has no one bucket: refuse it (see `keys`).
-        if let Some(ambiguous) = ambiguous_key(&rt, route, &facts) {
-            return bad_request(session, ctx, "ambiguous_key", &ambiguous.to_string(), false).await;
-        }
-
-        let cost = match request_cost(&route.cost, &req.headers) {
-            Ok(cost) => cost,
-            Err(detail) => return bad_request(session, ctx, "bad_cost", &detail, false).await,
-        };
-
-        // Every key is extracted up front: the request header is not borrowed across awaits.
-        let keyed = limiting::keyed_zones(&rt, route, &facts, cost);
-        let keyed_conns = conn_limiting::keyed_conns(&rt, route, &facts);
-
-        if !keyed.is_empty() {
-            let enforcement = limiting::enforce(&rt, route, &keyed, &self.stores).await;
+        if !plan.zones.is_empty() {
+            let enforcement = limit_req::enforce(&rt, route, &plan.zones, &self.stores).await;
             // The store's own time orders the decisions; the proxy's clock when no store decided
             // (read only then: it is not needed on the usual path).
             ctx.decided_us =
@@ -221,8 +181,8 @@ impl ProxyHttp for WeirProxy {
 
         // limit_conn after limit_req, like nginx: a delayed request is not counted while it waits,
         // and a rejected one never takes a lease.
-        if !keyed_conns.is_empty() {
-            let conn = conn_limiting::acquire(&rt, route, &keyed_conns, &self.conn_stores).await;
+        if !plan.conns.is_empty() {
+            let conn = limit_conn::acquire(&rt, route, &plan.conns, &self.conn_stores).await;
             ctx.leases = conn.leases;
             ctx.conn_statuses = conn.statuses;
             if let Some(reject) = conn.reject {
@@ -232,6 +192,7 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
+        ctx.deferred = limit_req::deferred(&rt, route, &plan.zones);
         let upstream = &rt.upstreams[route.upstream];
         if let Err(why) = ctx.upstream.first(upstream) {
             ctx.outcome = match why {
@@ -295,10 +256,12 @@ impl ProxyHttp for WeirProxy {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // HTTP/2: the body deadline (body_timeout) starts with forwarding; see edge/streams.rs.
+        crate::edge::awaiting_body(!session.is_body_done());
         if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
             let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
@@ -313,7 +276,21 @@ impl ProxyHttp for WeirProxy {
         if ctx.upstream.close_after() {
             upstream_request.insert_header(http::header::CONNECTION, "close")?;
         }
+        if let Some(span) = &ctx.trace {
+            span.inject(upstream_request);
+        }
         ctx.upstream_sent = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        _ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        crate::edge::body_progress(end_of_stream);
         Ok(())
     }
 
@@ -324,6 +301,11 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_sent.map(|t| t.elapsed());
+        // Count by response: charged before the client sees the status (and before any lease is
+        // released), so its next request is checked against this charge.
+        if !ctx.deferred.is_empty() && resp.status.as_u16() >= 200 {
+            limit_req::charge_after(&std::mem::take(&mut ctx.deferred), resp.status.as_u16(), &self.stores).await;
+        }
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
         }
@@ -352,14 +334,79 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
+        trace_span::finish(ctx.trace.take(), ctx, route, status);
     }
 }
 
-/// The first key of the route's zones that the request gives twice with different values.
-fn ambiguous_key(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Option<AmbiguousKey> {
-    let rate_keys = route.limits.iter().map(|zl| &rt.zones[zl.zone].key);
-    let conn_keys = route.conn_limits.iter().map(|cl| &rt.conn_zones[cl.zone].key);
-    rate_keys.chain(conn_keys).find_map(|spec| spec.ambiguity(facts))
+impl WeirProxy {
+    /// The engine's refusal as an answer: 400, 403 or 404.
+    async fn refuse(&self, session: &mut Session, ctx: &mut RequestCtx, refused: Refused) -> Result<bool> {
+        match refused {
+            Refused::BadRequest { error, detail, route } => {
+                ctx.route = route;
+                bad_request(session, ctx, error.code(), &detail, false).await
+            }
+            Refused::NoRoute => {
+                ctx.outcome = Outcome::NoRoute;
+                respond::json(session, 404, &[], bodies::no_route()).await
+            }
+            Refused::Denied { route } => {
+                ctx.route = Some(route);
+                ctx.outcome = Outcome::Denied;
+                let name = ctx.runtime.routes.get(route).map_or("-", |r| r.name.as_str());
+                let body = bodies::forbidden(name);
+                respond::json(session, 403, &[], body).await
+            }
+            Refused::Unauthorized { route, zone, detail, absent } => {
+                ctx.route = Some(route);
+                ctx.outcome = Outcome::Unauthorized;
+                let name = ctx.runtime.routes.get(route).map_or("-", |r| r.name.as_str());
+                // RFC 6750 §3.1: no error code when the request carried no token at all.
+                let challenge = if absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
+                let body = bodies::unauthorized(name, &zone, &detail);
+                respond::json(session, 401, &[("WWW-Authenticate", challenge.to_string())], body).await
+            }
+        }
+    }
+}
+
+/// Rewrites the request Pingora forwards into what the engine decided on: the canonical
+/// origin-form target, the decided host, without the headers the engine strips. HTTP/2 names
+/// its host in the URI (`:authority`), HTTP/1 in `Host`.
+fn forward_as_decided(req: &mut RequestHeader, forward: &engine::Forward) -> Result<()> {
+    let invalid = |e: http::Error| Error::because(ErrorType::InvalidHTTPHeader, "the decided target", e);
+    for name in &forward.strip {
+        req.remove_header(name);
+    }
+    if forward.target.is_none() && forward.host.is_none() {
+        return Ok(());
+    }
+    let path_and_query = match &forward.target {
+        Some(target) => target.clone(),
+        None => req.uri.path_and_query().map_or_else(|| "/".to_string(), |pq| pq.as_str().to_string()),
+    };
+    match (req.uri.authority().cloned(), req.uri.scheme().cloned()) {
+        (Some(authority), Some(scheme)) => {
+            let authority = forward.host.as_deref().unwrap_or(authority.as_str());
+            let uri = http::Uri::builder()
+                .scheme(scheme)
+                .authority(authority)
+                .path_and_query(path_and_query)
+                .build()
+                .map_err(invalid)?;
+            req.set_uri(uri);
+            if forward.host.is_some() && req.headers.contains_key(HOST) {
+                req.remove_header(&HOST);
+            }
+        }
+        _ => {
+            req.set_uri(http::Uri::builder().path_and_query(path_and_query).build().map_err(invalid)?);
+            if let Some(host) = &forward.host {
+                req.insert_header(HOST, host.as_str())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A 400 naming what is wrong. `close`: the connection is not reused (its framing is in doubt).

@@ -1,8 +1,8 @@
 //! What happened to a request, as one value: its `weir_requests_total{outcome}` label and its
 //! access-log word come from here, never from string literals at the call sites.
 
-use super::status::LimitStatus;
 use crate::config::FailurePolicy;
+use crate::engine::status::LimitStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -21,6 +21,8 @@ pub enum Outcome {
     Denied,
     /// Refused before any limit: bad framing, path, key or cost.
     BadRequest,
+    /// Refused with 401: a zone keyed on a JWT claim, and no valid token.
+    Unauthorized,
     /// Every upstream server was at `max_conns`.
     UpstreamBusy,
     /// No upstream server was up (active or passive health).
@@ -62,6 +64,7 @@ impl Outcome {
             Outcome::UpstreamBusy => 12,
             Outcome::UpstreamDown => 13,
             Outcome::ClientGone => 14,
+            Outcome::Unauthorized => 15,
         }
     }
 
@@ -78,6 +81,7 @@ impl Outcome {
             Outcome::UpstreamBusy => "upstream_busy",
             Outcome::UpstreamDown => "upstream_down",
             Outcome::ClientGone => "client_gone",
+            Outcome::Unauthorized => "unauthorized",
         }
     }
 }
@@ -104,6 +108,7 @@ mod tests {
             Outcome::UpstreamBusy,
             Outcome::UpstreamDown,
             Outcome::ClientGone,
+            Outcome::Unauthorized,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();
         assert_eq!(labels.len(), all.len());

@@ -53,6 +53,14 @@ pub struct ReplayArgs {
     /// No progress line on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Lines longer than this many bytes are counted as bad and skipped, never held whole.
+    #[arg(long, default_value_t = super::DEFAULT_MAX_LINE_LENGTH)]
+    max_line_length: usize,
+    /// Stop with an error when the report's per-key tables reach this many keys (each key of
+    /// each zone reference is one; about 200 bytes per key and run, a whole-second log runs twice):
+    /// bounds the replay's memory.
+    #[arg(long, default_value_t = super::DEFAULT_MAX_KEYS)]
+    max_keys: u64,
     /// Log files (plain or gzip); `-` is standard input.
     #[arg(required = true)]
     files: Vec<String>,
@@ -88,6 +96,8 @@ fn options(args: &ReplayArgs) -> Result<Options, ReplayError> {
         reorder_cap_us: args.reorder_window.saturating_mul(1_000_000),
         suggest,
         progress: !args.quiet,
+        max_line_len: args.max_line_length.max(1),
+        max_keys: args.max_keys,
     })
 }
 

@@ -1,26 +1,27 @@
-//! One request through the proxy's own steps, at a given time: route (`routes::find`), client IP
-//! (`keys::client_ip` with the trusted proxies), access rules, cost, keyed zones with overrides
-//! (`proxy::limiting::keyed_zones`), then the embedded memory store on a simulated clock —
-//! enforced zones in one atomic call and dry-run zones in another, exactly as
-//! `proxy::limiting::enforce` does — and the status words of `proxy::limiting::record_statuses`.
+//! One logged request through the engine the proxy uses (`crate::engine`): `admit` (target,
+//! host, method, route, client IP with the trusted proxies, access rules, keys, cost, overrides)
+//! and `limit_req::enforce` on the embedded memory store on a simulated clock, so every decision
+//! is the live one. limit_conn is estimated from the logged durations (a log has no leases).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
-use http::header::{HeaderName, COOKIE};
+use http::header::{HeaderName, AUTHORIZATION, COOKIE};
 
 use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
-use crate::keys::{self, KeyPart, RequestFacts};
-use crate::limit::{LimitReq, ManualClock};
-use crate::proxy::conn_limiting::keyed_conns;
-use crate::proxy::limiting::{keyed_zones, record_statuses, request_cost};
-use crate::proxy::policy::Groups;
-use crate::proxy::status::{LimitStatus, Statuses};
-use crate::request::allowed;
-use crate::routes;
+use crate::engine::limit_req::{self, Stores};
+use crate::engine::policy::Groups;
+use crate::engine::status::LimitStatus;
+use crate::engine::{self, BadRequest, Head, Refused};
+use crate::keys::{KeyPart, KeySpec, TokenPolicy};
+use crate::limit::{LimitReq, ManualClock, Verdict};
+use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::{KeyedConn, KeyedZone, MemoryStore};
 
 /// What happened to one request before or at the limits.
@@ -30,8 +31,13 @@ pub enum Outcome {
     NoRoute,
     /// Refused by the route's allow/deny rules (403), before any limit.
     Denied,
+    /// A zone keyed on a JWT claim refused the request's token (401), before any limit.
+    Unauthorized,
     /// A bad cost header (400), before any limit.
     BadCost,
+    /// Refused with 400 before any limit for another reason (target, host, method, a key given
+    /// twice, …).
+    BadRequest,
     /// Went through the limit step (which may have had no zone with a key).
     Limited,
 }
@@ -91,7 +97,7 @@ impl Decision {
 pub struct Engine<'rt> {
     rt: &'rt Runtime,
     clock: Arc<ManualClock>,
-    store: MemoryStore,
+    stores: Stores,
     route_names: HashMap<&'rt str, usize>,
     /// Per (conn zone, key): when its requests in flight end (µs).
     in_flight: FastMap<(usize, Vec<u8>), BinaryHeap<Reverse<u64>>>,
@@ -102,9 +108,9 @@ pub struct Engine<'rt> {
 impl<'rt> Engine<'rt> {
     pub fn new(rt: &'rt Runtime) -> Self {
         let clock = Arc::new(ManualClock::new(0));
-        let store = MemoryStore::new(clock.clone());
+        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::default());
         let route_names = rt.routes.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
-        Self { rt, clock, store, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
+        Self { rt, clock, stores, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
     }
 
     pub fn runtime(&self) -> &'rt Runtime {
@@ -115,63 +121,80 @@ impl<'rt> Engine<'rt> {
     pub fn decide(&mut self, rec: &Record, now_us: u64) -> Decision {
         let rt = self.rt;
         let client_ip = match rec.client {
-            Client::Peer(ip) => keys::client_ip(Some(ip), &rec.headers, rt.real_ip.as_ref()),
+            Client::Peer(ip) => engine::client_ip(rt, Some(ip), &rec.headers),
             Client::Resolved(ip) => Some(ip),
             Client::Unknown => None,
         };
-        let (path, query) = match rec.target.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (rec.target.as_str(), None),
+        let head = Head {
+            method: &rec.method,
+            target: rec.target.as_bytes(),
+            // A log names the host apart from the headers: it is the one the request was read for.
+            authority: rec.host.as_deref(),
+            headers: &rec.headers,
+            client_ip,
+            // Weir's own log names the route it took; other logs are routed like live requests.
+            route: rec.route.as_deref().and_then(|name| self.route_names.get(name).copied()),
         };
-        // Weir's own log names the route it took; other logs are routed like live requests.
-        let logged = rec.route.as_deref().and_then(|name| self.route_names.get(name).copied());
-        let Some(route_index) = logged.or_else(|| routes::find(&rt.matchers, rec.host.as_deref(), &rec.method, path))
-        else {
-            return Decision::before_limits(None, Outcome::NoRoute);
+        let plan = match engine::admit(rt, &head) {
+            Ok(plan) => plan,
+            Err(Refused::NoRoute) => return Decision::before_limits(None, Outcome::NoRoute),
+            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Outcome::Denied),
+            Err(Refused::Unauthorized { route, .. }) => {
+                return Decision::before_limits(Some(route), Outcome::Unauthorized)
+            }
+            Err(Refused::BadRequest { error: BadRequest::Cost, route, .. }) => {
+                return Decision::before_limits(route, Outcome::BadCost)
+            }
+            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Outcome::BadRequest),
         };
-        let route = &rt.routes[route_index];
-        if client_ip.is_some_and(|ip| !allowed(&route.access, ip)) {
-            return Decision::before_limits(Some(route_index), Outcome::Denied);
-        }
-        let Ok(cost) = request_cost(&route.cost, &rec.headers) else {
-            return Decision::before_limits(Some(route_index), Outcome::BadCost);
-        };
-        let facts = RequestFacts { client_ip, headers: &rec.headers, query };
-        let keyed = keyed_zones(rt, route, &facts, cost);
-        let mut decision = Decision::before_limits(Some(route_index), Outcome::Limited);
-        if !keyed.is_empty() {
-            self.decide_rates(route, keyed, now_us, &mut decision);
+        let route = &rt.routes[plan.route];
+        let mut decision = Decision::before_limits(Some(plan.route), Outcome::Limited);
+        if !plan.zones.is_empty() {
+            self.decide_rates(route, plan.zones, now_us, rec.response_status, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
         if let Some(took) = rec.duration_us {
-            if !route.conn_limits.is_empty() && decision.status != Some(LimitStatus::Rejected) {
-                let keyed_conns = keyed_conns(rt, route, &facts);
+            if !plan.conns.is_empty() && decision.status != Some(LimitStatus::Rejected) {
                 let from = now_us + decision.delay_us;
                 let until = rec.start_us.saturating_add(took).max(from);
-                decision.conns = self.decide_conns(route, keyed_conns, from, until);
+                decision.conns = self.decide_conns(route, plan.conns, from, until);
             }
         }
         decision
     }
 
-    /// The `limit_req` step: enforced zones in one atomic store call, dry-run zones in another.
-    fn decide_rates(&self, route: &Route, keyed: Groups<KeyedZone<'_>>, now_us: u64, decision: &mut Decision) {
+    /// The `limit_req` step through the proxy's own enforcement, on the simulated clock.
+    /// Zones counted by response are charged at once with the logged response status (the
+    /// proxy charges them when the response arrives: the same order for one client's requests).
+    fn decide_rates(
+        &self,
+        route: &Route,
+        keyed: Groups<KeyedZone<'_>>,
+        now_us: u64,
+        response_status: Option<u16>,
+        decision: &mut Decision,
+    ) {
         self.clock.set_us(now_us);
-        let mut statuses = Statuses::default();
-        // Per zone of `keyed.all()`: its own delay.
-        let mut delays: Vec<u64> = Vec::with_capacity(keyed.all().len());
-        for (group, dry_run) in keyed.each() {
-            if group.is_empty() {
-                continue;
+        let enforcement = decided_at_once(limit_req::enforce(self.rt, route, &keyed, &self.stores));
+        if let (Some(status), false) = (response_status, matches!(enforcement.action, limit_req::Action::Reject { .. }))
+        {
+            let deferred = limit_req::deferred(self.rt, route, &keyed);
+            if !deferred.is_empty() {
+                decided_at_once(limit_req::charge_after(&deferred, status, &self.stores));
             }
-            let verdict = self.store.decide_now(group);
-            if !dry_run && verdict.admitted {
-                decision.delay_us = verdict.delay_us;
-            }
-            delays.extend(verdict.zones.iter().map(|out| if verdict.admitted { out.delay_us } else { 0 }));
-            record_statuses(&mut statuses, route, group, &verdict, dry_run);
         }
+        // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
+        let own_delays = |verdict: &Option<Verdict>, len: usize| -> Vec<u64> {
+            match verdict {
+                Some(v) if v.admitted => v.zones.iter().map(|z| z.delay_us).collect(),
+                _ => vec![0; len],
+            }
+        };
+        let mut delays = own_delays(&enforcement.enforced, keyed.enforced().len());
+        delays.extend(own_delays(&enforcement.shadow, keyed.shadow().len()));
+        decision.delay_us = enforcement.enforced.as_ref().filter(|v| v.admitted).map_or(0, |v| v.delay_us);
+        let statuses = enforcement.statuses;
         decision.status = statuses.overall;
         decision.zones = keyed
             .into_all()
@@ -180,7 +203,7 @@ impl<'rt> Engine<'rt> {
             .map(|(k, delay_us)| {
                 let zone = route.limits[k.reference].zone;
                 let status = statuses.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
-                ZoneDecision { limit: k.reference, status, delay_us, params: k.limit, cost: k.cost, key: k.key.clone() }
+                ZoneDecision { limit: k.reference, status, delay_us, params: k.limit, cost: k.cost, key: k.key }
             })
             .collect();
         // In the route's order, as the zones are listed (the groups put enforced ones first).
@@ -226,6 +249,22 @@ impl<'rt> Engine<'rt> {
     }
 }
 
+/// Polls a decision of the memory store, which never waits: it is ready at the first poll.
+fn decided_at_once<F: Future>(decision: F) -> F::Output {
+    match pin!(decision).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(done) => done,
+        Poll::Pending => unreachable!("the memory store decides without waiting"),
+    }
+}
+
+/// A key's parts for requests without a verified token.
+fn fallback(spec: &KeySpec) -> &[KeyPart] {
+    match &spec.on_bad_token {
+        TokenPolicy::Reject => &[],
+        TokenPolicy::Fallback(parts) => parts,
+    }
+}
+
 /// The request headers the config reads: zone keys and overrides, the cost header, the real-IP
 /// header. Parsers keep only these.
 pub fn wanted_headers(rt: &Runtime) -> Wanted {
@@ -233,10 +272,16 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
     let mut add = |part: &KeyPart| match part {
         KeyPart::Header(h) => names.push(h.clone()),
         KeyPart::Cookie(_) => names.push(COOKIE),
-        KeyPart::ClientIp | KeyPart::Query(_) => {}
+        KeyPart::Claim(_) => names.push(AUTHORIZATION),
+        KeyPart::ClientIp
+        | KeyPart::IpPrefix(_)
+        | KeyPart::Query(_)
+        | KeyPart::Route
+        | KeyPart::Const(_)
+        | KeyPart::PathPart(_) => {}
     };
     for zone in &rt.zones {
-        zone.key.0.iter().for_each(&mut add);
+        zone.key.parts.iter().chain(fallback(&zone.key)).for_each(&mut add);
         for o in &zone.overrides {
             if let OverrideMatch::Part(part, _) = &o.matcher {
                 add(part);
@@ -244,9 +289,13 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
         }
     }
     for zone in &rt.conn_zones {
-        zone.key.0.iter().for_each(&mut add);
+        zone.key.parts.iter().chain(fallback(&zone.key)).for_each(&mut add);
     }
     names.extend(rt.routes.iter().filter_map(|r| r.cost.header.clone()));
+    // Overrides route (or refuse) requests unless they are only stripped.
+    if rt.server.clients.method_override != MethodOverride::Strip {
+        names.extend(OVERRIDE_HEADERS.iter().cloned());
+    }
     names.extend(rt.real_ip.as_ref().map(|r| r.header.clone()));
     names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     names.dedup();
@@ -281,6 +330,7 @@ mod tests {
             headers: HeaderMap::new(),
             route: None,
             logged_status: None,
+            response_status: None,
             order: None,
         }
     }

@@ -18,11 +18,60 @@ pub fn open(path: &str) -> io::Result<Box<dyn BufRead>> {
     Ok(if gzip { Box::new(BufReader::with_capacity(BUFFER, MultiGzDecoder::new(peek))) } else { Box::new(peek) })
 }
 
-/// Reads the next line into `buf` without its line ending; `false` at the end.
-pub fn next_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<bool> {
+/// What [`next_line`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Line {
+    /// A line is in the buffer, without its line ending.
+    Read,
+    /// A line longer than the limit: skipped to its end (its `bytes`, without the newline, counted;
+    /// none kept).
+    TooLong {
+        bytes: u64,
+    },
+    End,
+}
+
+/// Reads the next line into `buf` without its line ending. A line over `max_len` bytes is not
+/// kept: it is read through to its end and reported as [`Line::TooLong`], so memory stays within
+/// `max_len` whatever the input (a gzip can expand to gigabytes without a newline).
+pub fn next_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>, max_len: usize) -> io::Result<Line> {
     buf.clear();
-    if reader.read_until(b'\n', buf)? == 0 {
-        return Ok(false);
+    let mut total = 0u64;
+    let mut too_long = false;
+    let mut ended = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            break;
+        }
+        let (chunk, found_end) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..=i], true),
+            None => (available, false),
+        };
+        let used = chunk.len();
+        total += used as u64;
+        if !too_long {
+            if buf.len() + used > max_len.saturating_add(2) {
+                // Over the limit (with room for the line ending): stop keeping it.
+                too_long = true;
+                buf.clear();
+                buf.shrink_to(max_len.min(64 * 1024));
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        reader.consume(used);
+        if found_end {
+            ended = true;
+            break;
+        }
+    }
+    if total == 0 {
+        return Ok(Line::End);
     }
     if buf.last() == Some(&b'\n') {
         buf.pop();
@@ -30,7 +79,11 @@ pub fn next_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>) -> io::Result<bool
             buf.pop();
         }
     }
-    Ok(true)
+    if too_long || buf.len() > max_len {
+        buf.clear();
+        return Ok(Line::TooLong { bytes: total - u64::from(ended) });
+    }
+    Ok(Line::Read)
 }
 
 #[cfg(test)]
@@ -42,7 +95,7 @@ mod tests {
         let mut r = open(path).unwrap();
         let mut buf = Vec::new();
         let mut out = Vec::new();
-        while next_line(r.as_mut(), &mut buf).unwrap() {
+        while next_line(r.as_mut(), &mut buf, 1024).unwrap() == Line::Read {
             out.push(String::from_utf8(buf.clone()).unwrap());
         }
         out
@@ -66,5 +119,22 @@ mod tests {
         assert_eq!(lines(plain.to_str().unwrap()), want);
         assert_eq!(lines(gz.to_str().unwrap()), want);
         assert!(open(dir.path().join("missing").to_str().unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_skipped_whole_and_the_next_one_read() {
+        let text = format!("short\n{}\nexact\r\n{}\nlast", "x".repeat(100), "y".repeat(6));
+        let mut r = io::BufReader::with_capacity(8, text.as_bytes());
+        let mut buf = Vec::new();
+        let mut seen = Vec::new();
+        loop {
+            match next_line(&mut r, &mut buf, 5).unwrap() {
+                Line::End => break,
+                Line::Read => seen.push(String::from_utf8(buf.clone()).unwrap()),
+                Line::TooLong { bytes } => seen.push(format!("too long: {bytes}")),
+            }
+            assert!(buf.capacity() <= 64, "the buffer never held the long line");
+        }
+        assert_eq!(seen, ["short", "too long: 100", "exact", "too long: 6", "last"]);
     }
 }

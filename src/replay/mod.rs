@@ -36,6 +36,12 @@ use crate::config::Runtime;
 const BAD_EXAMPLES: usize = 5;
 /// How many disagreements with the logged status are shown.
 const MISMATCH_EXAMPLES: usize = 5;
+/// The most characters of a bad line's message shown: a parse error may quote its line.
+const BAD_EXAMPLE_CHARS: usize = 200;
+/// `--max-line-length`'s default: far beyond any access-log line, small enough to hold.
+pub const DEFAULT_MAX_LINE_LENGTH: usize = 1024 * 1024;
+/// `--max-keys`'s default: distinct keys (per zone reference) the report's tables may hold.
+pub const DEFAULT_MAX_KEYS: u64 = 2_000_000;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -50,6 +56,10 @@ pub struct Options {
     pub reorder_cap_us: u64,
     pub suggest: Option<suggest::Targets>,
     pub progress: bool,
+    /// Lines longer than this are counted as bad and skipped (`--max-line-length`).
+    pub max_line_len: usize,
+    /// The replay stops with an error when its key tables reach this many keys (`--max-keys`).
+    pub max_keys: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +170,7 @@ struct Driver<'rt> {
     agreement: Option<Agreement>,
     collector: Option<suggest::Collector>,
     late: u64,
+    max_keys: u64,
 }
 
 impl<'rt> Driver<'rt> {
@@ -196,6 +207,9 @@ impl<'rt> Driver<'rt> {
                 run.last_us = now;
                 let d = run.engine.decide(&p.rec, now);
                 run.stats.record(self.rt, &d, now);
+                if run.stats.keys > self.max_keys {
+                    return Err(too_many_keys(self.max_keys, &files[p.origin.0], p.origin.1));
+                }
                 if r == 0 {
                     primary_word = d.word();
                     if let Some(c) = self.collector.as_mut() {
@@ -253,6 +267,7 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
         agreement: None,
         collector: opts.suggest.is_some().then(|| suggest::Collector::new(rt)),
         late: 0,
+        max_keys: opts.max_keys,
     };
     let mut summary_counts = (0u64, 0u64, 0u64, 0u64); // lines, ignored, outside, bad
     let mut bad_examples = Vec::new();
@@ -268,9 +283,9 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
         let mut parser = opts.format.parser(&wanted);
         let mut line_no = 0u64;
         loop {
-            let more = input::next_line(reader.as_mut(), &mut buf)
+            let line = input::next_line(reader.as_mut(), &mut buf, opts.max_line_len)
                 .map_err(|e| ReplayError(format!("{path}:{}: cannot read: {e}", line_no + 1)))?;
-            if !more {
+            if line == input::Line::End {
                 break;
             }
             line_no += 1;
@@ -278,7 +293,13 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
             let origin = Origin { file: fi, line: line_no };
             let this = seq;
             seq += 1;
-            match parser.parse(&buf) {
+            let parsed = match line {
+                input::Line::TooLong { bytes } => {
+                    Err(format!("{bytes} bytes, longer than --max-line-length ({}): skipped", opts.max_line_len))
+                }
+                _ => parser.parse(&buf),
+            };
+            match parsed {
                 Ok(Some(rec)) => {
                     if opts.from_us.is_some_and(|f| rec.start_us < f) || opts.to_us.is_some_and(|t| rec.start_us >= t) {
                         summary_counts.2 += 1;
@@ -302,7 +323,7 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
                 Err(why) => {
                     summary_counts.3 += 1;
                     if bad_examples.len() < BAD_EXAMPLES {
-                        bad_examples.push(format!("{path}:{line_no}: {why}"));
+                        bad_examples.push(format!("{path}:{line_no}: {}", truncated(&why, BAD_EXAMPLE_CHARS)));
                     }
                     d.resolve(this, origin, "BAD", &opts.files)?;
                 }
@@ -342,6 +363,22 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
         suggestions,
         elapsed: started.elapsed(),
     })
+}
+
+/// At most `max` characters of `text`, marked when cut.
+fn truncated(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}… ({} bytes in all)", &text[..cut], text.len()),
+    }
+}
+
+fn too_many_keys(max: u64, file: &str, line: u64) -> ReplayError {
+    ReplayError(format!(
+        "{file}:{line}: more than {max} distinct keys (--max-keys): the replay keeps about 200 bytes per key \
+         (twice for a whole-second log); raise --max-keys if the memory is there, or replay a shorter span \
+         (--from/--to) or fewer files"
+    ))
 }
 
 /// In a whole-second replay every record of a second must be released together: a JSON log in

@@ -112,6 +112,7 @@ mod tests {
             headers: HeaderMap::new(),
             route: None,
             logged_status: None,
+            response_status: None,
             order: None,
         };
         Pending { seq, origin: (0, seq + 1), rec: Box::new(rec) }

@@ -138,6 +138,8 @@ fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
                 "unlimited": r.unlimited,
                 "denied": r.denied,
                 "bad_cost": r.bad_cost,
+                "unauthorized": r.unauthorized,
+                "bad_request": r.bad_request,
                 "zones": zones,
             })
         })
@@ -154,6 +156,7 @@ fn stats_json(rt: &Runtime, stats: &Stats) -> Value {
     json!({
         "requests": stats.requests,
         "no_route": stats.no_route,
+        "bad_request": stats.bad_request,
         "from_us": stats.first_us,
         "to_us": stats.last_us,
         "routes": routes,
@@ -252,7 +255,11 @@ pub fn table(rt: &Runtime, sum: &Summary<'_>) -> String {
         let names: Vec<&str> = sum.runs.iter().map(|r| r.assumption.describe()).collect();
         let _ = writeln!(out, "timestamps are whole seconds: replayed with {}; a–b shows both", names.join(" | "));
     }
-    let _ = writeln!(out, "{} request(s), {} without a route", first.stats.requests, first.stats.no_route);
+    let _ = writeln!(
+        out,
+        "{} request(s), {} without a route, {} refused as malformed (400)",
+        first.stats.requests, first.stats.no_route, first.stats.bad_request
+    );
     let header = [
         "route",
         "zone",

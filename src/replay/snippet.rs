@@ -6,15 +6,20 @@ use std::fmt::Write as _;
 use super::suggest::{Outcome as Suggest, Suggestion};
 use super::text::{duration_text, rate_text};
 use crate::config::Runtime;
-use crate::keys::KeyPart;
+use crate::keys::{KeyPart, TokenPolicy};
 use crate::limit::{Algorithm, DelayPolicy, LimitReq};
 
 fn part_text(p: &KeyPart) -> String {
-    match p {
-        KeyPart::ClientIp => "ip".to_string(),
-        KeyPart::Header(h) => format!("header:{h}"),
-        KeyPart::Query(q) => format!("query:{q}"),
-        KeyPart::Cookie(c) => format!("cookie:{c}"),
+    p.to_string()
+}
+
+/// `"ip"` or `["ip", "header:x-api-key"]`.
+fn key_toml(parts: &[KeyPart]) -> String {
+    let parts: Vec<String> = parts.iter().map(|p| format!("\"{}\"", part_text(p))).collect();
+    if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("[{}]", parts.join(", "))
     }
 }
 
@@ -56,9 +61,10 @@ pub fn toml_snippet(rt: &Runtime, s: &Suggest) -> String {
         zones_done.push(zi);
         let zone = &rt.zones[zi];
         let Some((l, _)) = &x.proposed else { continue };
-        let parts: Vec<String> = zone.key.0.iter().map(|p| format!("\"{}\"", part_text(p))).collect();
-        let key = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
-        let _ = write!(out, "[[limit_req_zone]]\nname = \"{}\"\nkey = {key}\n", zone.name);
+        let _ = write!(out, "[[limit_req_zone]]\nname = \"{}\"\nkey = {}\n", zone.name, key_toml(&zone.key.parts));
+        if let TokenPolicy::Fallback(parts) = &zone.key.on_bad_token {
+            let _ = writeln!(out, "bad_token_key = {}", key_toml(parts));
+        }
         if zone.algorithm != Algorithm::LeakyBucket {
             let _ = writeln!(out, "algorithm = \"{}\"", zone.algorithm.as_str());
         }

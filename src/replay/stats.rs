@@ -7,7 +7,7 @@ use super::hash::FastMap;
 
 use super::engine::{Decision, Outcome};
 use crate::config::Runtime;
-use crate::proxy::status::LimitStatus;
+use crate::engine::status::LimitStatus;
 
 /// One key of one zone reference.
 #[derive(Debug, Clone, Default)]
@@ -49,6 +49,10 @@ pub struct RouteStats {
     pub requests: u64,
     pub denied: u64,
     pub bad_cost: u64,
+    /// Refused with 401: a zone keyed on a JWT claim, and no valid token.
+    pub unauthorized: u64,
+    /// Refused with 400 once routed (a key given twice with different values).
+    pub bad_request: u64,
     /// No zone of the route had a key (or every key was exempt).
     pub unlimited: u64,
     pub passed: u64,
@@ -65,11 +69,16 @@ pub type Series = BTreeMap<u64, (u64, u64)>;
 pub struct Stats {
     pub requests: u64,
     pub no_route: u64,
+    /// Refused with 400 before a route was known (target, host, method, headers).
+    pub bad_request: u64,
     pub first_us: Option<u64>,
     pub last_us: Option<u64>,
     pub routes: Vec<RouteStats>,
     /// Per zone (index into `Runtime::zones`).
     pub series: Vec<Series>,
+    /// Entries in the per-key tables of every reference (`RefStats::keys`, `ConnStats::keys`):
+    /// what bounds the replay's memory (`--max-keys`).
+    pub keys: u64,
 }
 
 impl Stats {
@@ -91,7 +100,10 @@ impl Stats {
         self.first_us = Some(self.first_us.map_or(now_us, |f| f.min(now_us)));
         self.last_us = Some(self.last_us.map_or(now_us, |l| l.max(now_us)));
         let Some(ri) = d.route else {
-            self.no_route += 1;
+            match d.outcome {
+                Outcome::BadRequest => self.bad_request += 1,
+                _ => self.no_route += 1,
+            }
             return;
         };
         let route = &mut self.routes[ri];
@@ -99,6 +111,8 @@ impl Stats {
         match d.outcome {
             Outcome::Denied => route.denied += 1,
             Outcome::BadCost => route.bad_cost += 1,
+            Outcome::Unauthorized => route.unauthorized += 1,
+            Outcome::BadRequest => route.bad_request += 1,
             Outcome::NoRoute | Outcome::Limited => {}
         }
         if d.outcome != Outcome::Limited {
@@ -116,7 +130,10 @@ impl Stats {
             s.rejected += u64::from(c.rejected);
             let key = match s.keys.get_mut(&c.key) {
                 Some(k) => k,
-                None => s.keys.entry(c.key.clone()).or_default(),
+                None => {
+                    self.keys += 1;
+                    s.keys.entry(c.key.clone()).or_default()
+                }
             };
             key.0 = key.0.max(c.in_flight + u32::from(!c.rejected));
             key.1 |= c.rejected;
@@ -137,7 +154,10 @@ impl Stats {
             }
             let key = match s.keys.get_mut(&z.key) {
                 Some(k) => k,
-                None => s.keys.entry(z.key.clone()).or_default(),
+                None => {
+                    self.keys += 1;
+                    s.keys.entry(z.key.clone()).or_default()
+                }
             };
             key.requests += 1;
             key.rejected += u64::from(rejected);

@@ -8,7 +8,10 @@
 //! 2. an escaped NUL is refused, and so is an escaped `/` or `\` unless configured otherwise,
 //!    because upstreams disagree on whether it separates segments;
 //! 3. runs of `/` are merged;
-//! 4. `.` and `..` segments are resolved; a `..` above the root is refused.
+//! 4. `.` and `..` segments are resolved; a `..` above the root is refused;
+//! 5. bytes that may not stand raw in a path (RFC 3986 `pchar`: non-ASCII, `"`, `<`, `{`, …) are
+//!    percent-encoded, so `/café` and `/caf%C3%A9` are one path; a raw `\` is read as `%5C`
+//!    (Node's `new URL()` turns it into `/`, other upstreams keep it), under rule 2.
 
 use std::borrow::Cow;
 
@@ -36,6 +39,8 @@ pub enum PathError {
     BadEscape,
     #[error("the path climbs above the root with '..'")]
     AboveRoot,
+    #[error("the path contains a backslash, which some upstreams read as '/'")]
+    Backslash,
 }
 
 /// The canonical form of `path` (without query). Borrowed when it already is canonical, which is
@@ -54,7 +59,7 @@ pub fn normalize(path: &str, slashes: EncodedSlash) -> Result<Cow<'_, str>, Path
 
 fn is_canonical(path: &str) -> bool {
     let bytes = path.as_bytes();
-    !bytes.contains(&b'%')
+    bytes.iter().all(|&b| may_stand_raw(b))
         && !path.contains("//")
         && !bytes.split(|&b| b == b'/').any(|segment| segment == b"." || segment == b"..")
 }
@@ -64,9 +69,22 @@ fn decode_unreserved(path: &str, slashes: EncodedSlash) -> Result<String, PathEr
     let mut out = String::with_capacity(path.len());
     let mut i = 0;
     while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            match slashes {
+                EncodedSlash::Reject => return Err(PathError::Backslash),
+                EncodedSlash::Keep | EncodedSlash::Decode => out.push_str("%5C"),
+            }
+            i += 1;
+            continue;
+        }
         if bytes[i] != b'%' {
-            // `path` is a &str, so copying up to the next '%' keeps UTF-8 intact.
-            let next = bytes[i..].iter().position(|&b| b == b'%').map_or(bytes.len(), |p| i + p);
+            if !may_stand_raw(bytes[i]) {
+                push_escape(&mut out, bytes[i]);
+                i += 1;
+                continue;
+            }
+            // Raw-safe bytes are ASCII, so copying a run of them keeps `out` UTF-8.
+            let next = bytes[i..].iter().position(|&b| b == b'%' || !may_stand_raw(b)).map_or(bytes.len(), |p| i + p);
             out.push_str(&path[i..next]);
             i = next;
             continue;
@@ -82,15 +100,22 @@ fn decode_unreserved(path: &str, slashes: EncodedSlash) -> Result<String, PathEr
                 _ => out.push_str(if value == b'/' { "%2F" } else { "%5C" }),
             },
             v if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') => out.push(v as char),
-            v => {
-                out.push('%');
-                out.push(char::from(b"0123456789ABCDEF"[usize::from(v >> 4)]));
-                out.push(char::from(b"0123456789ABCDEF"[usize::from(v & 15)]));
-            }
+            v => push_escape(&mut out, v),
         }
         i += 3;
     }
     Ok(out)
+}
+
+/// RFC 3986 `pchar` less `%`, plus `/`: what stands raw in a canonical path.
+fn may_stand_raw(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b)
+}
+
+fn push_escape(out: &mut String, v: u8) {
+    out.push('%');
+    out.push(char::from(b"0123456789ABCDEF"[usize::from(v >> 4)]));
+    out.push(char::from(b"0123456789ABCDEF"[usize::from(v & 15)]));
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
@@ -173,6 +198,17 @@ mod tests {
         assert_eq!(norm("/a%3fb").as_deref(), Ok("/a%3Fb"));
         assert_eq!(norm("/caf%c3%a9").as_deref(), Ok("/caf%C3%A9"));
         assert_eq!(norm("/a%20b").as_deref(), Ok("/a%20b"));
+    }
+
+    #[test]
+    fn raw_bytes_that_cannot_stand_in_a_path_are_escaped() {
+        assert_eq!(norm("/café").as_deref(), Ok("/caf%C3%A9"));
+        assert_eq!(norm("/a\"b<c>{d}").as_deref(), Ok("/a%22b%3Cc%3E%7Bd%7D"));
+        assert_eq!(norm("/a:b@c!$&'()*+,;=").as_deref(), Ok("/a:b@c!$&'()*+,;="));
+        assert!(matches!(normalize("/a:b@c", EncodedSlash::Reject), Ok(Cow::Borrowed(_))));
+        assert_eq!(norm("/x\\..\\login"), Err(PathError::Backslash));
+        assert_eq!(normalize("/x\\..\\login", EncodedSlash::Keep).as_deref(), Ok("/x%5C..%5Clogin"));
+        assert_eq!(normalize("/a\\b", EncodedSlash::Decode).as_deref(), Ok("/a%5Cb"));
     }
 
     #[test]

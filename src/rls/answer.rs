@@ -14,8 +14,8 @@ use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
 use crate::config::{FailurePolicy, HeaderMode, Route};
 use crate::limit::LimitReq;
-use crate::proxy::limiting::{Action, Enforcement};
-use crate::proxy::status::LimitStatus;
+use crate::engine::limit_req::{Action, Enforcement};
+use crate::engine::status::LimitStatus;
 use crate::store::KeyedZone;
 
 /// The request header that carries a `delay` verdict's wait: Envoy cannot hold a request, so a

@@ -19,8 +19,8 @@ pub mod service;
 use std::net::SocketAddr;
 
 use crate::config::{HeaderMode, Route, Runtime};
-use crate::proxy::limiting::{self, Enforcement, Stores};
-use crate::proxy::policy::Groups;
+use crate::engine::limit_req::{self, Enforcement, Stores};
+use crate::engine::policy::Groups;
 use crate::store::KeyedZone;
 
 /// `[rls]`, compiled.
@@ -61,5 +61,5 @@ pub async fn decide<'a>(
     keyed: &Groups<KeyedZone<'a>>,
     stores: &Stores,
 ) -> Enforcement<'a> {
-    limiting::enforce(rt, route, keyed, stores).await
+    limit_req::enforce(rt, route, keyed, stores).await
 }

@@ -15,9 +15,9 @@ use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLi
 use crate::config::{FailurePolicy, Runtime};
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
-use crate::proxy::limiting::{Action, Enforcement, Stores};
-use crate::proxy::policy::Groups;
-use crate::proxy::status::LimitStatus;
+use crate::engine::limit_req::{Action, Enforcement, Stores};
+use crate::engine::policy::Groups;
+use crate::engine::status::LimitStatus;
 
 /// Access-log lines of the rate limit service: the proxy's target, with `front_door = "rls"`.
 const TARGET: &str = "weir::access";

@@ -24,7 +24,7 @@ pub use self::redis::{
     RedisTls, RedisTopology,
 };
 
-/// One `limit_req` zone of one request: built once by the key step (`proxy::limiting`), then read
+/// One `limit_req` zone of one request: built once by the key step (`engine::limit_req`), then read
 /// by the store, the response headers and the statuses of the log. Borrows the zone's name from
 /// the config snapshot the request holds; the key is the request's own.
 #[derive(Debug, Clone)]
@@ -89,6 +89,13 @@ pub trait LimitStore: Send + Sync {
     /// Decides every zone of one request atomically: charges all of them or none.
     async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError>;
 
+    /// What `decide` would say now, charging nothing (count by response: a request is checked
+    /// before it is forwarded and charged once its response is known). A store that cannot
+    /// evaluate without writing says so, and the failure policy answers.
+    async fn peek(&self, _zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Err(StoreError::Reply(format!("the {} store cannot check a zone without charging it", self.kind())))
+    }
+
     /// "memory" or "redis", for logs and metrics.
     fn kind(&self) -> &'static str;
 
@@ -109,7 +116,7 @@ pub trait LimitStore: Send + Sync {
     }
 }
 
-/// One `limit_conn` zone of one request, built once by the key step (`proxy::conn_limiting`).
+/// One `limit_conn` zone of one request, built once by the key step (`engine::limit_conn`).
 #[derive(Debug, Clone)]
 pub struct KeyedConn<'a> {
     pub zone: &'a str,

@@ -11,7 +11,7 @@ use pingora::lb::health_check::{HealthCheck, HealthObserve, HttpHealthCheck, Tcp
 use pingora::lb::Backend;
 use pingora::prelude::*;
 
-use super::pool::{lock, States};
+use super::server_state::{lock, States};
 use super::{CheckKind, HealthCheckSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 

@@ -12,6 +12,7 @@ mod health;
 mod pool;
 mod registry;
 mod resolve;
+mod server_state;
 pub mod tls;
 
 use std::net::SocketAddr;

@@ -6,9 +6,8 @@
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -16,8 +15,8 @@ use pingora::lb::discovery::ServiceDiscovery;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
 use pingora::upstreams::peer::HttpPeer;
-use prometheus::IntGauge;
 
+use super::server_state::{lock, now_ms, ServerState, States};
 use super::{health, tls, ServerSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 
@@ -29,70 +28,6 @@ struct Members(ArcSwap<BTreeSet<Backend>>);
 impl ServiceDiscovery for Members {
     async fn discover(&self) -> pingora::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
         Ok((BTreeSet::clone(&self.0.load()), HashMap::new()))
-    }
-}
-
-/// Milliseconds on a process-wide monotonic clock.
-fn now_ms() -> u64 {
-    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-    EPOCH.elapsed().as_millis() as u64
-}
-
-/// What one address remembers across reloads and DNS changes.
-pub struct ServerState {
-    pub addr: SocketAddr,
-    in_flight: AtomicUsize,
-    in_flight_gauge: IntGauge,
-    /// Until when (ms, [`now_ms`]) passive health keeps the server out; 0: it is in.
-    down_until: AtomicU64,
-    fails: Mutex<(u32, u64)>,
-}
-
-impl ServerState {
-    fn new(upstream: &str, addr: SocketAddr) -> Self {
-        let in_flight_gauge = METRICS.upstream_in_flight.with_label_values(&[upstream, &addr.to_string()]);
-        Self {
-            addr,
-            in_flight: AtomicUsize::new(0),
-            in_flight_gauge,
-            down_until: AtomicU64::new(0),
-            fails: Mutex::new((0, 0)),
-        }
-    }
-
-    fn lock_fails(&self) -> MutexGuard<'_, (u32, u64)> {
-        self.fails.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
-    }
-
-    /// The active check passed `rise` times: positive evidence that beats earlier failures.
-    pub(super) fn clear_failures(&self) {
-        self.down_until.store(0, Ordering::Release);
-        *self.lock_fails() = (0, 0);
-    }
-
-    fn passive_down(&self, now: u64) -> bool {
-        self.down_until.load(Ordering::Acquire) > now
-    }
-
-    /// Takes a place on the server unless it already has `max` requests in flight.
-    fn take(&self, max: Option<usize>) -> bool {
-        let taken = match max {
-            None => {
-                self.in_flight.fetch_add(1, Ordering::AcqRel);
-                true
-            }
-            Some(max) => {
-                self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1)).is_ok()
-            }
-        };
-        if taken {
-            self.in_flight_gauge.inc();
-        }
-        taken
     }
 }
 
@@ -155,9 +90,6 @@ struct Shape {
     members: Vec<Member>,
     by_addr: HashMap<SocketAddr, usize>,
 }
-
-/// Per address, the state of every current (and still busy former) server.
-pub(super) type States = Arc<Mutex<HashMap<SocketAddr, Arc<ServerState>>>>;
 
 /// One upstream's state, found by name in the registry and shared by every config snapshot.
 pub struct Pool {
@@ -421,10 +353,6 @@ impl Pool {
         let lb = self.lb();
         lb.backends().run_health_check(true).await;
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn new_lb(spec: &UpstreamSpec, discovery: &Arc<Members>, states: &States) -> Arc<LoadBalancer<RoundRobin>> {

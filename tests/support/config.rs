@@ -5,8 +5,23 @@
 use std::net::SocketAddr;
 
 /// `[store] kind = "memory"`.
-const MEMORY_STORE: &str = r#"[store]
+pub const MEMORY_STORE: &str = r#"[store]
 kind = "memory""#;
+
+/// `[log]` without the access log.
+pub const NO_ACCESS_LOG: &str = r#"[log]
+access_log = false"#;
+
+/// `[log]` in JSON (the access log read back by the tests).
+pub const JSON_LOG: &str = r#"[log]
+format = "json""#;
+
+/// `[store] kind = "redis"` at `url` (`redis://`, `rediss://`, a Sentinel or cluster URL), then the
+/// `extra` lines of the section (`timeout = "1s"`, `lease_ttl`, TLS files, ...): the one place
+/// the tests spell a Redis store.
+pub fn redis_store(url: &str, extra: &str) -> String {
+    format!("[store]\nkind = \"redis\"\nurl = \"{url}\"\n{extra}")
+}
 
 /// `[server]` listening on `$LISTEN` with 2 threads, with the `server_extra` lines added (e.g.
 /// [`super::admin::LISTEN`]), then `rest`.

@@ -27,6 +27,11 @@ pub fn scan_keys(conn: &mut redis::Connection, pattern: &str) -> Vec<String> {
     }
 }
 
+/// The members of the sorted set `key` with their scores, lowest first.
+pub fn zrange_scores(conn: &mut redis::Connection, key: &str) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES").query(conn).expect("ZRANGE")
+}
+
 /// Redis' clock (TIME) in µs since the epoch.
 pub fn time_us(conn: &mut redis::Connection) -> u64 {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");

@@ -11,6 +11,7 @@ use std::time::Duration;
 pub struct TcpServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    accept: Option<thread::JoinHandle<()>>,
 }
 
 impl TcpServer {
@@ -22,12 +23,21 @@ impl TcpServer {
         F: Fn(TcpStream, &AtomicBool) + Send + Sync + 'static,
     {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind {name} on 127.0.0.1:0: {e}"));
-        let addr = listener.local_addr().unwrap();
+        TcpServer::start_on(name, listener, serve)
+    }
+
+    /// [`TcpServer::start`] on a listener bound by the caller (another loopback address, a port
+    /// reused after [`TcpServer::shutdown`]).
+    pub fn start_on<F>(name: &str, listener: TcpListener, serve: F) -> TcpServer
+    where
+        F: Fn(TcpStream, &AtomicBool) + Send + Sync + 'static,
+    {
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{name}: local address of the listener: {e}"));
         let stop = Arc::new(AtomicBool::new(false));
         let serve = Arc::new(serve);
         let accept_stop = stop.clone();
         let conn_thread = format!("{name}-conn");
-        thread::Builder::new()
+        let accept = thread::Builder::new()
             .name(format!("{name}-accept"))
             .spawn(move || {
                 for conn in listener.incoming() {
@@ -40,18 +50,33 @@ impl TcpServer {
                 }
             })
             .unwrap_or_else(|e| panic!("spawn {name} accept thread: {e}"));
-        TcpServer { addr, stop }
+        TcpServer { addr, stop, accept: Some(accept) }
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Stops accepting and returns once the listener is closed (the port refuses connections and
+    /// may be bound again). Connections already open are the caller's to end.
+    pub fn shutdown(&mut self) {
+        self.stop_accepting();
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+
+    fn stop_accepting(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500));
+    }
 }
 
 impl Drop for TcpServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500));
+        if self.accept.is_some() {
+            self.stop_accepting();
+        }
     }
 }

@@ -3,15 +3,26 @@
 //! Answers every request `200 OK` with the request path as body (`text/plain`, Content-Length,
 //! header `X-Upstream: <name>`), supports keep-alive, counts requests, records what it saw
 //! (arrival instant, method, path, headers) and can sleep before answering.
+//!
+//! For concurrency and failover tests it also:
+//! - measures its concurrency: requests in flight (from the end of the request head to just before
+//!   the response is written: weir cannot finish, and release, a request earlier) and the largest
+//!   count seen, so a cap that lets one request too many through shows as a number;
+//! - holds a request whose path has the segments `sleep/<ms>` that long (ended early when the
+//!   upstream is killed or dropped), and one whose path starts with `/hang` until then, unanswered;
+//! - answers `/health` with a settable status when [`Upstream::set_health`] was called (not
+//!   counted, not recorded), and every other request with a forced status if one is set;
+//! - can be killed (listener and every open connection closed, as if the process died) and
+//!   started again on the same address, or started on a listener of the caller's.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::poll::wait_until;
+use super::poll::{poll, wait_until};
 use super::tcp_server::TcpServer;
 
 /// How long a kept-alive connection may stay idle before the upstream closes it.
@@ -37,17 +48,46 @@ impl Seen {
     }
 }
 
+#[derive(Default)]
 struct Inner {
     name: String,
     hits: AtomicUsize,
     seen: Mutex<Vec<Seen>>,
     sleep_ms: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    /// Status of `/health`; 0: `/health` is an ordinary request.
+    health: AtomicU16,
+    /// When non-zero, every other request gets this status.
+    forced: AtomicU16,
+    /// Every connection accepted, to close them all on [`Upstream::kill`].
+    conns: Mutex<Vec<TcpStream>>,
+    /// A login endpoint: when set, requests whose `X-Password` differs are answered 401.
+    password: Mutex<Option<String>>,
 }
 
 /// A running upstream; stops accepting when dropped.
 pub struct Upstream {
     server: TcpServer,
+    addr: SocketAddr,
     inner: Arc<Inner>,
+}
+
+/// Counts one request in flight while it lives.
+struct InFlight<'a>(&'a Inner);
+
+impl<'a> InFlight<'a> {
+    fn enter(inner: &'a Inner) -> InFlight<'a> {
+        let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        inner.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(inner)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Upstream {
@@ -57,21 +97,45 @@ impl Upstream {
 
     /// Start an upstream whose responses carry `X-Upstream: name`.
     pub fn start_named(name: &str) -> Upstream {
-        let inner = Arc::new(Inner {
-            name: name.to_string(),
-            hits: AtomicUsize::new(0),
-            seen: Mutex::new(Vec::new()),
-            sleep_ms: AtomicUsize::new(0),
-        });
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind upstream {name}: {e}"));
+        Upstream::start_on(name, listener)
+    }
+
+    /// [`Upstream::start_named`] on a listener of the caller's (e.g. on 127.0.0.2).
+    pub fn start_on(name: &str, listener: TcpListener) -> Upstream {
+        let inner = Arc::new(Inner { name: name.to_string(), ..Inner::default() });
         let served = inner.clone();
-        let server = TcpServer::start(&format!("upstream-{name}"), move |conn, stop| {
+        let server = TcpServer::start_on(&format!("upstream-{name}"), listener, move |conn, stop| {
+            if let Ok(clone) = conn.try_clone() {
+                served.conns.lock().unwrap().push(clone);
+            }
             let _ = serve(conn, &served, stop);
         });
-        Upstream { server, inner }
+        let addr = server.addr();
+        Upstream { server, addr, inner }
+    }
+
+    /// [`Upstream::start_named`] on `addr` again (after [`Upstream::kill`]), retried for 5 s
+    /// while the port is busy.
+    pub fn restart_at(name: &str, addr: SocketAddr) -> Upstream {
+        let listener =
+            poll(Duration::from_secs(5), Duration::from_millis(20), || TcpListener::bind(addr), Result::is_ok)
+                .unwrap_or_else(|e| panic!("cannot bind {addr} again: {e:?}"))
+                .unwrap_or_else(|e| panic!("cannot bind {addr} again: {e}"));
+        Upstream::start_on(name, listener)
+    }
+
+    /// Closes the listener and every open connection, as if the process died: held requests end
+    /// unanswered, new connections are refused. Returns once the port is free.
+    pub fn kill(&mut self) {
+        self.server.shutdown();
+        for c in self.inner.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
+        self.addr
     }
 
     /// `127.0.0.1:PORT`, for configs.
@@ -82,6 +146,12 @@ impl Upstream {
     /// Sleep this long before answering each request (0 = none).
     pub fn set_sleep(&self, d: Duration) {
         self.inner.sleep_ms.store(d.as_millis() as usize, Ordering::SeqCst);
+    }
+
+    /// Act as a login endpoint: 401 for a request whose `X-Password` is not `password`, 200
+    /// otherwise (off by default: every request gets 200).
+    pub fn set_password(&self, password: &str) {
+        *self.inner.password.lock().unwrap() = Some(password.to_string());
     }
 
     /// Requests received so far.
@@ -109,6 +179,50 @@ impl Upstream {
     /// Wait (bounded) until at least `n` requests were received.
     pub fn wait_hits(&self, n: usize, timeout: Duration) -> bool {
         wait_until(timeout, Duration::from_millis(10), || self.hits() >= n).is_some()
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most requests in flight at once since the start (or [`Upstream::reset_max`]).
+    pub fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Starts a new measurement of the largest concurrency (from what is in flight now).
+    pub fn reset_max(&self) {
+        self.inner.max_in_flight.store(self.in_flight(), Ordering::SeqCst);
+    }
+
+    /// Wait (bounded) until exactly `n` requests are in flight.
+    pub fn wait_in_flight(&self, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, Duration::from_millis(10), || self.in_flight() == n).is_some()
+    }
+
+    /// Answer `/health` with `status` from now on (not counted as a hit, not recorded).
+    pub fn set_health(&self, status: u16) {
+        self.inner.health.store(status, Ordering::SeqCst);
+    }
+
+    /// Answer every other request with `status` (0: back to 200).
+    pub fn force_status(&self, status: u16) {
+        self.inner.forced.store(status, Ordering::SeqCst);
+    }
+}
+
+/// `/…/sleep/<ms>/…` → ms (0 without such segments).
+fn sleep_of(path: &str) -> u64 {
+    let segments: Vec<&str> = path.split('/').collect();
+    segments.windows(2).find(|w| w[0] == "sleep").and_then(|w| w[1].parse().ok()).unwrap_or(0)
+}
+
+/// Sleeps `ms`, ending early once `stop` is set.
+fn hold(ms: u64, stop: &AtomicBool) {
+    let until = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(5).min(until.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -171,18 +285,33 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
             }
         }
         let at = Instant::now();
+        if stop.load(Ordering::SeqCst) {
+            // Killed while this request came in: it dies unanswered.
+            return Ok(());
+        }
+        let health = inner.health.load(Ordering::SeqCst);
+        let is_health = health != 0 && path == "/health";
         let get = |n: &str| {
             headers.iter().find(|(k, _)| k == n).map(|(_, v)| String::from_utf8_lossy(v).to_ascii_lowercase())
+        };
+        let wrong_password = match inner.password.lock().unwrap().as_deref() {
+            Some(want) => {
+                headers.iter().find(|(k, _)| k == "x-password").map(|(_, v)| v.as_slice()) != Some(want.as_bytes())
+            }
+            None => false,
         };
         let chunked = get("transfer-encoding").map(|v| v.contains("chunked")).unwrap_or(false);
         let content_length: usize = get("content-length").and_then(|v| v.trim().parse().ok()).unwrap_or(0);
         let close = get("connection").map(|v| v.contains("close")).unwrap_or(false) || version == "HTTP/1.0";
 
-        {
+        let in_flight = if is_health {
+            None
+        } else {
             let mut seen = inner.seen.lock().unwrap();
             seen.push(Seen { at, method: method.clone(), path: path.clone(), headers });
             inner.hits.fetch_add(1, Ordering::SeqCst);
-        }
+            Some(InFlight::enter(inner))
+        };
 
         // Drain the body.
         if chunked {
@@ -195,10 +324,30 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
         if sleep > 0 {
             thread::sleep(Duration::from_millis(sleep as u64));
         }
+        if in_flight.is_some() && path.starts_with("/hang") {
+            while !stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(10));
+            }
+            return Ok(());
+        }
+        hold(sleep_of(&path), stop);
+        // Out of flight before the first response byte.
+        drop(in_flight);
 
+        let status = match (is_health, inner.forced.load(Ordering::SeqCst)) {
+            (true, _) => health,
+            (false, _) if wrong_password => 401,
+            (false, 0) => 200,
+            (false, forced) => forced,
+        };
         let body = if method.eq_ignore_ascii_case("HEAD") { Vec::new() } else { path.as_bytes().to_vec() };
         let mut resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Upstream: {}\r\n",
+            "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Upstream: {}\r\n",
+            match status {
+                200 => "OK",
+                401 => "Unauthorized",
+                _ => "X",
+            },
             path.len(),
             inner.name
         );

@@ -67,19 +67,24 @@ impl Weir {
 
     /// Like [`Weir::start`] with `args` before `-c FILE` (e.g. `["run"]`).
     pub fn start_with_args(args: &[&str], config: &str) -> Weir {
-        Weir::start_full(args, config, None)
+        Weir::start_full(args, config, None, &[])
     }
 
     /// Like [`Weir::start`], with the process's file-descriptor limit (soft and hard) set to `nofile`.
     pub fn start_with_nofile(config: &str, nofile: u64) -> Weir {
-        Weir::start_full(&[], config, Some(nofile))
+        Weir::start_full(&[], config, Some(nofile), &[])
     }
 
-    fn start_full(args: &[&str], config: &str, nofile: Option<u64>) -> Weir {
+    /// Like [`Weir::start`], with these environment variables set for the process.
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Weir {
+        Weir::start_full(&[], config, None, env)
+    }
+
+    fn start_full(args: &[&str], config: &str, nofile: Option<u64>, env: &[(&str, &str)]) -> Weir {
         let mut last_err = String::new();
         // A port picked free may be taken before weir binds it: retry a few times.
         for _ in 0..3 {
-            match Weir::try_start(args, config, nofile) {
+            match Weir::try_start(args, config, nofile, env) {
                 Ok(w) => return w,
                 Err((msg, retry)) => {
                     if !retry {
@@ -92,7 +97,12 @@ impl Weir {
         panic!("{last_err}");
     }
 
-    fn try_start(args: &[&str], config: &str, nofile: Option<u64>) -> Result<Weir, (String, bool)> {
+    fn try_start(
+        args: &[&str],
+        config: &str,
+        nofile: Option<u64>,
+        env: &[(&str, &str)],
+    ) -> Result<Weir, (String, bool)> {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut addrs = Vec::new();
         let mut text = config.to_string();
@@ -147,6 +157,7 @@ impl Weir {
             .arg("-c")
             .arg(&config_path)
             .env("RUST_BACKTRACE", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(fs::File::create(&stdout_path).unwrap())
             .stderr(fs::File::create(&stderr_path).unwrap())

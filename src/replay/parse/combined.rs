@@ -105,6 +105,7 @@ impl LineParser for Parser {
             headers,
             route: None,
             logged_status,
+            response_status: None,
             order: None,
         }))
     }

@@ -5,7 +5,7 @@
 //! `GET /p HTTP/1.1` line, instead of method and path), `host`, `request_time` (seconds; when
 //! given, `ts` is the end of the request, as nginx writes `$msec`), `route`, `limit_req_status`,
 //! `order` (a number that orders requests started in the same millisecond, e.g. nginx's
-//! `$connection`), and `header.NAME` for any request header. On the right: a top-level field name, or a JSON
+//! `$connection`), and `header.NAME` for any request header (an array: the header sent once per element). On the right: a top-level field name, or a JSON
 //! pointer (`/request/headers/x-api-key`) for nested objects.
 
 use http::header::HeaderName;
@@ -138,7 +138,12 @@ impl LineParser for Parser {
         };
         let mut headers = HeaderMap::new();
         for (name, field) in &f.headers {
-            if let Some(value) = field_text(&doc, Some(field)) {
+            // An array is the header sent several times, one field line per element.
+            let lines: Vec<String> = match lookup(&doc, field) {
+                Some(Value::Array(values)) => values.iter().filter_map(text).collect(),
+                _ => field_text(&doc, Some(field)).into_iter().collect(),
+            };
+            for value in lines {
                 self.wanted.insert(&mut headers, name, value.as_bytes())?;
             }
         }
@@ -148,6 +153,7 @@ impl LineParser for Parser {
         };
         Ok(Some(Record {
             order,
+            response_status: None,
             start_us: stamp.us.saturating_sub(duration_us.unwrap_or(0)),
             duration_us,
             whole_second: stamp.whole_second,

@@ -35,6 +35,8 @@ pub struct Record {
     pub route: Option<String>,
     /// The `$limit_req_status` the log recorded, to compare with the replay.
     pub logged_status: Option<String>,
+    /// The HTTP status of the response (Weir's log: `status`), for zones counted by response.
+    pub response_status: Option<u16>,
     /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
     /// without it they go in log order.
     pub order: Option<u64>,
@@ -135,17 +137,13 @@ pub fn request_line(text: &[u8]) -> Result<(Method, String), String> {
     Ok((method, target_path(target)?))
 }
 
-/// A request target as the route matcher sees it: absolute-form `http://host/p` becomes `/p`.
+/// A request target as the client sent it (origin or absolute form, or malformed): the engine
+/// reads it as the live proxy does — an absolute-form host wins, a target without a leading `/`
+/// is refused — so a logged request is decided as it was live.
 pub fn target_path(target: &[u8]) -> Result<String, String> {
-    let text = std::str::from_utf8(target)
-        .map_err(|_| format!("target {:?} is not UTF-8", String::from_utf8_lossy(target)))?;
-    if text.starts_with('/') {
-        return Ok(text.to_string());
-    }
-    if let Some(rest) = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://")) {
-        return Ok(rest.find('/').map_or_else(|| "/".to_string(), |i| rest[i..].to_string()));
-    }
-    Err(format!("target {text:?} is not a path"))
+    std::str::from_utf8(target)
+        .map(str::to_string)
+        .map_err(|_| format!("target {:?} is not UTF-8", String::from_utf8_lossy(target)))
 }
 
 /// nginx's `$limit_req_status` words (and `-`, unset), as a log may carry them.
@@ -160,11 +158,13 @@ mod tests {
     #[test]
     fn request_lines_and_targets() {
         assert_eq!(request_line(b"GET /a?b=1 HTTP/1.1").unwrap(), (Method::GET, "/a?b=1".to_string()));
-        assert_eq!(request_line(b"POST http://x.com/login HTTP/1.0").unwrap(), (Method::POST, "/login".to_string()));
-        assert_eq!(request_line(b"GET http://x.com HTTP/1.0").unwrap().1, "/");
+        // Targets are kept as sent: the engine reads absolute form and refuses the rest.
+        let absolute = request_line(b"POST http://x.com/login HTTP/1.0").unwrap();
+        assert_eq!(absolute, (Method::POST, "http://x.com/login".to_string()));
+        assert_eq!(request_line(b"GET nopath HTTP/1.1").unwrap().1, "nopath");
         assert!(request_line(b"-").is_err());
         assert!(request_line(b"\x16\x03\x01 garbage").is_err());
-        assert!(request_line(b"GET nopath HTTP/1.1").is_err());
+        assert!(request_line(b"GET /caf\xc3 HTTP/1.1").is_err());
     }
 
     #[test]

@@ -48,6 +48,7 @@ impl LineParser for Parser {
             headers: HeaderMap::new(),
             route: str_field(&doc, "route").filter(|r| *r != "-").map(str::to_string),
             logged_status: str_field(&doc, "limit_req").map(str::to_string),
+            response_status: doc.get("status").and_then(Value::as_u64).and_then(|s| u16::try_from(s).ok()),
             order: None,
         }))
     }

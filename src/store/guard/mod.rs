@@ -150,6 +150,16 @@ impl LimitStore for GuardedStore {
         }
     }
 
+    /// Through the breaker, not the deny cache: a check writes nothing to remember.
+    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = self.inner.peek(checks).await;
+        self.observe(&result);
+        result
+    }
+
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }

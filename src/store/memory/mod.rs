@@ -239,6 +239,16 @@ impl MemoryStore {
         verdict
     }
 
+    /// What `decide_now` would say, writing nothing (`LimitStore::peek`). Each key is read under
+    /// its own lock; a peek is a check, not a charge, so it needs no atomicity across zones.
+    pub fn peek_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
+        let now_us = self.clock.now_us();
+        let states: PerZone<Option<State>> = checks.iter().map(|c| self.state(c.zone, &c.key)).collect();
+        let inputs: PerZone<ZoneInput<'_>> =
+            checks.iter().zip(states).map(|(c, state)| ZoneInput { limit: &c.limit, state, cost: c.cost }).collect();
+        decide_all(&inputs, now_us)
+    }
+
     /// The live state of one key, for tests and the admin API.
     pub fn state(&self, zone: &str, key: &[u8]) -> Option<State> {
         let now_us = self.clock.now_us();
@@ -287,6 +297,10 @@ impl LimitStore for MemoryStore {
         Ok(self.decide_now(checks))
     }
 
+    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.peek_now(checks))
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -311,6 +325,21 @@ mod tests {
             delay: DelayPolicy::NoDelay,
         };
         KeyedZone::new(zone, key, limit, 1)
+    }
+
+    #[test]
+    fn peek_says_what_decide_would_and_writes_nothing() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(T0)));
+        for _ in 0..5 {
+            assert!(store.peek_now(&[check("a", b"k", 0)]).admitted, "a peek never charges");
+        }
+        assert!(store.state("a", b"k").is_none(), "nothing written");
+        assert!(store.decide_now(&[check("a", b"k", 0)]).admitted);
+        let before = store.state("a", b"k");
+        let peeked = store.peek_now(&[check("a", b"k", 0)]);
+        assert!(!peeked.admitted, "full: the peek refuses like a decision would");
+        assert_eq!(peeked.retry_after_us, store.decide_now(&[check("a", b"k", 0)]).retry_after_us);
+        assert_eq!(store.state("a", b"k"), before);
     }
 
     #[test]

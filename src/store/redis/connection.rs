@@ -1,5 +1,5 @@
 //! The connection to Redis, whatever the deployment: one server, a Redis Cluster, or a master
-//! found through Sentinels (see `redis_url.rs` for the URLs).
+//! found through Sentinels (see `url.rs` for the URLs).
 //!
 //! Every kind is connected lazily, on the first call, so that its driver tasks live on the
 //! proxy's runtime, and a failed connect is not cached: the next call tries again.

@@ -1,7 +1,7 @@
 //! The Redis store: every `limit_req` zone of a request decided by `lua/limit_req.lua`, the limit
 //! model in Lua, so a fleet of proxies shares one exact state.
 //!
-//! The connection (one server, a Redis Cluster or a Sentinel-watched master; `redis_conn_kind.rs`)
+//! The connection (one server, a Redis Cluster or a Sentinel-watched master; `connection.rs`)
 //! is created on the first decision so that its driver tasks live on the proxy's runtime (not on
 //! whatever runtime built the config); it pipelines concurrent decisions and reconnects (and
 //! follows failovers) by itself. Every decision is bounded by `RedisStoreConfig::timeout`: the
@@ -59,7 +59,7 @@ pub enum RedisClock {
 
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
-    /// `redis://…`, `redis+cluster://…` or `redis+sentinel://…` (see `redis_url.rs`).
+    /// `redis://…`, `redis+cluster://…` or `redis+sentinel://…` (see `url.rs`).
     pub url: String,
     /// Upper bound of one decision, connecting included.
     pub timeout: Duration,
@@ -102,18 +102,18 @@ impl RedisTls {
 
 static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_req.lua")));
 static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/restore.lua")));
-/// `lua/limit_conn.lua` (see `redis_conn.rs`).
+/// `lua/limit_conn.lua` (see `limit_conn.rs`).
 static LIMIT_CONN: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_conn.lua")));
 
 pub struct RedisStore {
     config: RedisStoreConfig,
     clock: Arc<dyn Clock>,
     conns: Connector,
-    /// How long a concurrency lease lives without renewal (see `redis_conn.rs`).
+    /// How long a concurrency lease lives without renewal (see `limit_conn.rs`).
     lease_ttl: Duration,
     /// Whether verdicts carry every zone's whole outcome (see `with_full_outcomes`).
     full_outcomes: bool,
-    /// The eviction policy as last read (see `redis_eviction.rs`).
+    /// The eviction policy as last read (see `eviction.rs`).
     eviction: Latest,
     /// The per-thread, coalescing path of `limit_req` decisions (`lane.rs`); `None` where only
     /// redis-rs can go (TLS, Unix socket, Cluster, Sentinel).
@@ -411,6 +411,37 @@ impl LimitStore for RedisStore {
         };
         let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
         parse_reply(&reply, &algorithms, self.full_outcomes)
+    }
+
+    /// `lua/limit_req.lua` with flag "n" (evaluate only): one call per hash slot, combined.
+    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if checks.is_empty() {
+            return Ok(decide_all(&[], self.clock.now_us()));
+        }
+        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..checks.len()).collect()] };
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            let mut now_us = self.now_arg(|c| c.now_us());
+            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
+            let flags = format!("{}n", self.detail_flag());
+            for group in &groups {
+                let reply: Vec<Value> = self.limit_call(checks, &keys, group, now_us, &flags).invoke(&mut conn).await?;
+                let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
+                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
+                now_us.get_or_insert(verdict.decided_us);
+                for (&i, zone) in group.iter().zip(verdict.zones) {
+                    outcomes[i] = Some(zone);
+                }
+            }
+            let zones = outcomes
+                .into_iter()
+                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+            Ok(Verdict::combine(zones, decided_us))
+        })
+        .await
     }
 
     fn kind(&self) -> &'static str {

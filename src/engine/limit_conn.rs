@@ -1,0 +1,109 @@
+//! The concurrency step of one request (nginx `limit_conn`, after `limit_req`): take a lease in
+//! every conn zone of the route, all or none, or reject with `limit_conn_status`. Dry-run zones
+//! are asked apart: a would-be rejection passes without a lease, as in nginx.
+
+use std::sync::Arc;
+
+use super::lease::{new_lease_id, Lease};
+use super::policy::{self, Groups, Rejection, Resolved, Unauthorized};
+use super::refusal::Refusal;
+use super::status::Statuses;
+use crate::config::{FailurePolicy, Route, Runtime};
+use crate::keys::RequestFacts;
+use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
+
+/// The key step of limit_conn: the route's conn zones whose key for this request is not empty
+/// (empty keys are not limited), enforced ones first.
+pub fn keyed_conns<'a>(
+    rt: &'a Runtime,
+    route: &Route,
+    facts: &RequestFacts<'_>,
+) -> Result<Groups<KeyedConn<'a>>, Unauthorized<'a>> {
+    let mut keyed = Vec::with_capacity(route.conn_limits.len());
+    for (i, cl) in route.conn_limits.iter().enumerate() {
+        let zone = &rt.conn_zones[cl.zone];
+        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? {
+            keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i });
+        }
+    }
+    Ok(Groups::new(keyed))
+}
+
+pub struct ConnStores {
+    pub primary: Arc<dyn ConnStore>,
+    /// The store's kind for metrics and logs (`memory`, `redis`, …).
+    pub kind: &'static str,
+    /// The `local` failure policy's in-process counters.
+    pub local: Arc<MemoryConnStore>,
+}
+
+pub struct ConnOutcome<'a> {
+    /// Leases to hold until the request ends (one per group of zones asked together).
+    pub leases: Vec<Lease>,
+    /// Set when the request must be rejected.
+    pub reject: Option<Rejection<'a>>,
+    /// Per conn zone (by index in `Runtime::conn_zones`), and the worst of them.
+    pub statuses: Statuses,
+    pub fallback: Option<FailurePolicy>,
+}
+
+pub async fn acquire<'a>(
+    rt: &Runtime,
+    route: &'a Route,
+    keyed: &Groups<KeyedConn<'a>>,
+    stores: &ConnStores,
+) -> ConnOutcome<'a> {
+    let mut outcome = ConnOutcome { leases: Vec::new(), reject: None, statuses: Statuses::default(), fallback: None };
+    // Enforced first: a request they reject takes no shadow lease either.
+    for (group, dry_run) in keyed.each() {
+        if group.is_empty() {
+            continue;
+        }
+        let lease_id = new_lease_id();
+        let result = stores.primary.acquire(group, &lease_id).await;
+        let (verdict, store): (_, Arc<dyn ConnStore>) =
+            match policy::resolve(result, rt, route, stores.kind, dry_run, route.conn_status, &mut outcome.fallback) {
+                Resolved::Decided(v) => (v, stores.primary.clone()),
+                Resolved::Skipped => continue,
+                Resolved::Denied(rejection) => {
+                    outcome.reject = Some(rejection);
+                    return outcome;
+                }
+                Resolved::Local { fleet_size } => {
+                    (stores.local.acquire_now(&policy::fleet_shares(group, fleet_size)), stores.local.clone())
+                }
+            };
+        let zones = group
+            .iter()
+            .enumerate()
+            .map(|(i, z)| (route.conn_limits[z.reference].zone, verdict.rejected != Some(i), false));
+        outcome.statuses.record_group(verdict.admitted, dry_run, zones);
+        if !verdict.admitted && !dry_run {
+            // The full zone the store names answers.
+            if let Some(full) = verdict.rejected.and_then(|i| group.get(i)) {
+                outcome.reject = Some(rejection(route, full));
+                return outcome;
+            }
+        }
+        if verdict.admitted {
+            let keys = group.iter().map(|z| LeaseKey { zone: z.zone.to_string(), key: z.key.clone() }).collect();
+            outcome.leases.push(Lease::hold(store, keys, lease_id));
+        }
+    }
+    outcome
+}
+
+/// limit_conn's answer for a full zone: `limit_conn_status`, the cap in the RateLimit fields.
+fn rejection<'a>(route: &'a Route, full: &KeyedConn<'a>) -> Rejection<'a> {
+    let headers = vec![
+        ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", full.zone, full.max)),
+        ("RateLimit", format!("\"{}\";r=0", full.zone)),
+        // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
+        ("Retry-After", "1".to_string()),
+    ];
+    Rejection {
+        status: route.conn_status,
+        refusal: Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max },
+        headers,
+    }
+}

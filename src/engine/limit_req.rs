@@ -1,0 +1,384 @@
+//! The limit step of one request (nginx `limit_req`): its keyed zones go to the store, the verdict
+//! becomes an action (forward, delay, reject), response headers and nginx-style statuses for logs
+//! and metrics.
+//!
+//! Zones in dry run are decided in a separate atomic call from enforced ones, so a shadow limit
+//! can never change what an enforced one decides (or charge it).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus::Histogram;
+
+use super::headers;
+use super::policy::{self, Groups, Resolved, Unauthorized};
+use super::refusal::Refusal;
+use super::status::{LimitStatus, Statuses};
+use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
+use crate::keys::RequestFacts;
+use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
+use crate::metrics::METRICS;
+use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
+
+/// The key step of limit_req: the route's zones that limit this request, each with its key,
+/// effective limit, cost and dry-run flag, enforced ones first. Empty keys are not limited
+/// (nginx's allow-list idiom), nor are keys an override exempts (`rate = "unlimited"`); a matching
+/// override replaces the rate (and burst) for this key.
+pub fn keyed_zones<'a>(
+    rt: &'a Runtime,
+    route: &Route,
+    facts: &RequestFacts<'_>,
+    cost: u64,
+) -> Result<Groups<KeyedZone<'a>>, Unauthorized<'a>> {
+    let mut keyed = Vec::with_capacity(route.limits.len());
+    for (i, zl) in route.limits.iter().enumerate() {
+        let zone = &rt.zones[zl.zone];
+        let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? else { continue };
+        let mut limit = zl.limit;
+        if let Some(o) = crate::request::override_for(zone, facts) {
+            let Some(rate) = o.rate else { continue };
+            limit.rate = rate;
+            if let Some(burst) = o.burst {
+                limit.burst = burst;
+                if let DelayPolicy::After(d) = limit.delay {
+                    limit.delay = DelayPolicy::After(d.min(burst));
+                }
+            }
+        }
+        keyed.push(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference: i });
+    }
+    // Zones counted by response last in each group (stable; `Groups::new` keeps this order), so
+    // each group splits into "charged now" and "checked now, charged after the response".
+    keyed.sort_by_key(|z| counted_statuses(rt, route, z).is_some());
+    Ok(Groups::new(keyed))
+}
+
+pub enum Action<'a> {
+    Forward,
+    Delay(Duration),
+    Reject { status: u16, refusal: Refusal<'a> },
+}
+
+pub struct Enforcement<'a> {
+    pub action: Action<'a>,
+    /// Rate-limit fields for the response (rejection or upstream's), per the route's header mode.
+    pub headers: Vec<(&'static str, String)>,
+    /// The request's status and its zones' (by index in `Runtime::zones`). Zones of a rejected
+    /// request that did not reject are not listed (they were not charged).
+    pub statuses: Statuses,
+    /// The failure policy that decided, when the store could not.
+    pub fallback: Option<FailurePolicy>,
+    /// When the store decided (`Verdict::decided_us`); `None` when no store did.
+    pub decided_us: Option<u64>,
+    /// What the store (or the `local` policy) said of the enforced zones and of the dry-run
+    /// ones, in the order of `Groups::enforced` and `Groups::shadow`.
+    pub enforced: Option<Verdict>,
+    pub shadow: Option<Verdict>,
+}
+
+/// The stores a decision can use: the configured one, and the in-process one of the `local`
+/// failure policy (kept across reloads like the main store).
+pub struct Stores {
+    pub primary: Arc<dyn LimitStore>,
+    pub local: MemoryStore,
+    /// `weir_store_duration_seconds` of `primary`, looked up once rather than per decision.
+    pub duration: Histogram,
+}
+
+impl Stores {
+    pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
+        let duration = METRICS.store_duration.with_label_values(&[primary.kind()]);
+        Self { primary, local, duration }
+    }
+}
+
+pub async fn enforce<'a>(
+    rt: &Runtime,
+    route: &'a Route,
+    keyed: &Groups<KeyedZone<'a>>,
+    stores: &Stores,
+) -> Enforcement<'a> {
+    let store = stores.primary.as_ref();
+    let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
+    let (enforced_result, shadow_result) = tokio::join!(
+        decide_group(rt, route, store, enforced, &stores.duration),
+        decide_group(rt, route, store, shadow, &stores.duration)
+    );
+
+    let mut result = Enforcement {
+        action: Action::Forward,
+        headers: Vec::new(),
+        statuses: Statuses::default(),
+        fallback: None,
+        decided_us: None,
+        enforced: None,
+        shadow: None,
+    };
+    let mut resolve =
+        |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback);
+    let shadow_verdict = match shadow_result.map(|r| resolve(r, true)) {
+        Some(Resolved::Decided(v)) => Some(v),
+        _ => None,
+    };
+    let enforced_verdict = match enforced_result.map(|r| resolve(r, false)) {
+        None | Some(Resolved::Skipped) => None,
+        Some(Resolved::Decided(v)) => Some(v),
+        Some(Resolved::Local { fleet_size }) => {
+            Some(stores.local.decide_now(&policy::fleet_shares(enforced, fleet_size)))
+        }
+        Some(Resolved::Denied(rejection)) => {
+            result.statuses.overall = Some(LimitStatus::Rejected);
+            result.headers = rejection.headers;
+            result.action = Action::Reject { status: rejection.status, refusal: rejection.refusal };
+            return result;
+        }
+    };
+    result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
+    if let Some(v) = &enforced_verdict {
+        record_statuses(&mut result.statuses, route, enforced, v, false);
+    }
+    if let Some(v) = &shadow_verdict {
+        record_statuses(&mut result.statuses, route, shadow, v, true);
+    }
+
+    if let Some(verdict) = &enforced_verdict {
+        result.headers = match route.headers {
+            HeaderMode::Draft => vec![
+                ("RateLimit-Policy", headers::policy(enforced)),
+                ("RateLimit", headers::remaining(enforced, verdict)),
+            ],
+            HeaderMode::Legacy => headers::legacy(enforced, verdict),
+            HeaderMode::None => Vec::new(),
+        };
+        result.action = if !verdict.admitted {
+            let zone = headers::rejecting_zone(enforced, verdict).unwrap_or("");
+            let retry = verdict.retry_after_us.map(headers::retry_after_secs);
+            if let Some(secs) = retry {
+                result.headers.push(("Retry-After", secs.to_string()));
+            }
+            Action::Reject {
+                status: route.status,
+                refusal: Refusal::RateLimited { route: &route.name, zone, retry_after: retry },
+            }
+        } else if verdict.delay_us > 0 {
+            Action::Delay(Duration::from_micros(verdict.delay_us))
+        } else {
+            Action::Forward
+        };
+    }
+    result.enforced = enforced_verdict;
+    result.shadow = shadow_verdict;
+    result
+}
+
+/// The `count_statuses` of a keyed zone: `Some` when it is counted by response.
+fn counted_statuses<'r>(rt: &'r Runtime, route: &Route, zone: &KeyedZone<'_>) -> Option<&'r [u16]> {
+    rt.zones[route.limits[zone.reference].zone].count_statuses.as_deref()
+}
+
+/// One group (enforced or dry run) of a request: its zones counted by response (last in the
+/// group) are checked without charge first; only if they admit are the others charged, so a
+/// refused request is charged nowhere. The verdict lists the zones in the group's order.
+async fn decide_group(
+    rt: &Runtime,
+    route: &Route,
+    store: &dyn LimitStore,
+    group: &[KeyedZone<'_>],
+    duration: &Histogram,
+) -> Option<Result<Verdict, StoreError>> {
+    let split = group.iter().position(|z| counted_statuses(rt, route, z).is_some()).unwrap_or(group.len());
+    if split == group.len() {
+        return timed_decide(store, group, duration).await;
+    }
+    let (now, later) = group.split_at(split);
+    let started = Instant::now();
+    let peeked = store.peek(later).await;
+    duration.observe(started.elapsed().as_secs_f64());
+    let peeked = match peeked {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    if !peeked.admitted {
+        let not_charged = now.iter().map(|z| ZoneOutcome::not_charged(&z.limit, peeked.decided_us));
+        return Some(Ok(Verdict::combine(not_charged.chain(peeked.zones).collect(), peeked.decided_us)));
+    }
+    match timed_decide(store, now, duration).await {
+        None => Some(Ok(peeked)),
+        Some(Err(e)) => Some(Err(e)),
+        Some(Ok(charged)) => {
+            let zones = charged.zones.into_iter().chain(peeked.zones).collect();
+            Some(Ok(Verdict::combine(zones, charged.decided_us)))
+        }
+    }
+}
+
+/// A zone counted by response, owned so that it outlives the request's config borrow: charged
+/// after the response by [`charge_after`] if the status is one of `statuses`.
+#[derive(Debug, Clone)]
+pub struct Deferred {
+    zone: String,
+    key: Vec<u8>,
+    limit: crate::limit::LimitReq,
+    cost: u64,
+    dry_run: bool,
+    statuses: Vec<u16>,
+}
+
+/// The zones of an admitted request to charge once its response status is known (`count_statuses`);
+/// empty (no allocation) when the route has none.
+pub fn deferred(rt: &Runtime, route: &Route, keyed: &Groups<KeyedZone<'_>>) -> Vec<Deferred> {
+    keyed
+        .all()
+        .iter()
+        .filter_map(|z| {
+            let statuses = counted_statuses(rt, route, z)?;
+            Some(Deferred {
+                zone: z.zone.to_owned(),
+                key: z.key.clone(),
+                limit: z.limit,
+                cost: z.cost,
+                dry_run: z.dry_run,
+                statuses: statuses.to_vec(),
+            })
+        })
+        .collect()
+}
+
+/// Count by response: charges the deferred zones whose statuses include `status`, one atomic
+/// store call per group (enforced, dry run). The charge is a normal decision: a bucket that
+/// concurrent requests filled meanwhile refuses it and stays full (docs/charges.md, the race).
+/// Returns how many zones were charged; a store error is logged and charges nothing.
+pub async fn charge_after(deferred: &[Deferred], status: u16, stores: &Stores) -> usize {
+    let due: Vec<KeyedZone<'_>> = deferred
+        .iter()
+        .filter(|d| d.statuses.contains(&status))
+        .map(|d| KeyedZone {
+            zone: &d.zone,
+            key: d.key.clone(),
+            limit: d.limit,
+            cost: d.cost,
+            dry_run: d.dry_run,
+            reference: 0,
+        })
+        .collect();
+    let groups = Groups::new(due);
+    let mut charged = 0;
+    for (group, _) in groups.each() {
+        match timed_decide(stores.primary.as_ref(), group, &stores.duration).await {
+            None => {}
+            Some(Ok(v)) => charged += v.admitted as usize * group.len(),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, status, "count by response: the charge after the response failed")
+            }
+        }
+    }
+    charged
+}
+
+/// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
+async fn timed_decide(
+    store: &dyn LimitStore,
+    group: &[KeyedZone<'_>],
+    duration: &Histogram,
+) -> Option<Result<Verdict, StoreError>> {
+    if group.is_empty() {
+        return None;
+    }
+    let started = Instant::now();
+    let verdict = store.decide(group).await;
+    duration.observe(started.elapsed().as_secs_f64());
+    Some(verdict)
+}
+
+/// The nginx status words of one decided group (enforced or dry run).
+fn record_statuses(statuses: &mut Statuses, route: &Route, group: &[KeyedZone<'_>], verdict: &Verdict, dry_run: bool) {
+    let zones = group
+        .iter()
+        .zip(&verdict.zones)
+        .map(|(z, out)| (route.limits[z.reference].zone, out.admitted, out.delay_us > 0));
+    statuses.record_group(verdict.admitted, dry_run, zones);
+}
+
+/// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
+/// `min_cost`..`max_cost`. A header that is not a non-negative integer is the client's error (400).
+pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
+    let Some(name) = &cost.header else { return Ok(cost.default) };
+    let Some(value) = headers.get(name) else { return Ok(cost.default) };
+    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{name} is not a number"))?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{name} must be a non-negative integer"));
+    }
+    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
+    Ok(text.parse::<u64>().unwrap_or(u64::MAX).clamp(cost.min, cost.max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
+        [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
+
+    #[test]
+    fn count_statuses_must_be_a_non_empty_list_of_http_statuses() {
+        let conf = |count: &str| crate::config::from_text(&LOGIN.replace("COUNT", count), "t.toml");
+        let rt = conf("count_statuses = [401, 403]").expect("valid");
+        assert_eq!(rt.zones[0].count_statuses.as_deref(), Some(&[401, 403][..]));
+        assert_eq!(conf("").expect("valid").zones[0].count_statuses, None);
+        for bad in ["count_statuses = []", "count_statuses = [600]", "count_statuses = [-1]"] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("count_statuses"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_counted_zone_is_checked_then_charged_only_for_its_statuses() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", "count_statuses = [401]"), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let limit = route.limits[0].limit;
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), limit, 1)]);
+        let clock = Arc::new(crate::limit::ManualClock::new(1_700_000_000_000_000));
+        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        for _ in 0..3 {
+            assert!(
+                matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
+                "never charged"
+            );
+            assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 200, &stores)), 0, "200 is not counted");
+        }
+        assert_eq!(futures_now(charge_after(&deferred(&rt, route, &keyed), 401, &stores)), 1);
+        assert!(
+            matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
+            "burst 0: one 401"
+        );
+    }
+
+    /// The memory store never waits: poll once.
+    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store waited"),
+        }
+    }
+
+    #[test]
+    fn cost_from_header_is_validated_and_clamped() {
+        let cost = Cost { default: 2, header: Some(http::HeaderName::from_static("x-cost")), max: 10, min: 1 };
+        let mut h = http::HeaderMap::new();
+        assert_eq!(request_cost(&cost, &h), Ok(2));
+        h.insert("x-cost", http::HeaderValue::from_static("7"));
+        assert_eq!(request_cost(&cost, &h), Ok(7));
+        h.insert("x-cost", http::HeaderValue::from_static("99999999999999999999999"));
+        assert_eq!(request_cost(&cost, &h), Ok(10));
+        h.insert("x-cost", http::HeaderValue::from_static("0"));
+        assert_eq!(request_cost(&cost, &h), Ok(1), "min_cost: zero is not free");
+        for bad in ["-1", "1.5", "abc", "", " "] {
+            h.insert("x-cost", http::HeaderValue::from_static(bad));
+            assert!(request_cost(&cost, &h).is_err(), "{bad:?}");
+        }
+        let fixed = Cost { default: 5, header: None, max: 100, min: 1 };
+        assert_eq!(request_cost(&fixed, &h), Ok(5));
+    }
+}

@@ -1,0 +1,279 @@
+//! The admin listener (`[server] admin = "127.0.0.1:9901"`, off when absent):
+//! `GET /healthz` (process up), `GET /readyz` (the store decides; 503 with the reason while it
+//! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
+//! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
+//! (servers with health, weight and requests in flight). With `admin_token` set, every
+//! endpoint but the probes needs `Authorization: Bearer <token>`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use http::{header, HeaderValue, Method, Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde_json::{json, Value};
+
+use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
+use crate::metrics::METRICS;
+use crate::process::reload::{ReloadOutcome, Reloader};
+use crate::store::LimitStore;
+
+pub struct AdminApp {
+    reloader: Arc<Reloader>,
+    store: Arc<dyn LimitStore>,
+}
+
+enum Body {
+    Json(Value),
+    Text(String),
+}
+
+impl AdminApp {
+    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>) -> Self {
+        Self { reloader, store }
+    }
+
+    async fn handle(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        auth: Option<&[u8]>,
+    ) -> (StatusCode, Body) {
+        let public = matches!(path, "/healthz" | "/readyz");
+        if !public && !self.authorized(auth) {
+            return (StatusCode::UNAUTHORIZED, Body::Json(json!({ "error": "missing or wrong bearer token" })));
+        }
+        match (method, path) {
+            (&Method::GET, "/healthz") => (StatusCode::OK, Body::Json(json!({ "status": "ok" }))),
+            (&Method::GET, "/readyz") => self.readiness().await,
+            (&Method::GET, "/metrics") => (StatusCode::OK, Body::Text(METRICS.render())),
+            (&Method::GET, "/config") => (StatusCode::OK, Body::Json(json!(self.reloader.status()))),
+            (&Method::POST, "/reload") => match self.reloader.reload("admin API") {
+                ReloadOutcome::Applied { generation, hash } => {
+                    (StatusCode::OK, Body::Json(json!({ "result": "applied", "generation": generation, "hash": hash })))
+                }
+                ReloadOutcome::Unchanged { generation } => {
+                    (StatusCode::OK, Body::Json(json!({ "result": "unchanged", "generation": generation })))
+                }
+                ReloadOutcome::Refused(error) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, Body::Json(json!({ "result": "refused", "error": error })))
+                }
+            },
+            (&Method::GET, "/limits") => self.limits(query).await,
+            (&Method::GET, "/upstreams") => (StatusCode::OK, Body::Json(self.upstreams())),
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams") => {
+                (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" })))
+            }
+            _ => (
+                StatusCode::NOT_FOUND,
+                Body::Json(json!({ "error": "not found",
+                    "endpoints": ["/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams"] })),
+            ),
+        }
+    }
+
+    fn authorized(&self, auth: Option<&[u8]>) -> bool {
+        let runtime = self.reloader.runtime().load();
+        let Some(token) = &runtime.server.admin_token else {
+            return true;
+        };
+        let Some(given) = auth.and_then(bearer_credentials) else {
+            return false;
+        };
+        constant_time_eq(given, token.expose().as_bytes())
+    }
+
+    /// 200 while the store decides; 503 with the reason while it fails (a Redis that is down,
+    /// out of memory or busy, or an open circuit): the failure policy then answers every request.
+    /// Warnings (a Redis eviction policy that can lose limit state) do not make it unready.
+    async fn readiness(&self) -> (StatusCode, Body) {
+        let health = self.store.health().await;
+        let mut body =
+            json!({ "status": if health.ready { "ready" } else { "not_ready" }, "store": self.store.kind() });
+        if let (Value::Object(fields), Ok(Value::Object(more))) = (&mut body, serde_json::to_value(&health)) {
+            fields.extend(more.into_iter().filter(|(k, _)| k != "ready"));
+        }
+        let status = if health.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+        (status, Body::Json(body))
+    }
+
+    /// `GET /upstreams`: each upstream of the running config with its servers' health, weight and
+    /// requests in flight on this instance.
+    fn upstreams(&self) -> Value {
+        let runtime = self.reloader.runtime().load_full();
+        let list: Vec<Value> = runtime
+            .upstreams
+            .iter()
+            .map(|u| {
+                let pool = u.pool();
+                let spec = pool.spec();
+                json!({
+                    "name": u.name,
+                    "servers": pool.status(),
+                    "health_check": spec.health_check.as_ref().map(|h| json!({
+                        "type": match h.kind { crate::upstream::CheckKind::Tcp => "tcp", _ => "http" },
+                        "interval_ms": h.interval.as_millis() as u64, "rise": h.rise, "fall": h.fall,
+                    })),
+                })
+            })
+            .collect();
+        json!({ "upstreams": list })
+    }
+
+    /// `GET /limits?zone=per_ip&key=203.0.113.7`: the key's bucket now, and per route using the zone
+    /// how many requests it could still pass.
+    async fn limits(&self, query: Option<&str>) -> (StatusCode, Body) {
+        let param = |name: &str| {
+            query.unwrap_or("").split('&').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                (k == name).then(|| percent_decode(v))
+            })
+        };
+        let (Some(zone_name), Some(key)) =
+            (param("zone").map(|z| String::from_utf8_lossy(&z).into_owned()), param("key"))
+        else {
+            return (StatusCode::BAD_REQUEST, Body::Json(json!({ "error": "give ?zone=NAME&key=KEY" })));
+        };
+        let runtime = self.reloader.runtime().load_full();
+        let Some(zone_index) = runtime.zones.iter().position(|z| z.name == zone_name) else {
+            return (StatusCode::NOT_FOUND, Body::Json(json!({ "error": format!("no zone {zone_name:?}") })));
+        };
+        let zone = &runtime.zones[zone_index];
+        let state = match self.store.inspect(&zone.name, &key).await {
+            Ok(state) => state,
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": e.to_string() }))),
+        };
+        let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+        let routes: Vec<Value> = runtime
+            .routes
+            .iter()
+            .flat_map(|r| r.limits.iter().filter(|l| l.zone == zone_index).map(move |l| (r, l)))
+            .map(|(route, l)| {
+                // A cost-0 evaluation drains the bucket to now without charging anything.
+                let now = evaluate(&l.limit, state.as_ref(), now_us, 0);
+                json!({ "route": route.name, "burst": l.limit.burst, "remaining": now.remaining,
+                        "empty_in_seconds": now.reset_us as f64 / 1e6, "dry_run": l.dry_run })
+            })
+            .collect();
+        (
+            StatusCode::OK,
+            Body::Json(json!({
+                "zone": zone.name, "key": String::from_utf8_lossy(&key), "rate": zone.rate.to_string(),
+                "algorithm": zone.algorithm.as_str(),
+                "state": state.as_ref().map(state_json),
+                "routes": routes,
+            })),
+        )
+    }
+}
+
+fn state_json(state: &State) -> Value {
+    match state {
+        State::Bucket(b) => json!({ "level": b.level, "last_us": b.last_us }),
+        State::Tokens(TokenState { tokens, last_us }) => json!({ "tokens": tokens, "last_us": last_us }),
+        State::Window(WindowState { start_us, count }) => json!({ "window_start_us": start_us, "count": count }),
+        State::Sliding(SlidingState { start_us, prev, curr }) => {
+            json!({ "window_start_us": start_us, "previous": prev, "current": curr })
+        }
+        State::Log(entries) => {
+            json!({ "entries": entries.len(), "oldest_us": entries.first(), "newest_us": entries.last() })
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Decodes `%XX` and `+` in a query value (keys may contain `:` or `/`, e.g. IPv6 addresses).
+fn percent_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let req = session.req_header();
+        let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+        let (method, path, query) =
+            (req.method.clone(), req.uri.path().to_string(), req.uri.query().map(str::to_string));
+        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref()).await;
+        let (content_type, mut bytes) = match body {
+            Body::Json(v) => ("application/json", v.to_string().into_bytes()),
+            Body::Text(t) => ("text/plain; version=0.0.4", t.into_bytes()),
+        };
+        if content_type == "application/json" {
+            bytes.push(b'\n');
+        }
+        let length = bytes.len();
+        let mut resp = Response::new(bytes);
+        *resp.status_mut() = status;
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110 §11.1), whitespace around the token is ignored.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first().is_none_or(|b| *b != b' ') {
+        return None;
+    }
+    Some(rest.trim_ascii())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_query_values() {
+        assert_eq!(percent_decode("2001%3Adb8%3A%3A1"), b"2001:db8::1");
+        assert_eq!(percent_decode("a+b%2"), b"a b%2");
+        assert_eq!(percent_decode("%zz"), b"%zz");
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"BEARER   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
+    }
+
+    #[test]
+    fn compares_tokens() {
+        assert!(constant_time_eq(b"secret-token-123", b"secret-token-123"));
+        assert!(!constant_time_eq(b"secret-token-124", b"secret-token-123"));
+        assert!(!constant_time_eq(b"short", b"secret-token-123"));
+    }
+}

@@ -1,0 +1,9 @@
+//! The process: what runs once per start and what outlives a reload. `server` assembles the
+//! Pingora services and owns the lasting state (stores, upstream pools and their tasks,
+//! certificates); `reload` swaps config snapshots; `admin` is the admin listener; `echo` the
+//! built-in upstream for a first try.
+
+pub mod admin;
+pub mod echo;
+pub mod reload;
+pub mod server;

@@ -1,0 +1,439 @@
+//! Hot reload: the compiled config lives in one `ArcSwap<Runtime>`; each request loads it once and
+//! keeps that snapshot to its end. Triggers — a change of the file on disk, SIGHUP, `POST /reload`
+//! — all call [`Reloader::reload`], which validates the whole file through the same path as
+//! `weir check` before swapping. A bad file is refused and the running config keeps serving.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tracing::{error, info, warn};
+
+use crate::config::{self, EnvUse, Runtime, SecretSource, ServerSettings, TraceSettings};
+use crate::fswatch::{self, Change, DirWatcher, Event};
+use crate::metrics::METRICS;
+
+/// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// The file's content must read the same twice this far apart before it is applied.
+const STABLE_FOR: Duration = Duration::from_millis(300);
+/// A file written and still open (no close after the last write) is not applied until it is
+/// closed — or, in case the close was missed, once it has not changed for this long.
+const MAX_OPEN_WAIT: Duration = Duration::from_secs(30);
+const FILE_CHANGE: &str = "file change";
+/// A directory that never stops changing must not postpone a reload forever.
+const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// What `GET /config` reports about the running config.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigStatus {
+    pub path: String,
+    pub generation: u64,
+    /// First 16 hex digits of the SHA-256 of the file text.
+    pub hash: String,
+    /// Unix seconds when this generation was applied.
+    pub loaded_at: u64,
+    pub reload_failures: u64,
+    /// The error of the latest refused reload, cleared by the next successful one.
+    pub last_error: Option<String>,
+    /// Settings that changed in the file but only apply after a restart.
+    pub pending_restart: Vec<String>,
+    /// Where the secret settings came from (a file, the config file); never their values.
+    pub secrets: Vec<SecretSource>,
+    /// The settings that read environment variables (`${NAME}`), and which; never their values.
+    pub environment: Vec<EnvUse>,
+    /// Fingerprint of the text the latest refused reload read, so one bad save is counted and
+    /// logged once, not once per file event.
+    #[serde(skip)]
+    refused_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    Applied {
+        generation: u64,
+        hash: String,
+    },
+    /// The file's text is the one already running.
+    Unchanged {
+        generation: u64,
+    },
+    Refused(String),
+}
+
+pub struct Reloader {
+    path: PathBuf,
+    runtime: Arc<ArcSwap<Runtime>>,
+    status: Mutex<ConfigStatus>,
+    /// What the process really runs with for settings read once at start-up: later files are
+    /// compared with this, not with the previous file, to report what awaits a restart.
+    started: Startup,
+    /// Called with every config applied after the first (the TLS certificates follow it).
+    on_apply: Mutex<Vec<ApplyHook>>,
+}
+
+type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
+
+struct Startup {
+    server: ServerSettings,
+    store: String,
+    tracing: Option<TraceSettings>,
+    /// `[rls] listen` and `listen_tls` (empty without `[rls]`).
+    rls_listen: RlsListen,
+}
+
+type RlsListen = (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>);
+
+fn rls_listen(runtime: &Runtime) -> RlsListen {
+    runtime.rls.as_ref().map(|r| (r.listen.clone(), r.listen_tls.clone())).unwrap_or_default()
+}
+
+impl Reloader {
+    pub fn new(path: &Path, runtime: Runtime, text: &str) -> Self {
+        let status = ConfigStatus {
+            path: path.display().to_string(),
+            generation: 1,
+            hash: config_hash(text, &runtime),
+            loaded_at: unix_now(),
+            reload_failures: 0,
+            last_error: None,
+            pending_restart: Vec::new(),
+            secrets: runtime.secrets.sources.clone(),
+            environment: runtime.secrets.env.clone(),
+            refused_hash: None,
+        };
+        info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
+        METRICS.config_generation.set(1);
+        let started = Startup {
+            server: runtime.server.clone(),
+            store: format!("{:?}", runtime.store),
+            tracing: runtime.tracing.clone(),
+            rls_listen: rls_listen(&runtime),
+        };
+        Self {
+            path: path.to_path_buf(),
+            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
+            status: Mutex::new(status),
+            started,
+            on_apply: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `hook` with each config a reload applies.
+    pub fn on_apply(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
+        self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+    }
+
+    /// The live config, shared with the proxy.
+    pub fn runtime(&self) -> Arc<ArcSwap<Runtime>> {
+        self.runtime.clone()
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        self.lock().clone()
+    }
+
+    /// Re-reads and validates the file, then swaps it in atomically; or refuses it and keeps the
+    /// running config. Serialised: concurrent triggers apply one after the other.
+    pub fn reload(&self, trigger: &str) -> ReloadOutcome {
+        self.reload_text(trigger, None)
+    }
+
+    /// [`Reloader::reload`] of `text` when given (the content the file watcher saw stay the same),
+    /// else of the file as it is now. Either the whole text is applied, or nothing.
+    fn reload_text(&self, trigger: &str, text: Option<String>) -> ReloadOutcome {
+        let mut status = self.lock();
+        let loaded = match text {
+            Some(text) => config::from_text(&text, &self.path.display().to_string()).map(|runtime| (runtime, text)),
+            None => config::load_with_text(&self.path),
+        };
+        let (next, text) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let refused = std::fs::read(&self.path).ok().map(|t| fingerprint_bytes(&t));
+                if trigger == FILE_CHANGE && refused.is_some() && refused == status.refused_hash {
+                    return ReloadOutcome::Refused(e.to_string());
+                }
+                status.refused_hash = refused;
+                status.reload_failures += 1;
+                METRICS.config_reload_failures.inc();
+                status.last_error = Some(e.to_string());
+                error!(trigger, error = %e, generation = status.generation, "config reload refused; the running config keeps serving");
+                return ReloadOutcome::Refused(e.to_string());
+            }
+        };
+        let hash = config_hash(&text, &next);
+        status.refused_hash = None;
+        if hash == status.hash {
+            status.last_error = None;
+            if trigger != FILE_CHANGE {
+                info!(trigger, generation = status.generation, "config unchanged");
+            }
+            return ReloadOutcome::Unchanged { generation: status.generation };
+        }
+        status.pending_restart = restart_only_changes(&self.started, &next);
+        for change in &status.pending_restart {
+            warn!(trigger, "{change}: restart Weir to apply it; everything else is applied now");
+        }
+        for warning in &next.warnings {
+            warn!(trigger, "{warning}");
+        }
+        let next = Arc::new(next);
+        self.runtime.store(next.clone());
+        for hook in self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            hook(&next);
+        }
+        status.generation += 1;
+        METRICS.config_generation.set(status.generation as i64);
+        METRICS.config_reloads.inc();
+        status.hash = hash.clone();
+        status.secrets = next.secrets.sources.clone();
+        status.environment = next.secrets.env.clone();
+        status.loaded_at = unix_now();
+        status.last_error = None;
+        info!(trigger, generation = status.generation, hash = %hash, "config reloaded");
+        ReloadOutcome::Applied { generation: status.generation, hash }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ConfigStatus> {
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches the file's directory (so write-and-rename editors and Kubernetes ConfigMap symlink
+    /// swaps are seen) and reloads once the change is complete: events have been quiet for
+    /// [`DEBOUNCE`], a file written in place has been closed by its writer, and its content has
+    /// read the same twice [`STABLE_FOR`] apart; that content is what is applied. So a file still
+    /// being written — even one whose first half happens to be a valid config — is never applied.
+    /// The directory is watched only for finished changes (`fswatch`), and the file itself for
+    /// writes in progress: other files there (logs) and reads (Weir's own) wake nothing.
+    /// The watcher lives as long as its thread, i.e. the process.
+    pub fn watch(self: &Arc<Self>) -> Result<(), String> {
+        let dir = fswatch::parent_dir(&self.path);
+        let (tx, rx) = mpsc::channel::<Change>();
+        let file_name = self.path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        // The secret files the config reads (`admin_token_file`, …): a rotated secret is applied
+        // like a changed config. Those the config names at start are watched.
+        let secret_files: Vec<PathBuf> = self.runtime.load().secrets.files().cloned().collect();
+        let secret_names: Vec<std::ffi::OsString> =
+            secret_files.iter().filter_map(|f| f.file_name().map(|n| n.to_os_string())).collect();
+        let mut watcher = DirWatcher::start("weir-config-fs", move |event| {
+            let change = match event {
+                Event::Entry { name, change } if concerns_config(&name, &file_name) => change,
+                Event::Entry { name, .. } if secret_names.contains(&name) => Change::Replaced,
+                Event::Entry { .. } => return,
+                // Events were lost or the directory went: look at the file again.
+                Event::Rescan => Change::Replaced,
+            };
+            let _ = tx.send(change);
+        })
+        .map_err(|e| e.to_string())?;
+        watcher.watch_dir(&dir).map_err(|e| e.to_string())?;
+        let mut secret_dirs: Vec<PathBuf> = secret_files.iter().map(|f| fswatch::parent_dir(f)).collect();
+        secret_dirs.sort();
+        secret_dirs.dedup();
+        for secret_dir in secret_dirs.iter().filter(|d| **d != dir) {
+            watcher.watch_dir(secret_dir).map_err(|e| e.to_string())?;
+        }
+        watcher.watch_writes(&self.path).map_err(|e| e.to_string())?;
+        let reloader = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("weir-config-watch".into())
+            .spawn(move || {
+                let _watcher = watcher;
+                // An event about the file or a ConfigMap swap may or may not change the config;
+                // the content hash tells.
+                while let Ok(first) = rx.recv() {
+                    match settle(&rx, first, &reloader.path) {
+                        Some(text) => {
+                            reloader.reload_text(FILE_CHANGE, text);
+                        }
+                        None => return,
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the config watcher: {e}"))?;
+        Ok(())
+    }
+
+    /// Reloads on SIGHUP, as `systemctl reload` and `kill -HUP` expect.
+    pub fn reload_on_sighup(self: &Arc<Self>) -> Result<(), String> {
+        let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+            .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+        let reloader = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("weir-sighup".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    reloader.reload("SIGHUP");
+                }
+            })
+            .map_err(|e| format!("cannot start the SIGHUP handler: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Waits until a change of the file is complete (see [`Reloader::watch`]) and returns the content
+/// to apply (`Some(None)`: the file could not be read as text, the reload will say why); `None`
+/// when the watcher is shutting down. `first` is the event that started it.
+fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Option<String>> {
+    // A write not yet followed by a close: the writer may still be at it.
+    let mut open_writer = first == Change::Written;
+    let note = |change: Change, open_writer: &mut bool| match change {
+        Change::Written => *open_writer = true,
+        Change::Closed => *open_writer = false,
+        Change::Replaced => {}
+    };
+    // When the file last changed (an event, or different content).
+    let mut last_change = Instant::now();
+    let mut logged_open = false;
+    loop {
+        // Quiet first, but never more than MAX_DEBOUNCE after the first event of a burst.
+        let deadline = Instant::now() + MAX_DEBOUNCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(DEBOUNCE.min(left)) {
+                Ok(change) => {
+                    note(change, &mut open_writer);
+                    last_change = Instant::now();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        // The content, then the same content again a while later, with no event in between.
+        let before = std::fs::read(path).ok();
+        let mut moved = false;
+        let until = Instant::now() + STABLE_FOR;
+        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) {
+            match rx.recv_timeout(left) {
+                Ok(change) => {
+                    note(change, &mut open_writer);
+                    moved = true;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        let after = std::fs::read(path).ok();
+        if moved || before != after {
+            last_change = Instant::now();
+            continue;
+        }
+        if open_writer && last_change.elapsed() < MAX_OPEN_WAIT {
+            if !logged_open {
+                info!(path = %path.display(), "config file written but still open: applying it once its writer closes it");
+                logged_open = true;
+            }
+            continue;
+        }
+        if open_writer {
+            warn!(path = %path.display(), "config file unchanged for {MAX_OPEN_WAIT:?} but never closed by its writer; applying it");
+        }
+        // A missing, unreadable or non-UTF-8 file: the reload reads it again and says why.
+        return Some(after.and_then(|bytes| String::from_utf8(bytes).ok()));
+    }
+}
+
+/// The config file itself, or a Kubernetes ConfigMap's `..data` / `..data_tmp` / `..<timestamp>`
+/// entries through which the mounted file is swapped.
+fn concerns_config(name: &OsStr, file_name: &OsStr) -> bool {
+    name == file_name || fswatch::is_kubernetes_swap(name)
+}
+
+/// Settings read once at start-up; a change is reported, not silently ignored.
+fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
+    let mut changes = Vec::new();
+    if current.server.listen != next.server.listen {
+        changes.push(format!(
+            "server.listen: running {:?}, the file says {:?}",
+            current.server.listen, next.server.listen
+        ));
+    }
+    let next_rls = rls_listen(next);
+    if current.rls_listen != next_rls {
+        changes.push(format!(
+            "rls.listen / rls.listen_tls: running {:?}, the file says {:?}",
+            current.rls_listen, next_rls
+        ));
+    }
+    if current.server.threads != next.server.threads {
+        changes
+            .push(format!("server.threads: running {}, the file says {}", current.server.threads, next.server.threads));
+    }
+    if current.server.listen_tls != next.server.listen_tls {
+        changes.push(format!(
+            "server.listen_tls: running {:?}, the file says {:?}",
+            current.server.listen_tls, next.server.listen_tls
+        ));
+    }
+    for (field, running, file) in [
+        ("server.min_tls", current.server.min_tls.as_str(), next.server.min_tls.as_str()),
+        ("server.http2", bool_str(current.server.http2), bool_str(next.server.http2)),
+        ("server.h2c", bool_str(current.server.h2c), bool_str(next.server.h2c)),
+    ] {
+        if running != file {
+            changes.push(format!("{field}: running {running}, the file says {file}"));
+        }
+    }
+    if current.server.admin != next.server.admin {
+        changes
+            .push(format!("server.admin: running {:?}, the file says {:?}", current.server.admin, next.server.admin));
+    }
+    if current.tracing != next.tracing {
+        changes.push("tracing: the file changes the [tracing] settings".to_string());
+    }
+    // Debug output covers every store field; compared only, never logged (the URL may hold a password).
+    if current.store != format!("{:?}", next.store) {
+        changes.push("store: the file changes the store settings".to_string());
+    }
+    changes
+}
+
+fn bool_str(b: bool) -> &'static str {
+    if b {
+        "true"
+    } else {
+        "false"
+    }
+}
+
+/// The config text's fingerprint; with upstream TLS files (`ca_file`, `client_cert`,
+/// `client_key`), of the text and their content: a reload after one of them was replaced applies
+/// it although the text did not change.
+fn config_hash(text: &str, rt: &Runtime) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    // Secrets read from files or the environment (`${NAME}`): a rotated one is a change. Without
+    // either, the hash is the text's alone (as documented for `GET /config`).
+    if !rt.secrets.none_from_files() || text.contains("${") {
+        bytes.extend_from_slice(&rt.secrets.fingerprint());
+    }
+    for tls in rt.upstreams.iter().filter_map(|u| u.tls.as_ref()) {
+        if let Some(ca) = &tls.ca {
+            bytes.extend_from_slice(ca.pem());
+        }
+        if let Some(client) = &tls.client {
+            bytes.extend_from_slice(&client.loaded.fingerprint);
+        }
+    }
+    if let Some(jwt) = &rt.jwt {
+        bytes.extend_from_slice(jwt.fingerprint());
+    }
+    fingerprint_bytes(&bytes)
+}
+
+fn fingerprint_bytes(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
