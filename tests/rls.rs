@@ -82,6 +82,11 @@ name = "per_client"
 key = "header:X-Client"
 rate = "1r/m"
 
+[[limit_req_zone.override]]
+match = "header:X-Client=vip"
+rate = "1r/m"
+burst = 6
+
 [[limit_req_zone]]
 name = "tight"
 key = "header:X-Client"
@@ -105,6 +110,12 @@ name = "edge"
 
 [[rls.domain.descriptor]]
 key = "client"
+zone = "per_client"
+burst = 3
+nodelay = true
+
+[[rls.domain.descriptor]]
+key = "x-client"
 zone = "per_client"
 burst = 3
 nodelay = true
@@ -189,6 +200,17 @@ async fn rls_decides_like_the_proxy(store: &str) {
     assert_eq!(waits[1], None);
     let wait: u64 = waits[2].as_deref().expect("the third is delayed").parse().expect("ms");
     assert!((50_000..=60_000).contains(&wait), "about one 1r/m slot: {wait} ms");
+
+    // The zone's overrides apply to what a descriptor names, as to a proxied request: an entry
+    // keyed by a header's name is that header, and `header:X-Client=vip` has burst 6.
+    let mut vip = Vec::new();
+    for _ in 0..8 {
+        let a = call(&mut c, request("edge", vec![descriptor(&[("x-client", "vip")])])).await;
+        vip.push(code(&a) == Code::Ok);
+    }
+    assert_eq!(vip, [true, true, true, true, true, true, true, false], "burst 6: seven pass");
+    let proxied = http::get_with(proxy, "/", &[("X-Client", "vip")]);
+    assert_eq!(proxied.status, 429, "one counter: the proxy finds the override's bucket full");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,8 +86,7 @@ pub(super) fn compile_rls(
             upstream: 0,
             limits,
             status: 429,
-            // `answer` reads each zone's remaining count from these and then writes `headers`.
-            headers: HeaderMode::Draft,
+            headers,
             on_error,
             conn_limits: Vec::new(),
             conn_status: 503,
@@ -95,7 +94,7 @@ pub(super) fn compile_rls(
             cost: Cost { default: 1, header: None, max: 1, min: 1 },
             grpc_status: None,
         };
-        domains.push(Domain { name: dname, route, rules, headers });
+        domains.push(Domain { name: dname, route, rules });
     }
     Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, domains }))
 }
@@ -152,8 +151,18 @@ fn compile_rules(
                 return Err(here(&zone.span(), "a descriptor rule has either zone or unlimited = true".into()))
             }
             Some(zone) => {
+                let zone_span = zone.span();
                 let reference = schema::LimitReqRef { zone, burst, delay, nodelay, dry_run };
                 let mut zl = compile_limit_ref(&reference, zones, here)?;
+                if zones[zl.zone].count_statuses.is_some() {
+                    return Err(here(
+                        &zone_span,
+                        format!(
+                            "zone {:?} counts by response (count_statuses); the rate limit service never sees a response",
+                            zones[zl.zone].name
+                        ),
+                    ));
+                }
                 zl.dry_run |= domain_dry_run;
                 limits.push(zl);
                 Some(limits.len() - 1)
@@ -207,7 +216,7 @@ mod tests {
         assert_eq!(d.route.limits.len(), 1);
         assert_eq!(d.route.limits[0].limit.burst, 2);
         assert_eq!(d.route.on_error, Some(crate::config::FailurePolicy::Deny));
-        assert_eq!(d.headers, crate::config::HeaderMode::None);
+        assert_eq!(d.route.headers, crate::config::HeaderMode::None);
         assert_eq!(d.rules[0].children[0].limit, Some(0));
         assert!(rt.server.listen.is_empty());
     }
@@ -226,6 +235,11 @@ mod tests {
             (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
             (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),
+            (
+                format!("{}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n", ZONES.replace("rate", "count_statuses = [401]\nrate")),
+                "never sees a response",
+            ),
+            (format!("[[limit_req_zone]]\nname = \"z\"\nrate = \"1r/s\"\nbad_token_key = \"ip\"\n\n{rls}"), "the zone has no key"),
         ];
         for (text, expected) in &cases {
             let e = error(text);

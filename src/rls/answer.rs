@@ -1,10 +1,10 @@
-//! The enforcement step's outcome as Envoy's `RateLimitResponse`: the overall code, one status per
+//! The engine's enforcement as Envoy's `RateLimitResponse`: the overall code, one status per
 //! descriptor, and the rate-limit fields for Envoy to add to its response.
 //!
-//! The enforcement step reports each enforced zone's remaining count and reset time only in its
-//! draft `RateLimit` field (`"zone";r=N;t=S`, one item per zone in order); the domain's route
-//! always asks for that field, and this module reads the counts back from it, then writes the
-//! fields the domain's `rate_limit_headers` asks for.
+//! Nothing is decided here: each descriptor's code, remaining count and reset time are read from
+//! the engine's verdict of its zone (`Enforcement::enforced`, in the order of the plan's enforced
+//! zones) through the engine's own `headers::zone_remaining`, and the response fields are the ones
+//! the engine wrote for the domain's `rate_limit_headers`.
 
 use std::time::Duration;
 
@@ -12,73 +12,46 @@ use super::plan::Plan;
 use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
-use crate::config::{FailurePolicy, HeaderMode, Route};
-use crate::limit::LimitReq;
+use crate::config::FailurePolicy;
+use crate::engine::headers::zone_remaining;
 use crate::engine::limit_req::{Action, Enforcement};
-use crate::engine::status::LimitStatus;
+use crate::limit::LimitReq;
 use crate::store::KeyedZone;
 
 /// The request header that carries a `delay` verdict's wait: Envoy cannot hold a request, so a
 /// delay is answered OK and the wait is told to the upstream.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
 
-/// One zone's `r` and `t` from the draft `RateLimit` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remaining {
-    pub remaining: u64,
-    pub reset_secs: u64,
+/// One enforced zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
+struct ZoneAnswer {
+    code: Code,
+    counts: Option<(u64, u64)>,
 }
 
-/// The items of a `RateLimit` field, in order. Zone names are plain (`config::checks`), so
-/// the field splits on `", "` and `;`.
-pub fn parse_remaining(field: &str) -> Vec<Remaining> {
-    field
-        .split(", ")
-        .filter_map(|item| {
-            let mut r = None;
-            let mut t = None;
-            for param in item.split(';').skip(1) {
-                match param.split_once('=') {
-                    Some(("r", v)) => r = v.parse().ok(),
-                    Some(("t", v)) => t = v.parse().ok(),
-                    _ => {}
-                }
-            }
-            Some(Remaining { remaining: r?, reset_secs: t? })
-        })
-        .collect()
-}
-
-/// The response to one request, from its plan and the enforcement outcome.
-pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, route: &Route, mode: HeaderMode) -> RateLimitResponse {
+/// The response to one request, from its plan and the engine's enforcement of it.
+pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitResponse {
     let rejected = matches!(enforcement.action, Action::Reject { .. });
     let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
-    let field = |name: &str| enforcement.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
-    let remaining = field("RateLimit").map(parse_remaining).unwrap_or_default();
     let enforced = plan.keyed.iter().take_while(|z| !z.dry_run).count();
+    let verdict = enforcement.enforced.as_ref();
 
-    let zone_codes: Vec<Code> = plan
+    let zones: Vec<ZoneAnswer> = plan
         .keyed
         .iter()
         .enumerate()
         .map(|(i, z)| {
-            if z.dry_run || !rejected {
-                return Code::Ok;
-            }
-            if denied_by_policy {
-                return Code::OverLimit;
-            }
-            // Its zone's word is REJECTED and this key has nothing left (a zone that another one
-            // rejected was not charged and reports what it had: `proxy::headers::remaining`).
-            let zone_index = route.limits[z.reference].zone;
-            let rejecting =
-                enforcement.statuses.zones.iter().any(|&(zi, s)| zi == zone_index && s == LimitStatus::Rejected)
-                    && remaining.get(i).is_some_and(|r| r.remaining == 0);
-            if rejecting {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            }
+            // Dry-run zones (after the enforced ones) never refuse and report no counts.
+            let outcome = verdict.filter(|_| i < enforced).and_then(|v| v.zones.get(i).map(|out| (v, out)));
+            let counts = outcome.map(|(v, out)| zone_remaining(z, v.admitted, out));
+            let code = match outcome {
+                _ if z.dry_run => Code::Ok,
+                // `on_error = "deny"`: no zone was decided, every one answers OVER_LIMIT.
+                None if denied_by_policy => Code::OverLimit,
+                // Its own zone refused: a zone that another one rejected was not charged.
+                Some((_, out)) if !out.admitted => Code::OverLimit,
+                _ => Code::Ok,
+            };
+            ZoneAnswer { code, counts }
         })
         .collect();
 
@@ -88,14 +61,13 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, route: &Route, mo
         .map(|slot| match slot {
             None => DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() },
             Some(i) => {
-                let zone = &plan.keyed[*i];
-                let counts = (*i < enforced).then(|| remaining.get(*i).copied()).flatten();
+                let answer = &zones[*i];
                 DescriptorStatus {
-                    code: zone_codes[*i].into(),
-                    current_limit: Some(current_limit(zone)),
-                    limit_remaining: counts.map_or(0, |c| u32::try_from(c.remaining).unwrap_or(u32::MAX)),
-                    duration_until_reset: counts.map(|c| prost_types::Duration {
-                        seconds: i64::try_from(c.reset_secs).unwrap_or(i64::MAX),
+                    code: answer.code.into(),
+                    current_limit: Some(current_limit(&plan.keyed[*i])),
+                    limit_remaining: answer.counts.map_or(0, |(r, _)| u32::try_from(r).unwrap_or(u32::MAX)),
+                    duration_until_reset: answer.counts.map(|(_, t)| prost_types::Duration {
+                        seconds: i64::try_from(t).unwrap_or(i64::MAX),
                         nanos: 0,
                     }),
                     quota: None,
@@ -104,21 +76,8 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>, route: &Route, mo
         })
         .collect();
 
-    let mut response_headers = Vec::new();
-    match mode {
-        HeaderMode::Draft => {
-            for name in ["RateLimit-Policy", "RateLimit"] {
-                if let Some(v) = field(name) {
-                    response_headers.push(header(name, v));
-                }
-            }
-        }
-        HeaderMode::Legacy => response_headers.extend(legacy(&plan.keyed[..enforced], &remaining)),
-        HeaderMode::None => {}
-    }
-    if let Some(v) = field("Retry-After") {
-        response_headers.push(header("Retry-After", v));
-    }
+    // The fields the engine wrote for the domain's `rate_limit_headers`, `Retry-After` included.
+    let response_headers = enforcement.headers.iter().map(|(name, value)| header(name, value)).collect();
     let mut request_headers = Vec::new();
     if let Action::Delay(wait) = enforcement.action {
         request_headers.push(header(DELAY_HEADER, &delay_ms(wait).to_string()));
@@ -139,18 +98,6 @@ fn delay_ms(wait: Duration) -> u64 {
 
 fn header(key: &str, value: &str) -> HeaderValue {
     HeaderValue { key: key.to_string(), value: value.to_string(), raw_value: Vec::new() }
-}
-
-/// `X-RateLimit-Limit/-Remaining/-Reset` of the tightest enforced zone (fewest left).
-fn legacy(zones: &[KeyedZone<'_>], remaining: &[Remaining]) -> Vec<HeaderValue> {
-    let Some((zone, counts)) = zones.iter().zip(remaining).min_by_key(|(_, c)| c.remaining) else {
-        return Vec::new();
-    };
-    vec![
-        header("X-RateLimit-Limit", &zone.limit.capacity().to_string()),
-        header("X-RateLimit-Remaining", &counts.remaining.to_string()),
-        header("X-RateLimit-Reset", &counts.reset_secs.to_string()),
-    ]
 }
 
 /// A zone's limit in Envoy's terms: requests per second, minute, hour or day when the zone's
@@ -179,15 +126,6 @@ pub fn current_limit(zone: &KeyedZone<'_>) -> RateLimit {
 mod tests {
     use super::*;
     use crate::limit::{Algorithm, DelayPolicy, Rate};
-
-    #[test]
-    fn reads_the_draft_field_back() {
-        assert_eq!(
-            parse_remaining("\"per_ip\";r=17;t=1, \"b\";r=0;t=60"),
-            vec![Remaining { remaining: 17, reset_secs: 1 }, Remaining { remaining: 0, reset_secs: 60 }]
-        );
-        assert!(parse_remaining("").is_empty());
-    }
 
     #[test]
     fn limits_in_envoy_units() {

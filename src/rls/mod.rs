@@ -4,9 +4,11 @@
 //!
 //! Each `[[rls.domain]]` is compiled into a `Route` (config/rls.rs) whose `limit_req` references
 //! are its rules' zones. A request's descriptors are matched against the rules (`rules`, pure),
-//! become that route's keyed zones (`plan`), and are decided by the proxy's own enforcement step
-//! through the one call in [`decide`]; `answer` turns the outcome into Envoy's response. The
-//! listener is `listener`, the gRPC glue `service`, `import` translates envoyproxy/ratelimit YAML.
+//! become that route's keyed zones through the engine's `limit_req::keyed_zone` (`plan`: overrides
+//! and exemptions are the engine's), and are decided by the engine's `limit_req::enforce`, the
+//! proxy's and replay's own step, through the one call in [`decide`]; `answer` turns the verdict
+//! into Envoy's response. The listener is `listener`, the gRPC glue `service`, `import`
+//! translates envoyproxy/ratelimit YAML.
 
 pub mod answer;
 pub mod import;
@@ -18,7 +20,7 @@ pub mod service;
 
 use std::net::SocketAddr;
 
-use crate::config::{HeaderMode, Route, Runtime};
+use crate::config::{Route, Runtime};
 use crate::engine::limit_req::{self, Enforcement, Stores};
 use crate::engine::policy::Groups;
 use crate::store::KeyedZone;
@@ -45,15 +47,12 @@ impl RlsSettings {
 pub struct Domain {
     pub name: String,
     /// Named `rls:<domain>`; its `limits` are the zones the rules reference (`Rule::limit`
-    /// indexes them), with the domain's header mode and failure policy.
+    /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
     pub route: Route,
     pub rules: Vec<rules::Rule>,
-    /// The rate-limit fields the answers carry. The route itself always computes the draft
-    /// fields: the per-descriptor remaining counts are read from them (see `answer`).
-    pub headers: HeaderMode,
 }
 
-/// The one place the rate limit service decides: the proxy's enforcement step (store, breaker,
+/// The one place the rate limit service decides: the engine's enforcement step (store, breaker,
 /// deny cache, failure policy, dry run), on the domain's route and the descriptors' keyed zones.
 pub async fn decide<'a>(
     rt: &Runtime,

@@ -1,13 +1,23 @@
-//! A request's descriptors → its domain route's keyed zones: validated, matched against the rules,
-//! keyed by their values, with `hits_addend` as the cost. Pure: no store, no I/O.
+//! A request's descriptors → its domain route's keyed zones: validated, matched against the rules
+//! (which zone reference), keyed by their values, with `hits_addend` as the cost; the engine's
+//! `keyed_zone` then gives each its effective limit (overrides, exemptions), from the request
+//! facts a descriptor stands for. Pure: no store, no I/O.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::proto::RateLimitRequest;
 use super::rules::{descriptor_key, find_limit};
 use super::Domain;
 use crate::config::Runtime;
+use crate::engine::limit_req::keyed_zone;
+use crate::keys::RequestFacts;
 use crate::store::KeyedZone;
+
+/// The entry Envoy's `remote_address` action sends: the client address.
+const REMOTE_ADDRESS: &str = "remote_address";
 
 /// The largest `hits_addend` accepted (the proxy's largest `cost`).
 pub const MAX_HITS: u64 = 1_000_000;
@@ -77,31 +87,49 @@ pub fn plan<'a>(
             slots.push(None);
             continue;
         };
-        let zl = domain.route.limits[reference];
+        let zone = domain.route.limits[reference].zone;
         let key = descriptor_key(&entries);
-        match by_counter.get(&(zl.zone, key.clone())) {
-            Some(&slot) => {
-                // The same counter twice: one charge of both costs, so it is decided atomically.
-                let z = &mut keyed[slot];
-                z.cost = z.cost.saturating_add(hits);
-                z.dry_run &= zl.dry_run;
-                slots.push(Some(slot));
-            }
-            None => {
-                by_counter.insert((zl.zone, key.clone()), keyed.len());
+        if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
+            // The same counter twice: one charge of both costs, so it is decided atomically.
+            let z = &mut keyed[slot];
+            z.cost = z.cost.saturating_add(hits);
+            z.dry_run &= domain.route.limits[reference].dry_run;
+            slots.push(Some(slot));
+            continue;
+        }
+        // Headers only for a zone with overrides to match: most descriptors need none.
+        let headers = if rt.zones[zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(&entries) };
+        let mut facts = RequestFacts::new(client_ip(&entries), &headers, None);
+        facts.route = &domain.route.name;
+        match keyed_zone(rt, &domain.route, reference, key.clone(), &facts, hits) {
+            Some(z) => {
+                by_counter.insert((zone, key), keyed.len());
                 slots.push(Some(keyed.len()));
-                keyed.push(KeyedZone {
-                    zone: &rt.zones[zl.zone].name,
-                    key,
-                    limit: zl.limit,
-                    cost: hits,
-                    dry_run: zl.dry_run,
-                    reference,
-                });
+                keyed.push(z);
             }
+            // An override exempts this key (`rate = "unlimited"`): allowed, like an unmatched one.
+            None => slots.push(None),
         }
     }
     Ok(enforced_first(Plan { keyed, slots }))
+}
+
+/// The client address a descriptor names (its `remote_address` entry), for `ip` overrides.
+fn client_ip(entries: &[(&str, &str)]) -> Option<IpAddr> {
+    entries.iter().find(|(k, _)| *k == REMOTE_ADDRESS).and_then(|(_, v)| v.parse().ok())
+}
+
+/// A descriptor's entries as request headers named by their keys, for `header:` overrides: a
+/// `request_headers` action whose `descriptor_key` is the header's name gives the header as sent.
+/// Entries that cannot be a header (name or value) are left out.
+fn as_headers(entries: &[(&str, &str)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (key, value) in entries {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(key.as_bytes()), HeaderValue::from_str(value)) {
+            headers.append(name, value);
+        }
+    }
+    headers
 }
 
 /// Reorders the zones as `Groups` does (enforced first, each group in request order) and
@@ -206,6 +234,61 @@ dry_run = true
         assert_eq!(plan.keyed.len(), 1);
         assert_eq!(plan.keyed[0].cost, 2);
         assert_eq!(plan.slots, vec![Some(0), Some(0)]);
+    }
+
+    const OVERRIDES: &str = r#"
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "10r/s"
+
+[[limit_req_zone.override]]
+match = "10.1.0.0/16"
+rate = "100r/s"
+burst = 50
+
+[[limit_req_zone.override]]
+match = "192.0.2.1"
+rate = "unlimited"
+
+[[limit_req_zone]]
+name = "per_key"
+key = "header:X-Api-Key"
+rate = "1r/s"
+
+[[limit_req_zone.override]]
+match = "header:X-Api-Key=partner"
+rate = "50r/s"
+
+[rls]
+listen = ["127.0.0.1:8081"]
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.descriptor]]
+key = "remote_address"
+zone = "per_ip"
+burst = 5
+
+[[rls.domain.descriptor]]
+key = "x-api-key"
+zone = "per_key"
+"#;
+
+    #[test]
+    fn zone_overrides_apply_to_the_facts_a_descriptor_names() {
+        let rt = crate::config::from_text(OVERRIDES, "test.toml").expect("test config compiles");
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("edge"));
+        let one = |entries: &[(&str, &str)]| {
+            let plan = plan(&rt, domain, &request("edge", vec![descriptor(entries, None)], 0), 4).expect("valid");
+            plan.keyed.first().map(|z| (z.limit.rate.count, z.limit.rate.period_us, z.limit.burst))
+        };
+        assert_eq!(one(&[("remote_address", "203.0.113.9")]), Some((10, 1_000_000, 5)));
+        assert_eq!(one(&[("remote_address", "10.1.2.3")]), Some((100, 1_000_000, 50)), "the override's rate and burst");
+        assert_eq!(one(&[("remote_address", "192.0.2.1")]), None, "rate = \"unlimited\" exempts the key");
+        assert_eq!(one(&[("x-api-key", "partner")]), Some((50, 1_000_000, 0)));
+        assert_eq!(one(&[("x-api-key", "other")]), Some((1, 1_000_000, 0)));
     }
 
     #[test]

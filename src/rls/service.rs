@@ -13,11 +13,11 @@ use super::plan::{self, Plan};
 use super::proto::rate_limit_response::Code;
 use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
 use crate::config::{FailurePolicy, Runtime};
-use crate::logging::{self, line};
-use crate::metrics::METRICS;
 use crate::engine::limit_req::{Action, Enforcement, Stores};
 use crate::engine::policy::Groups;
 use crate::engine::status::LimitStatus;
+use crate::logging::{self, line};
+use crate::metrics::METRICS;
 
 /// Access-log lines of the rate limit service: the proxy's target, with `front_door = "rls"`.
 const TARGET: &str = "weir::access";
@@ -65,7 +65,7 @@ impl RateLimitService for RlsService {
                 let groups = Groups::new(keyed);
                 let enforcement = super::decide(&rt, &domain.route, &groups, &self.stores).await;
                 let plan = Plan { keyed: groups.into_all(), slots };
-                let response = answer::respond(&plan, &enforcement, &domain.route, domain.headers);
+                let response = answer::respond(&plan, &enforcement);
                 enforcement.statuses.count(|z| rt.meters.zone(z));
                 let outcome = outcome(&enforcement);
                 METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
