@@ -19,6 +19,11 @@
 --                 put the key's previous value back (the reply's last element, see below);
 --            "n"  evaluate only: write nothing, even if every zone admits (the request was already
 --                 rejected in another slot; this call only completes the verdict).
+--            "c"  charge after the response (docs/charges.md, cost_from_response): a leaky-bucket
+--                 zone that has no room for its cost is charged the whole units that fit below its
+--                 ceiling instead (the burst sent is the reference's burst plus the debt cap), so
+--                 the charge is never refused (`leaky_bucket::charge`). Other algorithms decide
+--                 as usual.
 -- then 6 values per zone i, at ARGV[3 + 6*(i-1)] ...:
 --   algorithm  Algorithm::id(): 0 leaky_bucket, 1 token_bucket, 2 fixed_window, 3 sliding_log,
 --              4 sliding_window
@@ -83,17 +88,6 @@ local ZADD_BATCH = 1000
 -- Set by `decide` for the request being decided; the functions below read them.
 local now, want_log
 
--- One zone's result. Every field is set here, in one constructor: a Lua table that grows is
--- rehashed, and this runs for every zone of every request. `n1`..`n3` are `next` (the reply's
--- layout); `value` is the string state stored (false for the sliding log); `p` the zone's
--- parameters (set by `decide`).
-local function zone_result(excess)
-  return {
-    admitted = false, excess = excess, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
-    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false, p = false,
-  }
-end
-
 local function fmt(x)
   if x > 0 and x < 9007199254740992 and x % 1 == 0 then
     -- The same text, cheaper: %.17g writes a whole number below 2^53 as its digits.
@@ -125,12 +119,283 @@ local function ceil_us(us)
   return 0
 end
 
+-- ceil_us(time_for_us(...)) in one call (the leaky bucket's, which makes it per zone up to 3 times).
+local ceil, floor = math.ceil, math.floor
+local function ceil_time_for(requests, count, period_us)
+  local us = requests * period_us / count
+  if us > 0 then
+    return ceil(us)
+  end
+  return 0
+end
+
 -- u64::saturating_sub
 local function sat_sub(a, b)
   if a > b then
     return a - b
   end
   return 0
+end
+
+-- Redis TIME in µs, read once per call: the requests of a batch are decided at one instant, as
+-- one atomic call is.
+local redis_now
+local function time_now()
+  if not redis_now then
+    -- Before Redis 5 a script that reads TIME must replicate its effects, not itself; since 7.0
+    -- this is the default and the function is a deprecated no-op (or absent).
+    if redis.replicate_commands then
+      pcall(redis.replicate_commands)
+    end
+    local t = redis.call('TIME')
+    redis_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return redis_now
+end
+
+-- leaky_bucket::evaluate on a stored value `raw` (nil: none): admitted, excess, delay_us,
+-- retry_us (-1: admitted, or never), remaining, reset_us, expires_us, and `next` (level,
+-- anchor_us). Untagged "<level> <last_us>" (parse_state's split: exactly two words, each a
+-- number); anything else is no state.
+local function leaky_values(raw, count, period_us, burst, delay, cost)
+  local s1, s2
+  if raw then
+    s1, s2 = string.match(raw, '^ *([^ ]+) +([^ ]+) *$')
+    s1, s2 = tonumber(s1), tonumber(s2)
+  end
+  local level_now, anchor_us
+  if not (s1 and s2) then
+    level_now, anchor_us = 0, now
+  elseif now <= s2 then
+    -- The clock went backwards: keep the stored time and drain nothing.
+    level_now, anchor_us = s1, s2
+  elseif now >= s2 + ceil_time_for(s1, count, period_us) then
+    -- Drained (the state's expiry): exactly no state, whatever the float residue.
+    level_now, anchor_us = 0, now
+  else
+    local l = s1 - drained_in(now - s2, count, period_us)
+    if l > 0 then
+      level_now = l
+    else
+      level_now = 0
+    end
+    anchor_us = now
+  end
+
+  local capacity = burst + 1
+  local level_new = level_now + cost
+  local excess = level_new - 1
+  local admitted, delay_us, retry_us, remaining, level = false, 0, -1, 0, level_now
+  if excess > burst then
+    if cost <= capacity then
+      retry_us = ceil_time_for(level_now - (capacity - cost), count, period_us)
+    end
+  else
+    admitted = true
+    if delay >= 0 and excess > delay then
+      delay_us = ceil_time_for(excess - delay, count, period_us)
+    end
+    local room = floor(capacity - level_new)
+    if room > 0 then
+      remaining = room
+    end
+    level = level_new
+  end
+  local reset_us = ceil_time_for(level, count, period_us)
+  return admitted, excess, delay_us, retry_us, remaining, reset_us, anchor_us + reset_us, level, anchor_us
+end
+
+-- The leaky-bucket path: a call whose every zone is a leaky bucket, with the compact ("0") or
+-- full ("1") reply, no undo, no evaluate-only, and in batch mode every request after the first
+-- saying "=" (the usual call: nginx's algorithm, one server, a lane's batch). It decides exactly
+-- as `decide` below (the same `leaky_values`, then `combine`, `persist` and the reply, written out
+-- for this one algorithm), but runs before the rest of this file defines its ~25 functions (Redis
+-- runs a script's body on every call), reads the arguments and the clock once per call, keeps
+-- the zones' results in one array reused by every request (Lua tables cost Redis more than
+-- anything else a decision does: ~1.4k instructions each, with their garbage collection), and
+-- formats a number only when it differs from the previous one of its kind. Any other call, or
+-- anything malformed, returns nil here and takes the general path (which words the errors).
+local function leaky_path()
+  local batch = ARGV[1] == 'batch'
+  local requests, a0, n = 1, 0, #KEYS
+  if batch then
+    a0 = 3
+  end
+  if ARGV[a0 + HEAD_ARGS + 1] ~= '0' then
+    return nil -- the first zone is no leaky bucket: the general path, at once
+  end
+  if batch then
+    requests, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+    if not (requests and requests >= 1 and n and n >= 1 and #KEYS >= requests * n)
+      or #ARGV ~= 3 + HEAD_ARGS + ZONE_ARGS * n + 2 * (requests - 1) then
+      return nil
+    end
+    -- (Compared as text: tonumber costs a strtod. Other texts of the same number, or anything
+    -- else, take the general path.)
+    local n_text = ARGV[3]
+    for at = 4 + HEAD_ARGS + ZONE_ARGS * n, #ARGV, 2 do
+      if ARGV[at] ~= n_text or ARGV[at + 1] ~= '=' then
+        return nil
+      end
+    end
+  elseif n < 1 or #ARGV ~= HEAD_ARGS + ZONE_ARGS * n then
+    return nil
+  end
+  local now_text, flags = ARGV[a0 + 1], ARGV[a0 + 2]
+  if flags ~= '0' and flags ~= '1' then
+    return nil
+  end
+  -- Every zone a leaky bucket? (As text, before any number is parsed: the general path pays
+  -- next to nothing more for its calls.)
+  for i = 1, n do
+    if ARGV[a0 + HEAD_ARGS + ZONE_ARGS * (i - 1) + 1] ~= '0' then
+      return nil
+    end
+  end
+  local now_arg = tonumber(now_text)
+  if now_text ~= '' and not now_arg then
+    return nil
+  end
+  local full = flags == '1'
+  -- p[i]: count, period_us, burst, delay, cost of zone i (checked as read_args does; one
+  -- constructor each, which sizes the table once).
+  local p = {}
+  for i = 1, n do
+    local base = a0 + HEAD_ARGS + ZONE_ARGS * (i - 1)
+    local count, period_us = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+    local burst, delay, cost = tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6])
+    if not (count and count >= 1 and period_us and period_us >= 1 and burst and delay and cost) then
+      return nil
+    end
+    p[i] = { count, period_us, burst, delay, cost }
+  end
+  now = now_arg or time_now()
+
+  -- The previous TTL and state written, and their text.
+  local ttl_x, ttl_t, level_x, anchor_x, value_t
+  -- Zone i's admitted, excess, delay_us, retry_us, remaining, reset_us, expires_us, level and
+  -- anchor_us at zr[9*(i-1) + 1 ...].
+  local zr = { false, false, false, false, false, false, false, false, false } -- sized for one zone
+  -- The reply; in batch mode each request's reply is its number of values, then the values (or
+  -- one error instead of both), one after the other in one array: a nested array per request
+  -- would cost a Lua table and its conversion each.
+  local out, o = { nil, nil, nil, nil, nil, nil, nil }, 0 -- sized for one request of one zone
+
+  local function one(k0)
+    for i = 1, n do
+      local q, zt = p[i], 9 * (i - 1)
+      local raw = redis.pcall('GET', KEYS[k0 + i])
+      if type(raw) ~= 'string' then
+        raw = nil
+      end
+      zr[zt + 1], zr[zt + 2], zr[zt + 3], zr[zt + 4], zr[zt + 5], zr[zt + 6], zr[zt + 7], zr[zt + 8], zr[zt + 9] =
+        leaky_values(raw, q[1], q[2], q[3], q[4], q[5])
+    end
+    -- combine, in one pass: admitted only if every zone admits; the largest delay; when rejected,
+    -- the largest retry of the rejecting zones, -1 if one of them never admits.
+    local admitted, delay_us, retry_after_us, never = true, 0, 0, false
+    for zt = 0, 9 * (n - 1), 9 do
+      if zr[zt + 1] then
+        if zr[zt + 3] > delay_us then
+          delay_us = zr[zt + 3]
+        end
+      else
+        admitted = false
+        local retry_us = zr[zt + 4]
+        if retry_us < 0 then
+          never = true
+        elseif retry_us > retry_after_us then
+          retry_after_us = retry_us
+        end
+      end
+    end
+    if admitted then
+      retry_after_us = -1
+      -- persist: a key given twice stores the last zone's state.
+      for i = 1, n do
+        local key, last, zt = KEYS[k0 + i], true, 9 * (i - 1)
+        for j = i + 1, n do
+          if KEYS[k0 + j] == key then
+            last = false
+          end
+        end
+        if last then
+          local ttl_ms, level, anchor_us = ceil((zr[zt + 7] - now) / 1000) + 1, zr[zt + 8], zr[zt + 9]
+          if ttl_ms ~= ttl_x then
+            ttl_x, ttl_t = ttl_ms, int(ttl_ms)
+          end
+          if level ~= level_x or anchor_us ~= anchor_x then
+            level_x, anchor_x, value_t = level, anchor_us, fmt(level) .. ' ' .. int(anchor_us)
+          end
+          redis.call('SET', key, value_t, 'PX', ttl_t)
+        end
+      end
+    else
+      delay_us = 0
+      if never then
+        retry_after_us = -1
+      end
+    end
+    local c = batch and o + 1 or o
+    out[c + 1], out[c + 2], out[c + 3], out[c + 4] = admitted and 1 or 0, delay_us, retry_after_us, now
+    local m
+    if full then
+      for i = 1, n do
+        local zt = 9 * (i - 1)
+        out[c + 4 + i] = {
+          LEAKY, zr[zt + 1] and 1 or 0, fmt(zr[zt + 2]), zr[zt + 3], zr[zt + 4], zr[zt + 5], zr[zt + 6],
+          zr[zt + 7], fmt(zr[zt + 8]), zr[zt + 9],
+        }
+      end
+      m = 4 + n
+    elseif n == 1 then
+      -- One zone: its admitted, delay and retry are the request's.
+      out[c + 5], out[c + 6] = zr[5], zr[6]
+      m = 6
+    else
+      for i = 1, n do
+        local at, zt = c + 5 * i, 9 * (i - 1)
+        out[at], out[at + 1], out[at + 2], out[at + 3], out[at + 4] =
+          zr[zt + 1] and 1 or 0, zr[zt + 3], zr[zt + 4], zr[zt + 5], zr[zt + 6]
+      end
+      m = 4 + 5 * n
+    end
+    if batch then
+      out[o + 1] = m
+    end
+    o = c + m
+  end
+
+  if not batch then
+    one(0)
+    return out
+  end
+  for r = 1, requests do
+    local ok, err = pcall(one, (r - 1) * n)
+    if not ok then
+      o = o + 1
+      out[o] = { err = tostring(err) }
+    end
+  end
+  return out
+end
+
+do
+  local reply = leaky_path()
+  if reply then
+    return reply
+  end
+end
+
+-- One zone's result. Every field is set here, in one constructor: a Lua table that grows is
+-- rehashed, and this runs for every zone of every request. `n1`..`n3` are `next` (the reply's
+-- layout); `value` is the string state stored (false for the sliding log); `p` the zone's
+-- parameters (set by `decide`).
+local function zone_result(excess)
+  return {
+    admitted = false, excess = excess, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false, p = false,
+  }
 end
 
 -- The string value of a key; nil when absent or not a string (a sorted set of the sliding log).
@@ -173,55 +438,12 @@ local function parse_state(raw, tag, n)
   return out
 end
 
--- leaky_bucket::evaluate
+-- leaky_bucket::evaluate, as a zone result (`leaky_values` does the arithmetic).
 local function leaky_bucket(key, p)
-  local count, period_us, burst, delay, cost = p.count, p.period_us, p.burst, p.delay, p.cost
-  local s = parse_state(get_string(key), nil, 2)
-  local level_now, anchor_us
-  if not s then
-    level_now, anchor_us = 0, now
-  elseif now <= s[2] then
-    -- The clock went backwards: keep the stored time and drain nothing.
-    level_now, anchor_us = s[1], s[2]
-  elseif now >= s[2] + ceil_us(time_for_us(s[1], count, period_us)) then
-    -- Drained (the state's expiry): exactly no state, whatever the float residue.
-    level_now, anchor_us = 0, now
-  else
-    local l = s[1] - drained_in(now - s[2], count, period_us)
-    if l > 0 then
-      level_now = l
-    else
-      level_now = 0
-    end
-    anchor_us = now
-  end
-
-  local capacity = burst + 1
-  local level_new = level_now + cost
-  local excess = level_new - 1
-  local z = zone_result(excess)
-
-  local level
-  if excess > burst then
-    local room_needed = level_now - (capacity - cost)
-    z.admitted = false
-    if cost <= capacity then
-      z.retry_us = ceil_us(time_for_us(room_needed, count, period_us))
-    end
-    level = level_now
-  else
-    z.admitted = true
-    if delay >= 0 and excess > delay then
-      z.delay_us = ceil_us(time_for_us(excess - delay, count, period_us))
-    end
-    local room = math.floor(capacity - level_new)
-    if room > 0 then
-      z.remaining = room
-    end
-    level = level_new
-  end
-  z.reset_us = ceil_us(time_for_us(level, count, period_us))
-  z.expires_us = anchor_us + z.reset_us
+  local z = zone_result(0)
+  local level, anchor_us
+  z.admitted, z.excess, z.delay_us, z.retry_us, z.remaining, z.reset_us, z.expires_us, level, anchor_us =
+    leaky_values(get_string(key), p.count, p.period_us, p.burst, p.delay, p.cost)
   local level_text = fmt(level) -- formatted once: %.17g costs more than the bucket's arithmetic
   z.n1, z.n2 = level_text, anchor_us
   z.value = level_text .. ' ' .. int(anchor_us)
@@ -605,22 +827,6 @@ local function persist(keys, k0, zones, want_undo)
   return undo
 end
 
--- Redis TIME in µs, read once per call: the requests of a batch are decided at one instant, as
--- one atomic call is.
-local redis_now
-local function time_now()
-  if not redis_now then
-    -- Before Redis 5 a script that reads TIME must replicate its effects, not itself; since 7.0
-    -- this is the default and the function is a deprecated no-op (or absent).
-    if redis.replicate_commands then
-      pcall(redis.replicate_commands)
-    end
-    local t = redis.call('TIME')
-    redis_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-  return redis_now
-end
-
 -- The reply's values for zone i (layouts in the header).
 local function append_compact(reply, z)
   local n = #reply
@@ -651,6 +857,7 @@ local function parsed_flags(flags)
       full = string.sub(flags, 1, 1) == '1',
       undo = string.find(flags, 'u', 2, true) ~= nil,
       evaluate_only = string.find(flags, 'n', 2, true) ~= nil,
+      charge = string.find(flags, 'c', 2, true) ~= nil,
     }
     flags_seen[flags] = f
   end
@@ -691,6 +898,30 @@ local function read_args(nkeys, argv, a0)
   return nil, tonumber(now_text), parsed_flags(argv[a0 + 2]), params
 end
 
+-- leaky_bucket::charge for the zones of a charge (flag "c") that refused their cost: each is
+-- evaluated again with the whole units that fit below its ceiling (the level now is the refused
+-- evaluation's `next`). Parameters may be shared by a batch's requests: copied, not changed.
+local function charge_what_fits(keys, k0, zones)
+  for i = 1, #zones do
+    local z = zones[i]
+    local p = z.p
+    if not z.admitted and p.algorithm == LEAKY then
+      local room = math.floor(p.burst + 1 - tonumber(z.n1))
+      if room < 0 then
+        room = 0
+      end
+      local q = {}
+      for k, v in pairs(p) do
+        q[k] = v
+      end
+      q.cost = room
+      z = leaky_bucket(keys[k0 + i], q)
+      z.p = q
+      zones[i] = z
+    end
+  end
+end
+
 -- verdict::decide_all for one request: evaluate every zone, combine, then write all or none.
 -- Its keys are keys[k0 + 1 ...], the rest what read_args returned (a zone's parameters are only
 -- read, so requests with equal arguments share them).
@@ -708,6 +939,9 @@ local function decide(keys, k0, err, now_arg, f, params)
     local z = p.evaluate(keys[k0 + i], p)
     z.p = p
     zones[i] = z
+  end
+  if f.charge then
+    charge_what_fits(keys, k0, zones)
   end
 
   local admitted, delay_us, retry_after_us = combine(zones)
@@ -744,8 +978,9 @@ end
 -- number of requests, then per request its number of keys n followed by either its 2 + 6n
 -- arguments in the single layout, or "=" when they equal the previous request's (same clock
 -- argument, flags, zones and costs: the usual batch, read once); KEYS holds every request's keys
--- in order. The reply is an array with each request's reply, or its error: one request's error
--- never affects another's.
+-- in order. The reply is an array with, per request, its reply (an array) or its error: one
+-- request's error never affects another's. (The leaky-bucket path above writes each request's
+-- reply flat instead: its number of values, then the values, in the same array.)
 if ARGV[1] ~= 'batch' then
   local expected = HEAD_ARGS + ZONE_ARGS * #KEYS
   if #ARGV ~= expected then

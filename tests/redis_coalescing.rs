@@ -184,10 +184,11 @@ fn repeated_arguments_decide_like_written_ones() {
     eval.arg(1).arg("=").arg(1).arg("=");
     let raw = raw_reply(&server, &eval);
     let lines: Vec<&str> = raw.split("\r\n").collect();
-    // Three compact replies of 6 values each: admitted 1, 0, 1.
-    assert_eq!((lines[0], lines[1], lines[2]), ("*3", "*6", ":1"), "{raw:?}");
-    assert_eq!((lines[8], lines[9]), ("*6", ":0"), "request 2 meets request 1's charge: {raw:?}");
-    assert_eq!((lines[15], lines[16]), ("*6", ":1"), "request 3 has its own key: {raw:?}");
+    // Three compact replies of 6 values each (flat, each after its length: the leaky-bucket
+    // path): admitted 1, 0, 1.
+    assert_eq!((lines[0], lines[1], lines[2]), ("*21", ":6", ":1"), "{raw:?}");
+    assert_eq!((lines[8], lines[9]), (":6", ":0"), "request 2 meets request 1's charge: {raw:?}");
+    assert_eq!((lines[15], lines[16]), (":6", ":1"), "request 3 has its own key: {raw:?}");
 
     // A request that repeats a bad request's arguments gets the same error; nothing else does.
     let mut eval = redis::cmd("EVAL");
@@ -197,6 +198,7 @@ fn repeated_arguments_decide_like_written_ones() {
     eval.arg(1).arg(T0).arg("0").arg(&[0, 1, 1_000_000, 0, -1, 1]);
     let raw = raw_reply(&server, &eval);
     assert_eq!(raw.matches("unknown algorithm 99").count(), 2, "{raw:?}");
+    // (A call that is not all "=" takes the general path: a nested reply per request.)
     assert!(raw.ends_with("*6\r\n:1\r\n:0\r\n:-1\r\n:1700000000000000\r\n:0\r\n:1000000\r\n+OK\r\n"), "{raw:?}");
 
     // "=" with nothing before it, or with another key count, is a malformed call.
@@ -250,4 +252,99 @@ fn a_flushed_script_cache_and_a_restarted_redis_cost_no_decision() {
         }
     });
     assert!(recovered, "no decision within 5 s of Redis' restart; last error: {last_error:?}");
+}
+
+/// A batch call's replies, one per request: an array each (the general path), or written flat
+/// as its number of values followed by them (the leaky-bucket path).
+fn per_request(reply: &redis::Value) -> Vec<Vec<redis::Value>> {
+    let redis::Value::Array(items) = reply else { panic!("a batch reply is an array: {reply:?}") };
+    let mut out = Vec::new();
+    let mut items = items.iter();
+    while let Some(item) = items.next() {
+        match item {
+            redis::Value::Array(values) => out.push(values.clone()),
+            redis::Value::Int(n) => out.push(items.by_ref().take(*n as usize).cloned().collect()),
+            other => panic!("not a request's reply: {other:?}"),
+        }
+    }
+    out
+}
+
+/// `lua/limit_req.lua` decides a call whose zones are all leaky buckets and whose later requests
+/// repeat the first one's arguments ("=") on a path of its own, before the general one is even
+/// defined. The same requests with every argument written out take the general path: both must
+/// give the same replies and store the same values, whatever the parameters, costs, clock steps
+/// (backwards too), duplicate keys and existing state.
+#[test]
+fn the_leaky_bucket_path_decides_like_the_general_path() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let script = redis::Script::new(include_str!("../lua/limit_req.lua"));
+    let mut rng = StdRng::seed_from_u64(0x1EA4);
+    let mut now = T0;
+    for round in 0..400 {
+        let zones = rng.gen_range(1..=3);
+        let args: Vec<[i64; 6]> = (0..zones)
+            .map(|_| {
+                let period = [1_000_000, 60_000_000][rng.gen_range(0..2)];
+                let delay = if rng.gen_bool(0.5) { -1 } else { rng.gen_range(0..=2) };
+                [0, rng.gen_range(1..=5), period, rng.gen_range(0..=4), delay, rng.gen_range(0..=6)]
+            })
+            .collect();
+        let requests = rng.gen_range(2..=6);
+        let keys: Vec<String> =
+            (0..requests * zones).map(|i| format!("z{}:{{k{}}}", i % zones, rng.gen_range(0..4))).collect();
+        now = if rng.gen_bool(0.1) { now - rng.gen_range(0..2_000_000) } else { now + rng.gen_range(0..3_000_000) };
+        let flags = if rng.gen_bool(0.5) { "0" } else { "1" };
+        let mut replies = Vec::new();
+        for (prefix, repeat) in [("a:", true), ("b:", false)] {
+            let mut call = script.prepare_invoke();
+            for key in &keys {
+                call.key(format!("{prefix}{key}"));
+            }
+            call.arg("batch").arg(requests);
+            for r in 0..requests {
+                call.arg(zones);
+                if r > 0 && repeat {
+                    call.arg("=");
+                } else {
+                    call.arg(now).arg(flags);
+                    for zone in &args {
+                        call.arg(&zone[..]);
+                    }
+                }
+            }
+            let reply: redis::Value = call.invoke(&mut conn).expect("batch call");
+            // Each key's TTL and value right after the call, before Redis's clock expires it.
+            let mut read = redis::pipe();
+            for key in &keys {
+                read.cmd("PTTL").arg(format!("{prefix}{key}")).cmd("GET").arg(format!("{prefix}{key}"));
+            }
+            let stored: Vec<(i64, Option<String>)> = read.query(&mut conn).expect("pttl and get");
+            replies.push((reply, stored));
+        }
+        let ctx =
+            format!("round {round}: zones {args:?}, {requests} requests, keys {keys:?}, now {now}, flags {flags}");
+        assert_eq!(per_request(&replies[0].0), per_request(&replies[1].0), "{ctx}: replies differ");
+        for (i, key) in keys.iter().enumerate() {
+            let ((ttl_a, a), (ttl_b, b)) = (&replies[0].1[i], &replies[1].1[i]);
+            if *ttl_a > 1000 || *ttl_b > 1000 {
+                // Both set from the same expiry a few ms apart.
+                assert!((ttl_a - ttl_b).abs() <= 1000, "{ctx}: PTTL of {key}: {ttl_a} vs {ttl_b}");
+                assert_eq!(a, b, "{ctx}: stored values of {key} differ");
+                // Expiry follows Redis's clock, not the test's: the state stays for later rounds.
+                for prefix in ["a:", "b:"] {
+                    let _: i64 = redis::cmd("PERSIST").arg(format!("{prefix}{key}")).query(&mut conn).expect("persist");
+                }
+            } else {
+                // A state that drains within a second (or none): Redis may expire either copy at
+                // any moment, so both go now, alike.
+                if let (Some(a), Some(b)) = (a, b) {
+                    assert_eq!(a, b, "{ctx}: stored values of {key} differ");
+                }
+                let _: i64 =
+                    redis::cmd("DEL").arg(format!("a:{key}")).arg(format!("b:{key}")).query(&mut conn).expect("del");
+            }
+        }
+    }
 }

@@ -11,6 +11,7 @@ use super::checks::{parse_cidr, parse_duration};
 use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
 use super::interpolate;
+use super::outside::Outside;
 use super::rls;
 use super::route::{self, Route};
 use super::schema;
@@ -179,10 +180,10 @@ pub struct LogSettings {
 }
 
 /// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
-pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
-    let interpolated = interpolate::expand(&Source { file, text })?;
+pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
+    let interpolated = interpolate::expand(&Source { file, text, outside })?;
     let mut secrets = Secrets::new(interpolated.uses.clone());
-    match compile_expanded(&interpolated.text, file, &mut secrets) {
+    match compile_expanded(&interpolated.text, file, outside, &mut secrets) {
         Ok(mut runtime) => {
             runtime.secrets = secrets;
             Ok(runtime)
@@ -194,8 +195,13 @@ pub fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
     }
 }
 
-fn compile_expanded(text: &str, file: &str, secrets: &mut Secrets) -> Result<Runtime, ConfigError> {
-    let src = Source { file, text };
+fn compile_expanded(
+    text: &str,
+    file: &str,
+    outside: &dyn Outside,
+    secrets: &mut Secrets,
+) -> Result<Runtime, ConfigError> {
+    let src = Source { file, text, outside };
     let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
         Some(span) => src.error_at(&span, e.message().trim_end()),
         None => src.error(e.message().trim_end()),

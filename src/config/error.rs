@@ -22,10 +22,12 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Turns byte spans of the source text into line numbers for error messages.
+/// The text being compiled, and what it may ask of the world (files, environment, DNS, clock).
+/// Turns byte spans of the text into line numbers for error messages.
 pub struct Source<'a> {
     pub file: &'a str,
     pub text: &'a str,
+    pub outside: &'a dyn super::Outside,
 }
 
 impl Source<'_> {

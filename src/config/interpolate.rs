@@ -92,7 +92,7 @@ pub fn expand_with(src: &Source<'_>, lookup: &dyn Fn(&str) -> Option<String>) ->
 
 /// [`expand_with`] the process environment.
 pub fn expand(src: &Source<'_>) -> Result<Interpolated, ConfigError> {
-    expand_with(src, &|name| std::env::var(name).ok())
+    expand_with(src, &|name| src.outside.var(name))
 }
 
 /// Every string value under `table`, with its setting's name (`server.admin_token`,
@@ -224,7 +224,7 @@ mod tests {
     }
 
     fn run(text: &str) -> Result<Interpolated, ConfigError> {
-        expand_with(&Source { file: "t.toml", text }, &env)
+        expand_with(&Source { file: "t.toml", text, outside: &crate::config::Machine }, &env)
     }
 
     #[test]

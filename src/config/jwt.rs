@@ -46,7 +46,8 @@ pub(super) fn compile_jwt(
     let base = base_dir(src.file);
     let read = |file: &Spanned<String>| {
         let path = resolve(&base, file.get_ref());
-        std::fs::read(&path)
+        src.outside
+            .read(&path)
             .map_err(|e| src.error_at(&file.span(), format!("jwt: cannot read {}: {e}", path.display())))
     };
     let verifier = match (jwks_file, key_file, algorithm) {

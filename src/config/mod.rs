@@ -1,6 +1,7 @@
 //! Configuration: `conf/routes.toml` parsed (`schema`), validated and compiled (`compile`) into an
 //! immutable [`Runtime`] that requests read without further checks. `weir check` and every load
-//! share this one path.
+//! share this one path. Compiling touches nothing outside the text but through [`Outside`]
+//! (files, environment, DNS, clock): [`load`] hands it this machine, tests fixed answers.
 
 mod checks;
 mod compile;
@@ -9,6 +10,7 @@ mod error;
 mod interpolate;
 mod json_schema;
 mod jwt;
+mod outside;
 mod rls;
 mod route;
 mod route_match;
@@ -29,11 +31,12 @@ pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use interpolate::EnvUse;
 pub use json_schema::json_schema_text;
+pub use outside::{Fixed, Machine, Outside};
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
 pub use traces::TraceSettings;
-pub use zones::{Override, OverrideMatch, Zone};
+pub use zones::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.
 pub fn load(path: &Path) -> Result<Runtime, ConfigError> {
@@ -48,10 +51,17 @@ pub fn load_with_text(path: &Path) -> Result<(Runtime, String), ConfigError> {
         line: None,
         message: format!("cannot read the config file: {e}"),
     })?;
-    compile::compile(&text, &file).map(|runtime| (runtime, text))
+    compile::compile(&text, &file, &Machine).map(|runtime| (runtime, text))
 }
 
-/// Compiles config text; `file` is only used in error messages.
+/// Compiles config text; `file` names it in error messages and is the directory relative paths
+/// start from.
 pub fn from_text(text: &str, file: &str) -> Result<Runtime, ConfigError> {
-    compile::compile(text, file)
+    compile::compile(text, file, &Machine)
+}
+
+/// [`from_text`] with the files, environment, DNS and clock of `outside` instead of this
+/// machine's.
+pub fn from_text_with(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
+    compile::compile(text, file, outside)
 }

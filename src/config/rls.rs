@@ -154,12 +154,14 @@ fn compile_rules(
                 let zone_span = zone.span();
                 let reference = schema::LimitReqRef { zone, burst, delay, nodelay, dry_run };
                 let mut zl = compile_limit_ref(&reference, zones, here)?;
-                if zones[zl.zone].count_statuses.is_some() {
+                let z = &zones[zl.zone];
+                if z.count_statuses.is_some() || z.response_cost.is_some() {
                     return Err(here(
                         &zone_span,
                         format!(
-                            "zone {:?} counts by response (count_statuses); the rate limit service never sees a response",
-                            zones[zl.zone].name
+                            "zone {:?} is charged by the response (count_statuses, cost_from_response); the rate limit \
+                             service never sees a response",
+                            z.name
                         ),
                     ));
                 }
@@ -237,6 +239,13 @@ mod tests {
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),
             (
                 format!("{}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n", ZONES.replace("rate", "count_statuses = [401]\nrate")),
+                "never sees a response",
+            ),
+            (
+                format!(
+                    "{}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n",
+                    ZONES.replace("rate", "cost_from_response = { header = \"X-Tokens\" }\nrate")
+                ),
                 "never sees a response",
             ),
             (format!("[[limit_req_zone]]\nname = \"z\"\nrate = \"1r/s\"\nbad_token_key = \"ip\"\n\n{rls}"), "the zone has no key"),

@@ -338,9 +338,34 @@ pub struct LimitReqZone {
     /// Count by response: only responses with one of these statuses are charged, after the
     /// response (requests are checked, uncharged, before forwarding).
     pub count_statuses: Option<Spanned<Vec<i64>>>,
+    /// Charge from the response: the cost is a number the upstream reports in a response header,
+    /// charged after the response (requests are checked, uncharged, before forwarding; the bucket
+    /// may go into debt up to `max_debt`). leaky_bucket zones only.
+    pub cost_from_response: Option<Spanned<ResponseCost>>,
     /// Other limits for some keys; the first match wins.
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,
+}
+
+/// `cost_from_response = { header = "x-tokens-used", default = 1, max = 100000, max_debt = 20000 }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseCost {
+    /// The upstream response header that carries the cost (a non-negative integer).
+    pub header: Spanned<String>,
+    /// The cost when the header is missing or not a non-negative integer (0-1000000).
+    #[schemars(extend("default" = 1))]
+    pub default: Option<Spanned<i64>>,
+    /// Larger reported costs are clamped to this (1-1000000).
+    #[schemars(extend("default" = 1000000))]
+    pub max: Option<Spanned<i64>>,
+    /// How far past its burst a charge may push a bucket (0-1000000): later requests are refused
+    /// or delayed until it drains. Default: one bucket (the reference's burst + 1).
+    pub max_debt: Option<Spanned<i64>>,
+    /// Charge at the end of the response, from a trailer of that name when the upstream sends
+    /// one (HTTP/2 and gRPC upstreams), else from the header.
+    #[schemars(extend("default" = false))]
+    pub trailer: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

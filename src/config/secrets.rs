@@ -146,7 +146,7 @@ impl Secrets {
             }
             (None, Some(f)) => {
                 let path = super::tls::resolve(&super::tls::base_dir(src.file), f.get_ref());
-                let bytes = std::fs::read(&path).map_err(|e| {
+                let bytes = src.outside.read(&path).map_err(|e| {
                     src.error_at(&f.span(), format!("{setting}_file: cannot read {}: {e}", path.display()))
                 })?;
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -202,7 +202,7 @@ mod tests {
         let file = dir.path().join("token");
         std::fs::write(&file, "0123456789abcdef\n").expect("write");
         let conf = dir.path().join("weir.toml").display().to_string();
-        let src = Source { file: &conf, text: "a = 'token'\n" };
+        let src = Source { file: &conf, text: "a = 'token'\n", outside: &crate::config::Machine };
         let mut secrets = Secrets::default();
         let value = secrets
             .value_or_file(&src, "server.admin_token", None, Some(Spanned::new(4..11, "token".into())))

@@ -126,7 +126,9 @@ fn redis_tls(
         None => None,
         Some(ca) => {
             let path = super::tls::resolve(&base, ca.get_ref());
-            let pem = std::fs::read(&path)
+            let pem = src
+                .outside
+                .read(&path)
                 .map_err(|e| src.error_at(&ca.span(), format!("store.tls_ca: cannot read {}: {e}", path.display())))?;
             let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&pem).filter(|c| c.is_ok()).count();
             if certs == 0 {
@@ -142,10 +144,16 @@ fn redis_tls(
         (Some(cert), Some(key)) => {
             let cert_path = super::tls::resolve(&base, cert.get_ref());
             let key_path = super::tls::resolve(&base, key.get_ref());
-            crate::tls::load_pair(&cert_path, &key_path)
+            let read = |p: &std::path::Path, what: &str| {
+                src.outside.read(p).map_err(|e| {
+                    src.error_at(&cert.span(), format!("store.tls_cert: cannot read the {what} {}: {e}", p.display()))
+                })
+            };
+            let (cert_pem, key_pem) = (read(&cert_path, "certificate")?, read(&key_path, "key")?);
+            // Checked as a pair here; redis-rs is handed the bytes.
+            crate::tls::parse_pair(&cert_path, cert_pem.clone(), &key_path, &key_pem)
                 .map_err(|e| src.error_at(&cert.span(), format!("store.tls_cert: {e}")))?;
-            let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_default();
-            Some((cert_path.clone(), read(&cert_path), read(&key_path)))
+            Some((cert_path.clone(), cert_pem, key_pem))
         }
         (Some(one), None) | (None, Some(one)) => {
             return Err(src.error_at(&one.span(), "store.tls_cert and store.tls_key: give both, or neither"))
@@ -328,7 +336,11 @@ mod tests {
 
     fn compile(text: &str) -> Result<StoreSettings, ConfigError> {
         let wrapper: Wrapper = toml::from_str(text).expect("valid TOML");
-        compile_store(&Source { file: "t.toml", text }, wrapper.store, &mut Secrets::default())
+        compile_store(
+            &Source { file: "t.toml", text, outside: &crate::config::Machine },
+            wrapper.store,
+            &mut Secrets::default(),
+        )
     }
 
     fn url_of(text: &str) -> String {

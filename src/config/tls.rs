@@ -60,14 +60,14 @@ pub fn compile_tls(
         _ => {}
     }
     let base = base_dir(src.file);
-    let now = tls::unix_now();
+    let now = src.outside.unix_now();
     let mut entries = Vec::new();
     let mut warnings = Vec::new();
     for cert in certs {
         let schema::TlsCert { cert, key } = cert.into_inner();
         let cert_path = resolve(&base, cert.get_ref());
         let key_path = resolve(&base, key.get_ref());
-        let loaded = tls::load_pair(&cert_path, &key_path)
+        let loaded = read_pair(src, &cert_path, &key_path)
             .map_err(|e| src.error_at(&cert.span(), format!("server.tls: {e}")))?;
         if let Some(warning) = loaded.expiry_warning(&cert_path, now) {
             warnings.push(format!("{}:{}: server.tls: {warning}", src.file, src.line_of(&cert.span())));
@@ -75,6 +75,14 @@ pub fn compile_tls(
         entries.push(CertEntry { cert_path, key_path, loaded: Arc::new(loaded) });
     }
     Ok(TlsCompiled { listen_tls: addrs, min_tls, http2: http2.unwrap_or(true), certs: entries, warnings })
+}
+
+/// A certificate and its key, read through the compile's [`Outside`](super::Outside).
+pub(super) fn read_pair(src: &Source<'_>, cert_path: &Path, key_path: &Path) -> Result<tls::LoadedCert, String> {
+    let cert_pem =
+        src.outside.read(cert_path).map_err(|e| format!("cannot read the certificate {}: {e}", cert_path.display()))?;
+    let key_pem = src.outside.read(key_path).map_err(|e| format!("cannot read the key {}: {e}", key_path.display()))?;
+    tls::parse_pair(cert_path, cert_pem, key_path, &key_pem)
 }
 
 /// Relative cert and key paths are read from the config file's directory, like nginx's `conf/`.

@@ -248,12 +248,15 @@ fn compile_tls(
     };
     let verify = up.verify.as_ref().is_none_or(|v| *v.get_ref());
     let base = super::tls::base_dir(cx.src.file);
-    let now = crate::tls::unix_now();
+    let now = cx.src.outside.unix_now();
+    let read =
+        |path: &std::path::Path| cx.src.outside.read(path).map_err(|e| format!("cannot read {}: {e}", path.display()));
     let ca = match up.ca_file.take() {
         None => None,
         Some(f) => {
             let path = super::tls::resolve(&base, f.get_ref());
-            let ca = tls::load_ca(&path).map_err(|e| cx.err(&f.span(), "ca_file", e))?;
+            let ca =
+                read(&path).and_then(|pem| tls::parse_ca(&path, &pem)).map_err(|e| cx.err(&f.span(), "ca_file", e))?;
             if ca.not_after <= now {
                 warnings.push(format!(
                     "{}:{}: upstream {:?}: ca_file: a certificate in {} has expired: servers it signed will not verify",
@@ -271,7 +274,10 @@ fn compile_tls(
         (Some(cert), Some(key)) => {
             let cert_path = super::tls::resolve(&base, cert.get_ref());
             let key_path = super::tls::resolve(&base, key.get_ref());
-            let client = tls::load_client(&cert_path, &key_path).map_err(|e| cx.err(&cert.span(), "client_cert", e))?;
+            let client = read(&cert_path)
+                .and_then(|c| read(&key_path).map(|k| (c, k)))
+                .and_then(|(cert_pem, key_pem)| tls::parse_client(&cert_path, &cert_pem, &key_path, &key_pem))
+                .map_err(|e| cx.err(&cert.span(), "client_cert", e))?;
             if let Some(w) = client.loaded.expiry_warning(&cert_path, now) {
                 warnings.push(format!(
                     "{}:{}: upstream {:?}: client_cert: {w}",
@@ -351,7 +357,7 @@ fn compile_server(
     let resolved = target
         .rsplit_once(':')
         .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-        .and_then(|_| crate::upstream::resolve_now(target, resolver).ok())
+        .and_then(|_| cx.src.outside.resolve(target, resolver).ok())
         .filter(|addrs| !addrs.is_empty());
     match resolved {
         Some(addrs) => {

@@ -29,7 +29,36 @@ pub struct Zone {
     /// Count by response (`count_statuses`): when set, a request is only checked before it is
     /// forwarded, and charged after its response if the status is one of these (docs/charges.md).
     pub count_statuses: Option<Vec<u16>>,
+    /// Charge from the response (`cost_from_response`): the cost comes from the upstream's
+    /// response and is charged after it, possibly into debt (docs/charges.md).
+    pub response_cost: Option<ResponseCost>,
 }
+
+/// A zone's `cost_from_response`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    /// The upstream response header read (never the client's request).
+    pub header: http::HeaderName,
+    /// The cost when the header is missing or not a non-negative integer.
+    pub default: u64,
+    /// Reported costs above this are clamped to it.
+    pub max: u64,
+    /// How far past its burst a charge may push a bucket; `None`: the reference's burst + 1.
+    pub max_debt: Option<u64>,
+    /// Charged at the end of the response, from the trailer of that name if the upstream sent
+    /// one (HTTP/2 upstreams), else from the header.
+    pub trailer: bool,
+    /// The access log's field for the header's value (`upstream_http_x_tokens_used`), which
+    /// `weir replay` charges from.
+    pub log_field: String,
+}
+
+/// The prefix of the access log's fields of upstream response headers (nginx's
+/// `$upstream_http_NAME`, with `-` written `_`).
+pub const RESPONSE_FIELD_PREFIX: &str = "upstream_http_";
+
+/// The largest `default`, `max` and `max_debt` of `cost_from_response`.
+const MAX_RESPONSE_COST: i64 = 1_000_000;
 
 /// Different limits for some keys (hot keys, premium tenants), like Envoy's descriptor values.
 #[derive(Debug, Clone)]
@@ -65,6 +94,7 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             max_keys,
             bad_token_key,
             count_statuses,
+            cost_from_response,
             overrides,
         } = zone.into_inner();
         check_name(src, &name, "limit_req_zone.name")?;
@@ -131,9 +161,53 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             .collect::<Result<_, _>>()?;
         let max_keys = max_keys_of(src, max_keys.as_ref(), "limit_req_zone", &zname)?;
         let count_statuses = count_statuses.as_ref().map(|c| statuses_of(src, c, &zname)).transpose()?;
-        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys, count_statuses });
+        let response_cost =
+            cost_from_response.as_ref().map(|c| response_cost_of(src, c, algorithm, &zname)).transpose()?;
+        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys, count_statuses, response_cost });
     }
     Ok(out)
+}
+
+/// A zone's `cost_from_response`: a header name, bounded numbers; leaky buckets only (debt is
+/// a bucket level past its burst, which the window algorithms and the token bucket do not keep).
+fn response_cost_of(
+    src: &Source<'_>,
+    spec: &Spanned<schema::ResponseCost>,
+    algorithm: Algorithm,
+    zone: &str,
+) -> Result<ResponseCost, ConfigError> {
+    let field = format!("limit_req_zone {zone:?}: cost_from_response");
+    if algorithm != Algorithm::LeakyBucket {
+        return Err(src.error_at(
+            &spec.span(),
+            format!(
+                "{field}: only leaky_bucket zones can be charged from the response (this one is {})",
+                algorithm.as_str()
+            ),
+        ));
+    }
+    let c = spec.get_ref();
+    let header = http::HeaderName::from_bytes(c.header.get_ref().as_bytes()).map_err(|_| {
+        src.error_at(&c.header.span(), format!("{field}: header {:?} is not a header name", c.header.get_ref()))
+    })?;
+    let number = |v: Option<&Spanned<i64>>, name: &str, min: i64| -> Result<Option<u64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(v) if (min..=MAX_RESPONSE_COST).contains(v.get_ref()) => Ok(Some(*v.get_ref() as u64)),
+            Some(v) => Err(src.error_at(
+                &v.span(),
+                format!("{field}: {name} must be {min}..={MAX_RESPONSE_COST}, got {}", v.get_ref()),
+            )),
+        }
+    };
+    let default = number(c.default.as_ref(), "default", 0)?.unwrap_or(1);
+    let max = number(c.max.as_ref(), "max", 1)?.unwrap_or(MAX_RESPONSE_COST as u64);
+    let max_debt = number(c.max_debt.as_ref(), "max_debt", 0)?;
+    if default > max {
+        return Err(src.error_at(&spec.span(), format!("{field}: default ({default}) must not exceed max ({max})")));
+    }
+    let log_field = format!("{RESPONSE_FIELD_PREFIX}{}", header.as_str().replace('-', "_"));
+    Ok(ResponseCost { header, default, max, max_debt, trailer: c.trailer.unwrap_or(false), log_field })
 }
 
 /// A zone's `count_statuses`: a non-empty list of HTTP statuses (100..=599).

@@ -14,16 +14,16 @@ pub struct ConnectionCaps {
 
 /// Which cap refused a connection; also its metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum CapFull {
     Instance,
     PerIp,
 }
 
-impl Refusal {
+impl CapFull {
     pub fn label(self) -> &'static str {
         match self {
-            Refusal::Instance => "max_connections",
-            Refusal::PerIp => "max_connections_per_ip",
+            CapFull::Instance => "max_connections",
+            CapFull::PerIp => "max_connections_per_ip",
         }
     }
 }
@@ -45,18 +45,18 @@ impl ConnectionCaps {
         ip: Option<IpAddr>,
         max_total: usize,
         per_ip: Option<usize>,
-    ) -> Result<ConnPermit, Refusal> {
+    ) -> Result<ConnPermit, CapFull> {
         let ip = ip.map(|ip| ip.to_canonical());
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_total).then_some(n + 1))
-            .map_err(|_| Refusal::Instance)?;
+            .map_err(|_| CapFull::Instance)?;
         let mut permit = ConnPermit { caps: self.clone(), ip: None };
         if let (Some(ip), Some(max)) = (ip, per_ip) {
             let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
             let count = map.entry(ip).or_insert(0);
             if *count >= max {
                 // `permit` drops here and gives the instance place back.
-                return Err(Refusal::PerIp);
+                return Err(CapFull::PerIp);
             }
             *count += 1;
             permit.ip = Some(ip);
@@ -103,7 +103,7 @@ mod tests {
         let caps = Arc::new(ConnectionCaps::default());
         let a = caps.admit(ip("192.0.2.1"), 2, None).unwrap();
         let _b = caps.admit(ip("192.0.2.2"), 2, None).unwrap();
-        assert_eq!(caps.admit(ip("192.0.2.3"), 2, None).unwrap_err(), Refusal::Instance);
+        assert_eq!(caps.admit(ip("192.0.2.3"), 2, None).unwrap_err(), CapFull::Instance);
         drop(a);
         assert!(caps.admit(ip("192.0.2.3"), 2, None).is_ok());
     }
@@ -113,7 +113,7 @@ mod tests {
         let caps = Arc::new(ConnectionCaps::default());
         let a1 = caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap();
         let a2 = caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap();
-        assert_eq!(caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap_err(), Refusal::PerIp);
+        assert_eq!(caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap_err(), CapFull::PerIp);
         assert_eq!(caps.open(), 2, "a refused connection holds no place");
         let _b = caps.admit(ip("192.0.2.2"), 10, Some(2)).unwrap();
         assert!(caps.admit(ip("192.0.2.1"), 10, None).is_ok(), "exempt peers skip the per-address cap");
@@ -127,8 +127,8 @@ mod tests {
         let caps = Arc::new(ConnectionCaps::default());
         let _v4 = caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap();
         let _mapped = caps.admit(ip("::ffff:192.0.2.1"), 10, Some(2)).unwrap();
-        assert_eq!(caps.admit(ip("::ffff:192.0.2.1"), 10, Some(2)).unwrap_err(), Refusal::PerIp);
-        assert_eq!(caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap_err(), Refusal::PerIp);
+        assert_eq!(caps.admit(ip("::ffff:192.0.2.1"), 10, Some(2)).unwrap_err(), CapFull::PerIp);
+        assert_eq!(caps.admit(ip("192.0.2.1"), 10, Some(2)).unwrap_err(), CapFull::PerIp);
         assert_eq!(caps.tracked_ips(), 1);
     }
 }

@@ -19,7 +19,7 @@ use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncWriteExt;
 
-pub use caps::{ConnPermit, ConnectionCaps, Refusal};
+pub use caps::{CapFull, ConnPermit, ConnectionCaps};
 pub use stream::{GuardedStream, StreamLimits};
 pub use streams::{awaiting_body, body_progress, h2_options};
 pub use tls::TlsListeners;
@@ -175,7 +175,7 @@ fn too_many_connections(cap: &str) -> String {
 }
 
 /// A short HTTP/1.1 503 with `Connection: close`, best effort: the client may be gone already.
-async fn refuse(stream: &mut Stream, refusal: Refusal) {
+async fn refuse(stream: &mut Stream, refusal: CapFull) {
     let body = too_many_connections(refusal.label());
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n\

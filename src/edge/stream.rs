@@ -23,7 +23,7 @@ use pingora::protocols::{
     UniqueID, UniqueIDType, ALPN,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{sleep, Sleep};
+use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::caps::ConnPermit;
 use crate::metrics::METRICS;
@@ -49,7 +49,11 @@ pub struct GuardedStream {
     phase: AtomicU8,
     /// The phase the deadline below was armed for.
     armed_for: u8,
-    deadline: Option<Pin<Box<Sleep>>>,
+    /// The phase's deadline, started at its first wait (a read that found nothing): a request
+    /// whose head comes in one read never touches the timer.
+    deadline: Option<Instant>,
+    /// The timer behind `deadline`, reset rather than reallocated from one phase to the next.
+    timer: Option<Pin<Box<Sleep>>>,
     head_bytes: usize,
     /// HTTP/2: many requests share the connection and the proxy cannot mark their heads here
     /// (an h2 session has no stream of its own). Only the connection preface is timed; request
@@ -70,7 +74,8 @@ impl GuardedStream {
             limits,
             phase: AtomicU8::new(HEAD),
             armed_for: HEAD,
-            deadline: Some(Box::pin(sleep(limits.header_timeout))),
+            deadline: None,
+            timer: None,
             head_bytes: 0,
             multiplexed,
             _permit: permit,
@@ -110,34 +115,21 @@ impl AsyncRead for GuardedStream {
         let phase = this.phase.load(Ordering::Acquire);
         if phase != this.armed_for {
             this.armed_for = phase;
-            this.deadline = match phase {
-                IDLE => Some(Box::pin(sleep(this.limits.keepalive_timeout))),
-                _ => None,
-            };
+            this.deadline = None;
         }
         if phase == HEAD && this.head_bytes > this.limits.max_header_size {
             // Only asked for when the head is still incomplete: Pingora reads again only then.
             return Self::cut("header_size", io::ErrorKind::InvalidData, "request head larger than max_header_size");
         }
-        if let Some(deadline) = this.deadline.as_mut() {
-            if deadline.as_mut().poll(cx).is_ready() {
-                return match phase {
-                    IDLE => {
-                        Self::cut("keepalive_timeout", io::ErrorKind::TimedOut, "keep-alive connection idle too long")
-                    }
-                    _ => Self::cut("header_timeout", io::ErrorKind::TimedOut, "request head not received in time"),
-                };
-            }
-        }
         let before = buf.filled().len();
         let result = Pin::new(&mut this.inner).poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        if matches!(result, Poll::Ready(Ok(()))) && read > 0 {
-            match phase {
+        match result {
+            Poll::Ready(Ok(())) if read > 0 => match phase {
                 // The next request's first byte: its head now has `header_timeout`.
                 IDLE if this.phase.compare_exchange(IDLE, HEAD, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
                     this.armed_for = HEAD;
-                    this.deadline = Some(Box::pin(sleep(this.limits.header_timeout)));
+                    this.deadline = None;
                     this.head_bytes = read;
                 }
                 HEAD => {
@@ -149,9 +141,41 @@ impl AsyncRead for GuardedStream {
                     }
                 }
                 _ => {}
-            }
+            },
+            // Nothing to read: wait, but not past the phase's deadline. A client that trickles its
+            // head still waits between its bytes, so it is cut at its first wait past the deadline.
+            Poll::Pending => return this.wait(cx),
+            _ => {}
         }
         result
+    }
+}
+
+impl GuardedStream {
+    /// The socket had nothing: `Pending` until the phase's deadline, then the cut.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let timeout = match self.armed_for {
+            HEAD => self.limits.header_timeout,
+            IDLE => self.limits.keepalive_timeout,
+            _ => return Poll::Pending,
+        };
+        let at = *self.deadline.get_or_insert_with(|| Instant::now() + timeout);
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                if timer.deadline() != at {
+                    timer.as_mut().reset(at);
+                }
+                timer
+            }
+            None => self.timer.insert(Box::pin(sleep_until(at))),
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        match self.armed_for {
+            IDLE => Self::cut("keepalive_timeout", io::ErrorKind::TimedOut, "keep-alive connection idle too long"),
+            _ => Self::cut("header_timeout", io::ErrorKind::TimedOut, "request head not received in time"),
+        }
     }
 }
 

@@ -29,7 +29,7 @@ use pingora::server::ShutdownWatch;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::caps::{ConnPermit, ConnectionCaps, Refusal};
+use super::caps::{CapFull, ConnPermit, ConnectionCaps};
 use crate::config::ClientLimits;
 use crate::metrics::METRICS;
 
@@ -82,7 +82,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> StreamGate<A> {
         Self { proxy, caps, peer, max_total, per_ip, clients, own_place_free: Arc::new(AtomicBool::new(true)) }
     }
 
-    fn take_place(self: &Arc<Self>) -> Result<Place, Refusal> {
+    fn take_place(self: &Arc<Self>) -> Result<Place, CapFull> {
         if self.own_place_free.swap(false, Ordering::AcqRel) {
             return Ok(Place::Own(self.own_place_free.clone()));
         }

@@ -132,7 +132,7 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     // One pass over the header names: underscores, and whether any method override is present.
     let mut overrides = false;
     for name in head.headers.keys() {
-        if name.as_str().contains('_') {
+        if name.as_str().bytes().any(|b| b == b'_') {
             match clients.underscores_in_headers {
                 UnderscoreHeaders::Drop => forward.strip.push(name.clone()),
                 UnderscoreHeaders::Reject => {

@@ -79,6 +79,22 @@ pub fn evaluate(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost:
     }
 }
 
+/// Charges `cost` after the fact (charge from the response): the request was served already, so
+/// the charge is never refused. The caller folds the debt cap into `limit` (its `burst` is the
+/// reference's burst plus `max_debt`): whatever whole units fit below that ceiling are charged,
+/// the rest is forgiven, so a level never passes `burst + max_debt + 1`. A level past the
+/// reference's own `burst + 1` is debt: later requests are refused (or delayed) until it drains,
+/// nginx's excess carried past the burst.
+pub fn charge(limit: &LimitReq, state: Option<BucketState>, now_us: u64, cost: u64) -> Evaluation<BucketState> {
+    let out = evaluate(limit, state, now_us, cost);
+    if out.admitted {
+        return out;
+    }
+    // Refused: `next.level` is the level now. The same operand order as lua/limit_req.lua.
+    let room = (limit.burst as f64 + 1.0 - out.next.level).floor();
+    evaluate(limit, state, now_us, if room > 0.0 { room as u64 } else { 0 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

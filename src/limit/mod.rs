@@ -28,6 +28,6 @@ pub use leaky_bucket::BucketState;
 pub use params::{Algorithm, DelayPolicy, LimitReq};
 pub use rate::{Rate, RateError};
 pub use sliding_window::SlidingState;
-pub use state::{evaluate, State, ZoneOutcome};
+pub use state::{charge, evaluate, State, ZoneOutcome};
 pub use token_bucket::TokenState;
-pub use verdict::{decide_all, Verdict, ZoneInput};
+pub use verdict::{charge_all, decide_all, Verdict, ZoneInput};

@@ -94,3 +94,19 @@ pub fn evaluate(limit: &LimitReq, state: Option<&State>, now_us: u64, cost: u64)
         }
     }
 }
+
+/// Charges one zone after the response (`leaky_bucket::charge`): never refused, capped at the
+/// ceiling `limit` (burst plus the debt cap). Only leaky buckets keep debt (the config allows
+/// `cost_from_response` on no other algorithm); any other is charged like a request.
+pub fn charge(limit: &LimitReq, state: Option<&State>, now_us: u64, cost: u64) -> ZoneOutcome {
+    match (limit.algorithm, state) {
+        (Algorithm::LeakyBucket, state) => {
+            let s = match state {
+                Some(State::Bucket(b)) => Some(*b),
+                _ => None,
+            };
+            leaky_bucket::charge(limit, s, now_us, cost).map_state(State::Bucket)
+        }
+        _ => evaluate(limit, state, now_us, cost),
+    }
+}

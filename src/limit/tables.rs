@@ -820,3 +820,112 @@ fn several_zones_decide_all_or_nothing() {
         ZoneOutcome::rejected_for(&zone(Algorithm::LeakyBucket, 1, 1, u64::MAX, DelayPolicy::NoDelay), u64::MAX, 1, T0);
     assert!(huge.excess.is_finite() && !huge.admitted, "saturates: {huge:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Charge from the response: a leaky bucket charged after the fact, into debt up to a ceiling
+// ---------------------------------------------------------------------------------------------
+
+/// One step of a budget trace: at `T0 + at`, a request of cost 1 (`Ok(want)`) or a charge after
+/// the response (`Err(cost)`) with the level it must leave.
+enum Budget {
+    Request(u64, Want),
+    Charge(u64, u64, f64),
+}
+
+/// Runs a trace of requests on `limit` and charges on its ceiling (`burst + debt`) on the manual
+/// clock, as the engine does: requests checked (and charged here only with cost 1 when
+/// `charge_requests`), responses charged with the reported cost.
+fn run_budget(name: &str, limit: LimitReq, debt: u64, steps: &[Budget]) {
+    let ceiling = LimitReq { burst: limit.burst + debt, delay: DelayPolicy::NoDelay, ..limit };
+    let clock = ManualClock::new(T0);
+    let mut state: Option<State> = None;
+    for (i, step) in steps.iter().enumerate() {
+        match *step {
+            Budget::Request(at, want) => {
+                clock.set_us(T0 + at);
+                // Checked uncharged: the state is not written.
+                let out = evaluate(&limit, state.as_ref(), clock.now_us(), 1);
+                assert_eq!(got(&out, want), want, "{name}: step {i}: {out:?}");
+            }
+            Budget::Charge(at, cost, level) => {
+                clock.set_us(T0 + at);
+                let out = super::charge(&ceiling, state.as_ref(), clock.now_us(), cost);
+                assert!(out.admitted, "{name}: step {i}: a charge is never refused: {out:?}");
+                match &out.next {
+                    State::Bucket(b) => assert_eq!(b.level, level, "{name}: step {i}: level"),
+                    other => panic!("{name}: step {i}: {other:?}"),
+                }
+                state = Some(out.next);
+            }
+        }
+    }
+}
+
+#[test]
+fn leaky_bucket_charged_from_the_response() {
+    use Budget::{Charge, Request};
+    let nodelay = DelayPolicy::NoDelay;
+    // A 20000-token budget refilled at 20000/h (one token per 180 ms), 5000 tokens a response.
+    let budget = leaky("20000r/h", 19_999, nodelay);
+    run_budget(
+        "four responses spend the budget, the fifth request waits for one token",
+        budget,
+        20_000,
+        &[
+            Request(0, Pass),
+            Charge(0, 5000, 5000.0),
+            Request(0, Pass),
+            Charge(0, 5000, 10000.0),
+            Request(0, Pass),
+            Charge(0, 5000, 15000.0),
+            Request(0, Pass),
+            Charge(0, 5000, 20000.0),
+            Request(0, Reject(180 * MS)),
+            Request(180 * MS - 1, Reject(1)),
+            Request(180 * MS, Pass),
+        ],
+    );
+    run_budget(
+        "a charge past the burst is debt: refused until it drains below the burst",
+        budget,
+        20_000,
+        &[Charge(0, 15_000, 15_000.0), Charge(0, 15_000, 30_000.0), Request(0, Reject(10_001 * 180 * MS))],
+    );
+    run_budget(
+        "the debt is capped: a huge charge fills to burst + 1 + debt, no further",
+        budget,
+        5000,
+        &[Charge(0, 1_000_000, 25_000.0), Charge(HOUR, 1_000_000, 25_000.0), Request(2 * HOUR, Pass)],
+    );
+    run_budget(
+        "no debt allowed: a charge fills the bucket and the rest is forgiven",
+        leaky("1r/s", 4, nodelay),
+        0,
+        &[Charge(0, 3, 3.0), Charge(0, 3, 5.0), Request(0, Reject(SEC)), Request(SEC, Pass)],
+    );
+    run_budget(
+        "a charge of 0 writes the drained level; the clock going back drains nothing",
+        leaky("1r/s", 4, nodelay),
+        5,
+        &[
+            Charge(10 * SEC, 8, 8.0),
+            Charge(9 * SEC, 0, 8.0),
+            Charge(12 * SEC, 0, 6.0),
+            Request(12 * SEC, Reject(2 * SEC)),
+        ],
+    );
+    run_budget(
+        "a fractional level: only whole units below the ceiling are charged",
+        leaky("2r/s", 1, nodelay),
+        2,
+        &[Charge(0, 4, 4.0), Charge(250 * MS, 9, 3.5), Request(250 * MS, Reject(1250 * MS))],
+    );
+    // Delayed, not refused, when the debt stays within the burst and past `delay`.
+    let delayed = leaky("100r/s", 29_999, DelayPolicy::After(19_700));
+    run_budget(
+        "past delay the next request waits for the excess to drain",
+        delayed,
+        0,
+        &[Charge(0, 20_000, 20_000.0), Request(0, Delay(3 * SEC)), Request(SEC, Delay(2 * SEC))],
+    );
+}

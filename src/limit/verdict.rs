@@ -1,7 +1,7 @@
 //! Several `limit_req` zones on one request, decided all-or-nothing like nginx: if any zone rejects,
 //! no zone is charged; otherwise every zone is charged and the largest delay wins.
 
-use super::{evaluate, LimitReq, State, ZoneOutcome};
+use super::{charge, evaluate, LimitReq, State, ZoneOutcome};
 
 /// One zone's part of a request: its parameters, the key's current state and the request's cost.
 #[derive(Debug, Clone)]
@@ -37,6 +37,13 @@ impl Verdict {
 
 pub fn decide_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
     let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| evaluate(z.limit, z.state.as_ref(), now_us, z.cost)).collect();
+    Verdict::combine(zones, now_us)
+}
+
+/// Charges every zone after the response (`state::charge`): all admitted unless a zone is not
+/// a leaky bucket and has no room; then, as for a request, none is charged.
+pub fn charge_all(inputs: &[ZoneInput<'_>], now_us: u64) -> Verdict {
+    let zones: Vec<ZoneOutcome> = inputs.iter().map(|z| charge(z.limit, z.state.as_ref(), now_us, z.cost)).collect();
     Verdict::combine(zones, now_us)
 }
 

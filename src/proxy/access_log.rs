@@ -54,6 +54,9 @@ fn json_fields(
     if let Some(decided_us) = ctx.decided_us {
         o.u64("decided_us", decided_us);
     }
+    if let (Some(route), Some(resp)) = (ctx.route, session.response_written()) {
+        crate::engine::limit_req::response_cost_fields(&ctx.runtime, route, &resp.headers, |f, v| o.str(f, v));
+    }
     o.f64("upstream_ms", ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0));
     o.string_with("upstream_addr", |s| match ctx.upstream.tried() {
         [] => s.push_str("-"),

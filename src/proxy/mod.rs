@@ -73,7 +73,8 @@ pub struct RequestCtx {
     peer_trusted: bool,
     /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
     trace: Option<crate::trace::RequestSpan>,
-    /// Zones counted by response (`count_statuses`), charged in `response_filter`.
+    /// Zones charged after the response (`count_statuses`, `cost_from_response`), charged in
+    /// `response_filter` from the upstream's status and headers.
     deferred: Vec<limit_req::Deferred>,
 }
 
@@ -261,7 +262,9 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         // HTTP/2: the body deadline (body_timeout) starts with forwarding; see edge/streams.rs.
-        crate::edge::awaiting_body(!session.is_body_done());
+        if session.is_http2() {
+            crate::edge::awaiting_body(!session.is_body_done());
+        }
         if let (true, Some(peer)) = (ctx.runtime.server.clients.forwarded_headers, ctx.peer) {
             let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.client_ip, ctx.peer_trusted);
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
@@ -304,7 +307,7 @@ impl ProxyHttp for WeirProxy {
         // Count by response: charged before the client sees the status (and before any lease is
         // released), so its next request is checked against this charge.
         if !ctx.deferred.is_empty() && resp.status.as_u16() >= 200 {
-            limit_req::charge_after(&std::mem::take(&mut ctx.deferred), resp.status.as_u16(), &self.stores).await;
+            limit_req::charge_after(&mut ctx.deferred, resp.status.as_u16(), &resp.headers, &self.stores).await;
         }
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
@@ -312,9 +315,26 @@ impl ProxyHttp for WeirProxy {
         Ok(())
     }
 
+    /// Charge from the response's trailers (`cost_from_response` with `trailer`; HTTP/2 upstreams).
+    async fn response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<bytes::Bytes>> {
+        if !ctx.deferred.is_empty() {
+            limit_req::charge_at_end(&mut ctx.deferred, Some(trailers), &self.stores).await;
+        }
+        Ok(None)
+    }
+
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut RequestCtx) {
         if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
             guarded.request_finished();
+        }
+        // Zones charged at the end of a response that had no trailers (before the leases go).
+        if !ctx.deferred.is_empty() {
+            limit_req::charge_at_end(&mut ctx.deferred, None, &self.stores).await;
         }
         // The request is over, however it ended: give back its concurrency slots first.
         for lease in ctx.leases.drain(..) {

@@ -26,7 +26,7 @@ use crate::store::{KeyedConn, KeyedZone, MemoryStore};
 
 /// What happened to one request before or at the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Admission {
     /// No route matches (404 live).
     NoRoute,
     /// Refused by the route's allow/deny rules (403), before any limit.
@@ -60,7 +60,7 @@ pub struct ZoneDecision {
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub route: Option<usize>,
-    pub outcome: Outcome,
+    pub outcome: Admission,
     /// The request's `$limit_req_status`; `None` when no zone limited it.
     pub status: Option<LimitStatus>,
     /// How long the proxy would have held it (enforced zones).
@@ -84,7 +84,7 @@ pub struct ConnDecision {
 }
 
 impl Decision {
-    fn before_limits(route: Option<usize>, outcome: Outcome) -> Self {
+    fn before_limits(route: Option<usize>, outcome: Admission) -> Self {
         Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new(), conns: Vec::new() }
     }
 
@@ -137,20 +137,22 @@ impl<'rt> Engine<'rt> {
         };
         let plan = match engine::admit(rt, &head) {
             Ok(plan) => plan,
-            Err(Refused::NoRoute) => return Decision::before_limits(None, Outcome::NoRoute),
-            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Outcome::Denied),
+            Err(Refused::NoRoute) => return Decision::before_limits(None, Admission::NoRoute),
+            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Admission::Denied),
             Err(Refused::Unauthorized { route, .. }) => {
-                return Decision::before_limits(Some(route), Outcome::Unauthorized)
+                return Decision::before_limits(Some(route), Admission::Unauthorized)
             }
             Err(Refused::BadRequest { error: BadRequest::Cost, route, .. }) => {
-                return Decision::before_limits(route, Outcome::BadCost)
+                return Decision::before_limits(route, Admission::BadCost)
             }
-            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Outcome::BadRequest),
+            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Admission::BadRequest),
         };
         let route = &rt.routes[plan.route];
-        let mut decision = Decision::before_limits(Some(plan.route), Outcome::Limited);
+        let mut decision = Decision::before_limits(Some(plan.route), Admission::Limited);
         if !plan.zones.is_empty() {
-            self.decide_rates(route, plan.zones, now_us, rec.response_status, &mut decision);
+            let response =
+                rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
+            self.decide_rates(route, plan.zones, now_us, response, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
@@ -165,23 +167,27 @@ impl<'rt> Engine<'rt> {
     }
 
     /// The `limit_req` step through the proxy's own enforcement, on the simulated clock.
-    /// Zones counted by response are charged at once with the logged response status (the
-    /// proxy charges them when the response arrives: the same order for one client's requests).
+    /// Zones charged after the response are charged at once with the logged response status and
+    /// headers (the proxy charges them when the response arrives: the same order for one
+    /// client's requests).
     fn decide_rates(
         &self,
         route: &Route,
         keyed: Groups<KeyedZone<'_>>,
         now_us: u64,
-        response_status: Option<u16>,
+        response: Option<(u16, http::HeaderMap)>,
         decision: &mut Decision,
     ) {
         self.clock.set_us(now_us);
         let enforcement = decided_at_once(limit_req::enforce(self.rt, route, &keyed, &self.stores));
-        if let (Some(status), false) = (response_status, matches!(enforcement.action, limit_req::Action::Reject { .. }))
+        if let (Some((status, headers)), false) =
+            (response, matches!(enforcement.action, limit_req::Action::Reject { .. }))
         {
-            let deferred = limit_req::deferred(self.rt, route, &keyed);
+            let mut deferred = limit_req::deferred(self.rt, route, &keyed);
             if !deferred.is_empty() {
-                decided_at_once(limit_req::charge_after(&deferred, status, &self.stores));
+                decided_at_once(limit_req::charge_after(&mut deferred, status, &headers, &self.stores));
+                // No trailers in a log: zones charged at the end take the head's cost.
+                decided_at_once(limit_req::charge_at_end(&mut deferred, None, &self.stores));
             }
         }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
@@ -302,6 +308,22 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
     Wanted(names)
 }
 
+/// The response headers the route's `cost_from_response` zones read, from the log's
+/// `upstream_http_*` fields; empty (no allocation) for a route without such zones.
+fn logged_response_headers(rt: &Runtime, route: &Route, fields: &[(String, String)]) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    for zl in &route.limits {
+        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
+        let logged = fields
+            .iter()
+            .find(|(name, _)| rc.log_field.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX) == Some(name));
+        if let Some(value) = logged.and_then(|(_, v)| http::HeaderValue::from_str(v).ok()) {
+            headers.insert(rc.header.clone(), value);
+        }
+    }
+    headers
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +353,7 @@ mod tests {
             route: None,
             logged_status: None,
             response_status: None,
+            response_fields: Vec::new(),
             order: None,
         }
     }
@@ -382,7 +405,7 @@ mod tests {
                       limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
         let rt = runtime(zones, routes);
         let mut e = Engine::new(&rt);
-        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Outcome::NoRoute);
+        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Admission::NoRoute);
         // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
         let mut exempt = rec("10.0.0.1", "/api/x");
         exempt.headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.5"));

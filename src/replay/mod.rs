@@ -126,7 +126,7 @@ pub struct Summary<'rt> {
     pub late: u64,
     pub runs: Vec<Run<'rt>>,
     pub agreement: Option<Agreement>,
-    pub suggestions: Option<suggest::Outcome>,
+    pub suggestions: Option<suggest::Proposals>,
     pub elapsed: Duration,
 }
 

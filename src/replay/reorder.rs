@@ -113,6 +113,7 @@ mod tests {
             route: None,
             logged_status: None,
             response_status: None,
+            response_fields: Vec::new(),
             order: None,
         };
         Pending { seq, origin: (0, seq + 1), rec: Box::new(rec) }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::snippet::toml_snippet;
 use super::stats::{percentile, RefStats, Series, Stats};
-use super::suggest::{Eval, Outcome as Suggest};
+use super::suggest::{Eval, Proposals as Suggest};
 pub use super::text::{key_text, limit_text, rate_text};
 use super::Summary;
 use crate::config::Runtime;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::suggest::{Outcome as Suggest, Suggestion};
+use super::suggest::{Proposals as Suggest, Suggestion};
 use super::text::{duration_text, rate_text};
 use crate::config::Runtime;
 use crate::keys::{KeyPart, TokenPolicy};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::hash::FastMap;
 
-use super::engine::{Decision, Outcome};
+use super::engine::{Admission, Decision};
 use crate::config::Runtime;
 use crate::engine::status::LimitStatus;
 
@@ -101,7 +101,7 @@ impl Stats {
         self.last_us = Some(self.last_us.map_or(now_us, |l| l.max(now_us)));
         let Some(ri) = d.route else {
             match d.outcome {
-                Outcome::BadRequest => self.bad_request += 1,
+                Admission::BadRequest => self.bad_request += 1,
                 _ => self.no_route += 1,
             }
             return;
@@ -109,13 +109,13 @@ impl Stats {
         let route = &mut self.routes[ri];
         route.requests += 1;
         match d.outcome {
-            Outcome::Denied => route.denied += 1,
-            Outcome::BadCost => route.bad_cost += 1,
-            Outcome::Unauthorized => route.unauthorized += 1,
-            Outcome::BadRequest => route.bad_request += 1,
-            Outcome::NoRoute | Outcome::Limited => {}
+            Admission::Denied => route.denied += 1,
+            Admission::BadCost => route.bad_cost += 1,
+            Admission::Unauthorized => route.unauthorized += 1,
+            Admission::BadRequest => route.bad_request += 1,
+            Admission::NoRoute | Admission::Limited => {}
         }
-        if d.outcome != Outcome::Limited {
+        if d.outcome != Admission::Limited {
             return;
         }
         match d.status {

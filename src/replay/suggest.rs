@@ -138,7 +138,7 @@ pub struct Suggestion {
     pub proposed: Option<(LimitReq, Eval)>,
 }
 
-pub struct Outcome {
+pub struct Proposals {
     pub targets: Targets,
     pub suggestions: Vec<Suggestion>,
     /// The whole log replayed again with every proposal at once (zones all-or-nothing, as
@@ -147,7 +147,7 @@ pub struct Outcome {
 }
 
 /// Puts every proposal into `rt`: the zone's rate and the reference's limit.
-pub fn apply(rt: &mut Runtime, outcome: &Outcome) {
+pub fn apply(rt: &mut Runtime, outcome: &Proposals) {
     for s in &outcome.suggestions {
         if let Some((limit, _)) = &s.proposed {
             let zone = rt.routes[s.route].limits[s.limit].zone;
@@ -158,7 +158,7 @@ pub fn apply(rt: &mut Runtime, outcome: &Outcome) {
 }
 
 /// What a replay with the proposals did to each suggestion's reference.
-pub fn verify(stats: &super::stats::Stats, outcome: &Outcome) -> Vec<Eval> {
+pub fn verify(stats: &super::stats::Stats, outcome: &Proposals) -> Vec<Eval> {
     outcome
         .suggestions
         .iter()
@@ -239,7 +239,7 @@ fn search_one(trace: &Trace, current: &LimitReq, targets: &Targets) -> Option<(L
     best.map(|(_, l, e)| (l, e))
 }
 
-pub fn search(rt: &Runtime, c: &Collector, targets: &Targets) -> Outcome {
+pub fn search(rt: &Runtime, c: &Collector, targets: &Targets) -> Proposals {
     let mut suggestions = Vec::new();
     for (ri, route) in rt.routes.iter().enumerate() {
         for (li, zl) in route.limits.iter().enumerate() {
@@ -280,7 +280,7 @@ pub fn search(rt: &Runtime, c: &Collector, targets: &Targets) -> Outcome {
             }
         }
     }
-    Outcome { targets: *targets, suggestions, verified: None }
+    Proposals { targets: *targets, suggestions, verified: None }
 }
 
 #[cfg(test)]

@@ -38,12 +38,14 @@ pub fn compute(headers: &HeaderMap, peer: IpAddr, client: Option<IpAddr>, peer_t
             }
         }
     }
-    chain.push_str(IpText::new(peer).as_str());
-    ForwardedHeaders {
-        x_forwarded_for: chain,
-        x_real_ip: client.map(|ip| IpText::new(ip).as_str().to_owned()),
-        keep_forwarded: peer_trusted,
-    }
+    let peer_text = IpText::new(peer);
+    chain.push_str(peer_text.as_str());
+    // Usually the client is the peer: its text is already written.
+    let x_real_ip = match client {
+        Some(ip) if ip == peer => Some(peer_text.as_str().to_owned()),
+        other => other.map(|ip| IpText::new(ip).as_str().to_owned()),
+    };
+    ForwardedHeaders { x_forwarded_for: chain, x_real_ip, keep_forwarded: peer_trusted }
 }
 
 #[cfg(test)]

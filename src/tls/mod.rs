@@ -121,6 +121,11 @@ pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, String
     let cert_pem =
         std::fs::read(cert_path).map_err(|e| format!("cannot read the certificate {}: {e}", cert_path.display()))?;
     let key_pem = std::fs::read(key_path).map_err(|e| format!("cannot read the key {}: {e}", key_path.display()))?;
+    parse_pair(cert_path, cert_pem, key_path, &key_pem)
+}
+
+/// [`load_pair`] on bytes already read (the paths name them in errors).
+pub fn parse_pair(cert_path: &Path, cert_pem: Vec<u8>, key_path: &Path, key_pem: &[u8]) -> Result<LoadedCert, String> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert_path.display()))?;
@@ -128,7 +133,7 @@ pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, String
         return Err(format!("{}: no certificate found (expected PEM \"BEGIN CERTIFICATE\")", cert_path.display()));
     };
     let (names, not_after) = leaf_facts(leaf).map_err(|e| format!("{}: {e}", cert_path.display()))?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
         format!("{}: no private key found (expected PEM \"BEGIN PRIVATE KEY\"): {e}", key_path.display())
     })?;
     let certified = CertifiedKey::from_der(chain, key, &provider()).map_err(|e| match e {
@@ -140,7 +145,7 @@ pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, String
         other => format!("{}: unusable private key: {other}", key_path.display()),
     })?;
     let mut fingerprint = cert_pem;
-    fingerprint.extend_from_slice(&key_pem);
+    fingerprint.extend_from_slice(key_pem);
     Ok(LoadedCert { key: Arc::new(certified), names, not_after, fingerprint })
 }
 

@@ -243,10 +243,7 @@ impl Pool {
         let single = shape.members.len() == 1;
         let busy = Cell::new(false);
         let taken: Cell<Option<usize>> = Cell::new(None);
-        let accept = |backend: &Backend, healthy: bool| {
-            let Some(&i) = backend.addr.as_inet().and_then(|a| shape.by_addr.get(a)) else {
-                return false;
-            };
+        let accept_member = |i: usize, healthy: bool| {
             let member = &shape.members[i];
             if !healthy || tried.contains(&member.state.addr) {
                 return false;
@@ -261,11 +258,16 @@ impl Pool {
             taken.set(Some(i));
             true
         };
+        let accept = |backend: &Backend, healthy: bool| {
+            backend.addr.as_inet().and_then(|a| shape.by_addr.get(a)).is_some_and(|&i| accept_member(i, healthy))
+        };
         if single {
             // The sidecar's usual upstream: no round to rob (the balancer's selection allocates
-            // and hashes; ~2,000 instructions a request).
+            // and hashes; ~2,000 instructions a request), and without an active check nothing to
+            // look up (the readiness map hashes the backend: ~650 instructions).
             let only = &shape.members[0];
-            accept(&only.backend, shape.lb.backends().ready(&only.backend));
+            let healthy = shape.spec.health_check.is_none() || shape.lb.backends().ready(&only.backend);
+            accept_member(0, healthy);
         } else {
             // Round robin may revisit servers under concurrency: bound it, then scan in order.
             let n = shape.members.len();

@@ -114,12 +114,11 @@ impl PartialEq for ClientCert {
     }
 }
 
-/// Reads a `ca_file`: PEM certificates, each a CA (basicConstraints CA:TRUE) that rustls accepts
-/// as a trust anchor. The error names the file and what is wrong with it.
-pub fn load_ca(path: &Path) -> Result<CaBundle, String> {
+/// Checks a `ca_file`'s bytes: PEM certificates, each a CA (basicConstraints CA:TRUE) that
+/// rustls accepts as a trust anchor. The error names the file and what is wrong with it.
+pub fn parse_ca(path: &Path, pem: &[u8]) -> Result<CaBundle, String> {
     use x509_parser::prelude::{FromDer, X509Certificate};
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let ders: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+    let ders: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: not a PEM certificate bundle: {e}", path.display()))?;
     if ders.is_empty() {
@@ -147,16 +146,14 @@ pub fn load_ca(path: &Path) -> Result<CaBundle, String> {
     }
     let certs: Vec<WrappedX509> =
         ders.iter().map(|d| WrappedX509::new(d.as_ref().to_vec(), pingora_core::utils::tls::parse_x509)).collect();
-    Ok(CaBundle { path: path.to_path_buf(), certs: Arc::from(certs), names, not_after, pem })
+    Ok(CaBundle { path: path.to_path_buf(), certs: Arc::from(certs), names, not_after, pem: pem.to_vec() })
 }
 
 /// Reads a client certificate chain and its key (see [`crate::tls::load_pair`]), in the form
 /// Pingora's connector takes (DER chain, DER key).
-pub fn load_client(cert_path: &Path, key_path: &Path) -> Result<ClientCert, String> {
-    let loaded = crate::tls::load_pair(cert_path, key_path)?;
-    let cert_pem = std::fs::read(cert_path).map_err(|e| format!("cannot read {}: {e}", cert_path.display()))?;
-    let key_pem = std::fs::read(key_path).map_err(|e| format!("cannot read {}: {e}", key_path.display()))?;
-    let chain: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(&cert_pem)
+pub fn parse_client(cert_path: &Path, cert_pem: &[u8], key_path: &Path, key_pem: &[u8]) -> Result<ClientCert, String> {
+    let loaded = crate::tls::parse_pair(cert_path, cert_pem.to_vec(), key_path, key_pem)?;
+    let chain: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(cert_pem)
         .map(|c| c.map(|c| c.as_ref().to_vec()))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert_path.display()))?;
@@ -167,7 +164,7 @@ pub fn load_client(cert_path: &Path, key_path: &Path) -> Result<ClientCert, Stri
         X509Certificate::from_der(der)
             .map_err(|e| format!("{}: certificate {} is not X.509: {e}", cert_path.display(), i + 1))?;
     }
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
         .map_err(|e| format!("{}: no private key found: {e}", key_path.display()))?;
     let key_der = key.secret_der().to_vec();
     PrivateKeyDer::try_from(key_der.clone())

@@ -12,6 +12,7 @@
 //!   upstream is killed or dropped), and one whose path starts with `/hang` until then, unanswered;
 //! - answers `/health` with a settable status when [`Upstream::set_health`] was called (not
 //!   counted, not recorded), and every other request with a forced status if one is set;
+//! - adds headers set with [`Upstream::set_response_header`] to its responses;
 //! - can be killed (listener and every open connection closed, as if the process died) and
 //!   started again on the same address, or started on a listener of the caller's.
 
@@ -64,6 +65,8 @@ struct Inner {
     conns: Mutex<Vec<TcpStream>>,
     /// A login endpoint: when set, requests whose `X-Password` differs are answered 401.
     password: Mutex<Option<String>>,
+    /// Extra headers of every response other than `/health` (e.g. a cost the upstream reports).
+    headers: Mutex<Vec<(String, String)>>,
 }
 
 /// A running upstream; stops accepting when dropped.
@@ -204,6 +207,15 @@ impl Upstream {
     /// Answer `/health` with `status` from now on (not counted as a hit, not recorded).
     pub fn set_health(&self, status: u16) {
         self.inner.health.store(status, Ordering::SeqCst);
+    }
+
+    /// Add `name: value` to every later response (other than `/health`); `None` removes it.
+    pub fn set_response_header(&self, name: &str, value: Option<&str>) {
+        let mut headers = self.inner.headers.lock().unwrap();
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        if let Some(value) = value {
+            headers.push((name.to_string(), value.to_string()));
+        }
     }
 
     /// Answer every other request with `status` (0: back to 200).
@@ -353,6 +365,11 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
         );
         if close {
             resp.push_str("Connection: close\r\n");
+        }
+        if !is_health {
+            for (name, value) in inner.headers.lock().unwrap().iter() {
+                resp.push_str(&format!("{name}: {value}\r\n"));
+            }
         }
         resp.push_str("\r\n");
         let mut out = resp.into_bytes();

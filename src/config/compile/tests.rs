@@ -5,6 +5,11 @@ use crate::config::{FailurePolicy, StoreSettings};
 use crate::limit::DelayPolicy;
 use crate::store::RedisClock;
 
+/// These tables compile on this machine (their files are written by the tests).
+fn compile(text: &str, file: &str) -> Result<Runtime, ConfigError> {
+    super::compile(text, file, &crate::config::Machine)
+}
+
 const GOOD: &str = r#"
 [server]
 listen = ["127.0.0.1:8080"]
@@ -165,4 +170,52 @@ fn max_keys_per_zone() {
     assert!(err.to_string().contains("limit_conn_zone \"c\": max_keys: must be 1..="), "{err}");
     let conn = conn.replace("max_keys = 0", "max_keys = 7");
     assert_eq!(compile(&conn, "t.toml").unwrap().zone_max_keys("c"), 7);
+}
+
+/// Compiling asks the world only through `Outside`: with fixed answers (no such files on disk, no
+/// such variable, no such DNS name) the config compiles from them alone, and an answer missing
+/// from them is an error naming what was asked.
+#[test]
+fn compiles_from_fixed_answers_without_touching_the_machine() {
+    use crate::config::{from_text_with, Fixed};
+    use std::path::PathBuf;
+    let text = r#"
+[server]
+listen = ["127.0.0.1:${WEIR_TEST_PORT_NOT_IN_ENV}"]
+admin = "127.0.0.1:19901"
+admin_token_file = "secrets/admin-token"
+
+[jwt]
+key_file = "jwt.key"
+algorithm = "HS256"
+
+[[upstream]]
+name = "app"
+servers = ["app.nowhere.invalid:9000"]
+
+[[limit_req_zone]]
+name = "per_user"
+key = "jwt:sub"
+rate = "10r/s"
+
+[[route]]
+name = "all"
+path = "/"
+upstream = "app"
+limit_req = [{ zone = "per_user" }]
+"#;
+    let mut outside = Fixed::default();
+    outside.vars.insert("WEIR_TEST_PORT_NOT_IN_ENV".into(), "18080".into());
+    outside.files.insert(PathBuf::from("/cfg/secrets/admin-token"), b"0123456789abcdef-token\n".to_vec());
+    outside.files.insert(PathBuf::from("/cfg/jwt.key"), b"a-shared-secret-of-32-bytes-long!\n".to_vec());
+    outside.names.insert("app.nowhere.invalid:9000".into(), vec!["10.1.2.3:9000".parse().unwrap()]);
+    let rt = from_text_with(text, "/cfg/weir.toml", &outside).expect("compiles from the fixed answers");
+    assert_eq!(rt.server.listen, vec!["127.0.0.1:18080".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(rt.upstreams[0].spec.servers[0].addrs, vec!["10.1.2.3:9000".parse::<SocketAddr>().unwrap()]);
+    assert!(rt.jwt.is_some());
+
+    let mut no_key = outside.clone();
+    no_key.files.remove(&PathBuf::from("/cfg/jwt.key"));
+    let err = from_text_with(text, "/cfg/weir.toml", &no_key).expect_err("the key file is not among the answers");
+    assert!(err.message.contains("/cfg/jwt.key"), "{err}");
 }

@@ -37,6 +37,10 @@ pub struct Record {
     pub logged_status: Option<String>,
     /// The HTTP status of the response (Weir's log: `status`), for zones counted by response.
     pub response_status: Option<u16>,
+    /// The upstream response headers Weir's log wrote (`upstream_http_<name>`, `-` as `_`, as
+    /// nginx names them): field name after the prefix and value, for zones charged from the
+    /// response (`cost_from_response`).
+    pub response_fields: Vec<(String, String)>,
     /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
     /// without it they go in log order.
     pub order: Option<u64>,

@@ -15,6 +15,18 @@ fn str_field<'v>(doc: &'v Value, name: &str) -> Option<&'v str> {
     doc.get(name).and_then(Value::as_str)
 }
 
+/// The line's `upstream_http_<name>` string fields (the response headers a zone charges from).
+fn response_fields(doc: &Value) -> Vec<(String, String)> {
+    let Some(object) = doc.as_object() else { return Vec::new() };
+    object
+        .iter()
+        .filter_map(|(name, value)| {
+            let header = name.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX)?;
+            Some((header.to_string(), value.as_str()?.to_string()))
+        })
+        .collect()
+}
+
 impl LineParser for Parser {
     fn parse(&mut self, line: &[u8]) -> Result<Option<Record>, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -49,6 +61,7 @@ impl LineParser for Parser {
             route: str_field(&doc, "route").filter(|r| *r != "-").map(str::to_string),
             logged_status: str_field(&doc, "limit_req").map(str::to_string),
             response_status: doc.get("status").and_then(Value::as_u64).and_then(|s| u16::try_from(s).ok()),
+            response_fields: response_fields(&doc),
             order: None,
         }))
     }

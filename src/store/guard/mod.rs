@@ -116,27 +116,27 @@ impl GuardedStore {
 
 #[async_trait]
 impl LimitStore for GuardedStore {
-    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+    async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         // A known rejection holds whatever Redis's health: ask the deny cache before the breaker.
         let now_us = self.clock.now_us();
         // Checked before any key is built: each is two allocations per zone.
         if self.deny_cache.holds_any() {
             let denied: Vec<Option<u64>> =
-                checks.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
+                zones.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
             if denied.iter().any(Option::is_some) {
                 METRICS.deny_cache_hits.inc();
-                return Ok(cached_rejection(checks, &denied, now_us));
+                return Ok(cached_rejection(zones, &denied, now_us));
             }
         }
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = self.inner.decide(checks).await;
+        let result = self.inner.decide(zones).await;
         self.observe(&result);
         match result {
             Ok(verdict) => {
                 if !verdict.admitted {
-                    for (check, zone) in checks.iter().zip(&verdict.zones) {
+                    for (check, zone) in zones.iter().zip(&verdict.zones) {
                         if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
                             // `now_us` was read before the store's own clock: the entry expires
                             // slightly early, never late.
@@ -151,11 +151,21 @@ impl LimitStore for GuardedStore {
     }
 
     /// Through the breaker, not the deny cache: a check writes nothing to remember.
-    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+    async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = self.inner.peek(checks).await;
+        let result = self.inner.peek(zones).await;
+        self.observe(&result);
+        result
+    }
+
+    /// Through the breaker, not the deny cache: a charge is never refused.
+    async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = self.inner.charge(zones).await;
         self.observe(&result);
         result
     }
@@ -187,11 +197,11 @@ impl LimitStore for GuardedStore {
 
 #[async_trait]
 impl ConnStore for GuardedStore {
-    async fn acquire(&self, checks: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+    async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = self.conn()?.acquire(checks, lease).await;
+        let result = self.conn()?.acquire(zones, lease).await;
         self.observe(&result);
         result
     }
@@ -217,8 +227,8 @@ impl ConnStore for GuardedStore {
 
 /// The verdict for a request the deny cache rejects: the cached zones reject until their time; the
 /// others are reported as not charged (their state is not known here).
-fn cached_rejection(checks: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
-    let zones: Vec<ZoneOutcome> = checks
+fn cached_rejection(zones: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
+    let results: Vec<ZoneOutcome> = zones
         .iter()
         .zip(denied)
         .map(|(check, until)| match until {
@@ -227,7 +237,7 @@ fn cached_rejection(checks: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u6
         })
         .collect();
     let retry = denied.iter().flatten().max().map(|until| until - now_us);
-    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones, decided_us: now_us }
+    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones: results, decided_us: now_us }
 }
 
 #[cfg(test)]
@@ -248,12 +258,12 @@ mod tests {
 
     #[async_trait]
     impl LimitStore for Counting {
-        async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.failing.load(Ordering::SeqCst) {
                 return Err(StoreError::Reply("down".into()));
             }
-            self.inner.decide(checks).await
+            self.inner.decide(zones).await
         }
         fn kind(&self) -> &'static str {
             "counting"

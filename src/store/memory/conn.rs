@@ -55,17 +55,17 @@ impl MemoryConnStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn acquire_now(&self, checks: &[KeyedConn<'_>]) -> ConnVerdict {
-        let caps: Vec<usize> = checks.iter().map(|c| (self.limits)(c.zone).max(1)).collect();
+    pub fn acquire_now(&self, conns: &[KeyedConn<'_>]) -> ConnVerdict {
+        let caps: Vec<usize> = conns.iter().map(|c| (self.limits)(c.zone).max(1)).collect();
         let mut inner = self.lock();
-        let held: Vec<u32> = checks
+        let held: Vec<u32> = conns
             .iter()
             .map(|c| inner.counts.get(&(c.zone.to_string(), c.key.to_vec())).copied().unwrap_or(0))
             .collect();
-        let mut rejected = checks.iter().zip(&held).position(|(c, &h)| h >= c.max);
+        let mut rejected = conns.iter().zip(&held).position(|(c, &h)| h >= c.max);
         if rejected.is_none() {
             // A new key needs room in its zone; counts of requests in flight are never evicted.
-            for (i, (c, (&h, &cap))) in checks.iter().zip(held.iter().zip(&caps)).enumerate() {
+            for (i, (c, (&h, &cap))) in conns.iter().zip(held.iter().zip(&caps)).enumerate() {
                 let (keys, applied, metrics) = inner.zone(c.zone);
                 if *applied != cap {
                     *applied = cap;
@@ -79,7 +79,7 @@ impl MemoryConnStore {
             }
         }
         if rejected.is_none() {
-            for c in checks {
+            for c in conns {
                 let count = inner.counts.entry((c.zone.to_string(), c.key.to_vec())).or_insert(0);
                 *count += 1;
                 if *count == 1 {
@@ -111,8 +111,8 @@ impl MemoryConnStore {
 
 #[async_trait]
 impl ConnStore for MemoryConnStore {
-    async fn acquire(&self, checks: &[KeyedConn<'_>], _lease: &str) -> Result<ConnVerdict, StoreError> {
-        Ok(self.acquire_now(checks))
+    async fn acquire(&self, conns: &[KeyedConn<'_>], _lease: &str) -> Result<ConnVerdict, StoreError> {
+        Ok(self.acquire_now(conns))
     }
 
     async fn renew(&self, _keys: &[LeaseKey], _lease: &str) -> Result<(), StoreError> {

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 
-use crate::limit::{decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::limit::{charge_all, decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::bounded::{Bounded, Expiring};
 use crate::store::{KeyedZone, LimitStore, StoreError};
@@ -167,9 +167,21 @@ impl MemoryStore {
     }
 
     /// Decides synchronously; `decide` is this behind the store trait.
-    pub fn decide_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
-        let tables: PerZone<Arc<ZoneTable>> = checks.iter().map(|c| self.table(c.zone)).collect();
-        let hashes: PerZone<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
+    pub fn decide_now(&self, zones: &[KeyedZone<'_>]) -> Verdict {
+        self.decide_with(zones, decide_all)
+    }
+
+    /// Charges after the response, synchronously (`LimitStore::charge`): never refused, each zone
+    /// capped at its ceiling (`limit::charge_all`), under the same locks as a decision.
+    pub fn charge_now(&self, zones: &[KeyedZone<'_>]) -> Verdict {
+        self.decide_with(zones, charge_all)
+    }
+
+    /// A decision (`decide_all`) or a charge (`charge_all`) of every zone, under their locks, and
+    /// its write.
+    fn decide_with(&self, zones: &[KeyedZone<'_>], decide: impl Fn(&[ZoneInput<'_>], u64) -> Verdict) -> Verdict {
+        let tables: PerZone<Arc<ZoneTable>> = zones.iter().map(|c| self.table(c.zone)).collect();
+        let hashes: PerZone<u64> = zones.iter().map(|c| self.hasher.hash_one(c.key.as_slice())).collect();
         // (table, shard) of each check; locked once each, in one global order, so concurrent
         // requests never deadlock.
         let slots: PerZone<(usize, usize)> =
@@ -190,12 +202,12 @@ impl MemoryStore {
             .collect();
         let lens_before: PerZone<usize> = guards.iter().map(|g| g.len()).collect();
 
-        let mut inputs: PerZone<ZoneInput<'_>> = SmallVec::with_capacity(checks.len());
-        for ((check, &g), hash) in checks.iter().zip(&at).zip(&hashes) {
+        let mut inputs: PerZone<ZoneInput<'_>> = SmallVec::with_capacity(zones.len());
+        for ((check, &g), hash) in zones.iter().zip(&at).zip(&hashes) {
             let state = guards[g].get_mut(hash, now_us).map(|e| e.state.clone());
             inputs.push(ZoneInput { limit: &check.limit, state, cost: check.cost });
         }
-        let mut verdict = decide_all(&inputs, now_us);
+        let mut verdict = decide(&inputs, now_us);
         if verdict.admitted {
             // Room for every new key first, so that a full zone refuses the request before any
             // zone is charged (all or nothing).
@@ -209,7 +221,7 @@ impl MemoryStore {
             match full {
                 Some(n) => {
                     tables[n].metrics.full.inc();
-                    verdict = zone_full(checks, n, now_us);
+                    verdict = zone_full(zones, n, now_us);
                 }
                 None => {
                     for ((zone, &g), &hash) in verdict.zones.iter().zip(&at).zip(&hashes) {
@@ -241,11 +253,11 @@ impl MemoryStore {
 
     /// What `decide_now` would say, writing nothing (`LimitStore::peek`). Each key is read under
     /// its own lock; a peek is a check, not a charge, so it needs no atomicity across zones.
-    pub fn peek_now(&self, checks: &[KeyedZone<'_>]) -> Verdict {
+    pub fn peek_now(&self, zones: &[KeyedZone<'_>]) -> Verdict {
         let now_us = self.clock.now_us();
-        let states: PerZone<Option<State>> = checks.iter().map(|c| self.state(c.zone, &c.key)).collect();
+        let states: PerZone<Option<State>> = zones.iter().map(|c| self.state(c.zone, &c.key)).collect();
         let inputs: PerZone<ZoneInput<'_>> =
-            checks.iter().zip(states).map(|(c, state)| ZoneInput { limit: &c.limit, state, cost: c.cost }).collect();
+            zones.iter().zip(states).map(|(c, state)| ZoneInput { limit: &c.limit, state, cost: c.cost }).collect();
         decide_all(&inputs, now_us)
     }
 
@@ -271,8 +283,8 @@ impl MemoryStore {
 
 /// The verdict for a request whose zone `full` had no room for its key: that zone rejects with a
 /// short retry; the others are reported as admitted but not charged (nothing was written).
-fn zone_full(checks: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
-    let zones = checks
+fn zone_full(zones: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
+    let results = zones
         .iter()
         .enumerate()
         .map(|(n, check)| {
@@ -283,7 +295,7 @@ fn zone_full(checks: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
             }
         })
         .collect();
-    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones, decided_us: now_us }
+    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones: results, decided_us: now_us }
 }
 
 /// A poisoned shard only means another request panicked mid-update of plain numbers: keep serving.
@@ -293,12 +305,16 @@ fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[async_trait]
 impl LimitStore for MemoryStore {
-    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        Ok(self.decide_now(checks))
+    async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.decide_now(zones))
     }
 
-    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        Ok(self.peek_now(checks))
+    async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.peek_now(zones))
+    }
+
+    async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        Ok(self.charge_now(zones))
     }
 
     fn kind(&self) -> &'static str {

@@ -433,11 +433,11 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
                 } else if let [Err(e)] = replies.as_slice() {
                     // The call as a whole was refused (OOM, BUSY, …): each request gets why.
                     jobs.into_iter().for_each(|job| answer(job, Err(e.clone())));
-                } else if replies.len() != jobs.len() {
-                    let why = format!("a batch of {} requests got {} replies", jobs.len(), replies.len());
-                    jobs.into_iter().for_each(|job| fail(job, &why));
                 } else {
-                    jobs.into_iter().zip(replies).for_each(|(job, reply)| answer(job, reply));
+                    match split_batch(replies, jobs.len()) {
+                        Ok(each) => jobs.into_iter().zip(each).for_each(|(job, reply)| answer(job, reply)),
+                        Err(why) => jobs.into_iter().for_each(|job| fail(job, &why)),
+                    }
                 }
             }
         }
@@ -474,6 +474,36 @@ fn resend(conn: &mut Connection) -> Result<(), String> {
     Ok(())
 }
 
+/// A batch call's reply: one array with, per request, its reply as an array (the script's general
+/// path), or flat, its number of values followed by them (the leaky-bucket path: a nested array
+/// per request costs Redis a Lua table and its conversion each), or its error. Returns each
+/// request's reply as the single-call layout has it.
+fn split_batch(items: Vec<Reply>, requests: usize) -> Result<Vec<Reply>, String> {
+    let mut out = Vec::with_capacity(requests);
+    let mut items = items.into_iter();
+    while let Some(item) = items.next() {
+        match item {
+            Ok(Value::Int(n)) => {
+                let n = usize::try_from(n).map_err(|_| format!("a batch reply announces {n} values"))?;
+                let values = items
+                    .by_ref()
+                    .take(n)
+                    .collect::<Result<Vec<Value>, String>>()
+                    .map_err(|e| format!("an error among a request's values in a batch reply: {e}"))?;
+                if values.len() != n {
+                    return Err(format!("a batch reply ends within a request's {n} values"));
+                }
+                out.push(Ok(Value::Array(values)));
+            }
+            other => out.push(other),
+        }
+    }
+    if out.len() != requests {
+        return Err(format!("a batch of {requests} requests got {} replies", out.len()));
+    }
+    Ok(out)
+}
+
 fn is_noscript(reply: &Reply) -> bool {
     matches!(reply, Err(e) if e.starts_with("NOSCRIPT"))
 }
@@ -485,4 +515,40 @@ fn answer(job: Job, reply: Reply) {
         Err(e) => Err(StoreError::Server(e)),
     };
     let _ = job.reply.send(result);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Vec<Reply> {
+        values.iter().map(|&n| Ok(Value::Int(n))).collect()
+    }
+
+    #[test]
+    fn a_batch_reply_splits_per_request_flat_nested_or_failed() {
+        // Request 1 flat (2 values), request 2 nested, request 3 an error, request 4 flat (0 values).
+        let mut items = ints(&[2, 1, 0]);
+        items.push(Ok(Value::Array(vec![Value::Int(7)])));
+        items.push(Err("limit_req: zone 1: unknown algorithm 99".into()));
+        items.extend(ints(&[0]));
+        let each = split_batch(items, 4).expect("split");
+        assert_eq!(each[0], Ok(Value::Array(vec![Value::Int(1), Value::Int(0)])));
+        assert_eq!(each[1], Ok(Value::Array(vec![Value::Int(7)])));
+        assert_eq!(each[2], Err("limit_req: zone 1: unknown algorithm 99".to_string()));
+        assert_eq!(each[3], Ok(Value::Array(vec![])));
+    }
+
+    #[test]
+    fn a_batch_reply_of_the_wrong_shape_is_refused() {
+        // One reply short; values cut off; a negative count; an error among a request's values.
+        assert!(split_batch(ints(&[1, 5]), 2).is_err());
+        assert!(split_batch(ints(&[3, 1, 2]), 1).is_err());
+        assert!(split_batch(ints(&[-1]), 1).is_err());
+        let mut items = ints(&[2, 1]);
+        items.push(Err("x".into()));
+        assert!(split_batch(items, 1).is_err());
+        // More replies than requests.
+        assert!(split_batch(ints(&[0, 0]), 1).is_err());
+    }
 }

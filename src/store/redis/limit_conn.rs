@@ -75,20 +75,20 @@ impl RedisStore {
     /// Acquires slot by slot (module docs).
     async fn acquire_per_slot(
         &self,
-        checks: &[KeyedConn<'_>],
+        conns: &[KeyedConn<'_>],
         keys: &[Vec<u8>],
         groups: &[Vec<usize>],
         lease: &str,
     ) -> Result<ConnVerdict, StoreError> {
         let mut conn = self.connection().await?;
         let mut rollback = Rollback::new(conn.clone(), self.config().timeout);
-        let mut held: Vec<Option<u32>> = vec![None; checks.len()];
+        let mut held: Vec<Option<u32>> = vec![None; conns.len()];
         // The first rejecting zone as its slot's call reported it (in case the counts moved).
         let mut reported: Option<usize> = None;
         for group in groups {
             let group_keys = group.iter().map(|&i| &keys[i]);
             if reported.is_none() {
-                let maxes: Vec<u32> = group.iter().map(|&i| checks[i].max).collect();
+                let maxes: Vec<u32> = group.iter().map(|&i| conns[i].max).collect();
                 let reply: Value = self.conn_call("acquire", group_keys, lease, &maxes).invoke(&mut conn).await?;
                 let (admitted, rejected, counts) = parse_acquire(reply, group.len())?;
                 for (&i, count) in group.iter().zip(counts) {
@@ -127,7 +127,7 @@ impl RedisStore {
             Some(reported) => {
                 rollback.run().await;
                 // As one call would report it: the first zone, in the request's order, at its max.
-                let first = checks.iter().zip(&held).position(|(c, &h)| h >= c.max).unwrap_or(reported);
+                let first = conns.iter().zip(&held).position(|(c, &h)| h >= c.max).unwrap_or(reported);
                 Ok(ConnVerdict { admitted: false, rejected: Some(first), held })
             }
         }
@@ -156,13 +156,13 @@ fn clamp_count(n: i64) -> u32 {
 
 #[async_trait]
 impl ConnStore for RedisStore {
-    async fn acquire(&self, checks: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.conn_key(c.zone, &c.key)).collect();
+    async fn acquire(&self, conns: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+        let keys: Vec<Vec<u8>> = conns.iter().map(|c| self.conn_key(c.zone, &c.key)).collect();
         let groups = self.slot_groups(&keys);
         if groups.len() > 1 {
-            return self.bounded(self.acquire_per_slot(checks, &keys, &groups, lease)).await;
+            return self.bounded(self.acquire_per_slot(conns, &keys, &groups, lease)).await;
         }
-        let maxes: Vec<u32> = checks.iter().map(|c| c.max).collect();
+        let maxes: Vec<u32> = conns.iter().map(|c| c.max).collect();
         let call = self.conn_call("acquire", &keys, lease, &maxes);
         let reply: Value = self
             .bounded(async {
@@ -170,7 +170,7 @@ impl ConnStore for RedisStore {
                 Ok(call.invoke(&mut conn).await?)
             })
             .await?;
-        let (admitted, rejected, held) = parse_acquire(reply, checks.len())?;
+        let (admitted, rejected, held) = parse_acquire(reply, conns.len())?;
         Ok(ConnVerdict { admitted, rejected, held })
     }
 

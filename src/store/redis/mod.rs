@@ -282,10 +282,10 @@ impl RedisStore {
         }
     }
 
-    /// One call of `lua/limit_req.lua` for the zones `indices` of `checks` (whose keys are `keys`).
+    /// One call of `lua/limit_req.lua` for the zones `indices` of `zones` (whose keys are `keys`).
     fn limit_call(
         &self,
-        checks: &[KeyedZone<'_>],
+        zones: &[KeyedZone<'_>],
         keys: &[Vec<u8>],
         indices: &[usize],
         now_us: Option<u64>,
@@ -301,7 +301,7 @@ impl RedisStore {
         };
         call.arg(flags);
         for &i in indices {
-            for value in zone_args(&checks[i]) {
+            for value in zone_args(&zones[i]) {
                 call.arg(value);
             }
         }
@@ -309,8 +309,8 @@ impl RedisStore {
     }
 
     /// `limit_call` for the decision lane: the same keys and arguments, encoded at once.
-    fn lane_call(&self, checks: &[KeyedZone<'_>], keys: &[Vec<u8>]) -> Call {
-        let mut call = Call::new(keys.len(), checks.len());
+    fn lane_call(&self, zones: &[KeyedZone<'_>], keys: &[Vec<u8>]) -> Call {
+        let mut call = Call::new(keys.len(), zones.len());
         for key in keys {
             call.key(key);
         }
@@ -319,7 +319,7 @@ impl RedisStore {
             None => call.arg(b""),
         };
         call.arg(self.detail_flag().as_bytes());
-        for value in checks.iter().flat_map(zone_args) {
+        for value in zones.iter().flat_map(zone_args) {
             call.int(value);
         }
         call
@@ -334,25 +334,58 @@ impl RedisStore {
         }
     }
 
+    /// One `lua/limit_req.lua` call with `flag` after the detail flag per hash slot of the zones
+    /// (one call outside a cluster), combined; for calls that never need a rollback (a check, a
+    /// charge after the response).
+    async fn call_per_slot(&self, zones: &[KeyedZone<'_>], flag: &str) -> Result<Verdict, StoreError> {
+        if zones.is_empty() {
+            return Ok(decide_all(&[], self.clock.now_us()));
+        }
+        let keys: Vec<Vec<u8>> = zones.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..zones.len()).collect()] };
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            let mut now_us = self.now_arg(|c| c.now_us());
+            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; zones.len()];
+            let flags = format!("{}{flag}", self.detail_flag());
+            for group in &groups {
+                let reply: Vec<Value> = self.limit_call(zones, &keys, group, now_us, &flags).invoke(&mut conn).await?;
+                let algorithms: Vec<Algorithm> = group.iter().map(|&i| zones[i].limit.algorithm).collect();
+                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
+                now_us.get_or_insert(verdict.decided_us);
+                for (&i, zone) in group.iter().zip(verdict.zones) {
+                    outcomes[i] = Some(zone);
+                }
+            }
+            let results = outcomes
+                .into_iter()
+                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
+                .collect::<Result<Vec<_>, _>>()?;
+            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
+            Ok(Verdict::combine(results, decided_us))
+        })
+        .await
+    }
+
     /// The zones of one request over several hash slots: one call per slot (module docs).
     async fn decide_per_slot(
         &self,
-        checks: &[KeyedZone<'_>],
+        zones: &[KeyedZone<'_>],
         keys: &[Vec<u8>],
         groups: &[Vec<usize>],
     ) -> Result<Verdict, StoreError> {
         let mut conn = self.connection().await?;
         let mut rollback = Rollback::new(conn.clone(), self.config.timeout);
         let mut now_us = self.now_arg(|c| c.now_us());
-        let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
+        let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; zones.len()];
         let mut rejected = false;
         for group in groups {
             // Charge (and say how to take it back) until a slot rejects; after that only evaluate.
             let charging = !rejected;
             let flags = format!("{}{}", self.detail_flag(), if charging { "u" } else { "n" });
-            let mut reply: Vec<Value> = self.limit_call(checks, keys, group, now_us, &flags).invoke(&mut conn).await?;
+            let mut reply: Vec<Value> = self.limit_call(zones, keys, group, now_us, &flags).invoke(&mut conn).await?;
             let undo = if charging { reply.pop() } else { None };
-            let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
+            let algorithms: Vec<Algorithm> = group.iter().map(|&i| zones[i].limit.algorithm).collect();
             let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
             if now_us.is_none() {
                 now_us = Some(micros(&reply[3])?);
@@ -367,13 +400,13 @@ impl RedisStore {
                 outcomes[i] = Some(zone);
             }
         }
-        let zones = outcomes
+        let results = outcomes
             .into_iter()
             .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
             .collect::<Result<Vec<_>, _>>()?;
         // Every slot's reply carries a time: the first call's is when the request was decided.
         let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
-        let verdict = Verdict::combine(zones, decided_us);
+        let verdict = Verdict::combine(results, decided_us);
         if verdict.admitted {
             rollback.disarm();
         } else {
@@ -385,23 +418,23 @@ impl RedisStore {
 
 #[async_trait]
 impl LimitStore for RedisStore {
-    async fn decide(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if checks.is_empty() {
+    async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if zones.is_empty() {
             // Nothing to limit: no round trip.
             return Ok(decide_all(&[], self.clock.now_us()));
         }
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        let keys: Vec<Vec<u8>> = zones.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
         if self.is_cluster() {
             let groups = group_by_slot(&keys);
             if groups.len() > 1 {
-                return self.bounded(self.decide_per_slot(checks, &keys, &groups)).await;
+                return self.bounded(self.decide_per_slot(zones, &keys, &groups)).await;
             }
         }
         let reply: Vec<Value> = match &self.lanes {
-            Some(lanes) => self.bounded(lanes.decide(self.lane_call(checks, &keys))).await?,
+            Some(lanes) => self.bounded(lanes.decide(self.lane_call(zones, &keys))).await?,
             None => {
-                let all: Vec<usize> = (0..checks.len()).collect();
-                let call = self.limit_call(checks, &keys, &all, self.now_arg(|c| c.now_us()), self.detail_flag());
+                let all: Vec<usize> = (0..zones.len()).collect();
+                let call = self.limit_call(zones, &keys, &all, self.now_arg(|c| c.now_us()), self.detail_flag());
                 self.bounded(async {
                     let mut conn = self.connection().await?;
                     Ok(call.invoke(&mut conn).await?)
@@ -409,39 +442,20 @@ impl LimitStore for RedisStore {
                 .await?
             }
         };
-        let algorithms: Vec<Algorithm> = checks.iter().map(|c| c.limit.algorithm).collect();
+        let algorithms: Vec<Algorithm> = zones.iter().map(|c| c.limit.algorithm).collect();
         parse_reply(&reply, &algorithms, self.full_outcomes)
     }
 
     /// `lua/limit_req.lua` with flag "n" (evaluate only): one call per hash slot, combined.
-    async fn peek(&self, checks: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if checks.is_empty() {
-            return Ok(decide_all(&[], self.clock.now_us()));
-        }
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
-        let groups = if self.is_cluster() { group_by_slot(&keys) } else { vec![(0..checks.len()).collect()] };
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            let mut now_us = self.now_arg(|c| c.now_us());
-            let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; checks.len()];
-            let flags = format!("{}n", self.detail_flag());
-            for group in &groups {
-                let reply: Vec<Value> = self.limit_call(checks, &keys, group, now_us, &flags).invoke(&mut conn).await?;
-                let algorithms: Vec<Algorithm> = group.iter().map(|&i| checks[i].limit.algorithm).collect();
-                let verdict = parse_reply(&reply, &algorithms, self.full_outcomes)?;
-                now_us.get_or_insert(verdict.decided_us);
-                for (&i, zone) in group.iter().zip(verdict.zones) {
-                    outcomes[i] = Some(zone);
-                }
-            }
-            let zones = outcomes
-                .into_iter()
-                .map(|z| z.ok_or_else(|| StoreError::Reply("a zone of the request was in no slot group".into())))
-                .collect::<Result<Vec<_>, _>>()?;
-            let decided_us = now_us.ok_or_else(|| StoreError::Reply("a request over no hash slot".into()))?;
-            Ok(Verdict::combine(zones, decided_us))
-        })
-        .await
+    async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        self.call_per_slot(zones, "n").await
+    }
+
+    /// `lua/limit_req.lua` with flag "c" (charge after the response, never refused, capped at
+    /// each zone's ceiling): one call per hash slot. A charge refuses nothing, so a request
+    /// whose zones span slots needs no rollback.
+    async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        self.call_per_slot(zones, "c").await
     }
 
     fn kind(&self) -> &'static str {

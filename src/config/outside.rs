@@ -1,0 +1,70 @@
+//! What compiling a config needs from outside its text: files (certificates, keys, JWKS,
+//! secrets), environment variables (`${NAME}`), DNS answers (upstream names) and the time
+//! (certificate expiry warnings). Compilation asks only through [`Outside`], so it is a function
+//! of the text and these answers: [`Machine`] asks this machine, tests hand in fixed answers
+//! ([`Fixed`]) and run no I/O at all.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub trait Outside {
+    /// A file's bytes (`path` already resolved against the config file's directory).
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// An environment variable, for `${NAME}`.
+    fn var(&self, name: &str) -> Option<String>;
+    /// The addresses of `host:port`, asked of `resolver` when one is configured.
+    fn resolve(&self, target: &str, resolver: Option<SocketAddr>) -> io::Result<Vec<SocketAddr>>;
+    /// Seconds since the Unix epoch.
+    fn unix_now(&self) -> i64;
+}
+
+/// This machine: its files, environment, resolver and clock.
+pub struct Machine;
+
+impl Outside for Machine {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+
+    fn resolve(&self, target: &str, resolver: Option<SocketAddr>) -> io::Result<Vec<SocketAddr>> {
+        crate::upstream::resolve_now(target, resolver)
+    }
+
+    fn unix_now(&self) -> i64 {
+        crate::tls::unix_now()
+    }
+}
+
+/// Fixed answers: what is not given is absent (a missing file, an unset variable, a name that
+/// does not resolve).
+#[derive(Debug, Default, Clone)]
+pub struct Fixed {
+    pub files: HashMap<PathBuf, Vec<u8>>,
+    pub vars: HashMap<String, String>,
+    pub names: HashMap<String, Vec<SocketAddr>>,
+    pub now: i64,
+}
+
+impl Outside for Fixed {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.files.get(path).cloned().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))
+    }
+
+    fn var(&self, name: &str) -> Option<String> {
+        self.vars.get(name).cloned()
+    }
+
+    fn resolve(&self, target: &str, _resolver: Option<SocketAddr>) -> io::Result<Vec<SocketAddr>> {
+        self.names.get(target).cloned().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "unknown name"))
+    }
+
+    fn unix_now(&self) -> i64 {
+        self.now
+    }
+}
