@@ -21,4 +21,5 @@ else
   echo "test: no Docker engine here: skipped building deploy/Dockerfile (tests/deploy_files.rs checks it)"
 fi
 bash bench/run.sh --quick
+bash bench/rls.sh --quick
 bash bench/soak.sh --duration 60

@@ -16,6 +16,7 @@ pub mod process;
 pub mod proxy;
 pub mod replay;
 pub mod request;
+pub mod rls;
 pub mod routes;
 pub mod store;
 pub mod tls;

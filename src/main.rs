@@ -40,6 +40,14 @@ enum Command {
     },
     /// A live view of an instance (its admin address): rates per route and zone, the keys being limited; reset a key.
     Top(weir::tui::TopArgs),
+    /// Translate an envoyproxy/ratelimit YAML config into Weir TOML (stdout); what it cannot express goes to stderr.
+    ImportRls {
+        /// The envoyproxy/ratelimit config (one domain).
+        file: PathBuf,
+        /// The rate limit service's address in the output's `[rls] listen`.
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: String,
+    },
     /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
     Replay(Box<weir::replay::cli::ReplayArgs>),
 }
@@ -63,13 +71,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::ImportRls { file, listen } => import_rls(&file, &listen),
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {
                     eprintln!("weir: warning: {warning}");
                 }
+                let rls = rt.rls.as_ref().map_or(String::new(), |r| format!(", {} rls domains", r.domains.len()));
                 println!(
-                    "{}: ok ({} routes, {} limit_req zones, {} upstreams)",
+                    "{}: ok ({} routes, {} limit_req zones, {} upstreams{rls})",
                     cli.config.display(),
                     rt.routes.len(),
                     rt.zones.len(),
@@ -124,6 +134,31 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `weir import-rls`: the TOML on stdout, what it cannot express on stderr (exit 0 all the same:
+/// the rest is usable); an unreadable file exits 1.
+fn import_rls(file: &std::path::Path, listen: &str) -> ExitCode {
+    let yaml = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("weir import-rls: cannot read {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match weir::rls::import::import(&yaml, listen) {
+        Ok(imported) => {
+            print!("{}", imported.toml);
+            for note in &imported.not_expressed {
+                eprintln!("weir import-rls: not expressed: {note}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weir import-rls: {}: {e}", file.display());
+            ExitCode::FAILURE
         }
     }
 }

@@ -12,6 +12,7 @@ use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
 use super::interpolate;
 use super::outside::Outside;
+use super::rls;
 use super::route::{self, Route};
 use super::schema;
 use super::secrets::{Secret, Secrets};
@@ -72,6 +73,8 @@ pub struct Runtime {
     pub secrets: Secrets,
     /// `[tracing]`: OpenTelemetry traces; `None`: off.
     pub tracing: Option<TraceSettings>,
+    /// Envoy's rate limit service (`[rls]`), when configured.
+    pub rls: Option<crate::rls::RlsSettings>,
 }
 
 impl Runtime {
@@ -217,15 +220,25 @@ fn compile_expanded(
         jwt,
         tracing,
         top,
+        rls,
     } = parsed;
 
-    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets)?;
+    // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
+    let rls_only = rls.is_some() && route.is_empty();
+    let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
+    let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
+    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets, rls_only, rls_tls)?;
     let store = store::compile_store(&src, store, secrets)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
     let zones = zones::compile_zones(&src, limit_req_zone)?;
     let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
+    keyless_zones_only_in_rls(&src, &routes, &zones)?;
+    let rls = rls::compile_rls(&src, rls, &zones)?;
+    if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
+        return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
+    }
     let log = compile_log(&src, log)?;
     let jwt = super::jwt::compile_jwt(&src, jwt)?;
     super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
@@ -254,7 +267,21 @@ fn compile_expanded(
         meters,
         secrets: Secrets::default(),
         tracing,
+        rls,
     })
+}
+
+/// A zone without `key` is keyed by `[rls]` descriptors; an HTTP route has no key to give it.
+fn keyless_zones_only_in_rls(src: &Source<'_>, routes: &[Route], zones: &[Zone]) -> Result<(), ConfigError> {
+    for route in routes {
+        if let Some(zl) = route.limits.iter().find(|zl| zones[zl.zone].key.parts.is_empty()) {
+            return Err(src.error(format!(
+                "route {:?}: limit_req zone {:?} has no key; give the zone a key (e.g. key = \"ip\") to use it in a route",
+                route.name, zones[zl.zone].name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Request headers whose names hold `_` never reach a decision (they are dropped or refused, see
@@ -323,6 +350,8 @@ fn compile_server(
     src: &Source<'_>,
     server: Spanned<schema::Server>,
     secrets: &mut Secrets,
+    rls_only: bool,
+    rls_tls: bool,
 ) -> Result<ServerParts, ConfigError> {
     let server_span = server.span();
     let schema::Server {
@@ -351,10 +380,10 @@ fn compile_server(
         method_override,
         forwarded_headers,
     } = server.into_inner();
-    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2)?;
+    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls)?;
     let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
     let listen = listen.map(Spanned::into_inner).unwrap_or_default();
-    if listen.is_empty() && tls.listen_tls.is_empty() {
+    if listen.is_empty() && tls.listen_tls.is_empty() && !rls_only {
         return Err(src.error_at(
             &listen_span,
             "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"] (or server.listen_tls)",

@@ -11,6 +11,7 @@ mod interpolate;
 mod json_schema;
 mod jwt;
 mod outside;
+mod rls;
 mod route;
 mod route_match;
 mod schema;

@@ -220,7 +220,7 @@ fn routes_so_far_name(routes: &[Route], index: usize) -> &str {
     routes.get(index).map_or("?", |r| r.name.as_str())
 }
 
-fn compile_limit_ref(
+pub(super) fn compile_limit_ref(
     r: &schema::LimitReqRef,
     zones: &[Zone],
     here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,

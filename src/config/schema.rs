@@ -9,8 +9,9 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct File {
-    /// The proxy's listeners, threads, admin API and client limits.
-    pub server: Spanned<Server>,
+    /// The proxy's listeners, threads, admin API and client limits. Optional only for a process that
+    /// serves the rate limit service alone (`[rls]`).
+    pub server: Option<Spanned<Server>>,
     /// Where limit state lives: this process (`memory`, the default) or a Redis shared by the fleet.
     #[serde(default)]
     pub store: Option<Spanned<Store>>,
@@ -40,6 +41,9 @@ pub struct File {
     /// Live view of the keys being limited (admin /top, `weir top`, the status page); on by default.
     #[serde(default)]
     pub top: Option<Spanned<Top>>,
+    /// Envoy's rate limit service over gRPC (docs/rls.md): descriptors decided on the same zones.
+    #[serde(default)]
+    pub rls: Option<Spanned<Rls>>,
 }
 
 /// `[top]`: the hottest keys per zone (admin `/top`, `weir top`, the status page).
@@ -98,7 +102,7 @@ pub struct Log {
     pub access_log: Option<bool>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Server {
     /// Addresses the proxy listens on (cleartext), each "IP:port"; this or listen_tls non-empty. A change
@@ -339,8 +343,9 @@ pub struct LimitReqZone {
     /// The zone's name; state is keyed by it: unique, 1-64 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
     /// What the zone counts per: "ip", "header:NAME", "query:NAME", "cookie:NAME", or a list of these.
+    /// Optional only for zones that `[rls]` descriptors alone use (their key is the descriptor's).
     #[schemars(extend("examples" = ["ip", ["header:X-Tenant", "ip"]]))]
-    pub key: Spanned<OneOrMany>,
+    pub key: Option<Spanned<OneOrMany>>,
     /// The zone's algorithm (docs/algorithms.md); window algorithms take no burst or delay.
     #[schemars(extend("enum" = ["leaky_bucket", "token_bucket", "fixed_window", "sliding_log", "sliding_window"], "default" = "leaky_bucket"))]
     pub algorithm: Option<Spanned<String>>,
@@ -538,4 +543,72 @@ pub struct LimitReqRef {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub dry_run: bool,
+}
+
+/// `[rls]`: Envoy's rate limit service (`envoy.service.ratelimit.v3`) on the same zones.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rls {
+    /// Addresses the gRPC service listens on (cleartext HTTP/2), each "IP:port". A change needs a restart.
+    #[schemars(extend("examples" = [["127.0.0.1:8081"]]))]
+    pub listen: Option<Spanned<Vec<Spanned<String>>>>,
+    /// gRPC over TLS, with the certificates of `[[server.tls]]`.
+    pub listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Descriptors one request may carry (1-1024).
+    #[schemars(extend("default" = 64))]
+    pub max_descriptors: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub domain: Vec<Spanned<RlsDomain>>,
+}
+
+/// `[[rls.domain]]`: what one `domain` of the requests limits; compiled into a route.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RlsDomain {
+    /// The `domain` of Envoy's requests (the ratelimit filter's `domain`).
+    pub name: Spanned<String>,
+    /// Shadow mode for every limit of the domain: decide and report, never answer OVER_LIMIT.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub dry_run: bool,
+    /// Which rate-limit fields the answer asks Envoy to add.
+    #[schemars(extend("enum" = ["draft", "legacy", "none"], "default" = "draft"))]
+    pub rate_limit_headers: Option<Spanned<String>>,
+    /// Overrides store.on_error for this domain.
+    #[schemars(extend("enum" = ["allow", "deny", "local"]))]
+    pub on_error: Option<Spanned<String>>,
+    /// Rules for the descriptors' entries, matched by key (and value).
+    #[serde(default)]
+    pub descriptor: Vec<Spanned<RlsDescriptor>>,
+}
+
+/// `[[rls.domain.descriptor]]` (nested as `descriptor` inside one another): a rule for one entry.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RlsDescriptor {
+    /// The entry's key, e.g. "remote_address" or "generic_key".
+    pub key: Spanned<String>,
+    /// Only entries with this value (without it: any value, which becomes the zone's key).
+    pub value: Option<Spanned<String>>,
+    /// The limit_req_zone deciding a descriptor that ends at this rule.
+    pub zone: Option<Spanned<String>>,
+    /// Requests allowed above the rate (0-1000000).
+    #[schemars(extend("default" = 0))]
+    pub burst: Option<Spanned<i64>>,
+    /// Excess requests admitted without a wait (0-burst); not with nodelay.
+    pub delay: Option<Spanned<i64>>,
+    /// Admit everything within the burst at once.
+    #[schemars(extend("default" = false))]
+    pub nodelay: Option<Spanned<bool>>,
+    /// Shadow mode for this rule only.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub dry_run: bool,
+    /// Matches and limits nothing (a value exempt from a key's default rule).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub unlimited: bool,
+    /// Rules for the next entry of the descriptor.
+    #[serde(default)]
+    pub descriptor: Vec<Spanned<RlsDescriptor>>,
 }

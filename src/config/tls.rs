@@ -26,6 +26,8 @@ pub fn compile_tls(
     certs: Vec<Spanned<schema::TlsCert>>,
     min_tls: Option<Spanned<String>>,
     http2: Option<bool>,
+    // `[rls] listen_tls` serves the same certificates.
+    rls_tls: bool,
 ) -> Result<TlsCompiled, ConfigError> {
     let mut addrs = Vec::new();
     let listen_span = listen_tls.as_ref().map(|l| l.span());
@@ -49,7 +51,7 @@ pub fn compile_tls(
                 "server.listen_tls: add at least one [[server.tls]] with cert = \"…\" and key = \"…\"",
             ))
         }
-        (true, false) => {
+        (true, false) if !rls_tls => {
             return Err(src.error_at(
                 &certs[0].span(),
                 "server.tls: certificates are given but server.listen_tls has no address to serve them on",

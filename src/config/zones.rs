@@ -100,7 +100,19 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
         check_name(src, &name, "limit_req_zone.name")?;
         unique(src, &mut seen, &name, "limit_req_zone")?;
         let zname = name.get_ref().clone();
-        let key = key_spec(src, &key, bad_token_key.as_ref(), "limit_req_zone", &zname)?;
+        // No key: a zone for `[rls]` descriptors only (`compile` refuses it in a route).
+        let key = match &key {
+            Some(key) => key_spec(src, key, bad_token_key.as_ref(), "limit_req_zone", &zname)?,
+            None => match &bad_token_key {
+                Some(b) => {
+                    return Err(src.error_at(
+                        &b.span(),
+                        format!("limit_req_zone {zname:?}: bad_token_key: the zone has no key, so no token is checked"),
+                    ))
+                }
+                None => KeySpec::new(Vec::new()),
+            },
+        };
         let algorithm = match &algorithm {
             None => Algorithm::LeakyBucket,
             Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {

@@ -6,7 +6,7 @@
 //! window. `r` is what could pass right now and `t` the seconds until the quota is whole again (or,
 //! when rejected, until the request would pass).
 
-use crate::limit::Verdict;
+use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::KeyedZone;
 
 const SECOND_US: u64 = 1_000_000;
@@ -35,16 +35,24 @@ pub fn policy(zones: &[KeyedZone<'_>]) -> String {
 pub fn remaining(zones: &[KeyedZone<'_>], verdict: &Verdict) -> String {
     let mut out = String::with_capacity(32 * zones.len());
     for (z, out_z) in zones.iter().zip(&verdict.zones) {
-        let (r, t_us) = match (verdict.admitted, out_z.admitted) {
-            (true, _) => (out_z.remaining, out_z.reset_us),
-            // Rejected here: nothing left until the retry time.
-            (false, false) => (0, out_z.retry_after_us.unwrap_or(out_z.reset_us)),
-            // Another zone rejected, so this one was not charged.
-            (false, true) => (out_z.remaining + z.cost, out_z.reset_us),
-        };
-        item(&mut out, z.zone, ";r=", r, ";t=", ceil_secs(t_us));
+        let (r, t) = zone_remaining(z, verdict.admitted, out_z);
+        item(&mut out, z.zone, ";r=", r, ";t=", t);
     }
     out
+}
+
+/// One zone's `r` and `t`: what could pass right now, and the whole seconds until its quota is
+/// whole again (when it rejected: until the request would pass). `request_admitted` is the
+/// verdict of the zone's whole group.
+pub fn zone_remaining(zone: &KeyedZone<'_>, request_admitted: bool, out: &ZoneOutcome) -> (u64, u64) {
+    let (r, t_us) = match (request_admitted, out.admitted) {
+        (true, _) => (out.remaining, out.reset_us),
+        // Rejected here: nothing left until the retry time.
+        (false, false) => (0, out.retry_after_us.unwrap_or(out.reset_us)),
+        // Another zone rejected, so this one was not charged.
+        (false, true) => (out.remaining + zone.cost, out.reset_us),
+    };
+    (r, ceil_secs(t_us))
 }
 
 /// Appends `"zone";a=1;b=2` (after ", " unless first). Written piece by piece: these two fields

@@ -35,23 +35,39 @@ pub fn keyed_zones<'a>(
     for (i, zl) in route.limits.iter().enumerate() {
         let zone = &rt.zones[zl.zone];
         let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? else { continue };
-        let mut limit = zl.limit;
-        if let Some(o) = super::overrides::override_for(zone, facts) {
-            let Some(rate) = o.rate else { continue };
-            limit.rate = rate;
-            if let Some(burst) = o.burst {
-                limit.burst = burst;
-                if let DelayPolicy::After(d) = limit.delay {
-                    limit.delay = DelayPolicy::After(d.min(burst));
-                }
-            }
-        }
-        keyed.push(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference: i });
+        keyed.extend(keyed_zone(rt, route, i, key, facts, cost));
     }
     // Zones charged after the response last in each group (stable; `Groups::new` keeps this
     // order), so each group splits into "charged now" and "checked now, charged after the response".
     keyed.sort_by_key(|z| charged_after_response(rt, route, z));
     Ok(Groups::new(keyed))
+}
+
+/// One of the route's zone references (`route.limits[reference]`) with its key for this request:
+/// the effective limit (a matching override's rate and burst), or `None` when an override exempts
+/// the key (`rate = "unlimited"`). The proxy and replay key a zone by its key spec
+/// ([`keyed_zones`]); the rate limit service by a descriptor's values (`rls::plan`).
+pub fn keyed_zone<'a>(
+    rt: &'a Runtime,
+    route: &Route,
+    reference: usize,
+    key: Vec<u8>,
+    facts: &RequestFacts<'_>,
+    cost: u64,
+) -> Option<KeyedZone<'a>> {
+    let zl = &route.limits[reference];
+    let zone = &rt.zones[zl.zone];
+    let mut limit = zl.limit;
+    if let Some(o) = super::overrides::override_for(zone, facts) {
+        limit.rate = o.rate?;
+        if let Some(burst) = o.burst {
+            limit.burst = burst;
+            if let DelayPolicy::After(d) = limit.delay {
+                limit.delay = DelayPolicy::After(d.min(burst));
+            }
+        }
+    }
+    Some(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference })
 }
 
 pub enum Action<'a> {

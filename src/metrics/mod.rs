@@ -90,6 +90,11 @@ pub struct Metrics {
     pub client_disconnects: IntCounterVec,
     /// Requests per `lua/limit_req.lua` call of the Redis decision lane (coalescing).
     pub redis_batch_size: prometheus::Histogram,
+    /// Rate limit service calls by domain (`-`: one the config does not have) and outcome
+    /// (`ok`, `over_limit`, `delayed`, `fail_open`, `fail_closed`, `invalid`).
+    pub rls_requests: IntCounterVec,
+    /// Rate limit service descriptors no rule limits (allowed), by domain.
+    pub rls_unmatched: IntCounterVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -186,6 +191,18 @@ impl Metrics {
                 "weir_store_fallback_total",
                 "Decisions made by the failure policy because the store failed.",
                 &["policy"],
+            ),
+            rls_requests: counter(
+                &registry,
+                "weir_rls_requests_total",
+                "Rate limit service (gRPC) calls by domain and outcome.",
+                &["domain", "outcome"],
+            ),
+            rls_unmatched: counter(
+                &registry,
+                "weir_rls_unmatched_descriptors_total",
+                "Rate limit service descriptors that no rule limits (allowed), by domain.",
+                &["domain"],
             ),
             requests: counter(
                 &registry,

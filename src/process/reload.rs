@@ -83,6 +83,14 @@ struct Startup {
     server: ServerSettings,
     store: String,
     tracing: Option<TraceSettings>,
+    /// `[rls] listen` and `listen_tls` (empty without `[rls]`).
+    rls_listen: RlsListen,
+}
+
+type RlsListen = (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>);
+
+fn rls_listen(runtime: &Runtime) -> RlsListen {
+    runtime.rls.as_ref().map(|r| (r.listen.clone(), r.listen_tls.clone())).unwrap_or_default()
 }
 
 impl Reloader {
@@ -105,6 +113,7 @@ impl Reloader {
             server: runtime.server.clone(),
             store: format!("{:?}", runtime.store),
             tracing: runtime.tracing.clone(),
+            rls_listen: rls_listen(&runtime),
         };
         Self {
             path: path.to_path_buf(),
@@ -346,6 +355,13 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
         changes.push(format!(
             "server.listen: running {:?}, the file says {:?}",
             current.server.listen, next.server.listen
+        ));
+    }
+    let next_rls = rls_listen(next);
+    if current.rls_listen != next_rls {
+        changes.push(format!(
+            "rls.listen / rls.listen_tls: running {:?}, the file says {:?}",
+            current.rls_listen, next_rls
         ));
     }
     if current.server.threads != next.server.threads {

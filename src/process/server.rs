@@ -143,26 +143,53 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     server.bootstrap();
     let admin_store = lasting.limits.primary.clone();
     let admin_top = lasting.top.clone();
-    let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
-    let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
-    proxy.server_options = Some(http_options(&runtime.server));
-    // The edge serves h2 connections with these options read per connection (edge/streams.rs);
-    // the proxy's own copy matches them for any h2 connection that would not pass there.
-    proxy.h2_options = Some(crate::edge::h2_options(&runtime.server.clients));
-    let mut edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
-    if !listen_tls.is_empty() {
+    // One certificate resolver (and watcher) for every TLS listener, the proxy's and the RLS's.
+    let rls = runtime.rls.as_ref();
+    let needs_tls = !listen_tls.is_empty() || rls.is_some_and(|r| !r.listen_tls.is_empty());
+    let resolver = if needs_tls {
         let resolver = Arc::new(CertResolver::new(runtime.tls_certs.clone()));
-        let config = tls::server_config(resolver.clone(), runtime.server.min_tls, runtime.server.http2)?;
-        let watcher = CertWatcher::start(resolver)?;
+        let watcher = CertWatcher::start(resolver.clone())?;
         reloader.on_apply(move |next| watcher.apply_config(next.tls_certs.clone()));
-        edge = edge.with_tls(TlsListeners::new(listen_tls.clone(), config));
+        Some(resolver)
+    } else {
+        None
+    };
+    if let Some(rls) = rls {
+        let tls = match (&resolver, rls.listen_tls.is_empty()) {
+            // gRPC needs HTTP/2: ALPN offers h2 on these listeners whatever server.http2 says.
+            (Some(resolver), false) => {
+                Some(Arc::new(tls::server_config(resolver.clone(), runtime.server.min_tls, true)?))
+            }
+            _ => None,
+        };
+        let stores = rls_stores(&reloader, &lasting.limits).recording_to(lasting.top.clone());
+        let service = crate::rls::service::RlsService::new(reloader.runtime(), stores);
+        let listener = crate::rls::listener::RlsListener::bind(service, &rls.listen, &rls.listen_tls, tls)?;
+        let mut background = pingora::services::background::background_service("weir rls", listener);
+        background.threads = Some(runtime.server.threads);
+        server.add_service(background);
+        tracing::info!(listen = ?rls.listen, listen_tls = ?rls.listen_tls, "rate limit service (gRPC) started");
     }
-    let mut service = pingora::services::listening::Service::new("weir proxy".to_string(), edge);
-    // TLS listeners are plain TCP to Pingora: the edge does their handshake (see edge/tls.rs).
-    for addr in listen.iter().chain(&listen_tls) {
-        service.add_tcp(&addr.to_string());
+    // Without HTTP listeners the process is the rate limit service alone.
+    if !listen.is_empty() || !listen_tls.is_empty() {
+        let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
+        let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
+        proxy.server_options = Some(http_options(&runtime.server));
+        // The edge serves h2 connections with these options read per connection (edge/streams.rs);
+        // the proxy's own copy matches them for any h2 connection that would not pass there.
+        proxy.h2_options = Some(crate::edge::h2_options(&runtime.server.clients));
+        let mut edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
+        if let (false, Some(resolver)) = (listen_tls.is_empty(), &resolver) {
+            let config = tls::server_config(resolver.clone(), runtime.server.min_tls, runtime.server.http2)?;
+            edge = edge.with_tls(TlsListeners::new(listen_tls.clone(), config));
+        }
+        let mut service = pingora::services::listening::Service::new("weir proxy".to_string(), edge);
+        // TLS listeners are plain TCP to Pingora: the edge does their handshake (see edge/tls.rs).
+        for addr in listen.iter().chain(&listen_tls) {
+            service.add_tcp(&addr.to_string());
+        }
+        server.add_service(service);
     }
-    server.add_service(service);
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
@@ -174,6 +201,15 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     }
     tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
     server.run_forever()
+}
+
+/// The rate limit service's stores: the process's store (one Redis connection, breaker and deny
+/// cache for both front doors) and its own in-process one for the `local` failure policy. Its
+/// decisions go to the same top-keys tables as the proxy's.
+fn rls_stores(reloader: &Reloader, limits: &Stores) -> Stores {
+    let live = reloader.runtime();
+    let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
+    Stores::new(limits.primary.clone(), MemoryStore::default().with_zone_limits(zone_limits))
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle

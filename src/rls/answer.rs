@@ -1,0 +1,147 @@
+//! The engine's enforcement as Envoy's `RateLimitResponse`: the overall code, one status per
+//! descriptor, and the rate-limit fields for Envoy to add to its response.
+//!
+//! Nothing is decided here: each descriptor's code, remaining count and reset time are read from
+//! the engine's verdict of its zone (`Enforcement::enforced`, in the order of the plan's enforced
+//! zones) through the engine's own `headers::zone_remaining`, and the response fields are the ones
+//! the engine wrote for the domain's `rate_limit_headers`.
+
+use std::time::Duration;
+
+use super::plan::Plan;
+use super::proto::rate_limit_response::rate_limit::Unit;
+use super::proto::rate_limit_response::{Code, RateLimit};
+use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
+use crate::config::FailurePolicy;
+use crate::engine::headers::zone_remaining;
+use crate::engine::limit_req::{Action, Enforcement};
+use crate::limit::LimitReq;
+use crate::store::KeyedZone;
+
+/// The request header that carries a `delay` verdict's wait: Envoy cannot hold a request, so a
+/// delay is answered OK and the wait is told to the upstream.
+pub const DELAY_HEADER: &str = "x-weir-delay-ms";
+
+/// One enforced zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
+struct ZoneAnswer {
+    code: Code,
+    counts: Option<(u64, u64)>,
+}
+
+/// The response to one request, from its plan and the engine's enforcement of it.
+pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitResponse {
+    let rejected = matches!(enforcement.action, Action::Reject { .. });
+    let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
+    let enforced = plan.keyed.iter().take_while(|z| !z.dry_run).count();
+    let verdict = enforcement.enforced.as_ref();
+
+    let zones: Vec<ZoneAnswer> = plan
+        .keyed
+        .iter()
+        .enumerate()
+        .map(|(i, z)| {
+            // Dry-run zones (after the enforced ones) never refuse and report no counts.
+            let outcome = verdict.filter(|_| i < enforced).and_then(|v| v.zones.get(i).map(|out| (v, out)));
+            let counts = outcome.map(|(v, out)| zone_remaining(z, v.admitted, out));
+            let code = match outcome {
+                _ if z.dry_run => Code::Ok,
+                // `on_error = "deny"`: no zone was decided, every one answers OVER_LIMIT.
+                None if denied_by_policy => Code::OverLimit,
+                // Its own zone refused: a zone that another one rejected was not charged.
+                Some((_, out)) if !out.admitted => Code::OverLimit,
+                _ => Code::Ok,
+            };
+            ZoneAnswer { code, counts }
+        })
+        .collect();
+
+    let statuses = plan
+        .slots
+        .iter()
+        .map(|slot| match slot {
+            None => DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() },
+            Some(i) => {
+                let answer = &zones[*i];
+                DescriptorStatus {
+                    code: answer.code.into(),
+                    current_limit: Some(current_limit(&plan.keyed[*i])),
+                    limit_remaining: answer.counts.map_or(0, |(r, _)| u32::try_from(r).unwrap_or(u32::MAX)),
+                    duration_until_reset: answer.counts.map(|(_, t)| prost_types::Duration {
+                        seconds: i64::try_from(t).unwrap_or(i64::MAX),
+                        nanos: 0,
+                    }),
+                    quota: None,
+                }
+            }
+        })
+        .collect();
+
+    // The fields the engine wrote for the domain's `rate_limit_headers`, `Retry-After` included.
+    let response_headers = enforcement.headers.iter().map(|(name, value)| header(name, value)).collect();
+    let mut request_headers = Vec::new();
+    if let Action::Delay(wait) = enforcement.action {
+        request_headers.push(header(DELAY_HEADER, &delay_ms(wait).to_string()));
+    }
+    RateLimitResponse {
+        overall_code: if rejected { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add: response_headers,
+        request_headers_to_add: request_headers,
+        ..RateLimitResponse::default()
+    }
+}
+
+/// A wait in whole milliseconds, rounded up (a 0 would say "no wait").
+fn delay_ms(wait: Duration) -> u64 {
+    u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX).max(1)
+}
+
+fn header(key: &str, value: &str) -> HeaderValue {
+    HeaderValue { key: key.to_string(), value: value.to_string(), raw_value: Vec::new() }
+}
+
+/// A zone's limit in Envoy's terms: requests per second, minute, hour or day when the zone's
+/// period is one of those, else its rate per second (rounded down, at least 1 when nonzero);
+/// `name` is the zone.
+pub fn current_limit(zone: &KeyedZone<'_>) -> RateLimit {
+    let LimitReq { rate, .. } = zone.limit;
+    let (count, unit) = match rate.period_us {
+        1_000_000 => (rate.count, Unit::Second),
+        60_000_000 => (rate.count, Unit::Minute),
+        3_600_000_000 => (rate.count, Unit::Hour),
+        86_400_000_000 => (rate.count, Unit::Day),
+        period => {
+            let per_second = u128::from(rate.count) * 1_000_000 / u128::from(period.max(1));
+            (u64::try_from(per_second).unwrap_or(u64::MAX).max(u64::from(rate.count > 0)), Unit::Second)
+        }
+    };
+    RateLimit {
+        name: zone.zone.to_string(),
+        requests_per_unit: u32::try_from(count).unwrap_or(u32::MAX),
+        unit: unit.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Algorithm, DelayPolicy, Rate};
+
+    #[test]
+    fn limits_in_envoy_units() {
+        let zone = |rate: &str| {
+            let limit = LimitReq {
+                algorithm: Algorithm::LeakyBucket,
+                rate: Rate::parse(rate).unwrap(),
+                burst: 0,
+                delay: DelayPolicy::NoDelay,
+            };
+            current_limit(&KeyedZone::new("z", "k", limit, 1))
+        };
+        assert_eq!((zone("10r/s").requests_per_unit, zone("10r/s").unit()), (10, Unit::Second));
+        assert_eq!((zone("30r/m").requests_per_unit, zone("30r/m").unit()), (30, Unit::Minute));
+        assert_eq!(zone("30r/m").name, "z");
+        assert_eq!(delay_ms(Duration::from_micros(1)), 1);
+        assert_eq!(delay_ms(Duration::from_millis(250)), 250);
+    }
+}

@@ -1,0 +1,321 @@
+//! A request's descriptors → its domain route's keyed zones: validated, matched against the rules
+//! (which zone reference), keyed by their values, with `hits_addend` as the cost; the engine's
+//! `keyed_zone` then gives each its effective limit (overrides, exemptions), from the request
+//! facts a descriptor stands for. Pure: no store, no I/O.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::proto::RateLimitRequest;
+use super::rules::{descriptor_key, find_limit};
+use super::Domain;
+use crate::config::Runtime;
+use crate::engine::limit_req::keyed_zone;
+use crate::keys::RequestFacts;
+use crate::store::KeyedZone;
+
+/// The entry Envoy's `remote_address` action sends: the client address.
+const REMOTE_ADDRESS: &str = "remote_address";
+
+/// The largest `hits_addend` accepted (the proxy's largest `cost`).
+pub const MAX_HITS: u64 = 1_000_000;
+
+/// A request Envoy would never send; answered INVALID_ARGUMENT with this text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+/// What one request asks of the store.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    /// The zones to decide, enforced ones first (the order `Groups` keeps), one per distinct
+    /// (zone, key): two descriptors that land on the same counter are charged once, together.
+    pub keyed: Vec<KeyedZone<'a>>,
+    /// Per descriptor of the request: its zone in `keyed`, `None` when no rule limits it.
+    pub slots: Vec<Option<usize>>,
+}
+
+impl Plan<'_> {
+    pub fn unmatched(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_none()).count()
+    }
+}
+
+/// Checks the request's shape and matches its descriptors. `domain` is `None` for a domain the
+/// config does not have: every descriptor is then unmatched (allowed), as envoyproxy/ratelimit does.
+pub fn plan<'a>(
+    rt: &'a Runtime,
+    domain: Option<&'a Domain>,
+    req: &RateLimitRequest,
+    max_descriptors: usize,
+) -> Result<Plan<'a>, Invalid> {
+    if req.domain.is_empty() {
+        return Err(Invalid("domain must not be empty".into()));
+    }
+    if req.descriptors.is_empty() {
+        return Err(Invalid("give at least one descriptor".into()));
+    }
+    if req.descriptors.len() > max_descriptors {
+        return Err(Invalid(format!(
+            "{} descriptors in one request; at most {max_descriptors} (rls.max_descriptors)",
+            req.descriptors.len()
+        )));
+    }
+    let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
+    let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
+    let mut slots = Vec::with_capacity(req.descriptors.len());
+    let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
+    let mut entries: Vec<(&str, &str)> = Vec::new();
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(Invalid(format!("descriptor {i} has no entries")));
+        }
+        entries.clear();
+        for e in &d.entries {
+            if e.key.is_empty() || e.value.is_empty() {
+                return Err(Invalid(format!("descriptor {i}: entry keys and values must not be empty")));
+            }
+            entries.push((e.key.as_str(), e.value.as_str()));
+        }
+        let hits = d.hits_addend.map_or(request_hits, u64::from);
+        if hits > MAX_HITS {
+            return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
+        }
+        let Some((domain, reference)) = domain.and_then(|dm| find_limit(&dm.rules, &entries).map(|r| (dm, r))) else {
+            slots.push(None);
+            continue;
+        };
+        let zone = domain.route.limits[reference].zone;
+        let key = descriptor_key(&entries);
+        if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
+            // The same counter twice: one charge of both costs, so it is decided atomically.
+            let z = &mut keyed[slot];
+            z.cost = z.cost.saturating_add(hits);
+            z.dry_run &= domain.route.limits[reference].dry_run;
+            slots.push(Some(slot));
+            continue;
+        }
+        // Headers only for a zone with overrides to match: most descriptors need none.
+        let headers = if rt.zones[zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(&entries) };
+        let mut facts = RequestFacts::new(client_ip(&entries), &headers, None);
+        facts.route = &domain.route.name;
+        match keyed_zone(rt, &domain.route, reference, key.clone(), &facts, hits) {
+            Some(z) => {
+                by_counter.insert((zone, key), keyed.len());
+                slots.push(Some(keyed.len()));
+                keyed.push(z);
+            }
+            // An override exempts this key (`rate = "unlimited"`): allowed, like an unmatched one.
+            None => slots.push(None),
+        }
+    }
+    Ok(enforced_first(Plan { keyed, slots }))
+}
+
+/// The client address a descriptor names (its `remote_address` entry), for `ip` overrides.
+fn client_ip(entries: &[(&str, &str)]) -> Option<IpAddr> {
+    entries.iter().find(|(k, _)| *k == REMOTE_ADDRESS).and_then(|(_, v)| v.parse().ok())
+}
+
+/// A descriptor's entries as request headers named by their keys, for `header:` overrides: a
+/// `request_headers` action whose `descriptor_key` is the header's name gives the header as sent.
+/// Entries that cannot be a header (name or value) are left out.
+fn as_headers(entries: &[(&str, &str)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (key, value) in entries {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(key.as_bytes()), HeaderValue::from_str(value)) {
+            headers.append(name, value);
+        }
+    }
+    headers
+}
+
+/// Reorders the zones as `Groups` does (enforced first, each group in request order) and
+/// follows the descriptors' slots, so an index into `keyed` is one into `Groups::all`.
+fn enforced_first(plan: Plan<'_>) -> Plan<'_> {
+    let Plan { keyed, slots } = plan;
+    let mut order: Vec<usize> = (0..keyed.len()).collect();
+    order.sort_by_key(|&i| keyed[i].dry_run);
+    let mut new_index = vec![0; keyed.len()];
+    for (new, &old) in order.iter().enumerate() {
+        new_index[old] = new;
+    }
+    let mut moved: Vec<Option<KeyedZone<'_>>> = keyed.into_iter().map(Some).collect();
+    let keyed = order.iter().filter_map(|&old| moved[old].take()).collect();
+    let slots = slots.into_iter().map(|s| s.map(|old| new_index[old])).collect();
+    Plan { keyed, slots }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::proto::rate_limit_descriptor::Entry;
+    use crate::rls::proto::RateLimitDescriptor;
+
+    const CONFIG: &str = r#"
+[limit_req_zone]
+name = "per_ip"
+rate = "10r/s"
+
+[[limit_req_zone]]
+name = "shadow"
+rate = "1r/s"
+
+[rls]
+listen = ["127.0.0.1:8081"]
+max_descriptors = 4
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.descriptor]]
+key = "remote_address"
+zone = "per_ip"
+burst = 5
+
+[[rls.domain.descriptor]]
+key = "path"
+zone = "shadow"
+dry_run = true
+"#;
+
+    fn runtime() -> Runtime {
+        crate::config::from_text(&CONFIG.replacen("[limit_req_zone]", "[[limit_req_zone]]", 1), "test.toml")
+            .expect("test config compiles")
+    }
+
+    fn descriptor(entries: &[(&str, &str)], hits: Option<u32>) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+            limit: None,
+            hits_addend: hits,
+        }
+    }
+
+    fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+        RateLimitRequest { domain: domain.into(), descriptors, hits_addend: hits }
+    }
+
+    #[test]
+    fn descriptors_become_keyed_zones_with_hits_as_cost() {
+        let rt = runtime();
+        let rls = rt.rls.as_ref().expect("[rls]");
+        let domain = rls.domain("edge");
+        let req = request(
+            "edge",
+            vec![
+                descriptor(&[("path", "/login")], None),
+                descriptor(&[("remote_address", "1.2.3.4")], Some(3)),
+                descriptor(&[("unknown", "x")], None),
+            ],
+            2,
+        );
+        let plan = plan(&rt, domain, &req, rls.max_descriptors).expect("valid");
+        assert_eq!(plan.keyed.len(), 2);
+        assert_eq!(
+            (plan.keyed[0].zone, plan.keyed[0].key.as_slice(), plan.keyed[0].cost),
+            ("per_ip", &b"1.2.3.4"[..], 3)
+        );
+        assert_eq!(plan.keyed[0].limit.burst, 5);
+        assert!(!plan.keyed[0].dry_run && plan.keyed[1].dry_run, "enforced zones first");
+        assert_eq!((plan.keyed[1].zone, plan.keyed[1].cost), ("shadow", 2), "the request's hits_addend");
+        assert_eq!(plan.slots, vec![Some(1), Some(0), None]);
+        assert_eq!(plan.unmatched(), 1);
+    }
+
+    #[test]
+    fn the_same_counter_twice_is_one_charge() {
+        let rt = runtime();
+        let rls = rt.rls.as_ref().expect("[rls]");
+        let d = descriptor(&[("remote_address", "1.2.3.4")], None);
+        let plan = plan(&rt, rls.domain("edge"), &request("edge", vec![d.clone(), d], 0), 4).expect("valid");
+        assert_eq!(plan.keyed.len(), 1);
+        assert_eq!(plan.keyed[0].cost, 2);
+        assert_eq!(plan.slots, vec![Some(0), Some(0)]);
+    }
+
+    const OVERRIDES: &str = r#"
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "10r/s"
+
+[[limit_req_zone.override]]
+match = "10.1.0.0/16"
+rate = "100r/s"
+burst = 50
+
+[[limit_req_zone.override]]
+match = "192.0.2.1"
+rate = "unlimited"
+
+[[limit_req_zone]]
+name = "per_key"
+key = "header:X-Api-Key"
+rate = "1r/s"
+
+[[limit_req_zone.override]]
+match = "header:X-Api-Key=partner"
+rate = "50r/s"
+
+[rls]
+listen = ["127.0.0.1:8081"]
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.descriptor]]
+key = "remote_address"
+zone = "per_ip"
+burst = 5
+
+[[rls.domain.descriptor]]
+key = "x-api-key"
+zone = "per_key"
+"#;
+
+    #[test]
+    fn zone_overrides_apply_to_the_facts_a_descriptor_names() {
+        let rt = crate::config::from_text(OVERRIDES, "test.toml").expect("test config compiles");
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("edge"));
+        let one = |entries: &[(&str, &str)]| {
+            let plan = plan(&rt, domain, &request("edge", vec![descriptor(entries, None)], 0), 4).expect("valid");
+            plan.keyed.first().map(|z| (z.limit.rate.count, z.limit.rate.period_us, z.limit.burst))
+        };
+        assert_eq!(one(&[("remote_address", "203.0.113.9")]), Some((10, 1_000_000, 5)));
+        assert_eq!(one(&[("remote_address", "10.1.2.3")]), Some((100, 1_000_000, 50)), "the override's rate and burst");
+        assert_eq!(one(&[("remote_address", "192.0.2.1")]), None, "rate = \"unlimited\" exempts the key");
+        assert_eq!(one(&[("x-api-key", "partner")]), Some((50, 1_000_000, 0)));
+        assert_eq!(one(&[("x-api-key", "other")]), Some((1, 1_000_000, 0)));
+    }
+
+    #[test]
+    fn unknown_domains_leave_everything_unmatched() {
+        let rt = runtime();
+        let req = request("other", vec![descriptor(&[("remote_address", "1.2.3.4")], None)], 0);
+        let plan = plan(&rt, None, &req, 4).expect("valid");
+        assert!(plan.keyed.is_empty());
+        assert_eq!(plan.unmatched(), 1);
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let rt = runtime();
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("edge"));
+        let one = || vec![descriptor(&[("remote_address", "1.2.3.4")], None)];
+        let bad = [
+            request("", one(), 0),
+            request("edge", vec![], 0),
+            request("edge", vec![descriptor(&[("a", "b")], None); 5], 0),
+            request("edge", vec![descriptor(&[], None)], 0),
+            request("edge", vec![descriptor(&[("", "b")], None)], 0),
+            request("edge", vec![descriptor(&[("a", "")], None)], 0),
+            request("edge", vec![descriptor(&[("a", "b")], Some(2_000_000))], 0),
+        ];
+        for req in &bad {
+            assert!(plan(&rt, domain, req, 4).is_err(), "{req:?}");
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `ShouldRateLimit`: one call is one decision — plan the descriptors, decide through
+//! [`super::decide`], answer; then count it and write its access-log line.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use tonic::{Request, Response, Status};
+use tracing::Level;
+
+use super::answer;
+use super::plan::{self, Plan};
+use super::proto::rate_limit_response::Code;
+use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
+use crate::config::{FailurePolicy, Runtime};
+use crate::engine::limit_req::{Action, Enforcement, Stores};
+use crate::engine::policy::Groups;
+use crate::engine::status::LimitStatus;
+use crate::logging::{self, line};
+use crate::metrics::METRICS;
+
+/// Access-log lines of the rate limit service: the proxy's target, with `front_door = "rls"`.
+const TARGET: &str = "weir::access";
+
+pub struct RlsService {
+    runtime: Arc<ArcSwap<Runtime>>,
+    stores: Stores,
+}
+
+impl RlsService {
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, stores: Stores) -> Self {
+        Self { runtime, stores }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        // One config snapshot for the whole call: a reload swaps the rules for the next one.
+        let rt = self.runtime.load_full();
+        let Some(settings) = rt.rls.as_ref() else {
+            return Err(Status::unavailable("the rate limit service is not configured ([rls]); reload pending?"));
+        };
+        let req = request.into_inner();
+        let domain = settings.domain(&req.domain);
+        let domain_label = domain.map_or("-", |d| d.name.as_str());
+        let plan = match plan::plan(&rt, domain, &req, settings.max_descriptors) {
+            Ok(plan) => plan,
+            Err(invalid) => {
+                METRICS.rls_requests.with_label_values(&[domain_label, "invalid"]).inc();
+                return Err(Status::invalid_argument(invalid.0));
+            }
+        };
+        let unmatched = plan.unmatched();
+        if unmatched > 0 {
+            METRICS.rls_unmatched.with_label_values(&[domain_label]).inc_by(unmatched as u64);
+        }
+        let response = match domain {
+            Some(domain) if !plan.keyed.is_empty() => {
+                let Plan { keyed, slots } = plan;
+                let groups = Groups::new(keyed);
+                let enforcement = super::decide(&rt, &domain.route, &groups, &self.stores).await;
+                let plan = Plan { keyed: groups.into_all(), slots };
+                let response = answer::respond(&plan, &enforcement);
+                enforcement.statuses.count(|z| rt.meters.zone(z));
+                let outcome = outcome(&enforcement);
+                METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
+                access_log(&req, &plan, Some(&enforcement), &response, &rt, started);
+                response
+            }
+            _ => {
+                METRICS.rls_requests.with_label_values(&[domain_label, "ok"]).inc();
+                // Nothing to decide: every descriptor is unmatched (or the domain unknown).
+                let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+                let response = RateLimitResponse {
+                    overall_code: Code::Ok.into(),
+                    statuses: vec![ok; req.descriptors.len()],
+                    ..RateLimitResponse::default()
+                };
+                access_log(&req, &plan, None, &response, &rt, started);
+                response
+            }
+        };
+        Ok(Response::new(response))
+    }
+}
+
+fn outcome(e: &Enforcement<'_>) -> &'static str {
+    match (&e.action, e.fallback) {
+        (Action::Reject { .. }, Some(FailurePolicy::Deny)) => "fail_closed",
+        (_, Some(FailurePolicy::Allow)) => "fail_open",
+        (Action::Reject { .. }, _) => "over_limit",
+        (Action::Delay(_), _) => "delayed",
+        (Action::Forward, _) => "ok",
+    }
+}
+
+/// One JSON (or text) line per decision, beside the proxy's request lines.
+fn access_log(
+    req: &RateLimitRequest,
+    plan: &Plan<'_>,
+    enforcement: Option<&Enforcement<'_>>,
+    response: &RateLimitResponse,
+    rt: &Runtime,
+    started: Instant,
+) {
+    if !rt.log.access_log || !tracing::enabled!(target: "weir::access", Level::INFO) {
+        return;
+    }
+    let code = if response.overall_code == i32::from(Code::OverLimit) { "OVER_LIMIT" } else { "OK" };
+    let limit_req = enforcement.and_then(|e| e.statuses.overall).map_or("-", LimitStatus::as_str);
+    let zones: Vec<String> = enforcement
+        .map(|e| e.statuses.zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect())
+        .unwrap_or_default();
+    let zones = if zones.is_empty() { "-".to_string() } else { zones.join(",") };
+    let fallback = enforcement.and_then(|e| e.fallback).map_or("-", FailurePolicy::as_str);
+    let decided_us = enforcement.and_then(|e| e.decided_us);
+    let took_us = started.elapsed().as_micros() as u64;
+    if logging::json_lines() {
+        line::write_json(Level::INFO, TARGET, "rls", |o| {
+            o.str("front_door", "rls");
+            o.str("domain", &req.domain);
+            o.u64("descriptors", req.descriptors.len() as u64);
+            o.u64("unmatched", plan.unmatched() as u64);
+            o.str("code", code);
+            o.str("limit_req", limit_req);
+            o.str("zones", &zones);
+            o.str("fallback", fallback);
+            if let Some(d) = decided_us {
+                o.u64("decided_us", d);
+            }
+            o.u64("took_us", took_us);
+        });
+    } else {
+        tracing::info!(
+            target: "weir::access",
+            front_door = "rls",
+            domain = %req.domain,
+            descriptors = req.descriptors.len(),
+            unmatched = plan.unmatched(),
+            code,
+            limit_req,
+            zones = %zones,
+            fallback,
+            took_us,
+            "rls"
+        );
+    }
+}
