@@ -8,9 +8,11 @@ use super::spanned::Spanned;
 use http::header::HeaderName;
 
 use super::checks::{parse_cidr, parse_duration};
-use super::conn::{self, ConnZone};
 use super::error::{ConfigError, Source};
 use super::interpolate;
+use super::limit_conn::{self, ConnZone};
+use super::limit_req::OverrideMatch;
+use super::limit_req::{self, Zone};
 use super::outside::Outside;
 use super::rls;
 use super::route::{self, Route};
@@ -19,8 +21,6 @@ use super::secrets::{Secret, Secrets};
 use super::store::{self, StoreSettings};
 use super::traces::TraceSettings;
 use super::upstream;
-use super::zones::OverrideMatch;
-use super::zones::{self, Zone};
 use crate::keys::jwt::Verifier;
 use crate::keys::{KeyPart, RealIp};
 use crate::metrics::Meters;
@@ -74,7 +74,7 @@ pub struct Runtime {
     /// `[tracing]`: OpenTelemetry traces; `None`: off.
     pub tracing: Option<TraceSettings>,
     /// Envoy's rate limit service (`[rls]`), when configured.
-    pub rls: Option<crate::rls::RlsSettings>,
+    pub rls: Option<super::rls::RlsSettings>,
 }
 
 impl Runtime {
@@ -231,8 +231,8 @@ fn compile_expanded(
     let store = store::compile_store(&src, store, secrets)?;
     let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
     let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
-    let zones = zones::compile_zones(&src, limit_req_zone)?;
-    let conn_zones = conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
+    let zones = limit_req::compile_zones(&src, limit_req_zone)?;
+    let conn_zones = limit_conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
     keyless_zones_only_in_rls(&src, &routes, &zones)?;
     let rls = rls::compile_rls(&src, rls, &zones)?;

@@ -7,12 +7,12 @@ use std::time::Duration;
 use super::spanned::Spanned;
 
 use super::checks::parse_duration;
-use super::conn::ConnZone;
 use super::error::{ConfigError, Source};
+use super::limit_conn::ConnZone;
+use super::limit_req::Zone;
 use super::route::Route;
 use super::schema;
 use super::tls::{base_dir, resolve};
-use super::zones::Zone;
 use crate::keys::jwt::{Expect, KeySource, Verifier};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::routes::{PathMatch, RouteMatcher};

@@ -5,13 +5,14 @@
 
 mod checks;
 mod compile;
-mod conn;
 mod error;
 mod interpolate;
 mod json_schema;
 mod jwt;
+mod limit_conn;
+mod limit_req;
 mod outside;
-mod rls;
+pub mod rls;
 mod route;
 mod route_match;
 mod schema;
@@ -22,23 +23,22 @@ mod tls;
 mod top;
 mod traces;
 mod upstream;
-mod zones;
 
 use std::path::Path;
 
 pub use checks::parse_duration;
 pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
-pub use conn::{AccessRule, ConnLimit, ConnZone};
 pub use error::ConfigError;
 pub use interpolate::EnvUse;
 pub use json_schema::json_schema_text;
+pub use limit_conn::{AccessRule, ConnLimit, ConnZone};
+pub use limit_req::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 pub use outside::{Fixed, Machine, Outside};
 pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
 pub use top::TopSettings;
 pub use traces::TraceSettings;
-pub use zones::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 
 /// Reads and compiles a config file. Errors name the file and, where possible, the line.
 pub fn load(path: &Path) -> Result<Runtime, ConfigError> {

@@ -8,13 +8,69 @@ use std::net::SocketAddr;
 
 use super::checks::{check_name, unique};
 use super::error::{ConfigError, Source};
+use super::limit_req::Zone;
 use super::route::{compile_limit_ref, Cost, HeaderMode, Route, ZoneLimit};
 use super::schema;
 use super::spanned::Spanned;
 use super::store::FailurePolicy;
-use super::zones::Zone;
-use crate::rls::rules::{Rule, ValueMatch};
-use crate::rls::{Domain, RlsSettings};
+
+/// `[rls]`, compiled.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    pub listen: Vec<SocketAddr>,
+    /// gRPC over TLS with the `[[server.tls]]` certificates.
+    pub listen_tls: Vec<SocketAddr>,
+    /// More descriptors in one request are refused (INVALID_ARGUMENT).
+    pub max_descriptors: usize,
+    pub domains: Vec<Domain>,
+}
+
+impl RlsSettings {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.iter().find(|d| d.name == name)
+    }
+}
+
+/// One `[[rls.domain]]`: its rules, and the route they compile into.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    pub name: String,
+    /// Named `rls:<domain>`; its `limits` are the zones the rules reference (`Rule::limit`
+    /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
+    pub route: Route,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub key: String,
+    pub value: ValueMatch,
+    /// The limit this rule applies: an index into its domain's `Route::limits`. `None`: the rule
+    /// only holds nested rules.
+    pub limit: Option<usize>,
+    pub children: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueMatch {
+    /// `key` alone: any value (each value its own counter).
+    Any,
+    Exact(String),
+    /// `value = "abc*"`: values that start with `abc`.
+    Prefix(String),
+}
+
+impl ValueMatch {
+    pub fn parse(value: Option<&str>) -> ValueMatch {
+        match value {
+            None => ValueMatch::Any,
+            Some(v) => match v.strip_suffix('*') {
+                Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
+                None => ValueMatch::Exact(v.to_string()),
+            },
+        }
+    }
+}
 
 /// Descriptors a request may carry by default, and at most (Envoy sends a handful).
 const DEFAULT_MAX_DESCRIPTORS: i64 = 64;

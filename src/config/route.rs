@@ -7,12 +7,12 @@ use super::spanned::Spanned;
 use http::header::HeaderName;
 
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
-use super::conn::{self, AccessRule, ConnLimit, ConnZone};
 use super::error::{ConfigError, Source};
+use super::limit_conn::{self, AccessRule, ConnLimit, ConnZone};
+use super::limit_req::Zone;
 use super::route_match::{compile_match, shadowing, MatchInput};
 use super::schema;
 use super::store::FailurePolicy;
-use super::zones::Zone;
 use crate::limit::{Algorithm, DelayPolicy, LimitReq};
 use crate::routes::RouteMatcher;
 use crate::upstream::Upstream;
@@ -152,7 +152,7 @@ pub(super) fn compile_routes(
             }
             limits.push(zl);
         }
-        let status = conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
+        let status = limit_conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
         let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
             None | Some("draft") => HeaderMode::Draft,
             Some("legacy") => HeaderMode::Legacy,
@@ -175,9 +175,9 @@ pub(super) fn compile_routes(
                 })
             })
             .transpose()?;
-        let conn_limits = conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
-        let conn_status = conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
-        let access = conn::access_rules(&allow, &deny, &here)?;
+        let conn_limits = limit_conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
+        let conn_status = limit_conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
+        let access = limit_conn::access_rules(&allow, &deny, &here)?;
         let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
         let grpc_status = match (grpc_rejections, grpc_status) {
             (Some(false), Some(s)) => {

@@ -18,39 +18,11 @@ pub mod proto;
 pub mod rules;
 pub mod service;
 
-use std::net::SocketAddr;
-
+pub use crate::config::rls::{Domain, RlsSettings, Rule, ValueMatch};
 use crate::config::{Route, Runtime};
 use crate::engine::limit_req::{self, Enforcement, Stores};
 use crate::engine::policy::Groups;
 use crate::store::KeyedZone;
-
-/// `[rls]`, compiled.
-#[derive(Debug, Clone)]
-pub struct RlsSettings {
-    pub listen: Vec<SocketAddr>,
-    /// gRPC over TLS with the `[[server.tls]]` certificates.
-    pub listen_tls: Vec<SocketAddr>,
-    /// More descriptors in one request are refused (INVALID_ARGUMENT).
-    pub max_descriptors: usize,
-    pub domains: Vec<Domain>,
-}
-
-impl RlsSettings {
-    pub fn domain(&self, name: &str) -> Option<&Domain> {
-        self.domains.iter().find(|d| d.name == name)
-    }
-}
-
-/// One `[[rls.domain]]`: its rules, and the route they compile into.
-#[derive(Debug, Clone)]
-pub struct Domain {
-    pub name: String,
-    /// Named `rls:<domain>`; its `limits` are the zones the rules reference (`Rule::limit`
-    /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
-    pub route: Route,
-    pub rules: Vec<rules::Rule>,
-}
 
 /// The one place the rate limit service decides: the engine's enforcement step (store, breaker,
 /// deny cache, failure policy, dry run), on the domain's route and the descriptors' keyed zones.

@@ -7,6 +7,7 @@
 //! descriptor unlimited. At each level an exact value beats the longest `prefix*` value, which
 //! beats a rule that names the key alone.
 
+use crate::config::rls::{Rule, ValueMatch};
 use crate::keys;
 
 /// Separates the values of a descriptor's entries in its key, as it separates the parts of a
@@ -14,36 +15,7 @@ use crate::keys;
 /// key with the same value, so both front doors can share a zone's counters.
 const PART_SEPARATOR: u8 = 0x1f;
 
-#[derive(Debug, Clone)]
-pub struct Rule {
-    pub key: String,
-    pub value: ValueMatch,
-    /// The limit this rule applies: an index into its domain's `Route::limits`. `None`: the rule
-    /// only holds nested rules.
-    pub limit: Option<usize>,
-    pub children: Vec<Rule>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ValueMatch {
-    /// `key` alone: any value (each value its own counter).
-    Any,
-    Exact(String),
-    /// `value = "abc*"`: values that start with `abc`.
-    Prefix(String),
-}
-
 impl ValueMatch {
-    pub fn parse(value: Option<&str>) -> ValueMatch {
-        match value {
-            None => ValueMatch::Any,
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
-                None => ValueMatch::Exact(v.to_string()),
-            },
-        }
-    }
-
     /// How well `value` matches: larger is more specific; `None` when it does not.
     fn rank(&self, value: &str) -> Option<usize> {
         match self {

@@ -10,9 +10,9 @@
 //! Keys are kept as 64-bit hashes under a per-process random seed: every entry has the same size,
 //! so `max_keys` bounds memory (~150 bytes per key; a sliding log adds 8 bytes per entry).
 
-mod conn;
+mod limit_conn;
 
-pub use conn::MemoryConnStore;
+pub use limit_conn::MemoryConnStore;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;

@@ -9,8 +9,8 @@ use ipnet::IpNet;
 
 use super::checks::key_spec;
 use super::error::{ConfigError, Source};
+use super::limit_req::Zone;
 use super::schema;
-use super::zones::Zone;
 use crate::keys::KeySpec;
 
 /// Largest `max` of a `limit_conn` reference (nginx: 65535).
@@ -63,7 +63,7 @@ pub fn compile_conn_zones(
             ));
         }
         let key = key_spec(src, &key, bad_token_key.as_ref(), "limit_conn_zone", name.get_ref())?;
-        let max_keys = super::zones::max_keys_of(src, max_keys.as_ref(), "limit_conn_zone", name.get_ref())?;
+        let max_keys = super::limit_req::max_keys_of(src, max_keys.as_ref(), "limit_conn_zone", name.get_ref())?;
         out.push(ConnZone { name: name.into_inner(), key, max_keys });
     }
     Ok(out)
