@@ -99,6 +99,17 @@ fn follows_failover(mut setup: SentinelSetup, store_extra: &str, started: Instan
     let (w1, w2) = (member(&setup, &up, store_extra), member(&setup, &up, store_extra));
     let addrs = [w1.addr, w2.addr];
     let (old_master, replica) = (setup.master.port, setup.replica.port);
+    // Precondition: each instance decides on the master (a loaded machine can take longer than
+    // the store's 500 ms for a first TLS connection through the Sentinel, and `on_error =
+    // "allow"` then passes requests without a decision). Checked on keys of their own.
+    for (i, addr) in addrs.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let key = format!("warm-up-{i}");
+        while http::get_with(*addr, "/api/", &[("X-Key", &key)]).header("ratelimit").is_none() {
+            assert!(Instant::now() < deadline, "instance {i} never decided on the master within 20 s");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
 
     // One limit for both instances, kept on the master the Sentinel names.
     let rs = six(addrs, "before");
