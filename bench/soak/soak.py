@@ -62,8 +62,10 @@ RSS_GROWTH_PCT = 25
 # may grow by at most this many between the sample after warm-up (under traffic) and the end
 # (traffic stopped); client connections must all be gone at the end.
 FD_GROWTH_MAX = 16
-# Sockets to Redis one Weir may hold at the end (one multiplexed connection per store, probes).
-REDIS_SOCKETS_MAX = 4
+# Sockets to Redis one Weir may hold at the end: a decision lane per proxy thread, redis-rs's
+# multiplexed connection (limit_conn, probes), and the side connection of the live view's
+# fleet sync and key resets. A socket leaked per Redis restart would exceed it after two.
+REDIS_SOCKETS_MAX = 5
 # After a Redis restart, both instances must be deciding on Redis again within this many seconds.
 REDIS_RECOVERY_MAX_S = 15.0
 # A reload must show up in GET /config within this many seconds (200 ms debounce + load).
