@@ -9,10 +9,9 @@ use std::net::SocketAddr;
 use super::checks::{check_name, unique};
 use super::error::{ConfigError, Source};
 use super::limit_req::Zone;
-use super::route::{compile_limit_ref, Cost, HeaderMode, Route, ZoneLimit};
+use super::route::{compile_limit_ref, failure_policy, header_mode, Cost, Route, ZoneLimit};
 use super::schema;
 use super::spanned::Spanned;
-use super::store::FailurePolicy;
 
 /// `[rls]`, compiled.
 #[derive(Debug, Clone)]
@@ -114,28 +113,8 @@ pub(super) fn compile_rls(
             |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("rls.domain {dname:?}: {msg}"));
         let mut limits = Vec::new();
         let rules = compile_rules(descriptor, zones, dry_run, &mut limits, 1, &here)?;
-        let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
-            None | Some("draft") => HeaderMode::Draft,
-            Some("legacy") => HeaderMode::Legacy,
-            Some("none") => HeaderMode::None,
-            Some(other) => {
-                let at = rate_limit_headers.as_ref().map(|h| h.span()).unwrap_or_default();
-                return Err(here(
-                    &at,
-                    format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}"),
-                ));
-            }
-        };
-        let on_error = on_error
-            .map(|p| {
-                FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
-                    here(
-                        &p.span(),
-                        format!("on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
-                    )
-                })
-            })
-            .transpose()?;
+        let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
+        let on_error = failure_policy(on_error.as_ref(), &here)?;
         let route = Route {
             name: format!("rls:{dname}"),
             // Never read: the RLS answers, it does not forward.

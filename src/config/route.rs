@@ -153,28 +153,8 @@ pub(super) fn compile_routes(
             limits.push(zl);
         }
         let status = limit_conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
-        let headers = match rate_limit_headers.as_ref().map(|h| h.get_ref().as_str()) {
-            None | Some("draft") => HeaderMode::Draft,
-            Some("legacy") => HeaderMode::Legacy,
-            Some("none") => HeaderMode::None,
-            Some(other) => {
-                let span = rate_limit_headers.as_ref().map(|h| h.span()).unwrap_or_default();
-                return Err(here(
-                    &span,
-                    format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}"),
-                ));
-            }
-        };
-        let on_error = on_error
-            .map(|p| {
-                FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
-                    here(
-                        &p.span(),
-                        format!("on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()),
-                    )
-                })
-            })
-            .transpose()?;
+        let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
+        let on_error = failure_policy(on_error.as_ref(), &here)?;
         let conn_limits = limit_conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
         let conn_status = limit_conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
         let access = limit_conn::access_rules(&allow, &deny, &here)?;
@@ -319,4 +299,34 @@ fn compile_cost(
         return Err(here(&m.span(), format!("min_cost ({min}) must not exceed max_cost ({max})")));
     }
     Ok(Cost { default, header, max, min })
+}
+
+/// `rate_limit_headers` (a route's, an RLS domain's): "draft" (the default), "legacy" or "none".
+pub(super) fn header_mode(
+    value: Option<&Spanned<String>>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<HeaderMode, ConfigError> {
+    match value.map(|h| h.get_ref().as_str()) {
+        None | Some("draft") => Ok(HeaderMode::Draft),
+        Some("legacy") => Ok(HeaderMode::Legacy),
+        Some("none") => Ok(HeaderMode::None),
+        Some(other) => Err(here(
+            &value.map(|h| h.span()).unwrap_or_default(),
+            format!("rate_limit_headers: expected \"draft\", \"legacy\" or \"none\", got {other:?}"),
+        )),
+    }
+}
+
+/// `on_error` (a route's, an RLS domain's): the store's failure policy for it, when given.
+pub(super) fn failure_policy(
+    value: Option<&Spanned<String>>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<Option<FailurePolicy>, ConfigError> {
+    value
+        .map(|p| {
+            FailurePolicy::parse(p.get_ref()).ok_or_else(|| {
+                here(&p.span(), format!("on_error: expected \"allow\", \"deny\" or \"local\", got {:?}", p.get_ref()))
+            })
+        })
+        .transpose()
 }
