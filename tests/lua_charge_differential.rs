@@ -15,15 +15,15 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use support::differential;
 use support::redis_server::RedisServer;
 use weir::limit::{
     charge_all, decide_all, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, State, ZoneInput,
 };
-use weir::store::{redis_key, KeyedZone, LimitStore, RedisClock, RedisStore, RedisStoreConfig};
+use weir::store::{redis_key, KeyedZone, LimitStore};
 
 const PREFIX: &str = "weir:";
 const DEFAULT_SEED: u64 = 0xC4A2_6E00;
@@ -32,13 +32,6 @@ const T0: u64 = 1_700_000_000_000_000;
 const SEC: u64 = 1_000_000;
 /// A state that drains within this may be expired by Redis's own clock before the test reads it.
 const SHORT_TTL_US: u64 = 250_000;
-
-fn seed() -> u64 {
-    match std::env::var("WEIR_DIFF_SEED") {
-        Ok(s) => u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("WEIR_DIFF_SEED is hex"),
-        Err(_) => DEFAULT_SEED,
-    }
-}
 
 fn random_limit(rng: &mut StdRng) -> LimitReq {
     let period_us = [SEC, 60 * SEC, 3600 * SEC][rng.gen_range(0..3)];
@@ -61,24 +54,13 @@ fn random_cost(rng: &mut StdRng, limit: &LimitReq) -> u64 {
 
 #[test]
 fn lua_charge_matches_the_model() {
-    let seed = seed();
+    let seed = differential::seed(DEFAULT_SEED);
     println!("lua_charge_differential: seed {seed:#x} (rerun with WEIR_DIFF_SEED={seed:#x})");
     let server = RedisServer::start();
     let mut inspect = server.connection();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let store = RedisStore::new(
-        RedisStoreConfig {
-            url: server.url(),
-            timeout: Duration::from_secs(5),
-            clock: RedisClock::Local,
-            key_prefix: PREFIX.to_string(),
-            tls: None,
-        },
-        clock.clone(),
-    )
-    .unwrap()
-    .with_full_outcomes(true);
+    let store = differential::model_store(&server, PREFIX, clock.clone());
 
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut charges, mut capped, mut in_debt_refused, mut fractional, mut backwards) = (0, 0, 0, 0, 0);

@@ -20,18 +20,19 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use redis::Value;
+use support::differential;
 use support::redis_server::RedisServer;
 use weir::limit::{
     decide_all, evaluate, Algorithm, BucketState, DelayPolicy, LimitReq, ManualClock, Rate, SlidingState, State,
     TokenState, Verdict, WindowState, ZoneInput,
 };
-use weir::store::{redis_key, KeyedZone, LimitStore, RedisClock, RedisStore, RedisStoreConfig};
+use weir::store::{redis_key, KeyedZone, LimitStore};
 
 const PREFIX: &str = "weir:";
 const DEFAULT_SEED: u64 = 0x5EED_0004;
@@ -105,20 +106,6 @@ struct Stats {
     /// Keys with a TTL of a few ms that Redis expired on its own clock before the test read them.
     wall_expired: usize,
     per_algorithm: [Counts; 5],
-}
-
-fn seed() -> u64 {
-    match std::env::var("WEIR_DIFF_SEED") {
-        Ok(s) => {
-            let s = s.trim();
-            match s.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16),
-                None => s.parse(),
-            }
-            .expect("WEIR_DIFF_SEED must be an integer")
-        }
-        Err(_) => DEFAULT_SEED,
-    }
 }
 
 fn algo_index(a: Algorithm) -> usize {
@@ -303,25 +290,14 @@ fn normalized(state: Option<State>) -> Option<State> {
 
 #[test]
 fn lua_script_matches_the_model() {
-    let seed = seed();
+    let seed = differential::seed(DEFAULT_SEED);
     println!("lua_differential: seed {seed:#x} (rerun with WEIR_DIFF_SEED={seed:#x})");
     let started = Instant::now();
     let server = RedisServer::start();
     let mut inspect = server.connection();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let store = RedisStore::new(
-        RedisStoreConfig {
-            url: server.url(),
-            timeout: Duration::from_secs(5),
-            clock: RedisClock::Local,
-            key_prefix: PREFIX.to_string(),
-            tls: None,
-        },
-        clock.clone(),
-    )
-    .unwrap()
-    .with_full_outcomes(true);
+    let store = differential::model_store(&server, PREFIX, clock.clone());
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut stats = Stats::default();

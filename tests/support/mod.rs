@@ -6,6 +6,7 @@ pub mod admin;
 pub mod certs;
 pub mod concurrent;
 pub mod config;
+pub mod differential;
 pub mod h2;
 pub mod http;
 pub mod kustomize;
