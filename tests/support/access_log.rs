@@ -8,10 +8,18 @@ use super::weir::Weir;
 /// The `target` of access log lines.
 pub const ACCESS_TARGET: &str = "weir::access";
 
-/// Every non-empty stderr line of `w` as JSON; panics on a line that is not JSON.
+/// The lines of `w`'s stderr that are finished: a line still being written (no newline yet) is
+/// left for the next read, so a poll never parses half an object.
+fn finished_lines(w: &Weir) -> Vec<String> {
+    let all = w.stderr();
+    let end = all.rfind('\n').map_or(0, |i| i + 1);
+    all[..end].lines().map(str::to_owned).collect()
+}
+
+/// Every non-empty finished stderr line of `w` as JSON; panics on a line that is not JSON.
 pub fn json_lines(w: &Weir) -> Vec<Value> {
-    w.stderr()
-        .lines()
+    finished_lines(w)
+        .iter()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             serde_json::from_str(l)
@@ -27,8 +35,8 @@ pub fn access_of(lines: &[Value]) -> Vec<Value> {
 
 /// The access log lines of `w`; other stderr lines, JSON or not, are skipped.
 pub fn access_lines(w: &Weir) -> Vec<Value> {
-    w.stderr()
-        .lines()
+    finished_lines(w)
+        .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["target"] == ACCESS_TARGET)
         .collect()
