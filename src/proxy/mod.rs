@@ -72,7 +72,7 @@ pub struct RequestCtx {
     peer: Option<IpAddr>,
     peer_trusted: bool,
     /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
-    trace: Option<crate::trace::RequestSpan>,
+    trace: Option<Box<crate::trace::RequestSpan>>,
     /// Zones charged after the response (`count_statuses`, `cost_from_response`), charged in
     /// `response_filter` from the upstream's status and headers.
     deferred: Vec<limit_req::Deferred>,
@@ -481,5 +481,15 @@ fn client_disconnect(e: &Error) -> Option<&'static str> {
         ErrorType::WriteError => Some("write"),
         ErrorType::ReadTimedout | ErrorType::WriteTimedout => Some("timeout"),
         _ => None,
+    }
+}
+#[cfg(test)]
+mod tests {
+    /// The context lives inline in Pingora's per-request future, which is moved (copied) twice per
+    /// request and kept per keep-alive connection: what is large and rare (a trace span) is boxed.
+    #[test]
+    fn the_request_context_stays_small() {
+        let size = std::mem::size_of::<super::RequestCtx>();
+        assert!(size <= 384, "RequestCtx is {size} bytes: box what is large and rarely used");
     }
 }
