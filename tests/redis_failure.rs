@@ -677,6 +677,13 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     assert!(closed_after_pause < Duration::from_secs(5), "closed {closed_after_pause:?} after the pause ended");
     assert!(!after.is_empty());
     assert_all(&after, t0, "after the pause: forwarded again (200)", |s| s.status() == Some(200));
+    // The decision lane gave up on the connection whose calls Redis left unanswered for its stall
+    // limit (4 × the timeout, at least 1 s) rather than queueing behind it.
+    assert!(
+        w.stderr().contains("Redis left a call unanswered for 1s"),
+        "no stalled decision connection dropped during the 3 s pause:\n{}",
+        w.stderr()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

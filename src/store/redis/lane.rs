@@ -275,8 +275,16 @@ struct Connection {
 /// The lane's task: until every queue handle is gone.
 async fn run(target: Arc<Target>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut conn: Option<Connection> = None;
+    // Fires when the oldest call in flight may have stalled. Armed once and left alone while
+    // calls come and go (re-arming per batch would cost a timer-wheel update per batch): when it
+    // fires early, because the call it was armed for was answered, it is armed again for the
+    // oldest one then in flight.
+    let stall_timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(stall_timer);
+    let mut stall_armed = false;
     loop {
         let Some(live) = conn.as_mut() else {
+            stall_armed = false;
             let Some(first) = jobs.recv().await else { return };
             let batch = gather(first, &mut jobs).await;
             if batch.is_empty() {
@@ -292,7 +300,14 @@ async fn run(target: Arc<Target>, mut jobs: mpsc::UnboundedReceiver<Job>) {
             }
             continue;
         };
-        let stall = live.in_flight.front().map(|p| p.sent_at() + target.stall_limit());
+        match live.in_flight.front() {
+            Some(oldest) if !stall_armed => {
+                stall_timer.as_mut().reset((oldest.sent_at() + target.stall_limit()).into());
+                stall_armed = true;
+            }
+            Some(_) => {}
+            None => stall_armed = false,
+        }
         let outcome = tokio::select! {
             biased;
             read = live.reader.read_buf(&mut live.read) => match read {
@@ -307,8 +322,14 @@ async fn run(target: Arc<Target>, mut jobs: mpsc::UnboundedReceiver<Job>) {
                     if batch.is_empty() { Ok(()) } else { send(live, batch, &target).await }
                 }
             },
-            _ = sleep_until(stall), if stall.is_some() => {
-                Err(format!("Redis left a call unanswered for {:?}", target.stall_limit()))
+            () = &mut stall_timer, if stall_armed => {
+                stall_armed = false;
+                match live.in_flight.front() {
+                    Some(oldest) if oldest.sent_at().elapsed() >= target.stall_limit() => {
+                        Err(format!("Redis left a call unanswered for {:?}", target.stall_limit()))
+                    }
+                    _ => Ok(()),
+                }
             }
         };
         if let Err(why) = outcome {
@@ -316,13 +337,6 @@ async fn run(target: Arc<Target>, mut jobs: mpsc::UnboundedReceiver<Job>) {
                 drop_connection(dead, &why);
             }
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -491,13 +505,22 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
             return Err("Redis sent a reply nobody asked for".into());
         };
         let parsed = match front {
-            Pending::Batch(..) => resp::parse_each(&conn.read),
-            Pending::One(..) | Pending::Load(_) => resp::parse(&conn.read).map(|r| r.map(|(one, n)| (vec![one], n))),
+            Pending::Batch(..) => resp::parse_batch(&conn.read),
+            Pending::One(..) | Pending::Load(_) => {
+                resp::parse(&conn.read).map(|r| r.map(|(one, n)| (Ok(vec![one]), n)))
+            }
         }
         .map_err(|e| format!("malformed reply from Redis: {}", e.0))?;
         let Some((replies, used)) = parsed else { break };
         conn.read.advance(used);
         let Some(pending) = conn.in_flight.pop_front() else { break };
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(why) => {
+                pending.fail(&why);
+                continue;
+            }
+        };
         match pending {
             Pending::Load(_) => {
                 if let Some(Err(e)) = replies.into_iter().next() {
@@ -518,11 +541,11 @@ fn dispatch(conn: &mut Connection) -> Result<(), String> {
                 } else if let [Err(e)] = replies.as_slice() {
                     // The call as a whole was refused (OOM, BUSY, …): each request gets why.
                     jobs.into_iter().for_each(|job| answer(job, Err(e.clone())));
+                } else if replies.len() != jobs.len() {
+                    let why = format!("a batch of {} requests got {} replies", jobs.len(), replies.len());
+                    jobs.into_iter().for_each(|job| fail(job, &why));
                 } else {
-                    match split_batch(replies, jobs.len()) {
-                        Ok(each) => jobs.into_iter().zip(each).for_each(|(job, reply)| answer(job, reply)),
-                        Err(why) => jobs.into_iter().for_each(|job| fail(job, &why)),
-                    }
+                    jobs.into_iter().zip(replies).for_each(|(job, reply)| answer(job, reply));
                 }
             }
         }
@@ -558,36 +581,6 @@ fn resend(conn: &mut Connection) -> Result<(), String> {
     Ok(())
 }
 
-/// A batch call's reply: one array with, per request, its reply as an array (the script's general
-/// path), or flat, its number of values followed by them (the leaky-bucket path: a nested array
-/// per request costs Redis a Lua table and its conversion each), or its error. Returns each
-/// request's reply as the single-call layout has it.
-fn split_batch(items: Vec<Reply>, requests: usize) -> Result<Vec<Reply>, String> {
-    let mut out = Vec::with_capacity(requests);
-    let mut items = items.into_iter();
-    while let Some(item) = items.next() {
-        match item {
-            Ok(Value::Int(n)) => {
-                let n = usize::try_from(n).map_err(|_| format!("a batch reply announces {n} values"))?;
-                let values = items
-                    .by_ref()
-                    .take(n)
-                    .collect::<Result<Vec<Value>, String>>()
-                    .map_err(|e| format!("an error among a request's values in a batch reply: {e}"))?;
-                if values.len() != n {
-                    return Err(format!("a batch reply ends within a request's {n} values"));
-                }
-                out.push(Ok(Value::Array(values)));
-            }
-            other => out.push(other),
-        }
-    }
-    if out.len() != requests {
-        return Err(format!("a batch of {requests} requests got {} replies", out.len()));
-    }
-    Ok(out)
-}
-
 /// A Cluster's refusal to run a call here: the slot is elsewhere (`MOVED`), migrating (`ASK`,
 /// `TRYAGAIN`), or the cluster cannot serve it now (`CLUSTERDOWN`).
 fn refused_unrun(error: &str) -> bool {
@@ -611,24 +604,6 @@ fn answer(job: Job, reply: Reply) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ints(values: &[i64]) -> Vec<Reply> {
-        values.iter().map(|&n| Ok(Value::Int(n))).collect()
-    }
-
-    #[test]
-    fn a_batch_reply_splits_per_request_flat_nested_or_failed() {
-        // Request 1 flat (2 values), request 2 nested, request 3 an error, request 4 flat (0 values).
-        let mut items = ints(&[2, 1, 0]);
-        items.push(Ok(Value::Array(vec![Value::Int(7)])));
-        items.push(Err("limit_req: zone 1: unknown algorithm 99".into()));
-        items.extend(ints(&[0]));
-        let each = split_batch(items, 4).expect("split");
-        assert_eq!(each[0], Ok(Value::Array(vec![Value::Int(1), Value::Int(0)])));
-        assert_eq!(each[1], Ok(Value::Array(vec![Value::Int(7)])));
-        assert_eq!(each[2], Err("limit_req: zone 1: unknown algorithm 99".to_string()));
-        assert_eq!(each[3], Ok(Value::Array(vec![])));
-    }
 
     fn job(slot: u16, id: u8) -> Job {
         let mut call = Call::new(1, 1).in_slot(slot);
@@ -655,18 +630,5 @@ mod tests {
         assert!(refused_unrun("TRYAGAIN Multiple keys request during rehashing of slot"));
         assert!(!refused_unrun("ERR Error running script"));
         assert!(!refused_unrun("BUSY Redis is busy running a script"));
-    }
-
-    #[test]
-    fn a_batch_reply_of_the_wrong_shape_is_refused() {
-        // One reply short; values cut off; a negative count; an error among a request's values.
-        assert!(split_batch(ints(&[1, 5]), 2).is_err());
-        assert!(split_batch(ints(&[3, 1, 2]), 1).is_err());
-        assert!(split_batch(ints(&[-1]), 1).is_err());
-        let mut items = ints(&[2, 1]);
-        items.push(Err("x".into()));
-        assert!(split_batch(items, 1).is_err());
-        // More replies than requests.
-        assert!(split_batch(ints(&[0, 0]), 1).is_err());
     }
 }

@@ -48,6 +48,9 @@ impl<'a> CommandWriter<'a> {
 /// One parsed reply: a value, or the server's error line.
 pub type Reply = Result<Value, String>;
 
+/// A batch call's replies, one per request, or why its shape is wrong.
+pub type Batch = Result<Vec<Reply>, String>;
+
 /// A reply that the stream cannot contain: the connection must be dropped.
 #[derive(Debug, PartialEq)]
 pub struct Malformed(pub String);
@@ -59,22 +62,56 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Reply, usize)>, Malformed> {
     Ok(item(buf, &mut pos, 0)?.map(|reply| (reply, pos)))
 }
 
-/// Parses a reply that is an array whose elements may each be an error (a batch of requests):
-/// one result per element. Anything else is returned as a single element.
-pub fn parse_each(buf: &[u8]) -> Result<Option<(Vec<Reply>, usize)>, Malformed> {
+/// Parses a batch call's reply (the layout of `lua/limit_req.lua` in batch mode): an array with,
+/// per request, its reply as an array (the script's general path), or a counted run, an integer
+/// `n` followed by the request's `n` values (the leaky-bucket path: a nested array per request
+/// costs Redis a Lua table and its conversion each), or its error. Each request's reply comes out
+/// as the single-call layout has it, an array, grouped while parsing (one allocation per request).
+/// Anything but an array is returned as a single element (the call as a whole was refused). A run
+/// of the wrong shape (a negative count, an error among its values, cut off by the end) leaves
+/// the stream in step, so it is `Ok(Some((Err(why), used)))`: the batch fails, the connection
+/// does not.
+pub fn parse_batch(buf: &[u8]) -> Result<Option<(Batch, usize)>, Malformed> {
     let mut pos = 0;
     let Some(line) = line(buf, &mut pos)? else { return Ok(None) };
     if line.first() != Some(&b'*') {
-        return Ok(parse(buf)?.map(|(reply, used)| (vec![reply], used)));
+        return Ok(parse(buf)?.map(|(reply, used)| (Ok(vec![reply]), used)));
     }
-    let n = length(&line[1..])?;
-    let Some(n) = n else { return Ok(Some((vec![Ok(Value::Nil)], pos))) };
-    let mut out = Vec::with_capacity(n);
+    let Some(n) = length(&line[1..])? else { return Ok(Some((Ok(vec![Ok(Value::Nil)]), pos))) };
+    let mut out = Vec::with_capacity(n.min(1024));
+    let mut shape: Option<String> = None;
+    // The run being read: its values so far, and how many it still needs.
+    let mut run: Option<(Vec<Value>, usize)> = None;
     for _ in 0..n {
         let Some(reply) = item(buf, &mut pos, 1)? else { return Ok(None) };
-        out.push(reply);
+        if let Some((values, left)) = run.as_mut() {
+            match reply {
+                Ok(v) => values.push(v),
+                Err(e) => {
+                    shape.get_or_insert_with(|| format!("an error among a request's values in a batch reply: {e}"));
+                }
+            }
+            *left -= 1;
+            if *left == 0 {
+                out.extend(run.take().map(|(values, _)| Ok(Value::Array(values))));
+            }
+            continue;
+        }
+        match reply {
+            Ok(Value::Int(count)) => match usize::try_from(count) {
+                Ok(0) => out.push(Ok(Value::Array(Vec::new()))),
+                Ok(count) => run = Some((Vec::with_capacity(count.min(1024)), count)),
+                Err(_) => {
+                    shape.get_or_insert_with(|| format!("a batch reply announces {count} values"));
+                }
+            },
+            other => out.push(other),
+        }
     }
-    Ok(Some((out, pos)))
+    if let Some((_, left)) = run {
+        shape.get_or_insert_with(|| format!("a batch reply ends {left} values short of a request's"));
+    }
+    Ok(Some((shape.map_or(Ok(out), Err), pos)))
 }
 
 fn item(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Option<Reply>, Malformed> {
@@ -231,17 +268,17 @@ mod tests {
     #[test]
     fn errors_are_per_element_in_a_batch_and_whole_inside_a_request() {
         let batch = b"*3\r\n*1\r\n:1\r\n-ERR one\r\n*3\r\n:2\r\n-ERR inner\r\n:9";
-        assert_eq!(parse_each(batch), Ok(None));
+        assert_eq!(parse_batch(batch), Ok(None));
         let mut complete = batch.to_vec();
         complete.extend_from_slice(b"\r\n");
-        let (replies, used) = parse_each(&complete).unwrap().unwrap();
+        let (replies, used) = parse_batch(&complete).unwrap().unwrap();
         assert_eq!(used, complete.len());
         assert_eq!(
             replies,
-            vec![Ok(Value::Array(vec![Value::Int(1)])), Err("ERR one".into()), Err("ERR inner".into())]
+            Ok(vec![Ok(Value::Array(vec![Value::Int(1)])), Err("ERR one".into()), Err("ERR inner".into())])
         );
-        let (single, _) = parse_each(b"-NOSCRIPT x\r\n").unwrap().unwrap();
-        assert_eq!(single, vec![Err("NOSCRIPT x".into())]);
+        let (single, _) = parse_batch(b"-NOSCRIPT x\r\n").unwrap().unwrap();
+        assert_eq!(single, Ok(vec![Err("NOSCRIPT x".into())]));
     }
 
     #[test]
@@ -252,5 +289,50 @@ mod tests {
         assert!(parse(b":12a\r\n").is_err());
         let deep = "*1\r\n".repeat(10) + ":1\r\n";
         assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    /// The batch reply `items` (a flat list of integers and nested replies) as RESP.
+    fn batch(items: &[&str]) -> Vec<u8> {
+        let mut buf = format!("*{}\r\n", items.len()).into_bytes();
+        for i in items {
+            buf.extend_from_slice(i.as_bytes());
+        }
+        buf
+    }
+
+    #[test]
+    fn a_batch_reply_groups_counted_runs_nested_replies_and_errors_per_request() {
+        // Request 1 a run of 2 values, request 2 nested, request 3 an error, request 4 a run of 0.
+        let reply = batch(&[":2\r\n", ":1\r\n", ":0\r\n", "*1\r\n:7\r\n", "-limit_req: zone 1: bad\r\n", ":0\r\n"]);
+        for cut in 0..reply.len() {
+            assert_eq!(parse_batch(&reply[..cut]), Ok(None), "prefix of {cut} bytes");
+        }
+        let (each, used) = parse_batch(&reply).unwrap().unwrap();
+        assert_eq!(used, reply.len());
+        assert_eq!(
+            each,
+            Ok(vec![
+                Ok(Value::Array(vec![Value::Int(1), Value::Int(0)])),
+                Ok(Value::Array(vec![Value::Int(7)])),
+                Err("limit_req: zone 1: bad".to_string()),
+                Ok(Value::Array(vec![])),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_batch_reply_of_the_wrong_shape_fails_the_batch_not_the_stream() {
+        // Values cut off; a negative count; an error among a request's values: each reply is
+        // still consumed whole, so the next one parses.
+        for items in [&[":3\r\n", ":1\r\n", ":2\r\n"][..], &[":-1\r\n"], &[":2\r\n", ":1\r\n", "-x\r\n"]] {
+            let mut stream = batch(items);
+            let first = stream.len();
+            stream.extend_from_slice(&batch(&[":1\r\n", ":5\r\n"]));
+            let (shape, used) = parse_batch(&stream).unwrap().unwrap();
+            assert!(shape.is_err(), "{items:?}: {shape:?}");
+            assert_eq!(used, first, "{items:?}");
+            let (next, _) = parse_batch(&stream[used..]).unwrap().unwrap();
+            assert_eq!(next, Ok(vec![Ok(Value::Array(vec![Value::Int(5)]))]));
+        }
     }
 }
