@@ -69,13 +69,35 @@ const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 const MAX_COST: i64 = 1_000_000;
 
 /// One `limit_req` reference of a route: a zone plus this route's burst and delay.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ZoneLimit {
     pub zone: usize,
     pub limit: LimitReq,
     /// Shadow mode (the route's `dry_run` or the reference's own): decided and reported, never
     /// enforced, and decided apart from enforced zones so it cannot affect them.
     pub dry_run: bool,
+    /// The reference's `RateLimit-Policy` item for `limit`, written once here rather than per
+    /// request (a key's override changes the limit, and the item is then written per request).
+    pub policy: String,
+}
+
+/// A zone's `RateLimit-Policy` item, `"per_ip";q=21;w=3` (draft-ietf-httpapi-ratelimit-headers):
+/// `q` the quota (a bucket's capacity, a window's count), `w` the seconds a window lasts or an
+/// empty bucket takes to refill, at least 1.
+pub fn policy_item(out: &mut String, zone: &str, limit: &LimitReq) {
+    let quota = limit.capacity();
+    let window_us = if limit.algorithm.is_window() {
+        limit.rate.period_us
+    } else {
+        limit.rate.time_for_us(quota as f64).ceil() as u64
+    };
+    let mut digits = itoa::Buffer::new();
+    out.push('"');
+    out.push_str(zone);
+    out.push_str("\";q=");
+    out.push_str(digits.format(quota));
+    out.push_str(";w=");
+    out.push_str(digits.format(window_us.div_ceil(1_000_000).max(1)));
 }
 
 pub(super) fn compile_routes(
@@ -261,7 +283,10 @@ pub(super) fn compile_limit_ref(
         (None, true) => DelayPolicy::NoDelay,
         (None, false) => DelayPolicy::After(0),
     };
-    Ok(ZoneLimit { zone, limit: LimitReq { algorithm, rate: zones[zone].rate, burst, delay }, dry_run: r.dry_run })
+    let limit = LimitReq { algorithm, rate: zones[zone].rate, burst, delay };
+    let mut policy = String::new();
+    policy_item(&mut policy, &zones[zone].name, &limit);
+    Ok(ZoneLimit { zone, limit, dry_run: r.dry_run, policy })
 }
 
 fn compile_cost(

@@ -6,6 +6,7 @@
 //! window. `r` is what could pass right now and `t` the seconds until the quota is whole again (or,
 //! when rejected, until the request would pass).
 
+use crate::config::{policy_item, ZoneLimit};
 use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::KeyedZone;
 
@@ -15,18 +16,19 @@ fn ceil_secs(us: u64) -> u64 {
     us.div_ceil(SECOND_US)
 }
 
-/// `RateLimit-Policy: "per_ip";q=21;w=3`
-pub fn policy(zones: &[KeyedZone<'_>]) -> String {
+/// `RateLimit-Policy: "per_ip";q=21;w=3` for the zones of a route whose references are
+/// `configured` (`Route::limits`): each zone's item as compiled, unless a key's override changed
+/// its limit.
+pub fn policy(configured: &[ZoneLimit], zones: &[KeyedZone<'_>]) -> String {
     let mut out = String::with_capacity(32 * zones.len());
     for z in zones {
-        let quota = z.limit.capacity();
-        // A window's length, or the time an empty bucket takes to refill.
-        let window_us = if z.limit.algorithm.is_window() {
-            z.limit.rate.period_us
-        } else {
-            z.limit.rate.time_for_us(quota as f64).ceil() as u64
-        };
-        item(&mut out, z.zone, ";q=", quota, ";w=", ceil_secs(window_us).max(1));
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        match configured.get(z.reference) {
+            Some(configured) if configured.limit == z.limit => out.push_str(&configured.policy),
+            _ => policy_item(&mut out, z.zone, &z.limit),
+        }
     }
     out
 }
@@ -128,7 +130,12 @@ mod tests {
             delay: DelayPolicy::NoDelay,
         };
         let zones = [KeyedZone::new("per_ip", "k", limit, 1)];
-        assert_eq!(policy(&zones), "\"per_ip\";q=21;w=3");
+        assert_eq!(policy(&[], &zones), "\"per_ip\";q=21;w=3");
+        // The item compiled for the route's reference, unless an override changed the limit.
+        let configured = [ZoneLimit { zone: 0, limit, dry_run: false, policy: "compiled".into() }];
+        assert_eq!(policy(&configured, &zones), "compiled");
+        let overridden = [KeyedZone::new("per_ip", "k", LimitReq { burst: 4, ..limit }, 1), zones[0].clone()];
+        assert_eq!(policy(&configured, &overridden), "\"per_ip\";q=5;w=1, compiled");
         let v = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
         assert_eq!(remaining(&zones, &v), "\"per_ip\";r=20;t=1");
     }
@@ -148,7 +155,7 @@ mod tests {
         assert_eq!(remaining(&zones, &v), "\"slow\";r=0;t=60");
         assert_eq!(retry_after_secs(v.retry_after_us.unwrap()), 60);
         assert_eq!(rejecting_zone(&zones, &v), Some("slow"));
-        assert_eq!(policy(&zones), "\"slow\";q=1;w=60");
+        assert_eq!(policy(&[], &zones), "\"slow\";q=1;w=60");
     }
 
     #[test]

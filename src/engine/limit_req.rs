@@ -39,7 +39,9 @@ pub fn keyed_zones<'a>(
     }
     // Zones charged after the response last in each group (stable; `Groups::new` keeps this
     // order), so each group splits into "charged now" and "checked now, charged after the response".
-    keyed.sort_by_key(|z| charged_after_response(rt, route, z));
+    if !keyed.is_sorted_by_key(|z| charged_after_response(rt, route, z)) {
+        keyed.sort_by_key(|z| charged_after_response(rt, route, z));
+    }
     Ok(Groups::new(keyed))
 }
 
@@ -170,7 +172,7 @@ pub async fn enforce<'a>(
     if let Some(verdict) = &enforced_verdict {
         result.headers = match route.headers {
             HeaderMode::Draft => vec![
-                ("RateLimit-Policy", headers::policy(enforced)),
+                ("RateLimit-Policy", headers::policy(&route.limits, enforced)),
                 ("RateLimit", headers::remaining(enforced, verdict)),
             ],
             HeaderMode::Legacy => headers::legacy(enforced, verdict),

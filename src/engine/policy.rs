@@ -100,7 +100,9 @@ pub struct Groups<T> {
 impl<T: Keyed> Groups<T> {
     pub fn new(mut all: Vec<T>) -> Self {
         // Stable, so each group keeps the route's order (and no heap for a route's few zones).
-        all.sort_by_key(Keyed::dry_run);
+        if !all.is_sorted_by_key(Keyed::dry_run) {
+            all.sort_by_key(Keyed::dry_run);
+        }
         let enforced = all.iter().take_while(|z| !z.dry_run()).count();
         Groups { all, enforced }
     }
