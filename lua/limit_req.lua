@@ -14,7 +14,7 @@
 --          reply (what the proxy reads), "1" the full reply, the sliding log's entry times
 --          included (O(entries) per zone; for tests and debugging).
 --          Then, optionally (Redis Cluster, zones of one request spread over several hash slots,
---          one call per slot; see src/store/redis/mod.rs):
+--          one call per slot; see src/store/redis/limit_req.rs):
 --            "u"  undo: append to the reply, for every key written, what lua/restore.lua needs to
 --                 put the key's previous value back (the reply's last element, see below);
 --            "n"  evaluate only: write nothing, even if every zone admits (the request was already

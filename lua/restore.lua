@@ -3,10 +3,10 @@
 --
 -- On a Redis Cluster the zones of one request live in as many hash slots as the request has
 -- distinct client keys (keys are `<prefix><zone>:{<client key>}`), and one script call can only
--- touch one slot. The store (src/store/redis.rs) then calls limit_req.lua once per slot, in order;
--- each admitted call writes its zones and returns, per key written, the value the key held
--- before. If a later slot rejects, the request must have charged nothing, so this script is
--- called, once per slot already charged, with those undo records.
+-- touch one slot. The store (src/store/redis/limit_req.rs) then calls limit_req.lua once per
+-- slot, in order; each admitted call writes its zones and returns, per key written, the value the
+-- key held before. If a later slot rejects, the request must have charged nothing, so this script
+-- is called, once per slot already charged, with those undo records.
 --
 -- KEYS[i]  a key the charging call wrote (all in one slot).
 -- ARGV     per key, in KEYS order: 7 values, then `m` member names:

@@ -3,6 +3,7 @@
 //! share this one path. Compiling touches nothing outside the text but through [`Outside`]
 //! (files, environment, DNS, clock): [`load`] hands it this machine, tests fixed answers.
 
+mod access;
 mod checks;
 mod compile;
 mod error;
@@ -26,12 +27,13 @@ mod upstream;
 
 use std::path::Path;
 
+pub use access::AccessRule;
 pub use checks::parse_duration;
 pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
 pub use error::ConfigError;
 pub use interpolate::EnvUse;
 pub use json_schema::json_schema_text;
-pub use limit_conn::{AccessRule, ConnLimit, ConnZone};
+pub use limit_conn::{ConnLimit, ConnZone};
 pub use limit_req::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 pub use outside::{Fixed, Machine, Outside};
 pub use route::{policy_item, Cost, HeaderMode, Route, ZoneLimit};

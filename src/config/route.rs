@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use super::spanned::Spanned;
 use http::header::HeaderName;
 
+use super::access::{access_rules, AccessRule};
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::error::{ConfigError, Source};
-use super::limit_conn::{self, AccessRule, ConnLimit, ConnZone};
+use super::limit_conn::{self, ConnLimit, ConnZone};
 use super::limit_req::Zone;
 use super::route_match::{compile_match, shadowing, MatchInput};
 use super::schema;
@@ -174,12 +175,12 @@ pub(super) fn compile_routes(
             }
             limits.push(zl);
         }
-        let status = limit_conn::status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
+        let status = rejection_status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
         let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
         let on_error = failure_policy(on_error.as_ref(), &here)?;
         let conn_limits = limit_conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
-        let conn_status = limit_conn::status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
-        let access = limit_conn::access_rules(&allow, &deny, &here)?;
+        let conn_status = rejection_status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
+        let access = access_rules(&allow, &deny, &here)?;
         let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
         let grpc_status = match (grpc_rejections, grpc_status) {
             (Some(false), Some(s)) => {
@@ -324,6 +325,20 @@ fn compile_cost(
         return Err(here(&m.span(), format!("min_cost ({min}) must not exceed max_cost ({max})")));
     }
     Ok(Cost { default, header, max, min })
+}
+
+/// A rejection status: 400..=599, like nginx's `limit_req_status` / `limit_conn_status`.
+fn rejection_status(
+    value: Option<&Spanned<i64>>,
+    default: u16,
+    field: &str,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<u16, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(s) if (400..=599).contains(s.get_ref()) => Ok(*s.get_ref() as u16),
+        Some(s) => Err(here(&s.span(), format!("{field}: must be 400..=599, got {}", s.get_ref()))),
+    }
 }
 
 /// `rate_limit_headers` (a route's, an RLS domain's): "draft" (the default), "legacy" or "none".

@@ -8,16 +8,20 @@
 //! unique to its request) and the remaining slots are only counted ("held" mode), so the verdict
 //! equals one call's. Renewals and releases go one call per slot too.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use ::redis::Value;
 use async_trait::async_trait;
 
-use super::connection::ScriptCall;
+use super::connection::{LuaScript, ScriptCall};
 use super::rollback::Rollback;
 use super::slots::group_by_slot;
-use super::{redis_key, RedisStore, LIMIT_CONN};
+use super::{redis_key, RedisStore};
 use crate::store::{ConnStore, ConnVerdict, KeyedConn, LeaseKey, StoreError};
+
+/// `lua/limit_conn.lua`, called by its SHA-1 (`connection.rs`).
+static LIMIT_CONN: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_conn.lua")));
 
 impl RedisStore {
     /// The Redis key of one conn zone's lease set for one client key.
