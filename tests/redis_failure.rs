@@ -700,9 +700,11 @@ struct FloodResult {
     rejections: Vec<Response>,
 }
 
-/// `n` requests with the same key, one every `every`, on one keep-alive connection, against a weir
-/// of its own with `deny_cache_size`.
-fn flood(deny_cache_size: u32, n: usize, every: Duration) -> FloodResult {
+/// Requests with the same key, one every `every` (or as fast as they come back when late), on one
+/// keep-alive connection, until `lasting` has passed since the first, against a weir of its own
+/// with `deny_cache_size`. Ending by the clock rather than after a count keeps what is admitted
+/// the same however slow a loaded machine makes the requests.
+fn flood(deny_cache_size: u32, lasting: Duration, every: Duration) -> FloodResult {
     let up = Upstream::start();
     let redis = RedisServer::start();
     let w = Weir::start(&config(
@@ -729,15 +731,18 @@ limit_req = [ { zone = "per_client", burst = 0, nodelay = true } ]
     let mut conn = Conn::connect_timeout(w.addr, REQUEST_TIMEOUT).unwrap();
     let req = Request::get("/api/flood").header("X-Client", "flooder");
     let start = Instant::now();
-    let mut statuses = Vec::with_capacity(n);
+    let mut statuses = Vec::new();
     let mut admitted_at = Vec::new();
     let mut rejections = Vec::new();
-    for i in 0..n {
-        let due = start + every * i as u32;
+    for i in 0.. {
+        let due = start + every * i;
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
         let sent = Instant::now();
+        if sent - start >= lasting {
+            break;
+        }
         let r = conn.send(&req).unwrap_or_else(|e| panic!("flood request {i}: {e}"));
         if r.status == 200 {
             admitted_at.push(sent - start);
@@ -748,7 +753,7 @@ limit_req = [ { zone = "per_client", burst = 0, nodelay = true } ]
     }
     let took = start.elapsed();
     let script_calls = script_calls(&mut redis.connection()) - calls_before;
-    let m = scrape_until(&w, |m| m.sum("weir_requests_total", &[]) >= (n + 1) as f64);
+    let m = scrape_until(&w, |m| m.sum("weir_requests_total", &[]) >= (statuses.len() + 1) as f64);
     FloodResult {
         statuses,
         admitted_at,
@@ -761,21 +766,24 @@ limit_req = [ { zone = "per_client", burst = 0, nodelay = true } ]
 
 #[test]
 fn the_deny_cache_spares_redis_a_flood_and_admits_exactly_the_same() {
-    // 500 requests over 2.5 s at 1r/s, burst 0: admitted at 0, ~1 s and ~2 s in both runs. The
-    // half second to the next admission keeps the comparison exact despite scheduling noise.
-    let (n, every) = (500, Duration::from_millis(5));
-    let cached = thread::spawn(move || flood(10_000, n, every));
-    let uncached = flood(0, n, every);
+    // Up to 500 requests over 2.5 s at 1r/s, burst 0: admitted at 0, ~1 s and ~2 s in both runs.
+    // No request is sent past 2.5 s, half a second before a fourth could pass, so the count is
+    // exact however late a loaded machine answers.
+    let (lasting, every) = (Duration::from_millis(2500), Duration::from_millis(5));
+    let cached = thread::spawn(move || flood(10_000, lasting, every));
+    let uncached = flood(0, lasting, every);
     let cached = cached.join().expect("flood with the deny cache");
     let admitted = |r: &FloodResult| r.statuses.iter().filter(|&&s| s == 200).count();
     println!(
-        "deny cache flood: {n} requests over {:?}: admitted {} at {:?}, {} script calls, {} cache hits; without \
-         the cache ({:?}): admitted {} at {:?}, {} script calls",
+        "deny cache flood: {} requests over {:?}: admitted {} at {:?}, {} script calls, {} cache hits; without \
+         the cache ({} requests over {:?}): admitted {} at {:?}, {} script calls",
+        cached.statuses.len(),
         cached.took,
         admitted(&cached),
         cached.admitted_at,
         cached.script_calls,
         cached.deny_cache_hits,
+        uncached.statuses.len(),
         uncached.took,
         admitted(&uncached),
         uncached.admitted_at,
@@ -788,19 +796,23 @@ fn the_deny_cache_spares_redis_a_flood_and_admits_exactly_the_same() {
             assert!(rej.status == 429 && retry == 1, "rejection: {}", rej.summary());
             assert!(rej.text().contains("\"rate_limited\""), "rejection: {}", rej.summary());
         }
-        assert!(r.took < Duration::from_millis(2900), "the flood ran late ({:?}): the comparison is off", r.took);
+        // Enough requests for the cache to matter: a run whose requests all came back late fails
+        // loudly here rather than passing on a handful.
+        assert!(r.statuses.len() >= 100, "only {} requests in {lasting:?}: the machine is too slow", r.statuses.len());
     }
     assert_eq!(admitted(&cached), admitted(&uncached), "the deny cache changes what is admitted");
     assert_eq!(admitted(&cached), 3, "1r/s burst 0 over 2.5 s admits at 0, 1 and 2 s: {:?}", cached.admitted_at);
 
     // Without the cache every request is a script call; with it about two per retry period.
+    let n = uncached.statuses.len() as u64;
     assert!(
-        (n as u64..=n as u64 + 2).contains(&uncached.script_calls),
+        (n..=n + 2).contains(&uncached.script_calls),
         "without the deny cache: {} script calls for {n} requests",
         uncached.script_calls
     );
     let bound = 5 + 2 * cached.took.as_secs_f64().ceil() as u64;
     assert!(cached.script_calls <= bound, "with the deny cache: {} script calls, bound {bound}", cached.script_calls);
+    let n = cached.statuses.len();
     assert!(
         cached.deny_cache_hits + cached.script_calls as f64 >= n as f64,
         "every request not sent to Redis is a cache hit: {} hits + {} calls < {n}",
