@@ -671,7 +671,7 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
         s.latency() < FAST
     });
     let p99 = quantile(&during.iter().map(|s| s.latency()).collect::<Vec<_>>(), 0.99);
-    assert!(p99 < Duration::from_millis(500), "p99 during the pause: {p99:?}");
+    assert!(p99 < Duration::from_millis(800), "p99 during the pause (timeout 250 ms): {p99:?}");
     assert_eq!(circuit_during_pause, 1.0, "the circuit is open while Redis is paused");
     assert!(recovered.is_some(), "the circuit closes once the pause is over");
     assert!(closed_after_pause < Duration::from_secs(5), "closed {closed_after_pause:?} after the pause ended");

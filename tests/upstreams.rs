@@ -305,7 +305,9 @@ fn no_healthy_server_is_a_quick_502_naming_the_upstream() {
     assert_eq!(r.status, 502, "{}", r.summary());
     assert_eq!(r.json()["error"], "no_healthy_upstream", "{}", r.summary());
     assert_eq!(r.json()["upstream"], "app", "{}", r.summary());
-    assert!(took < Duration::from_millis(500), "answered in {took:?}");
+    // At once, not after trying the servers (a connect attempt is bounded by 5 s); generous for
+    // a loaded machine.
+    assert!(took < Duration::from_millis(1500), "answered in {took:?}");
     assert_eq!(a.hits() + b.hits(), 0);
     let m = scrape(admin::addr(&w));
     assert!(m.must("weir_upstream_unavailable_total", &[("upstream", "app"), ("reason", "down")]) >= 1.0);
