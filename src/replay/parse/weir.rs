@@ -33,7 +33,9 @@ impl LineParser for Parser {
             return Ok(None);
         }
         let doc: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
-        if str_field(&doc, "target") != Some("weir::access") {
+        // The rate limit service's lines (`front_door = "rls"`) share the target but are calls,
+        // not HTTP requests: not replayed (docs/rls.md), and not an error in a mixed log.
+        if str_field(&doc, "target") != Some("weir::access") || str_field(&doc, "front_door") == Some("rls") {
             return Ok(None);
         }
         let ts = str_field(&doc, "timestamp").ok_or("no \"timestamp\"")?;
@@ -82,6 +84,8 @@ mod tests {
         let other = br#"{"timestamp":"2023-11-14T22:13:20Z","level":"INFO","target":"weir::server","message":"up"}"#;
         assert!(Parser.parse(other).unwrap().is_none());
         assert!(Parser.parse(b"plain text").unwrap_err().contains("not JSON"));
+        let rls = br#"{"timestamp":"2026-11-25T22:13:45.049812Z","level":"INFO","message":"rls","front_door":"rls","domain":"api","descriptors":1,"code":"OK","limit_req":"PASSED","target":"weir::access"}"#;
+        assert!(Parser.parse(rls).unwrap().is_none(), "a rate limit service line is skipped, not an error");
         let decided = br#"{"timestamp":"2023-11-14T22:13:21Z","target":"weir::access","method":"GET","path":"/","client":"-","duration_ms":900.0,"decided_us":1700000000000123}"#;
         assert_eq!(Parser.parse(decided).unwrap().unwrap().start_us, 1_700_000_000_000_123);
     }
