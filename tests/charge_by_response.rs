@@ -12,13 +12,13 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use support::access_log::access_lines;
 use support::config::{memory_with_app, with_app};
 use support::http::{self, Request};
 use support::redis_server::RedisServer;
+use support::replay::replay_own_log;
 use support::upstream::Upstream;
-use support::weir::{run, ConfigDir, Weir};
+use support::weir::Weir;
 
 /// Failed logins allowed per client address before the lockout.
 const N: usize = 5;
@@ -109,30 +109,7 @@ fn the_memory_store_locks_out_after_exactly_n_401s_and_replay_agrees() {
     let live: Vec<&str> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?")).collect();
     assert_eq!(live.iter().filter(|w| **w == "REJECTED").count(), total - 2 * N, "{live:?}");
 
-    let dir = ConfigDir::new();
-    let log = dir.write("weir.log", &w.stderr());
-    let decisions = dir.path().join("decisions.tsv");
-    let out = run(
-        [
-            "replay",
-            "-c",
-            w.config_path.to_str().unwrap(),
-            "--json",
-            "--quiet",
-            "--format",
-            "weir",
-            "--decisions",
-            decisions.to_str().unwrap(),
-            log.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    assert_eq!(out.code, Some(0), "weir replay failed: {}", out.describe());
-    let report: Value = serde_json::from_str(&out.stdout).expect("a JSON report");
-    let agreement = &report["agreement"];
-    assert_eq!(agreement["compared"].as_u64(), Some(total as u64), "{report}");
-    assert_eq!(agreement["matched"], agreement["compared"], "{}", agreement["examples"]);
-    let text = std::fs::read_to_string(&decisions).expect("decisions written");
+    let text = replay_own_log(&w, total);
     let rejected = text.lines().filter(|l| l.split('\t').nth(1) == Some("REJECTED")).count();
     assert_eq!(rejected, total - 2 * N, "{text}");
 }

@@ -17,6 +17,7 @@ pub mod ratelimit;
 pub mod redis_cmd;
 pub mod redis_server;
 pub mod redis_topology;
+pub mod replay;
 pub mod tcp_server;
 pub mod upstream;
 pub mod weir;
