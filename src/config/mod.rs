@@ -36,7 +36,7 @@ pub use json_schema::json_schema_text;
 pub use limit_conn::{ConnLimit, ConnZone};
 pub use limit_req::{Override, OverrideMatch, ResponseCost, Zone, RESPONSE_FIELD_PREFIX};
 pub use outside::{Fixed, Machine, Outside};
-pub use route::{policy_item, Cost, HeaderMode, Route, ZoneLimit};
+pub use route::{Cost, HeaderMode, Route, ZoneLimit};
 pub use secrets::{Secret, SecretSource, Secrets};
 pub use store::{FailurePolicy, Resilience, StoreSettings, DEFAULT_LEASE_TTL};
 pub use top::TopSettings;

@@ -82,25 +82,6 @@ pub struct ZoneLimit {
     pub policy: String,
 }
 
-/// A zone's `RateLimit-Policy` item, `"per_ip";q=21;w=3` (draft-ietf-httpapi-ratelimit-headers):
-/// `q` the quota (a bucket's capacity, a window's count), `w` the seconds a window lasts or an
-/// empty bucket takes to refill, at least 1.
-pub fn policy_item(out: &mut String, zone: &str, limit: &LimitReq) {
-    let quota = limit.capacity();
-    let window_us = if limit.algorithm.is_window() {
-        limit.rate.period_us
-    } else {
-        limit.rate.time_for_us(quota as f64).ceil() as u64
-    };
-    let mut digits = itoa::Buffer::new();
-    out.push('"');
-    out.push_str(zone);
-    out.push_str("\";q=");
-    out.push_str(digits.format(quota));
-    out.push_str(";w=");
-    out.push_str(digits.format(window_us.div_ceil(1_000_000).max(1)));
-}
-
 pub(super) fn compile_routes(
     src: &Source<'_>,
     list: Vec<Spanned<schema::Route>>,
@@ -286,7 +267,7 @@ pub(super) fn compile_limit_ref(
     };
     let limit = LimitReq { algorithm, rate: zones[zone].rate, burst, delay };
     let mut policy = String::new();
-    policy_item(&mut policy, &zones[zone].name, &limit);
+    crate::limit::fields::policy_item(&mut policy, &zones[zone].name, &limit);
     Ok(ZoneLimit { zone, limit, dry_run: r.dry_run, policy })
 }
 

@@ -6,15 +6,10 @@
 //! window. `r` is what could pass right now and `t` the seconds until the quota is whole again (or,
 //! when rejected, until the request would pass).
 
-use crate::config::{policy_item, ZoneLimit};
+use crate::config::ZoneLimit;
+use crate::limit::fields::{ceil_secs, item, policy_item};
 use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::KeyedZone;
-
-const SECOND_US: u64 = 1_000_000;
-
-fn ceil_secs(us: u64) -> u64 {
-    us.div_ceil(SECOND_US)
-}
 
 /// `RateLimit-Policy: "per_ip";q=21;w=3` for the zones of a route whose references are
 /// `configured` (`Route::limits`): each zone's item as compiled, unless a key's override changed
@@ -22,11 +17,13 @@ fn ceil_secs(us: u64) -> u64 {
 pub fn policy(configured: &[ZoneLimit], zones: &[KeyedZone<'_>]) -> String {
     let mut out = String::with_capacity(32 * zones.len());
     for z in zones {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
         match configured.get(z.reference) {
-            Some(configured) if configured.limit == z.limit => out.push_str(&configured.policy),
+            Some(configured) if configured.limit == z.limit => {
+                if !out.is_empty() {
+                    out.push_str(", ");
+                }
+                out.push_str(&configured.policy);
+            }
             _ => policy_item(&mut out, z.zone, &z.limit),
         }
     }
@@ -55,22 +52,6 @@ pub fn zone_remaining(zone: &KeyedZone<'_>, request_admitted: bool, out: &ZoneOu
         (false, true) => (out.remaining + zone.cost, out.reset_us),
     };
     (r, ceil_secs(t_us))
-}
-
-/// Appends `"zone";a=1;b=2` (after ", " unless first). Written piece by piece: these two fields
-/// are built for every limited request, and `format!` costs several times as much.
-fn item(out: &mut String, zone: &str, a: &str, a_value: u64, b: &str, b_value: u64) {
-    if !out.is_empty() {
-        out.push_str(", ");
-    }
-    let mut digits = itoa::Buffer::new();
-    out.push('"');
-    out.push_str(zone);
-    out.push('"');
-    out.push_str(a);
-    out.push_str(digits.format(a_value));
-    out.push_str(b);
-    out.push_str(digits.format(b_value));
 }
 
 /// `X-RateLimit-Limit/-Remaining/-Reset` (draft-polli-03 style, as many clients still expect) for

@@ -8,6 +8,7 @@
 
 mod clock;
 mod evaluation;
+pub mod fields;
 mod fixed_window;
 mod leaky_bucket;
 mod params;
