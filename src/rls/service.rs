@@ -1,5 +1,5 @@
 //! `ShouldRateLimit`: one call is one decision — plan the descriptors, decide through
-//! [`super::decide`], answer; then count it and write its access-log line.
+//! the engine's `limit_req::enforce`, answer; then count it and write its access-log line.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,7 +13,7 @@ use super::plan::{self, Plan};
 use super::proto::rate_limit_response::Code;
 use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::limit_req::{Action, Enforcement, Stores};
+use crate::engine::limit_req::{self, Action, Enforcement, Stores};
 use crate::engine::policy::Groups;
 use crate::engine::status::LimitStatus;
 use crate::logging::{self, line};
@@ -63,7 +63,7 @@ impl RateLimitService for RlsService {
             Some(domain) if !plan.keyed.is_empty() => {
                 let Plan { keyed, slots } = plan;
                 let groups = Groups::new(keyed);
-                let enforcement = super::decide(&rt, &domain.route, &groups, &self.stores).await;
+                let enforcement = limit_req::enforce(&rt, &domain.route, &groups, &self.stores).await;
                 let plan = Plan { keyed: groups.into_all(), slots };
                 let response = answer::respond(&plan, &enforcement);
                 enforcement.statuses.count(|z| rt.meters.zone(z));
