@@ -127,10 +127,16 @@ pub async fn enforce<'a>(
 ) -> Enforcement<'a> {
     let store = stores.primary.as_ref();
     let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
-    let (enforced_result, shadow_result) = tokio::join!(
-        decide_group(rt, route, store, enforced, &stores.duration),
-        decide_group(rt, route, store, shadow, &stores.duration)
-    );
+    // Both groups at once when there is a dry-run one; the usual request has none and skips the
+    // join's bookkeeping.
+    let (enforced_result, shadow_result) = if shadow.is_empty() {
+        (decide_group(rt, route, store, enforced, &stores.duration).await, None)
+    } else {
+        tokio::join!(
+            decide_group(rt, route, store, enforced, &stores.duration),
+            decide_group(rt, route, store, shadow, &stores.duration)
+        )
+    };
 
     let mut result = Enforcement {
         action: Action::Forward,

@@ -391,9 +391,8 @@ impl RealIp {
         if !self.is_trusted(&current) {
             return current;
         }
-        let lines: Vec<&[u8]> = headers.get_all(&self.header).iter().map(|v| v.as_bytes()).collect();
-        for line in lines.iter().rev() {
-            for hop in line.rsplit(|&b| b == b',') {
+        for line in headers.get_all(&self.header).iter().rev() {
+            for hop in line.as_bytes().rsplit(|&b| b == b',') {
                 match parse_hop(hop) {
                     Some(ip) => current = ip,
                     None => return current,

@@ -271,10 +271,10 @@ impl ProxyHttp for WeirProxy {
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
             match fwd.x_real_ip {
                 Some(ip) => upstream_request.insert_header(forwarded::X_REAL_IP, ip)?,
-                None => drop(upstream_request.remove_header(forwarded::X_REAL_IP)),
+                None => drop(upstream_request.remove_header(&forwarded::X_REAL_IP_NAME)),
             }
             if !fwd.keep_forwarded {
-                upstream_request.remove_header(forwarded::FORWARDED);
+                upstream_request.remove_header(&forwarded::FORWARDED);
             }
         }
         if ctx.upstream.close_after() {

@@ -6,13 +6,17 @@
 
 use std::net::IpAddr;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use super::ip_text::IpText;
 
 pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
 pub const X_REAL_IP: &str = "x-real-ip";
-pub const FORWARDED: &str = "forwarded";
+pub use http::header::FORWARDED;
+
+/// The names parsed once, for lookups (a `&str` name is parsed again on every lookup).
+pub static X_FORWARDED_FOR_NAME: HeaderName = HeaderName::from_static(X_FORWARDED_FOR);
+pub static X_REAL_IP_NAME: HeaderName = HeaderName::from_static(X_REAL_IP);
 
 /// The client headers to send upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,9 +30,12 @@ pub struct ForwardedHeaders {
 /// `peer` is the TCP peer, `client` the address limits were keyed on (the real IP when the peer
 /// is a trusted proxy), `peer_trusted` whether the peer is inside `real_ip.trusted`.
 pub fn compute(headers: &HeaderMap, peer: IpAddr, client: Option<IpAddr>, peer_trusted: bool) -> ForwardedHeaders {
-    let mut chain = String::new();
+    let sent = headers.get_all(&X_FORWARDED_FOR_NAME);
+    // One allocation: the chain as sent, its separators and the longest address text.
+    let mut chain =
+        String::with_capacity(if peer_trusted { sent.iter().map(|l| l.len() + 2).sum::<usize>() } else { 0 } + 45);
     if peer_trusted {
-        for line in headers.get_all(X_FORWARDED_FOR) {
+        for line in sent {
             if let Ok(text) = line.to_str() {
                 let text = text.trim();
                 if !text.is_empty() {

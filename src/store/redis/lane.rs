@@ -161,6 +161,13 @@ impl Call {
         self
     }
 
+    /// Appends arguments (a zone's), encoded once per thread for the values seen recently.
+    pub(super) fn ints<const N: usize>(&mut self, values: &[i64; N]) -> &mut Self {
+        CommandWriter::append(&mut self.frame).ints(values);
+        self.args += N;
+        self
+    }
+
     /// Whether both calls have the same number of keys and the same arguments.
     fn same_args(&self, other: &Call) -> bool {
         self.keys == other.keys && self.frame[self.keys_end..] == other.frame[other.keys_end..]

@@ -176,8 +176,8 @@ impl RedisStore {
             None => call.arg(b""),
         };
         call.arg(self.detail_flag().as_bytes());
-        for value in zones.iter().flat_map(zone_args) {
-            call.int(value);
+        for zone in zones {
+            call.ints(&zone_args(zone));
         }
         call
     }
