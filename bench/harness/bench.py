@@ -210,9 +210,17 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
                                     env={"RUST_LOG": "warn"})
             wait_port(proc, port)
             self.targets["pingora"] = Target(port, [proc])
+            # Row 2b: the same, also writing X-Forwarded-For and X-Real-IP as Weir does.
+            port = free_port()
+            proc = self.procs.start("pingora_fwd", [self.pingora, f"127.0.0.1:{port}",
+                                                    f"127.0.0.1:{up}", "1", "forwarded"],
+                                    self.sut_cpu, env={"RUST_LOG": "warn"})
+            wait_port(proc, port)
+            self.targets["pingora_fwd"] = Target(port, [proc])
         else:
             self.skipped["pingora"] = ("no examples/pingora_passthrough binary (run.sh builds it "
                                        "unless BENCH_SKIP_BUILD=1)")
+            self.skipped["pingora_fwd"] = self.skipped["pingora"]
         self.check_weir_store()
         self.start_openresty()
 

@@ -35,7 +35,7 @@ from .procs import Proc, free_port, record_pid, wait_port
 from .redis_client import redis_delta
 
 # The rows counted (by kind: a variant's rows 2-5 count too).
-INS_KINDS = ("pingora", "passthrough", "memory", "redis", "redis_log", "redis3", "nginx_proxy",
+INS_KINDS = ("pingora", "pingora_fwd", "passthrough", "memory", "redis", "redis_log", "redis3", "nginx_proxy",
              "nginx_limit", "openresty")
 WEIR_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
 INS_CONNS = 16        # wrk connections (the proxy is the bottleneck under valgrind anyway)
@@ -98,7 +98,8 @@ class Instructions:
         rows = [r for r in self.row_catalog() if (r.kind or r.id) in INS_KINDS]
         if not self.pingora:
             self.skipped["pingora"] = "no examples/pingora_passthrough binary (--pingora)"
-            rows = [r for r in rows if r.id != "pingora"]
+            self.skipped["pingora_fwd"] = self.skipped["pingora"]
+            rows = [r for r in rows if r.id not in ("pingora", "pingora_fwd")]
         if not OPENRESTY_MODULE.exists():
             self.skipped["openresty"] = f"{OPENRESTY_MODULE} missing"
             rows = [r for r in rows if r.id != "openresty"]
@@ -113,9 +114,10 @@ class Instructions:
         """The proxy's command line, environment and name for `row` (configs written to the
         workdir): Weir with the throughput row's config, plain Pingora, or nginx in one process."""
         kind = row.kind or row.id
-        if kind == "pingora":
-            return ([self.pingora, f"127.0.0.1:{port}", f"127.0.0.1:{self.upstream_port}", "1"],
-                    {"RUST_LOG": "warn"}, "pingora")
+        if kind in ("pingora", "pingora_fwd"):
+            mode = ["forwarded"] if kind == "pingora_fwd" else []
+            return ([self.pingora, f"127.0.0.1:{port}", f"127.0.0.1:{self.upstream_port}", "1",
+                     *mode], {"RUST_LOG": "warn"}, kind)
         if kind in ("nginx_proxy", "nginx_limit", "openresty"):
             root = self.workdir / f"ins-{row.id}"
             root.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,8 @@ def summarize(row: Row) -> dict:
 # The nginx row each row is held against ("ratio to nginx"): nginx proxy_pass for passthroughs,
 # nginx limit_req for limiting rows, the TLS twins for the TLS rows.
 NGINX_TWIN = {
-    "pingora": "nginx_proxy", "passthrough": "nginx_proxy", "scale_passthrough": "nginx_proxy",
+    "pingora": "nginx_proxy", "pingora_fwd": "nginx_proxy", "passthrough": "nginx_proxy",
+    "scale_passthrough": "nginx_proxy",
     "memory": "nginx_limit", "redis": "nginx_limit", "redis3": "nginx_limit",
     "redis_log": "nginx_limit", "openresty": "nginx_limit", "scale_redis": "scale_nginx_limit",
     "https_weir": "https_nginx", "h2_weir": "h2_nginx",
@@ -207,6 +208,10 @@ def targets(res: dict) -> list[dict]:
             f"{us('passthrough') - us('pingora'):+.1f} µs Weir's per request; plain Pingora / "
             f"nginx proxy {rps('pingora') / rps('nginx_proxy'):.2f})"
             if rps("nginx_proxy") else f"{rps('passthrough') / rps('pingora'):.2f}", None)
+    if rps("pingora_fwd") and rps("passthrough"):
+        add("Weir passthrough / plain Pingora sending the same forwarded headers (row 2 / 2b)",
+            f"{rps('passthrough') / rps('pingora_fwd'):.2f} ({us('pingora_fwd'):.1f} µs vs "
+            f"{us('passthrough'):.1f} µs per request)", None)
     for a, b, what in (("https_weir", "https_nginx", "HTTPS: Weir / nginx (row 10 / 10b)"),
                        ("h2_weir", "h2_nginx", "h2 over TLS: Weir / nginx (row 11 / 11b)")):
         if rps(a) and rps(b):
@@ -419,7 +424,8 @@ def render_markdown(res: dict) -> str:
 
 
 ROW_NUMBER = {
-    "upstream": "1", "echo": "1b", "pingora": "2a", "passthrough": "2", "memory": "3",
+    "upstream": "1", "echo": "1b", "pingora": "2a", "pingora_fwd": "2b", "passthrough": "2",
+    "memory": "3",
     "redis": "4", "redis_log": "4a", "redis3": "5", "flood": "6", "flood_cache": "6b",
     "nginx_limit": "7", "nginx_proxy": "7b", "openresty": "8", "scale_passthrough": "9",
     "scale_redis": "9b", "scale_nginx_limit": "9c", "https_weir": "10", "https_nginx": "10b",
@@ -551,11 +557,12 @@ def render_instructions(ins: dict) -> list[str]:
         def ratio(a, b):
             return f"{a / b:.2f}" if (a is not None and b) else "–"
 
-        out.append("| row | instructions/req | vs plain Pingora (2a) | vs nginx | − row 2 "
+        out.append("| row | instructions/req | vs plain Pingora (2a) | vs Pingora + forwarded "
+                   "headers (2b) | vs nginx | − row 2 "
                    "(same build) | vs baseline's row | syscalls/req (native, strace) "
                    "| Redis decisions/call | req/s under valgrind | busy % | idle k/s "
                    "| requests counted |")
-        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for r in rows:
             kind, v = r["kind"], r["variant"]
             twin = NGINX_TWIN.get(kind)
@@ -571,7 +578,7 @@ def render_instructions(ins: dict) -> list[str]:
             counted = r["windows"][1]["requests"] - r["windows"][0]["requests"]
             out.append(
                 f"| {r['label']} | {r['ir_per_req']:,.0f} | {ratio(r['ir_per_req'], ir('pingora'))}"
-                f" | {vs_nginx} | {over2} | {ratio(r['ir_per_req'], ir(kind)) if v else '–'} | "
+                f" | {ratio(r['ir_per_req'], ir('pingora_fwd'))} | {vs_nginx} | {over2} | {ratio(r['ir_per_req'], ir(kind)) if v else '–'} | "
                 f"{fmt(sc.get('per_req'), '.2f')} | {fmt(batch, '.2f')} | "
                 f"{r['rps_under_valgrind']:,.0f} | {fmt(r.get('proxy_busy_pct'), '.0f')} | "
                 f"{fmt(r.get('background_ir_per_s') and r['background_ir_per_s'] / 1e3, ',.0f')} | "

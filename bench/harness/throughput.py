@@ -26,6 +26,8 @@ class Throughput:
             Row("upstream", "1. upstream direct (nginx `return 200`)", "upstream"),
             Row("echo", "1b. upstream direct (`weir echo`, for reference)", "echo"),
             Row("pingora", "2a. plain Pingora proxy (examples/pingora_passthrough)", "pingora"),
+            Row("pingora_fwd", "2b. plain Pingora + X-Forwarded-For / X-Real-IP (as Weir sends)",
+                "pingora_fwd"),
             Row("passthrough", "2. Weir, no limits (Pingora passthrough)", "passthrough"),
             Row("memory", "3. Weir, memory store, 1 zone, 10k keys", "memory"),
             Row("redis", "4. Weir, Redis store, 1 zone, 10k keys", "redis", redis=True),

@@ -53,14 +53,16 @@ impl RedisStore {
             return Ok(decide_all(&[], self.clock.now_us()));
         }
         let keys: Vec<Vec<u8>> = zones.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
+        // The paths other than a single server's lane are boxed: their futures (redis-rs's above
+        // all) would otherwise make this one ~7 KB, allocated for every decision.
         let mut lane_reply = None;
         if self.is_cluster() {
             let groups = group_by_slot(&keys);
             if groups.len() > 1 {
-                return self.bounded(self.decide_per_slot(zones, &keys, &groups)).await;
+                return Box::pin(self.bounded(self.decide_per_slot(zones, &keys, &groups))).await;
             }
             if let Some(owners) = &self.cluster_lanes {
-                lane_reply = self.decide_on_master(owners, zones, &keys).await?;
+                lane_reply = Box::pin(self.decide_on_master(owners, zones, &keys)).await?;
             }
         }
         let reply: Vec<Value> = match (lane_reply, &self.lanes) {
@@ -69,10 +71,10 @@ impl RedisStore {
             (None, None) => {
                 let all: Vec<usize> = (0..zones.len()).collect();
                 let call = self.limit_call(zones, &keys, &all, self.now_arg(|c| c.now_us()), self.detail_flag());
-                self.bounded(async {
+                Box::pin(self.bounded(async {
                     let mut conn = self.connection().await?;
                     Ok(call.invoke(&mut conn).await?)
-                })
+                }))
                 .await?
             }
         };
@@ -681,5 +683,32 @@ mod tests {
         let mut bad = reply.clone();
         bad[4] = Value::Int(2);
         assert!(parse_reply(&bad, &algorithms, false).is_err());
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+    use crate::limit::{DelayPolicy, LimitReq, Rate, SystemClock};
+    use crate::store::LimitStore;
+
+    /// The store's decision future is allocated for every decision (the store trait boxes it):
+    /// the rare paths (Cluster, redis-rs) are boxed inside so that it stays small (it was 7.6 KB).
+    #[test]
+    fn a_decision_future_stays_small() {
+        let config = super::super::RedisStoreConfig {
+            url: "redis://127.0.0.1:1".into(),
+            timeout: std::time::Duration::from_millis(50),
+            clock: super::super::RedisClock::Redis,
+            key_prefix: "w:".into(),
+            tls: None,
+        };
+        let store = RedisStore::new(config, Arc::new(SystemClock)).expect("a store (it connects lazily)");
+        let rate = Rate::parse("1r/s").expect("a rate");
+        let limit = LimitReq { algorithm: Algorithm::LeakyBucket, rate, burst: 0, delay: DelayPolicy::NoDelay };
+        let zones = [KeyedZone::new("z", "k", limit, 1)];
+        let boxed = LimitStore::decide(&store, &zones);
+        let size = std::mem::size_of_val(&*boxed);
+        assert!(size <= 1024, "the decision future is {size} bytes");
     }
 }
