@@ -7,8 +7,9 @@
 //! target/release/examples/pingora_passthrough 127.0.0.1:8080 127.0.0.1:9000 1
 //! ```
 //!
-//! `ProxyHttp` with only `upstream_peer` and the timeouts: every request goes to the one upstream,
-//! over a kept-alive connection from Pingora's pool, with Weir's default timeouts (nginx's too:
+//! `ProxyHttp` with only `upstream_peer`, the timeouts and no downstream modules (as Weir: Pingora's
+//! default adds a disabled response compression): every request goes to the one upstream, over a
+//! kept-alive connection from Pingora's pool, with Weir's default timeouts (nginx's too:
 //! connect 5 s, upstream read and send 60 s, pool idle 60 s, client body and send 60 s; Pingora
 //! arms a timer for each, ~2,500 instructions a request). No other filter, no logging, no config
 //! file; the same `pingora` crate and features as Weir (Cargo.toml), `threads` worker threads
@@ -47,6 +48,9 @@ impl ProxyHttp for Passthrough {
     type CTX = ();
 
     fn new_ctx(&self) -> Self::CTX {}
+
+    /// As Weir: no downstream modules (Pingora's default adds a disabled response compression).
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
 
     async fn request_filter(&self, session: &mut Session, _ctx: &mut Self::CTX) -> Result<bool> {
         session.set_read_timeout(Some(IO_TIMEOUT));

@@ -20,13 +20,25 @@ impl IpText {
         let mut text = IpText { buf: [0; MAX_LEN], len: 0 };
         match ip {
             IpAddr::V4(v4) => {
-                let mut digits = itoa::Buffer::new();
+                // At most 15 bytes: written without bounds checks or a formatter per octet.
+                let mut len = 0;
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
-                        text.push(b".");
+                        text.buf[len] = b'.';
+                        len += 1;
                     }
-                    text.push(digits.format(octet).as_bytes());
+                    if octet >= 100 {
+                        text.buf[len] = b'0' + octet / 100;
+                        len += 1;
+                    }
+                    if octet >= 10 {
+                        text.buf[len] = b'0' + octet / 10 % 10;
+                        len += 1;
+                    }
+                    text.buf[len] = b'0' + octet % 10;
+                    len += 1;
                 }
+                text.len = len;
             }
             IpAddr::V6(v6) => {
                 // Rare enough (and its compression rules subtle enough) to keep `Display`.
@@ -37,11 +49,6 @@ impl IpText {
             }
         }
         text
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
     }
 
     pub fn as_str(&self) -> &str {
