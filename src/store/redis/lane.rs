@@ -145,12 +145,7 @@ impl Call {
 
     /// Appends a key (all keys come before the first argument).
     pub(super) fn key(&mut self, key: &[u8]) {
-        self.key_of(&[key]);
-    }
-
-    /// Appends a key given in pieces (written as one bulk string, without building it first).
-    pub(super) fn key_of(&mut self, parts: &[&[u8]]) {
-        CommandWriter::append(&mut self.frame).concatenated(parts);
+        CommandWriter::append(&mut self.frame).bytes(key);
         self.keys_end = self.frame.len();
     }
 

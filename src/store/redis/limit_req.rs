@@ -52,17 +52,6 @@ impl RedisStore {
             // Nothing to limit: no round trip.
             return Ok(decide_all(&[], self.clock.now_us()));
         }
-        if let (false, Some(lanes)) = (self.is_cluster(), &self.lanes) {
-            // The usual path: the key names are written straight into the call.
-            let mut call = Call::new(zones.len(), zones.len());
-            let mut hashed = Vec::new();
-            for zone in zones {
-                call.key_of(&super::redis_key_parts(&self.config.key_prefix, zone.zone, &zone.key, &mut hashed));
-            }
-            let reply = self.bounded(lanes.decide(self.lane_args(call, zones))).await?;
-            let algorithms: Vec<Algorithm> = zones.iter().map(|c| c.limit.algorithm).collect();
-            return parse_reply(&reply, &algorithms, self.full_outcomes);
-        }
         let keys: Vec<Vec<u8>> = zones.iter().map(|c| self.key_for(c.zone, &c.key)).collect();
         // The paths other than a single server's lane are boxed: their futures (redis-rs's above
         // all) would otherwise make this one ~7 KB, allocated for every decision.
@@ -184,11 +173,6 @@ impl RedisStore {
         for key in keys {
             call.key(key);
         }
-        self.lane_args(call, zones)
-    }
-
-    /// The arguments after a lane call's keys.
-    fn lane_args(&self, mut call: Call, zones: &[KeyedZone<'_>]) -> Call {
         match self.now_arg(|c| c.now_us()) {
             Some(now) => call.int(now),
             None => call.arg(b""),

@@ -290,30 +290,20 @@ impl LimitStore for RedisStore {
 /// A key longer than 200 bytes, or one starting with `#`, is replaced by `#` and the hex SHA-256 of
 /// the key: Redis key names stay bounded, and no raw key can collide with a hashed one.
 pub fn redis_key(prefix: &str, zone: &str, key: &[u8]) -> Vec<u8> {
-    let mut hashed = Vec::new();
-    let parts = redis_key_parts(prefix, zone, key, &mut hashed);
-    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for part in parts {
-        out.extend_from_slice(part);
-    }
-    out
-}
-
-/// The pieces of `redis_key`, in order, so that a command can be written from them without
-/// building the name first (`hashed` holds the hash when the key needs one).
-pub(super) fn redis_key_parts<'a>(
-    prefix: &'a str,
-    zone: &'a str,
-    key: &'a [u8],
-    hashed: &'a mut Vec<u8>,
-) -> [&'a [u8]; 5] {
+    let hashed;
     let key = if key.len() > MAX_RAW_KEY_LEN || key.first() == Some(&b'#') {
-        *hashed = crate::keys::hashed(key);
+        hashed = crate::keys::hashed(key);
         hashed.as_slice()
     } else {
         key
     };
-    [prefix.as_bytes(), zone.as_bytes(), b":{", key, b"}"]
+    let mut out = Vec::with_capacity(prefix.len() + zone.len() + key.len() + 3);
+    out.extend_from_slice(prefix.as_bytes());
+    out.extend_from_slice(zone.as_bytes());
+    out.extend_from_slice(b":{");
+    out.extend_from_slice(key);
+    out.push(b'}');
+    out
 }
 
 #[cfg(test)]

@@ -39,18 +39,6 @@ impl<'a> CommandWriter<'a> {
         self
     }
 
-    /// One bulk string made of `parts`, in order.
-    pub fn concatenated(&mut self, parts: &[&[u8]]) -> &mut Self {
-        self.buf.push(b'$');
-        self.buf.extend_from_slice(itoa::Buffer::new().format(parts.iter().map(|p| p.len()).sum::<usize>()).as_bytes());
-        self.buf.extend_from_slice(b"\r\n");
-        for part in parts {
-            self.buf.extend_from_slice(part);
-        }
-        self.buf.extend_from_slice(b"\r\n");
-        self
-    }
-
     pub fn int(&mut self, value: impl itoa::Integer) -> &mut Self {
         let mut digits = itoa::Buffer::new();
         self.bytes(digits.format(value).as_bytes())
