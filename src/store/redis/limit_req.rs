@@ -234,7 +234,7 @@ impl RedisStore {
         let slot = slots::key_slot(&keys[0]);
         let Some(master) = owners.owner(slot) else { return Ok(None) };
         let call = self.lane_call(zones, keys).in_slot(slot);
-        match self.within_budget(lane::decide_on(&master, call)).await {
+        match tokio::time::timeout(self.config.timeout, lane::decide_on(&master, call)).await {
             Ok(Ok(reply)) => Ok(Some(reply)),
             Ok(Err(LaneError::NotRun(why))) => {
                 tracing::debug!(reason = %why, slot, "the slot's master did not run the decision; through redis-rs");

@@ -200,17 +200,11 @@ impl RedisStore {
         self.conns.get().await
     }
 
-    /// `work`, or `Err` once the decision budget is spent. (Pingora's coarse `fast_timeout` was
-    /// measured here: ~400 instructions a decision more than tokio's timer, not fewer.)
-    async fn within_budget<F: std::future::Future>(&self, work: F) -> Result<F::Output, ()> {
-        tokio::time::timeout(self.config.timeout, work).await.map_err(|_| ())
-    }
-
     async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match self.within_budget(work).await {
+        match tokio::time::timeout(self.config.timeout, work).await {
             Ok(result) => result,
             Err(_) => {
                 self.conns.note_timeout();

@@ -50,7 +50,7 @@ impl<'a> CommandWriter<'a> {
     pub fn ints<const N: usize>(&mut self, values: &[i64; N]) -> &mut Self {
         RECENT_ARGS.with(|cell| {
             let mut recent = cell.borrow_mut();
-            if let Some(hit) = recent.iter().position(|(v, _)| v.len() == N && v[..] == values[..]) {
+            if let Some(hit) = recent.iter().position(|(v, _)| v[..] == values[..]) {
                 self.buf.extend_from_slice(&recent[hit].1);
                 recent[..=hit].rotate_right(1);
                 return;
@@ -150,10 +150,6 @@ fn item(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Option<Reply>, Malf
     if depth > MAX_DEPTH {
         return Err(Malformed("reply nested too deeply".into()));
     }
-    if buf.get(*pos) == Some(&b':') {
-        // Most of a reply is integers: scanned and parsed in one pass.
-        return Ok(integer_line(buf, pos)?.map(|n| Ok(Value::Int(n))));
-    }
     let Some(line) = line(buf, pos)? else { return Ok(None) };
     let (&kind, rest) = line.split_first().ok_or_else(|| Malformed("empty reply line".into()))?;
     let value = match kind {
@@ -217,27 +213,6 @@ fn line<'b>(buf: &'b [u8], pos: &mut usize) -> Result<Option<&'b [u8]>, Malforme
     Ok(Some(&rest[..cr]))
 }
 
-/// The integer reply (`:<digits>\r\n`) at `pos`, parsed while its end is looked for; `None`
-/// while incomplete. The same integers as `line` then `integer` accept.
-fn integer_line(buf: &[u8], pos: &mut usize) -> Result<Option<i64>, Malformed> {
-    let start = *pos + 1;
-    let rest = buf.get(start..).unwrap_or_default();
-    let Some(cr) = rest.iter().position(|&b| b == b'\r') else {
-        if rest.len() > 64 * 1024 {
-            return Err(Malformed("reply line longer than 64 KiB".into()));
-        }
-        return Ok(None);
-    };
-    match rest.get(cr + 1) {
-        None => return Ok(None),
-        Some(b'\n') => {}
-        Some(_) => return Err(Malformed("CR without LF".into())),
-    }
-    let n = integer(&rest[..cr])?;
-    *pos = start + cr + 2;
-    Ok(Some(n))
-}
-
 /// RESP's integer text: an optional minus, then ASCII digits, without overflow (i64::MIN is
 /// refused; no reply of ours comes near it). Parsed by hand: a reply carries a dozen per request.
 fn integer(digits: &[u8]) -> Result<i64, Malformed> {
@@ -249,24 +224,18 @@ fn integer(digits: &[u8]) -> Result<i64, Malformed> {
     if body.is_empty() {
         return Err(bad());
     }
+    // At most 18 digits cannot overflow: those (a reply's times have 16) skip the checks.
+    let may_overflow = body.len() > 18;
     let mut n: i64 = 0;
-    if body.len() <= 18 {
-        // At most 18 digits cannot overflow: no check per digit (a reply's times have 16).
-        for &b in body {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                return Err(bad());
-            }
-            n = n * 10 + i64::from(digit);
+    for &b in body {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return Err(bad());
         }
-    } else {
-        for &b in body {
-            let digit = b.wrapping_sub(b'0');
-            if digit > 9 {
-                return Err(bad());
-            }
-            n = n.checked_mul(10).and_then(|n| n.checked_add(i64::from(digit))).ok_or_else(bad)?;
-        }
+        n = match may_overflow {
+            false => n * 10 + i64::from(digit),
+            true => n.checked_mul(10).and_then(|n| n.checked_add(i64::from(digit))).ok_or_else(bad)?,
+        };
     }
     Ok(if negative { -n } else { n })
 }
