@@ -389,6 +389,8 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             self.other_phases(rows)
         elif "paced" in self.args.rows.split(",") and any(r.id == "redis" for r in rows):
             self.results["paced"] = self.phase_paced(rows)  # --rows ...,redis,paced
+        if self.args.rows and self.args.profile:  # --rows ... --profile: those rows' profiles
+            self.results["profile"] = self.phase_profile([r.id for r in rows if r.id in self.targets])
 
     def stem(self) -> str:
         # A quick run must not overwrite the full run's results (bench/results/*.md quote them).

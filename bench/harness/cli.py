@@ -29,7 +29,7 @@ def main() -> int:
                          "of the baseline and every variant, nginx_proxy, nginx_limit, openresty; "
                          "add paced, with passthrough and redis, for the paced pair)")
     ap.add_argument("--profile", action="store_true",
-                    help="also perf-profile rows 2a, 2, 3, 4 and 7 (extra runs, "
+                    help="also perf-profile rows 2a, 2, 3, 4 and 7, or those of --rows (extra runs, "
                          "results/profile-*.txt)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=BIN[,k=v;...]",
                     help="A/B: rows 2-5 and 4a again for another weir binary and/or extra settings "

@@ -14,19 +14,21 @@ class Profile:
 
     # ---- optional: where the proxy's CPU goes (perf) ----------------------------------------
 
-    def phase_profile(self) -> dict:
+    def phase_profile(self, rids: list[str] | None = None) -> dict:
         """perf record (cpu-clock, flat) of the proxy, and of Redis for Redis rows, during one
-        extra saturated run per row; not part of the medians. Reports in <out>/profile-<row>.txt."""
+        extra saturated run per row; not part of the medians. Reports in <out>/profile-<row>.txt.
+        `rids`: the rows of `--rows` (with `--profile`); else rows 2a, 2, 3, 4 and 7."""
         if subprocess.run(["sh", "-c", "command -v perf"], capture_output=True).returncode:
             return {"skipped": "perf not installed"}
         out = {}
-        rids = ["passthrough", "memory", "redis", "nginx_limit"]
-        if "pingora" in self.targets:
-            rids.insert(0, "pingora")  # plain Pingora: what of row 2's profile is Pingora's own
+        if rids is None:
+            rids = ["passthrough", "memory", "redis", "nginx_limit"]
+            if "pingora" in self.targets:
+                rids.insert(0, "pingora")  # plain Pingora: what of row 2's profile is Pingora's own
         for rid in rids:
             target = self.targets[rid]
             pids = target.pids()
-            if rid.startswith("redis"):
+            if rid.startswith("redis") or rid == "openresty":
                 pids.append(self.redis_proc.pid)
             data = self.workdir / f"perf-{rid}.data"
             log(f"profile: {rid}")
@@ -49,7 +51,8 @@ class Profile:
                 return lines
 
             by_dso, by_symbol = report("comm,dso", "0.5"), report("comm,dso,symbol", "0.7")
-            binary = "pingora_passthrough" if rid == "pingora" else "weir"
+            binary = {"pingora": "pingora_passthrough", "pingora_fwd": "pingora_passthrough",
+                      "openresty": "nginx", "nginx_limit": "nginx"}.get(rid, "weir")
             by_crate = crate_totals(report("dso,symbol", "0"), binary)
             text = (f"# perf record -F 999 (cpu-clock) of {rid} at {res['rps']:.0f} req/s, pids "
                     f"{pids}\n\n## by thread and object\n" + "\n".join(by_dso)

@@ -161,16 +161,25 @@ impl GuardedStream {
         };
         let at = *self.deadline.get_or_insert_with(|| Instant::now() + timeout);
         let timer = match &mut self.timer {
+            // A timer armed for an earlier deadline is kept: moving it costs a removal from and an
+            // insertion into the timer wheel, on every request of a keep-alive connection. When it
+            // fires before `at` it is moved then, at most once per `timeout`.
+            Some(timer) if timer.deadline() <= at => timer,
             Some(timer) => {
-                if timer.deadline() != at {
-                    timer.as_mut().reset(at);
-                }
+                timer.as_mut().reset(at);
                 timer
             }
             None => self.timer.insert(Box::pin(sleep_until(at))),
         };
-        if timer.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if timer.deadline() >= at {
+                break;
+            }
+            // An earlier phase's deadline: wait on for this one.
+            timer.as_mut().reset(at);
         }
         match self.armed_for {
             IDLE => Self::cut("keepalive_timeout", io::ErrorKind::TimedOut, "keep-alive connection idle too long"),
@@ -272,5 +281,79 @@ impl Peek for GuardedStream {
 impl std::fmt::Debug for GuardedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuardedStream").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edge::caps::ConnectionCaps;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    const LIMITS: StreamLimits = StreamLimits {
+        header_timeout: Duration::from_secs(10),
+        keepalive_timeout: Duration::from_secs(30),
+        max_header_size: 1024,
+    };
+
+    /// A loopback connection, the server's side guarded; `served`: its first request was served,
+    /// so it idles (keep-alive) until the client's next byte.
+    async fn guarded_pair(served: bool) -> (GuardedStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let permit = Arc::new(ConnectionCaps::default()).admit(None, 1, None).unwrap();
+        let inner: Stream = Box::new(pingora::protocols::l4::stream::Stream::from(server));
+        let guarded = GuardedStream::new(inner, LIMITS, permit, false);
+        if served {
+            guarded.request_finished();
+        }
+        (guarded, client)
+    }
+
+    /// Reads until the guard cuts the connection; each byte read is served as a whole request
+    /// head unless `heads_complete` is false. Returns when, and why, it was cut.
+    async fn read_until_cut(mut guarded: GuardedStream, heads_complete: bool) -> (Duration, io::Error) {
+        let start = Instant::now();
+        let mut buf = [0u8; 64];
+        loop {
+            match guarded.read(&mut buf).await {
+                Ok(n) if n > 0 => {
+                    if heads_complete {
+                        guarded.request_started();
+                        guarded.request_finished();
+                    }
+                }
+                Ok(_) => panic!("the client closed first"),
+                Err(e) => return (start.elapsed(), e),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keepalive_deadline_counts_from_the_last_request_not_the_first() {
+        let (guarded, mut client) = guarded_pair(true).await;
+        let cut = tokio::spawn(read_until_cut(guarded, true));
+        // A request at 20 s moves the deadline from 30 s to 50 s, although the timer armed for
+        // 30 s is kept (not moved on every request) and fires first.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        client.write_all(b"x").await.unwrap();
+        let (after, error) = cut.await.unwrap();
+        assert_eq!(after, Duration::from_secs(50));
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(error.to_string(), "keep-alive connection idle too long");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_header_deadline_earlier_than_the_armed_timer_moves_it() {
+        let (guarded, mut client) = guarded_pair(true).await;
+        let cut = tokio::spawn(read_until_cut(guarded, false));
+        // The keep-alive timer waits for 30 s; a head begun at 5 s must be complete by 15 s.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        client.write_all(b"G").await.unwrap();
+        let (after, error) = cut.await.unwrap();
+        assert_eq!(after, Duration::from_secs(15));
+        assert_eq!(error.to_string(), "request head not received in time");
     }
 }
