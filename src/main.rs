@@ -126,7 +126,12 @@ fn main() -> ExitCode {
             }
         }
         Command::Echo { listen } => {
-            weir::logging::init(&weir::config::LogSettings { level: "info".into(), json: false, access_log: false });
+            weir::logging::init(&weir::config::LogSettings {
+                level: "info".into(),
+                json: false,
+                access_log: false,
+                access_buffer: None,
+            });
             match weir::process::echo::run(listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

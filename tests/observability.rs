@@ -516,6 +516,90 @@ limit_req = [ { zone = "per_ip", burst = 0, nodelay = true } ]
     );
 }
 
+/// The paths of the access lines in `w`'s stderr, JSON or text format.
+fn logged_paths(w: &Weir) -> Vec<String> {
+    let stderr = w.stderr();
+    let finished = &stderr[..stderr.rfind('\n').map_or(0, |i| i + 1)];
+    finished
+        .lines()
+        .filter(|l| l.contains("weir::access"))
+        .map(|l| match serde_json::from_str::<Value>(l) {
+            Ok(json) => json["path"].as_str().unwrap_or("?").to_string(),
+            Err(_) => l.split(" path=").nth(1).and_then(|p| p.split(' ').next()).unwrap_or("?").to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_buffered_access_log_writes_every_line_when_weir_stops() {
+    for format in ["json", "text"] {
+        let up = Upstream::start();
+        let mut w = Weir::start(&config(
+            &up,
+            "",
+            &format!(
+                "[log]\nformat = \"{format}\"\naccess_log_buffer = 65536\naccess_log_flush = \"1h\"\n\n\
+                 [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+            ),
+        ));
+        let paths: Vec<String> = (0..30).map(|i| format!("/buffered/{i}")).collect();
+        for path in &paths {
+            // Read to the connection's end: its logging phase has run (the line is in a buffer).
+            assert_eq!(http::get_logged(w.addr, path, &[]).status, 200);
+        }
+        // 30 lines of ~400 bytes fill neither thread's 64 KiB, and none is an hour old.
+        assert_eq!(logged_paths(&w), Vec::<String>::new(), "{format}: buffered, nothing written yet");
+        let (status, _) = w.terminate(Duration::from_secs(20)).expect("weir stops on SIGTERM");
+        assert!(status.success(), "{status:?}\n{}", w.stderr());
+        let written = poll(SETTLE, POLL, || logged_paths(&w), |got| got.len() >= paths.len()).unwrap_or_else(|got| got);
+        assert_eq!(written.len(), paths.len(), "{format}: no line lost or written twice:\n{}", w.stderr());
+        let written: BTreeSet<String> = written.into_iter().collect();
+        assert_eq!(written, paths.iter().cloned().collect::<BTreeSet<_>>(), "{format}: every line on the stop");
+    }
+}
+
+#[test]
+fn buffered_access_lines_wait_at_most_the_flush_time() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(
+        &up,
+        "",
+        "[log]\nformat = \"json\"\naccess_log_buffer = 65536\naccess_log_flush = \"300ms\"\n\n\
+         [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+    ));
+    let sent = Instant::now();
+    assert_eq!(http::get_logged(w.addr, "/waits", &[]).status, 200);
+    // No more traffic: only the flush time can write the line out.
+    let written = poll(SETTLE, POLL, || logged_paths(&w), |got| !got.is_empty());
+    let waited = sent.elapsed();
+    assert_eq!(written, Ok(vec!["/waits".to_string()]), "the line is written within {SETTLE:?}");
+    assert!(waited >= Duration::from_millis(300), "written after {waited:?}, before the flush time");
+}
+
+#[test]
+fn a_full_access_buffer_is_written_at_once_in_the_text_format_too() {
+    let up = Upstream::start();
+    let mut w = Weir::start(&config(
+        &up,
+        "",
+        "[log]\naccess_log_buffer = 512\naccess_log_flush = \"1h\"\n\n\
+         [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+    ));
+    let text_lines = |w: &Weir| logged_paths(w).len();
+    for i in 0..20 {
+        assert_eq!(http::get_logged(w.addr, &format!("/full/{i}"), &[]).status, 200);
+    }
+    // Text lines are ~300 bytes: a 512-byte buffer goes out every line or two, without a stop.
+    let before_stop = poll(SETTLE, POLL, || text_lines(&w), |n| *n >= 10).unwrap_or_else(|n| n);
+    assert!(before_stop >= 10, "full buffers are written without waiting: {before_stop} of 20\n{}", w.stderr());
+    w.terminate(Duration::from_secs(20)).expect("weir stops on SIGTERM");
+    let all = poll(SETTLE, POLL, || text_lines(&w), |n| *n >= 20).unwrap_or_else(|n| n);
+    assert_eq!(all, 20, "every line once:\n{}", w.stderr());
+    for line in w.stderr().lines().filter(|l| l.contains("weir::access")) {
+        assert!(line.contains("route=") && line.contains("status=200"), "a whole line: {line:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Dry run
 // ---------------------------------------------------------------------------------------------

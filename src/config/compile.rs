@@ -179,7 +179,25 @@ pub struct LogSettings {
     pub level: String,
     pub json: bool,
     pub access_log: bool,
+    /// `access_log_buffer` / `access_log_flush`; `None`: every access line written at once.
+    pub access_buffer: Option<AccessBuffer>,
 }
+
+/// `[log] access_log_buffer` and `access_log_flush` (nginx's `access_log … buffer= flush=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessBuffer {
+    /// Bytes of access lines a thread gathers before one write.
+    pub size: usize,
+    /// The longest a buffered line waits.
+    pub flush: Duration,
+}
+
+/// The largest `log.access_log_buffer`: a thread's lines are held in memory until written.
+const MAX_ACCESS_BUFFER: i64 = 1024 * 1024;
+/// The smallest: below a few lines a buffer saves little and a long line goes out alone anyway.
+const MIN_ACCESS_BUFFER: i64 = 512;
+/// The default `log.access_log_flush`.
+const DEFAULT_ACCESS_FLUSH: Duration = Duration::from_secs(1);
 
 /// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
 pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
@@ -320,9 +338,9 @@ fn no_underscored_header_is_read(
 }
 
 fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<LogSettings, ConfigError> {
-    let defaults = LogSettings { level: "info".to_string(), json: false, access_log: true };
+    let defaults = LogSettings { level: "info".to_string(), json: false, access_log: true, access_buffer: None };
     let Some(log) = log else { return Ok(defaults) };
-    let schema::Log { level, format, access_log } = log.into_inner();
+    let schema::Log { level, format, access_log, access_log_buffer, access_log_flush } = log.into_inner();
     let level = match level {
         None => defaults.level,
         Some(l) if ["error", "warn", "info", "debug", "trace"].contains(&l.get_ref().as_str()) => l.into_inner(),
@@ -341,7 +359,50 @@ fn compile_log(src: &Source<'_>, log: Option<Spanned<schema::Log>>) -> Result<Lo
             return Err(src.error_at(&span, format!("log.format: expected \"text\" or \"json\", got {other:?}")));
         }
     };
-    Ok(LogSettings { level, json, access_log: access_log.unwrap_or(defaults.access_log) })
+    let access_buffer = compile_access_buffer(src, access_log_buffer, access_log_flush)?;
+    Ok(LogSettings { level, json, access_log: access_log.unwrap_or(defaults.access_log), access_buffer })
+}
+
+/// `log.access_log_buffer` (bytes; 0: off) and `log.access_log_flush` (only with a buffer).
+fn compile_access_buffer(
+    src: &Source<'_>,
+    size: Option<Spanned<i64>>,
+    flush: Option<Spanned<String>>,
+) -> Result<Option<AccessBuffer>, ConfigError> {
+    let size = match size {
+        None => None,
+        Some(s) if *s.get_ref() == 0 => None,
+        Some(s) if (MIN_ACCESS_BUFFER..=MAX_ACCESS_BUFFER).contains(s.get_ref()) => Some(*s.get_ref() as usize),
+        Some(s) => {
+            return Err(src.error_at(
+                &s.span(),
+                format!(
+                    "log.access_log_buffer: bytes, 0 (off) or {MIN_ACCESS_BUFFER}..={MAX_ACCESS_BUFFER} \
+                     (e.g. 65536), got {}",
+                    s.get_ref()
+                ),
+            ))
+        }
+    };
+    let flush = match flush {
+        None => DEFAULT_ACCESS_FLUSH,
+        Some(f) if size.is_none() => {
+            return Err(src.error_at(
+                &f.span(),
+                "log.access_log_flush: only with log.access_log_buffer (lines are written at once without one)",
+            ))
+        }
+        Some(f) => match parse_duration(f.get_ref()) {
+            Some(d) if !d.is_zero() && d <= Duration::from_secs(3600) => d,
+            _ => {
+                return Err(src.error_at(
+                    &f.span(),
+                    format!("log.access_log_flush: {:?} is not a duration from \"1ms\" to \"1h\"", f.get_ref()),
+                ))
+            }
+        },
+    };
+    Ok(size.map(|size| AccessBuffer { size, flush }))
 }
 
 type ServerParts = (ServerSettings, Vec<CertEntry>, Vec<String>);

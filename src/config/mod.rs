@@ -29,7 +29,7 @@ use std::path::Path;
 
 pub use access::AccessRule;
 pub use checks::parse_duration;
-pub use compile::{ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
+pub use compile::{AccessBuffer, ClientLimits, LogSettings, Runtime, ServerSettings, UnderscoreHeaders};
 pub use error::ConfigError;
 pub use interpolate::EnvUse;
 pub use json_schema::json_schema_text;

@@ -100,6 +100,13 @@ pub struct Log {
     /// One line per request; a reload can switch it.
     #[schemars(extend("default" = true))]
     pub access_log: Option<bool>,
+    /// Bytes of access lines each thread gathers before one write (nginx's `buffer=`); 0 or
+    /// absent: each line is written at once. Read at start.
+    #[schemars(range(min = 0, max = 1048576), extend("default" = 0))]
+    pub access_log_buffer: Option<Spanned<i64>>,
+    /// The longest a buffered access line waits (nginx's `flush=`). Read at start.
+    #[schemars(extend("default" = "1s"))]
+    pub access_log_flush: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

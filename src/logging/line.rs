@@ -1,11 +1,10 @@
 //! JSON log lines formatted outside `tracing` (for the per-request access log): into a buffer that
-//! each thread reuses, then written to stderr with one `write(2)` before the caller goes on, so a
-//! line is on its way before the next request of the same connection starts. The object has the
+//! each thread reuses, then written to stderr with one `write(2)` before the caller goes on (or
+//! gathered with the thread's other lines, with `[log] access_log_buffer`: `buffer.rs`). The object has the
 //! shape of `tracing_subscriber`'s flattened JSON events: `timestamp`, `level`, `message`, the
 //! fields, `target`.
 
 use std::cell::RefCell;
-use std::io::Write;
 use std::time::SystemTime;
 
 use super::json::JsonObject;
@@ -51,11 +50,8 @@ impl LineWriter {
         fields(&mut obj);
         obj.str("target", target);
         obj.end();
-        // stderr is unbuffered: one write(2) for the whole line. Its lock keeps the lines of other
-        // threads (and `tracing`'s, written through the same handle) from interleaving with this
-        // one should the kernel take it in parts. A failed write is dropped, as `tracing` drops
-        // it: logging never fails a request.
-        let _ = std::io::stderr().lock().write_all(&self.buf);
+        // One write(2) for the whole line, or a place in the thread's buffer (`buffer`).
+        super::buffer::write_line(&self.buf);
         if self.buf.capacity() > KEEP_CAPACITY {
             self.buf = Vec::new();
         }

@@ -200,7 +200,11 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         server.add_service(admin_service);
     }
     tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
-    server.run_forever()
+    server.run(pingora::server::RunArgs::default());
+    // Stopped (SIGTERM, SIGINT, an upgrade): buffered access lines are written before the exit,
+    // which runs no destructor.
+    crate::logging::buffer::flush_all();
+    std::process::exit(0)
 }
 
 /// The rate limit service's stores: the process's store (one Redis connection, breaker and deny

@@ -219,3 +219,27 @@ limit_req = [{ zone = "per_user" }]
     let err = from_text_with(text, "/cfg/weir.toml", &no_key).expect_err("the key file is not among the answers");
     assert!(err.message.contains("/cfg/jwt.key"), "{err}");
 }
+
+#[test]
+fn access_log_buffer() {
+    let with_log = |log: &str| GOOD.replacen("[real_ip]", &format!("[log]\n{log}\n\n[real_ip]"), 1);
+    let rt = compile(&with_log("access_log_buffer = 65536"), "t.toml").unwrap();
+    assert_eq!(rt.log.access_buffer, Some(AccessBuffer { size: 65536, flush: Duration::from_secs(1) }));
+    let rt = compile(&with_log("access_log_buffer = 4096\naccess_log_flush = \"250ms\""), "t.toml").unwrap();
+    assert_eq!(rt.log.access_buffer, Some(AccessBuffer { size: 4096, flush: Duration::from_millis(250) }));
+    assert_eq!(compile(&with_log("access_log_buffer = 0"), "t.toml").unwrap().log.access_buffer, None);
+    assert_eq!(compile(GOOD, "t.toml").unwrap().log.access_buffer, None, "off by default");
+    for (log, needle) in [
+        ("access_log_buffer = 100", "log.access_log_buffer: bytes, 0 (off) or 512..=1048576"),
+        ("access_log_buffer = 2000000", "log.access_log_buffer"),
+        ("access_log_buffer = -1", "log.access_log_buffer"),
+        ("access_log_flush = \"1s\"", "log.access_log_flush: only with log.access_log_buffer"),
+        ("access_log_buffer = 4096\naccess_log_flush = \"0s\"", "log.access_log_flush: \"0s\" is not a duration"),
+        ("access_log_buffer = 4096\naccess_log_flush = \"2h\"", "log.access_log_flush"),
+        ("access_log_buffer = 4096\naccess_log_flush = \"soon\"", "log.access_log_flush"),
+    ] {
+        let err = compile_err(&with_log(log));
+        assert!(err.line.is_some_and(|l| (6..=8).contains(&l)), "{log}: {err}");
+        assert!(err.to_string().contains(needle), "{log}: {err} should mention {needle:?}");
+    }
+}
