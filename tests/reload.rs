@@ -867,3 +867,17 @@ fn limit_state_survives_reloads_and_a_renamed_zone_starts_fresh() {
     s.wait_generation(4);
     assert_eq!(s.api_statuses("k", 5), [200, 200, 200, 200, 429], "zone renamed: fresh state");
 }
+
+#[test]
+fn log_settings_read_at_start_are_reported_as_pending_restart() {
+    let s = Setup::start(TWO_ROUTES);
+    let listen = format!("{:?}", s.w.addr.to_string());
+    s.write(&s.text_with_listen(&listen, &format!("[log]\naccess_log_buffer = 65536\n\n{THREE_ROUTES}")));
+    let st = s.wait_generation(2);
+    let pending = pending(&st);
+    assert!(
+        pending.iter().any(|p| p.contains("log.access_log_buffer") && p.contains("running off")),
+        "pending_restart names the access-log buffer: {st}"
+    );
+    assert_eq!(s.get("/b/x", "c"), 200, "everything else is applied");
+}

@@ -85,6 +85,8 @@ struct Startup {
     tracing: Option<TraceSettings>,
     /// `[rls] listen` and `listen_tls` (empty without `[rls]`).
     rls_listen: RlsListen,
+    /// `[log]`: all but `access_log` are read once, at start.
+    log: crate::config::LogSettings,
 }
 
 type RlsListen = (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>);
@@ -114,6 +116,7 @@ impl Reloader {
             store: format!("{:?}", runtime.store),
             tracing: runtime.tracing.clone(),
             rls_listen: rls_listen(&runtime),
+            log: runtime.log.clone(),
         };
         Self {
             path: path.to_path_buf(),
@@ -389,6 +392,24 @@ fn restart_only_changes(current: &Startup, next: &Runtime) -> Vec<String> {
     }
     if current.tracing != next.tracing {
         changes.push("tracing: the file changes the [tracing] settings".to_string());
+    }
+    let (running, file) = (&current.log, &next.log);
+    if running.level != file.level {
+        changes.push(format!("log.level: running {:?}, the file says {:?}", running.level, file.level));
+    }
+    if running.json != file.json {
+        let format = |json: bool| if json { "json" } else { "text" };
+        changes.push(format!("log.format: running {}, the file says {}", format(running.json), format(file.json)));
+    }
+    if running.access_buffer != file.access_buffer {
+        let text = |b: Option<crate::config::AccessBuffer>| {
+            b.map_or("off".to_string(), |b| format!("{} bytes, flush {:?}", b.size, b.flush))
+        };
+        changes.push(format!(
+            "log.access_log_buffer / access_log_flush: running {}, the file says {}",
+            text(running.access_buffer),
+            text(file.access_buffer)
+        ));
     }
     // Debug output covers every store field; compared only, never logged (the URL may hold a password).
     if current.store != format!("{:?}", next.store) {
