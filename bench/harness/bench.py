@@ -139,7 +139,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
 
     def weir_specs(self) -> dict[str, tuple[dict, dict | None]]:
         """The Weir rows' configs (weir_toml's arguments) and environments, by target name:
-        rows 2-6b and 4a (the latter only for a build that knows [log] access_log)."""
+        rows 2-6b, 4a and 4b (only for a build that knows [log] access_log / access_log_buffer)."""
         flood = dict(zones=1, store="redis", rate="1r/h", burst=0)
         specs: dict[str, tuple[dict, dict | None]] = {
             "passthrough": (dict(zones=0), None),
@@ -156,6 +156,12 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
         if self.access_log is not None:
             specs["redis_log"] = (dict(zones=1, store="redis", access_log=True, log_json=True),
                                   {"RUST_LOG": "warn,weir::access=info"})
+            # 4b: the same, buffered (`[log] access_log_buffer`, nginx's `buffer=`), if known.
+            buffered = dict(zones=1, store="redis", access_log=True, log_json=True,
+                            access_log_buffer=65536)
+            if self.weir_accepts(weir_toml(1, self.upstream_port, access_log=True,
+                                           access_log_buffer=65536)):
+                specs["redis_log_buf"] = (buffered, {"RUST_LOG": "warn,weir::access=info"})
         return specs
 
     def start_all(self) -> None:
@@ -169,7 +175,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
 
         specs = self.weir_specs()
         for name, (spec, _) in specs.items():
-            if name != "redis_log":
+            if name not in ("redis_log", "redis_log_buf"):
                 self.add_weir(name, spec)
         # A/B variants: rows 2-5 again with another binary and/or extra settings (4a below).
         for v in self.variants:
@@ -184,6 +190,11 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
                               settings=v.settings, env=env)
         else:
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
+        if "redis_log_buf" in specs:
+            spec, env = specs["redis_log_buf"]
+            self.add_weir("redis_log_buf", spec, env=env)
+        else:
+            self.skipped["redis_log_buf"] = "this build has no [log] access_log_buffer setting"
         # Scaling: threads = 2, allowed on both cores (wrk and Redis stay on theirs).
         self.add_weir("scale_redis", dict(zones=1, store="redis", threads=2),
                       cpus=self.both_cpus())

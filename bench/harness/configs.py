@@ -15,10 +15,11 @@ def weir_toml(port: int, upstream_port: int, *, store: str = "memory", redis_por
               zones: int = 0, rate: str = f"{PASS_RATE_RPS}r/s", burst: int = PASS_BURST,
               threads: int = 1, deny_cache_size: int | None = None,
               access_log: bool | None = None, log_json: bool = False, admin_port: int = 0,
-              tls: tuple[str, str] | None = None) -> str:
+              tls: tuple[str, str] | None = None, access_log_buffer: int = 0) -> str:
     """A Weir config: one catch-all route to the upstream with `zones` ip-keyed limit_req zones.
     `access_log = False` writes `[log] access_log = false` (nginx here runs with access_log off);
-    `log_json` writes `format = "json"` (the access log as in production). `tls = (cert, key)`:
+    `log_json` writes `format = "json"` (the access log as in production), `access_log_buffer`
+    (bytes) its buffer. `tls = (cert, key)`:
     `port` is a TLS listener (`listen_tls`, HTTP/2 offered by ALPN) instead of a cleartext one."""
     listen = "listen_tls" if tls else "listen"
     lines = [
@@ -38,6 +39,8 @@ def weir_toml(port: int, upstream_port: int, *, store: str = "memory", redis_por
             lines.append('format = "json"')
         if access_log is not None:
             lines.append(f"access_log = {'true' if access_log else 'false'}")
+        if access_log_buffer:
+            lines.append(f"access_log_buffer = {access_log_buffer}")
         lines.append("")
     if store == "redis":
         lines += [

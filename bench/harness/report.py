@@ -57,7 +57,7 @@ NGINX_TWIN = {
     "pingora": "nginx_proxy", "pingora_fwd": "nginx_proxy", "passthrough": "nginx_proxy",
     "scale_passthrough": "nginx_proxy",
     "memory": "nginx_limit", "redis": "nginx_limit", "redis3": "nginx_limit",
-    "redis_log": "nginx_limit", "openresty": "nginx_limit", "scale_redis": "scale_nginx_limit",
+    "redis_log": "nginx_limit", "redis_log_buf": "nginx_limit", "openresty": "nginx_limit", "scale_redis": "scale_nginx_limit",
     "https_weir": "https_nginx", "h2_weir": "h2_nginx",
 }
 VARIANT_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
@@ -186,6 +186,11 @@ def targets(res: dict) -> list[dict]:
         add("JSON access log on costs ≤ 5% of row 4's req/s (row 4a vs 4)",
             f"{pct(cost)} ({rps('redis_log'):,.0f} vs {rps('redis'):,.0f} req/s; "
             f"{us('redis_log') - us('redis'):+.1f} µs per request)", cost <= 0.05)
+    if rps("redis_log_buf") and rps("redis"):
+        cost = 1 - rps("redis_log_buf") / rps("redis")
+        add("JSON access log, buffered, costs ≤ 5% of row 4's req/s (row 4b vs 4)",
+            f"{pct(cost)} ({rps('redis_log_buf'):,.0f} vs {rps('redis'):,.0f} req/s; "
+            f"{us('redis_log_buf') - us('redis'):+.1f} µs per request)", cost <= 0.05)
     if w["redis_over_openresty"] is not None:
         add("Weir Redis, 1 zone ≥ OpenResty + Redis, the distributed peer (row 4 / 8)",
             f"{w['redis_over_openresty']:.2f} ({rps('redis'):,.0f} vs {rps('openresty'):,.0f} "
@@ -426,7 +431,7 @@ def render_markdown(res: dict) -> str:
 ROW_NUMBER = {
     "upstream": "1", "echo": "1b", "pingora": "2a", "pingora_fwd": "2b", "passthrough": "2",
     "memory": "3",
-    "redis": "4", "redis_log": "4a", "redis3": "5", "flood": "6", "flood_cache": "6b",
+    "redis": "4", "redis_log": "4a", "redis_log_buf": "4b", "redis3": "5", "flood": "6", "flood_cache": "6b",
     "nginx_limit": "7", "nginx_proxy": "7b", "openresty": "8", "scale_passthrough": "9",
     "scale_redis": "9b", "scale_nginx_limit": "9c", "https_weir": "10", "https_nginx": "10b",
     "h2_weir": "11", "h2_nginx": "11b",

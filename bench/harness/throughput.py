@@ -33,6 +33,8 @@ class Throughput:
             Row("redis", "4. Weir, Redis store, 1 zone, 10k keys", "redis", redis=True),
             Row("redis_log", "4a. Weir, Redis store, 1 zone, JSON access log on", "redis_log",
                 redis=True),
+            Row("redis_log_buf", "4b. Weir, Redis store, 1 zone, JSON access log, buffered (64 KiB)",
+                "redis_log_buf", redis=True),
             Row("redis3", "5. Weir, Redis store, 3 zones, 10k keys", "redis3", redis=True),
             Row("flood", "6. Weir, Redis, one-key flood (all 429), no deny cache", "flood",
                 keys=1, expect="reject", redis=True,
