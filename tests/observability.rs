@@ -530,18 +530,21 @@ fn logged_paths(w: &Weir) -> Vec<String> {
         .collect()
 }
 
+/// Weir with the `[log]` lines given and one catch-all route to `up`.
+fn weir_with_log(up: &Upstream, log: &str) -> Weir {
+    Weir::start(&config(
+        up,
+        "",
+        &format!("[log]\n{log}\n\n[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n"),
+    ))
+}
+
 #[test]
 fn a_buffered_access_log_writes_every_line_when_weir_stops() {
     for format in ["json", "text"] {
         let up = Upstream::start();
-        let mut w = Weir::start(&config(
-            &up,
-            "",
-            &format!(
-                "[log]\nformat = \"{format}\"\naccess_log_buffer = 65536\naccess_log_flush = \"1h\"\n\n\
-                 [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
-            ),
-        ));
+        let mut w =
+            weir_with_log(&up, &format!("format = \"{format}\"\naccess_log_buffer = 65536\naccess_log_flush = \"1h\""));
         let paths: Vec<String> = (0..30).map(|i| format!("/buffered/{i}")).collect();
         for path in &paths {
             // Read to the connection's end: its logging phase has run (the line is in a buffer).
@@ -561,12 +564,7 @@ fn a_buffered_access_log_writes_every_line_when_weir_stops() {
 #[test]
 fn buffered_access_lines_wait_at_most_the_flush_time() {
     let up = Upstream::start();
-    let w = Weir::start(&config(
-        &up,
-        "",
-        "[log]\nformat = \"json\"\naccess_log_buffer = 65536\naccess_log_flush = \"300ms\"\n\n\
-         [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-    ));
+    let w = weir_with_log(&up, "format = \"json\"\naccess_log_buffer = 65536\naccess_log_flush = \"300ms\"");
     let sent = Instant::now();
     assert_eq!(http::get_logged(w.addr, "/waits", &[]).status, 200);
     // No more traffic: only the flush time can write the line out.
@@ -579,12 +577,7 @@ fn buffered_access_lines_wait_at_most_the_flush_time() {
 #[test]
 fn a_full_access_buffer_is_written_at_once_in_the_text_format_too() {
     let up = Upstream::start();
-    let mut w = Weir::start(&config(
-        &up,
-        "",
-        "[log]\naccess_log_buffer = 512\naccess_log_flush = \"1h\"\n\n\
-         [[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-    ));
+    let mut w = weir_with_log(&up, "access_log_buffer = 512\naccess_log_flush = \"1h\"");
     let text_lines = |w: &Weir| logged_paths(w).len();
     for i in 0..20 {
         assert_eq!(http::get_logged(w.addr, &format!("/full/{i}"), &[]).status, 200);

@@ -331,29 +331,30 @@ mod tests {
         }
     }
 
+    /// A served connection idles; the client sends `byte` at `at` (a whole request head when
+    /// `head_complete`). Returns when the guard cut it, and its message.
+    async fn cut_after_a_byte_at(at: Duration, byte: &[u8], head_complete: bool) -> (Duration, String) {
+        let (guarded, mut client) = guarded_pair(true).await;
+        let cut = tokio::spawn(read_until_cut(guarded, head_complete));
+        tokio::time::sleep(at).await;
+        client.write_all(byte).await.unwrap();
+        let (after, error) = cut.await.unwrap();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        (after, error.to_string())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_keepalive_deadline_counts_from_the_last_request_not_the_first() {
-        let (guarded, mut client) = guarded_pair(true).await;
-        let cut = tokio::spawn(read_until_cut(guarded, true));
         // A request at 20 s moves the deadline from 30 s to 50 s, although the timer armed for
         // 30 s is kept (not moved on every request) and fires first.
-        tokio::time::sleep(Duration::from_secs(20)).await;
-        client.write_all(b"x").await.unwrap();
-        let (after, error) = cut.await.unwrap();
-        assert_eq!(after, Duration::from_secs(50));
-        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(error.to_string(), "keep-alive connection idle too long");
+        let cut = cut_after_a_byte_at(Duration::from_secs(20), b"x", true).await;
+        assert_eq!(cut, (Duration::from_secs(50), "keep-alive connection idle too long".to_string()));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_header_deadline_earlier_than_the_armed_timer_moves_it() {
-        let (guarded, mut client) = guarded_pair(true).await;
-        let cut = tokio::spawn(read_until_cut(guarded, false));
         // The keep-alive timer waits for 30 s; a head begun at 5 s must be complete by 15 s.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        client.write_all(b"G").await.unwrap();
-        let (after, error) = cut.await.unwrap();
-        assert_eq!(after, Duration::from_secs(15));
-        assert_eq!(error.to_string(), "request head not received in time");
+        let cut = cut_after_a_byte_at(Duration::from_secs(5), b"G", false).await;
+        assert_eq!(cut, (Duration::from_secs(15), "request head not received in time".to_string()));
     }
 }
