@@ -2,7 +2,7 @@
 //! `[log] access_log_buffer`, into a buffer of the writing thread that goes out in one write when
 //! it is full, when its oldest line is `access_log_flush` old, and when the process stops — nginx's
 //! `access_log … buffer=size flush=time`. A write(2) to a file or pipe costs more CPU than the line
-//! it carries (bench/results/levers-2026-11-26.md); buffered, a few hundred lines share one.
+//! it carries (bench/results/levers-2026-11-26-round3.md); buffered, a few hundred lines share one.
 //!
 //! A thread's lines stay in their order and are never split: a buffer is written out whole, under
 //! its own lock and stderr's. Lines of other targets (warnings, errors) are not buffered, so an
