@@ -159,8 +159,8 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             # 4b: the same, buffered (`[log] access_log_buffer`, nginx's `buffer=`), if known.
             buffered = dict(zones=1, store="redis", access_log=True, log_json=True,
                             access_log_buffer=65536)
-            if self.weir_accepts(weir_toml(1, self.upstream_port, access_log=True,
-                                           access_log_buffer=65536)):
+            probe = dict(buffered, store="memory")  # `weir check` of the setting, no Redis needed
+            if self.weir_accepts(weir_toml(1, self.upstream_port, **probe)):
                 specs["redis_log_buf"] = (buffered, {"RUST_LOG": "warn,weir::access=info"})
         return specs
 

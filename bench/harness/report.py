@@ -181,16 +181,12 @@ def targets(res: dict) -> list[dict]:
         add("3 zones ≤ 1.5× the Redis CPU of a 1-zone decision (row 5 / 4)",
             f"{w['zones3_over_1_redis']:.2f} ({w['redis3_cpu_us_per_decision']:.1f} vs "
             f"{w['redis_cpu_us_per_decision']:.1f} µs)", w["zones3_over_1_redis"] <= 1.5)
-    if rps("redis_log") and rps("redis"):
-        cost = 1 - rps("redis_log") / rps("redis")
-        add("JSON access log on costs ≤ 5% of row 4's req/s (row 4a vs 4)",
-            f"{pct(cost)} ({rps('redis_log'):,.0f} vs {rps('redis'):,.0f} req/s; "
-            f"{us('redis_log') - us('redis'):+.1f} µs per request)", cost <= 0.05)
-    if rps("redis_log_buf") and rps("redis"):
-        cost = 1 - rps("redis_log_buf") / rps("redis")
-        add("JSON access log, buffered, costs ≤ 5% of row 4's req/s (row 4b vs 4)",
-            f"{pct(cost)} ({rps('redis_log_buf'):,.0f} vs {rps('redis'):,.0f} req/s; "
-            f"{us('redis_log_buf') - us('redis'):+.1f} µs per request)", cost <= 0.05)
+    for rid, what in (("redis_log", "JSON access log on"), ("redis_log_buf", "JSON access log, buffered,")):
+        if rps(rid) and rps("redis"):
+            cost = 1 - rps(rid) / rps("redis")
+            add(f"{what} costs ≤ 5% of row 4's req/s (row {ROW_NUMBER[rid]} vs 4)",
+                f"{pct(cost)} ({rps(rid):,.0f} vs {rps('redis'):,.0f} req/s; "
+                f"{us(rid) - us('redis'):+.1f} µs per request)", cost <= 0.05)
     if w["redis_over_openresty"] is not None:
         add("Weir Redis, 1 zone ≥ OpenResty + Redis, the distributed peer (row 4 / 8)",
             f"{w['redis_over_openresty']:.2f} ({rps('redis'):,.0f} vs {rps('openresty'):,.0f} "

@@ -198,6 +198,8 @@ const MAX_ACCESS_BUFFER: i64 = 1024 * 1024;
 const MIN_ACCESS_BUFFER: i64 = 512;
 /// The default `log.access_log_flush`.
 const DEFAULT_ACCESS_FLUSH: Duration = Duration::from_secs(1);
+/// The longest `log.access_log_flush`.
+const MAX_ACCESS_FLUSH: Duration = Duration::from_secs(3600);
 
 /// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
 pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
@@ -393,7 +395,7 @@ fn compile_access_buffer(
             ))
         }
         Some(f) => match parse_duration(f.get_ref()) {
-            Some(d) if !d.is_zero() && d <= Duration::from_secs(3600) => d,
+            Some(d) if !d.is_zero() && d <= MAX_ACCESS_FLUSH => d,
             _ => {
                 return Err(src.error_at(
                     &f.span(),

@@ -160,17 +160,13 @@ impl GuardedStream {
             _ => return Poll::Pending,
         };
         let at = *self.deadline.get_or_insert_with(|| Instant::now() + timeout);
-        let timer = match &mut self.timer {
-            // A timer armed for an earlier deadline is kept: moving it costs a removal from and an
-            // insertion into the timer wheel, on every request of a keep-alive connection. When it
-            // fires before `at` it is moved then, at most once per `timeout`.
-            Some(timer) if timer.deadline() <= at => timer,
-            Some(timer) => {
-                timer.as_mut().reset(at);
-                timer
-            }
-            None => self.timer.insert(Box::pin(sleep_until(at))),
-        };
+        let timer = self.timer.get_or_insert_with(|| Box::pin(sleep_until(at)));
+        // A timer armed for an earlier deadline is kept: moving it costs a removal from and an
+        // insertion into the timer wheel, on every request of a keep-alive connection. When it
+        // fires before `at` it is moved then, at most once per `timeout`.
+        if timer.deadline() > at {
+            timer.as_mut().reset(at);
+        }
         loop {
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
