@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use prometheus::Histogram;
 
+use super::after_response::charged_after_response;
 use super::headers;
 use super::policy::{self, Groups, Resolved, Unauthorized};
 use super::refusal::Refusal;
 use super::status::{LimitStatus, Statuses};
-use crate::config::{Cost, FailurePolicy, HeaderMode, ResponseCost, Route, Runtime};
+use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
 use crate::keys::RequestFacts;
 use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
@@ -205,13 +206,6 @@ pub async fn enforce<'a>(
     result
 }
 
-/// Whether a keyed zone is charged after the response (`count_statuses`, `cost_from_response`)
-/// rather than before forwarding.
-fn charged_after_response(rt: &Runtime, route: &Route, zone: &KeyedZone<'_>) -> bool {
-    let zone = &rt.zones[route.limits[zone.reference].zone];
-    zone.count_statuses.is_some() || zone.response_cost.is_some()
-}
-
 /// One group (enforced or dry run) of a request: its zones charged after the response (last in
 /// the group) are checked without charge first; only if they admit are the others charged, so a
 /// refused request is charged nowhere. The verdict lists the zones in the group's order.
@@ -246,162 +240,6 @@ async fn decide_group(
             Some(Ok(Verdict::combine(zones, charged.decided_us)))
         }
     }
-}
-
-/// A zone charged after the response, owned so that it outlives the request's config borrow:
-/// charged by [`charge_after`] if the status is one of `statuses` (`count_statuses`; `None`: any
-/// status), with the request's cost or, for `cost_from_response`, the response's.
-#[derive(Debug, Clone)]
-pub struct Deferred {
-    zone: String,
-    key: Vec<u8>,
-    limit: crate::limit::LimitReq,
-    cost: u64,
-    dry_run: bool,
-    statuses: Option<Vec<u16>>,
-    response_cost: Option<ResponseCost>,
-    /// Charged at the end of the response (`trailer`): its status and the cost its head
-    /// reported, once the head arrived.
-    head: Option<(u16, u64)>,
-}
-
-/// The zones of an admitted request to charge once its response is known (`count_statuses`,
-/// `cost_from_response`); empty (no allocation) when the route has none.
-pub fn deferred(rt: &Runtime, route: &Route, keyed: &Groups<KeyedZone<'_>>) -> Vec<Deferred> {
-    keyed
-        .all()
-        .iter()
-        .filter(|z| charged_after_response(rt, route, z))
-        .map(|z| {
-            let zone = &rt.zones[route.limits[z.reference].zone];
-            Deferred {
-                zone: z.zone.to_owned(),
-                key: z.key.clone(),
-                limit: z.limit,
-                cost: z.cost,
-                dry_run: z.dry_run,
-                statuses: zone.count_statuses.clone(),
-                response_cost: zone.response_cost.clone(),
-                head: None,
-            }
-        })
-        .collect()
-}
-
-/// At the response head (`status`, the upstream's `headers`): charges the deferred zones due for
-/// it now, and keeps in `deferred` only those charged at the end of the response (`trailer`,
-/// see [`charge_at_end`]); zones whose `count_statuses` exclude the status are dropped.
-/// Returns how many zones were charged; a store error is logged and charges nothing.
-pub async fn charge_after(
-    deferred: &mut Vec<Deferred>,
-    status: u16,
-    headers: &http::HeaderMap,
-    stores: &Stores,
-) -> usize {
-    let (mut at_end, now): (Vec<Deferred>, Vec<Deferred>) = std::mem::take(deferred)
-        .into_iter()
-        .filter(|d| d.statuses.as_ref().is_none_or(|s| s.contains(&status)))
-        .partition(|d| d.response_cost.as_ref().is_some_and(|rc| rc.trailer));
-    for d in &mut at_end {
-        d.head = d.response_cost.as_ref().map(|rc| (status, response_cost(rc, headers)));
-    }
-    *deferred = at_end;
-    let due: Vec<(&Deferred, u64)> =
-        now.iter().map(|d| (d, d.response_cost.as_ref().map_or(d.cost, |rc| response_cost(rc, headers)))).collect();
-    charge_due(&due, status, stores).await
-}
-
-/// At the end of the response: charges the zones [`charge_after`] kept (`trailer`) with the cost
-/// of the response's trailer of that name when it has one (`trailers`: HTTP/2 upstreams), else
-/// the cost its head reported; empties `deferred` (a response that never had a head charges
-/// nothing). Returns how many zones were charged.
-pub async fn charge_at_end(deferred: &mut Vec<Deferred>, trailers: Option<&http::HeaderMap>, stores: &Stores) -> usize {
-    let taken = std::mem::take(deferred);
-    let mut charged = 0;
-    for d in &taken {
-        let (Some((status, head_cost)), Some(rc)) = (d.head, &d.response_cost) else { continue };
-        let cost = match trailers {
-            Some(t) if t.contains_key(&rc.header) => response_cost(rc, t),
-            _ => head_cost,
-        };
-        charged += charge_due(&[(d, cost)], status, stores).await;
-    }
-    charged
-}
-
-/// Charges zones with their costs, one atomic store call per group (enforced, dry run) and kind:
-/// - counted by response (`count_statuses` alone): a normal decision, so a bucket that
-///   concurrent requests filled meanwhile refuses it and stays full (docs/charges.md, the race);
-/// - charged from the response (`cost_from_response`): the reported cost, charged whatever the
-///   bucket holds, into debt up to the zone's cap (`LimitStore::charge`).
-async fn charge_due(due: &[(&Deferred, u64)], status: u16, stores: &Stores) -> usize {
-    fn keyed(d: &Deferred, limit: crate::limit::LimitReq, cost: u64) -> KeyedZone<'_> {
-        KeyedZone { zone: &d.zone, key: d.key.clone(), limit, cost, dry_run: d.dry_run, reference: 0 }
-    }
-    let counted: Vec<KeyedZone<'_>> =
-        due.iter().filter(|(d, _)| d.response_cost.is_none()).map(|&(d, cost)| keyed(d, d.limit, cost)).collect();
-    let from_response: Vec<KeyedZone<'_>> = due
-        .iter()
-        .filter_map(|&(d, cost)| Some(keyed(d, ceiling(&d.limit, d.response_cost.as_ref()?), cost)))
-        .collect();
-    let store = stores.primary.as_ref();
-    let mut charged = 0;
-    for (group, _) in Groups::new(counted).each() {
-        match timed_decide(store, group, &stores.duration).await {
-            None => {}
-            Some(Ok(v)) => charged += v.admitted as usize * group.len(),
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, status, "count by response: the charge after the response failed")
-            }
-        }
-    }
-    for (group, _) in Groups::new(from_response).each() {
-        if group.is_empty() {
-            continue;
-        }
-        let started = Instant::now();
-        let result = store.charge(group).await;
-        stores.duration.observe(started.elapsed().as_secs_f64());
-        match result {
-            Ok(v) => charged += v.admitted as usize * group.len(),
-            Err(e) => tracing::warn!(error = %e, status, "charge from the response: the charge failed"),
-        }
-    }
-    charged
-}
-
-/// For the access log: each `cost_from_response` header of the route's zones that the response
-/// carries, as its log field (`upstream_http_x_tokens_used`) and value, which `weir replay`
-/// charges from. Nothing for routes without such zones.
-pub fn response_cost_fields(rt: &Runtime, route: usize, headers: &http::HeaderMap, mut field: impl FnMut(&str, &str)) {
-    let Some(route) = rt.routes.get(route) else { return };
-    for zl in &route.limits {
-        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
-        if let Some(value) = headers.get(&rc.header).and_then(|v| v.to_str().ok()) {
-            field(&rc.log_field, value);
-        }
-    }
-}
-
-/// The cost a response reports for a `cost_from_response` zone: its header as a non-negative
-/// integer, clamped to `max`; missing, empty, negative or not an integer → `default`. Read from
-/// the upstream's response only: nothing the client sends reaches it.
-pub fn response_cost(rc: &ResponseCost, headers: &http::HeaderMap) -> u64 {
-    let Some(text) = headers.get(&rc.header).and_then(|v| v.to_str().ok()).map(str::trim) else {
-        return rc.default;
-    };
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return rc.default;
-    }
-    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
-    text.parse::<u64>().unwrap_or(u64::MAX).min(rc.max)
-}
-
-/// The limit a response's charge is capped at: the reference's burst plus the debt cap (default:
-/// one more bucket, `burst + 1`), charged at once (a charge is never delayed).
-pub fn ceiling(limit: &crate::limit::LimitReq, rc: &ResponseCost) -> crate::limit::LimitReq {
-    let debt = rc.max_debt.unwrap_or(limit.burst.saturating_add(1));
-    crate::limit::LimitReq { burst: limit.burst.saturating_add(debt), delay: DelayPolicy::NoDelay, ..*limit }
 }
 
 /// One atomic store call for a group of zones, timed; `None` for an empty group (no round trip).
@@ -443,7 +281,23 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
 
 #[cfg(test)]
 mod tests {
+    use super::super::after_response::{response_cost, ResponseCharges};
     use super::*;
+    use crate::config::ResponseCost;
+
+    /// A forwarded request's response-decided zones, charged at the response head.
+    fn charge_after(
+        rt: &Runtime,
+        route: &Route,
+        keyed: &Groups<KeyedZone<'_>>,
+        status: u16,
+        headers: &http::HeaderMap,
+        stores: &Stores,
+    ) -> usize {
+        let mut charges = ResponseCharges::new(rt, route, keyed);
+        charges.forwarded();
+        futures_now(charges.at_head(status, headers, stores))
+    }
 
     const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
         [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
@@ -475,15 +329,12 @@ mod tests {
                 "never charged"
             );
             assert_eq!(
-                futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &http::HeaderMap::new(), &stores)),
+                charge_after(&rt, route, &keyed, 200, &http::HeaderMap::new(), &stores),
                 0,
                 "200 is not counted"
             );
         }
-        assert_eq!(
-            futures_now(charge_after(&mut deferred(&rt, route, &keyed), 401, &http::HeaderMap::new(), &stores)),
-            1
-        );
+        assert_eq!(charge_after(&rt, route, &keyed, 401, &http::HeaderMap::new(), &stores), 1);
         assert!(
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
@@ -592,7 +443,7 @@ mod tests {
         for _ in 0..3 {
             let e = futures_now(enforce(&rt, route, &keyed, &stores));
             assert!(matches!(e.action, Action::Forward), "checked, not charged");
-            assert_eq!(futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &tokens, &stores)), 1);
+            assert_eq!(charge_after(&rt, route, &keyed, 200, &tokens, &stores), 1);
         }
         // 21000 tokens: 1000 past the budget. The next request is refused until 1001 drain (180 ms each).
         let e = futures_now(enforce(&rt, route, &keyed, &stores));
@@ -602,7 +453,7 @@ mod tests {
         assert!(header("RateLimit").is_some_and(|v| v.contains("r=0")), "{:?}", e.headers);
         // The debt is capped: a huge report fills to 20000 + 5000 and no further.
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
-        futures_now(charge_after(&mut deferred(&rt, route, &keyed), 200, &tokens, &stores));
+        charge_after(&rt, route, &keyed, 200, &tokens, &stores);
         let state = futures_now(stores.primary.inspect("fails", b"k")).expect("memory");
         assert!(matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0), "{state:?}");
     }

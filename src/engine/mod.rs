@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod admit;
+pub mod after_response;
 pub mod headers;
 pub mod lease;
 pub mod limit_conn;

@@ -58,6 +58,11 @@ impl<'b> JsonObject<'b> {
         self.buf.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
     }
 
+    pub fn bool(&mut self, name: &str, value: bool) {
+        self.key(name);
+        self.buf.extend_from_slice(if value { b"true" } else { b"false" });
+    }
+
     /// Shortest text that reads back as the same f64; `null` for NaN and infinities, as serde_json.
     pub fn f64(&mut self, name: &str, value: f64) {
         self.key(name);

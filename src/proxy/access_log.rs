@@ -55,7 +55,11 @@ fn json_fields(
         o.u64("decided_us", decided_us);
     }
     if let (Some(route), Some(resp)) = (ctx.route, session.response_written()) {
-        crate::engine::limit_req::response_cost_fields(&ctx.runtime, route, &resp.headers, |f, v| o.str(f, v));
+        crate::engine::after_response::response_cost_fields(&ctx.runtime, route, &resp.headers, |f, v| o.str(f, v));
+    }
+    if ctx.client_left_owing {
+        // Charged the most its answer could have cost (docs/charges.md): replay does the same.
+        o.bool("client_left", true);
     }
     o.f64("upstream_ms", ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0));
     o.string_with("upstream_addr", |s| match ctx.upstream.tried() {

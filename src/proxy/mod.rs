@@ -22,6 +22,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::config::Runtime;
 use crate::edge::GuardedStream;
+use crate::engine::after_response::{Ending, ResponseCharges};
 use crate::engine::lease::Lease;
 use crate::engine::limit_conn::{self, ConnStores};
 use crate::engine::limit_req::{self, Action, Stores};
@@ -73,9 +74,12 @@ pub struct RequestCtx {
     peer_trusted: bool,
     /// The request's OpenTelemetry span (src/trace/); `None` when tracing is off or unsampled.
     trace: Option<Box<crate::trace::RequestSpan>>,
-    /// Zones charged after the response (`count_statuses`, `cost_from_response`), charged in
-    /// `response_filter` from the upstream's status and headers.
-    deferred: Vec<limit_req::Deferred>,
+    /// Zones charged after the response (`count_statuses`, `cost_from_response`): owed from the
+    /// moment the request is forwarded, whatever the client does (engine/after_response.rs).
+    charges: ResponseCharges,
+    /// The client left after the request was forwarded and before its answer was complete, with
+    /// response-decided charges owed (the access log says so; replay charges the same).
+    client_left_owing: bool,
 }
 
 #[async_trait]
@@ -101,7 +105,8 @@ impl ProxyHttp for WeirProxy {
             peer: None,
             peer_trusted: false,
             trace: None,
-            deferred: Vec::new(),
+            charges: ResponseCharges::default(),
+            client_left_owing: false,
         }
     }
 
@@ -194,7 +199,7 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
-        ctx.deferred = limit_req::deferred(&rt, route, &plan.zones);
+        ctx.charges = ResponseCharges::new(&rt, route, &plan.zones);
         let upstream = &rt.upstreams[route.upstream];
         if let Err(why) = ctx.upstream.first(upstream) {
             ctx.outcome = match why {
@@ -289,6 +294,7 @@ impl ProxyHttp for WeirProxy {
             span.inject(upstream_request);
         }
         ctx.upstream_sent = Some(Instant::now());
+        ctx.charges.forwarded();
         Ok(())
     }
 
@@ -312,8 +318,8 @@ impl ProxyHttp for WeirProxy {
         ctx.upstream_time = ctx.upstream_sent.map(|t| t.elapsed());
         // Count by response: charged before the client sees the status (and before any lease is
         // released), so its next request is checked against this charge.
-        if !ctx.deferred.is_empty() && resp.status.as_u16() >= 200 {
-            limit_req::charge_after(&mut ctx.deferred, resp.status.as_u16(), &resp.headers, &self.stores).await;
+        if !ctx.charges.is_empty() {
+            ctx.charges.at_head(resp.status.as_u16(), &resp.headers, &self.stores).await;
         }
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
@@ -328,8 +334,23 @@ impl ProxyHttp for WeirProxy {
         trailers: &mut http::HeaderMap,
         ctx: &mut RequestCtx,
     ) -> Result<Option<bytes::Bytes>> {
-        if !ctx.deferred.is_empty() {
-            limit_req::charge_at_end(&mut ctx.deferred, Some(trailers), &self.stores).await;
+        if !ctx.charges.is_empty() {
+            ctx.charges.at_trailers(trailers, &self.stores).await;
+        }
+        Ok(None)
+    }
+
+    /// The upstream's answer is complete once its body ends: what is still owed is what it
+    /// reported, whatever the client does next.
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        if end_of_stream {
+            ctx.charges.body_ended();
         }
         Ok(None)
     }
@@ -338,9 +359,14 @@ impl ProxyHttp for WeirProxy {
         if let Some(guarded) = session.stream().and_then(GuardedStream::of) {
             guarded.request_finished();
         }
-        // Zones charged at the end of a response that had no trailers (before the leases go).
-        if !ctx.deferred.is_empty() {
-            limit_req::charge_at_end(&mut ctx.deferred, None, &self.stores).await;
+        // What the response still owes (before the leases go): its end's charge, or the most
+        // the answer could have cost when the client left before it was complete.
+        if !ctx.charges.is_empty() {
+            // Whatever failed on the client's side (closed, reset its stream, timed out) ended
+            // the answer for it; the upstream's own failures are not the client leaving.
+            let left = error.is_some_and(|e| *e.esource() == pingora::ErrorSource::Downstream);
+            ctx.client_left_owing = left && ctx.charges.unfinished();
+            ctx.charges.finish(if left { Ending::ClientLeft } else { Ending::Over }, &self.stores).await;
         }
         // The request is over, however it ended: give back its concurrency slots first.
         for lease in ctx.leases.drain(..) {

@@ -15,6 +15,7 @@ use http::header::{HeaderName, AUTHORIZATION, COOKIE};
 use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
+use crate::engine::after_response::{Ending, ResponseCharges};
 use crate::engine::limit_req::{self, Stores};
 use crate::engine::policy::Groups;
 use crate::engine::status::LimitStatus;
@@ -154,7 +155,7 @@ impl<'rt> Engine<'rt> {
         if !plan.zones.is_empty() {
             let response =
                 rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
-            self.decide_rates(route, plan.zones, now_us, response, &mut decision);
+            self.decide_rates(route, plan.zones, now_us, response, rec.client_left, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
@@ -178,6 +179,7 @@ impl<'rt> Engine<'rt> {
         keyed: Groups<KeyedZone<'_>>,
         now_us: u64,
         response: Option<(u16, http::HeaderMap)>,
+        client_left: bool,
         decision: &mut Decision,
     ) {
         self.clock.set_us(now_us);
@@ -185,11 +187,17 @@ impl<'rt> Engine<'rt> {
         if let (Some((status, headers)), false) =
             (response, matches!(enforcement.action, limit_req::Action::Reject { .. }))
         {
-            let mut deferred = limit_req::deferred(self.rt, route, &keyed);
-            if !deferred.is_empty() {
-                decided_at_once(limit_req::charge_after(&mut deferred, status, &headers, &self.stores));
-                // No trailers in a log: zones charged at the end take the head's cost.
-                decided_at_once(limit_req::charge_at_end(&mut deferred, None, &self.stores));
+            let mut charges = ResponseCharges::new(self.rt, route, &keyed);
+            if !charges.is_empty() {
+                charges.forwarded();
+                // Status 0: no answer was written (the client left before its head).
+                if status != 0 {
+                    decided_at_once(charges.at_head(status, &headers, &self.stores));
+                }
+                // No trailers in a log: zones charged at the end take the head's cost, or the
+                // most the answer could have cost when the client left before it was complete.
+                let ending = if client_left { Ending::ClientLeft } else { Ending::Over };
+                decided_at_once(charges.finish(ending, &self.stores));
             }
         }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
@@ -355,6 +363,7 @@ mod tests {
             route: None,
             logged_status: None,
             response_status: None,
+            client_left: false,
             response_fields: Vec::new(),
             order: None,
         }

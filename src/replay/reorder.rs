@@ -113,6 +113,7 @@ mod tests {
             route: None,
             logged_status: None,
             response_status: None,
+            client_left: false,
             response_fields: Vec::new(),
             order: None,
         };

@@ -98,7 +98,7 @@ pub trait LimitStore: Send + Sync {
 
     /// Charges every zone after its response (charge from the response), in one atomic call: never
     /// refused, each zone's level capped at its `limit` — the caller raises the reference's burst
-    /// by the debt cap (`engine::limit_req::charge_after`). Leaky buckets only keep debt.
+    /// by the debt cap (`engine::after_response`). Leaky buckets only keep debt.
     async fn charge(&self, _zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         Err(StoreError::Reply(format!("the {} store cannot charge after the response", self.kind())))
     }

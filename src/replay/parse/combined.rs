@@ -106,6 +106,7 @@ impl LineParser for Parser {
             route: None,
             logged_status,
             response_status: None,
+            client_left: false,
             response_fields: Vec::new(),
             order: None,
         }))

@@ -154,6 +154,7 @@ impl LineParser for Parser {
         Ok(Some(Record {
             order,
             response_status: None,
+            client_left: false,
             response_fields: Vec::new(),
             start_us: stamp.us.saturating_sub(duration_us.unwrap_or(0)),
             duration_us,

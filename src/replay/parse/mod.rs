@@ -41,6 +41,9 @@ pub struct Record {
     /// nginx names them): field name after the prefix and value, for zones charged from the
     /// response (`cost_from_response`).
     pub response_fields: Vec<(String, String)>,
+    /// The client left after the request was forwarded, before its answer was complete (Weir's
+    /// log: `client_left`): response-decided zones are charged as the proxy charged them.
+    pub client_left: bool,
     /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
     /// without it they go in log order.
     pub order: Option<u64>,

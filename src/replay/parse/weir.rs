@@ -64,6 +64,7 @@ impl LineParser for Parser {
             logged_status: str_field(&doc, "limit_req").map(str::to_string),
             response_status: doc.get("status").and_then(Value::as_u64).and_then(|s| u16::try_from(s).ok()),
             response_fields: response_fields(&doc),
+            client_left: doc.get("client_left").and_then(Value::as_bool).unwrap_or(false),
             order: None,
         }))
     }
