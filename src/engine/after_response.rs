@@ -302,7 +302,7 @@ mod tests {
 
     use super::*;
     use crate::limit::{ManualClock, State};
-    use crate::store::{LimitStore, MemoryStore};
+    use crate::store::MemoryStore;
 
     /// A route with a zone counted by 401s and a zone charged from a trailer (`max` 500).
     const CONF: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
