@@ -3,6 +3,9 @@
 //! queue), and admitted ones are wrapped in a [`GuardedStream`] that enforces the head and
 //! keep-alive deadlines. The proxy itself runs unchanged inside.
 
+pub mod accept;
+pub mod budget;
+mod capped;
 mod caps;
 mod stream;
 mod streams;
@@ -19,6 +22,7 @@ use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncWriteExt;
 
+pub use capped::Capped;
 pub use caps::{CapFull, ConnPermit, ConnectionCaps};
 pub use stream::{GuardedStream, StreamLimits};
 pub use streams::{awaiting_body, body_progress, h2_options};
@@ -28,20 +32,16 @@ use crate::config::Runtime;
 use crate::metrics::METRICS;
 use streams::StreamGate;
 
-/// File descriptors kept for everything but client connections: the admin listener and its
-/// clients, Redis, the config watcher, logs, Pingora's own.
-const FD_RESERVE: usize = 128;
 /// How long a refused connection may take to receive its 503.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
-/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use accept::H2_PREFACE;
 
 /// Wraps the HTTP app it serves (the proxy): generic, so the edge knows nothing of the proxy.
 pub struct EdgeApp<A> {
     proxy: Arc<A>,
     runtime: Arc<ArcSwap<Runtime>>,
     caps: Arc<ConnectionCaps>,
-    /// The instance cap when the config sets none, from the file-descriptor limit.
+    /// The instance cap when the config sets none: the proxy's share of the descriptor budget.
     default_max_connections: usize,
     /// The `listen_tls` addresses and their acceptor.
     tls: Option<TlsListeners>,
@@ -50,13 +50,13 @@ pub struct EdgeApp<A> {
 }
 
 impl<A: HttpServerApp> EdgeApp<A> {
-    pub fn new(proxy: A, runtime: Arc<ArcSwap<Runtime>>, fd_limit: u64) -> Self {
+    pub fn new(proxy: A, runtime: Arc<ArcSwap<Runtime>>, default_max_connections: usize) -> Self {
         let h2c = proxy.server_options().is_some_and(|o| o.h2c);
         Self {
             proxy: Arc::new(proxy),
             runtime,
             caps: Arc::new(ConnectionCaps::default()),
-            default_max_connections: default_max_connections(fd_limit),
+            default_max_connections,
             tls: None,
             h2c,
         }
@@ -67,13 +67,6 @@ impl<A: HttpServerApp> EdgeApp<A> {
         self.tls = Some(tls);
         self
     }
-}
-
-/// Each proxied request holds two descriptors (client and upstream), and a reserve stays free so
-/// the admin endpoints and Redis keep working when clients take everything else.
-pub fn default_max_connections(fd_limit: u64) -> usize {
-    let fds = usize::try_from(fd_limit).unwrap_or(usize::MAX);
-    (fds.saturating_sub(FD_RESERVE) / 2).max(16)
 }
 
 #[async_trait]
@@ -129,7 +122,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
                 // Pingora peeks for the preface too, without a deadline: bound the wait here.
                 match tokio::time::timeout(limits.header_timeout, stream.try_peek(&mut preface)).await {
                     Ok(Ok(_)) => {
-                        let h2 = preface == H2_PREFACE;
+                        let h2 = &preface == H2_PREFACE;
                         (stream, h2)
                     }
                     Ok(Err(_)) => return None,

@@ -66,6 +66,10 @@ pub struct Metrics {
     pub connections_open: IntGauge,
     /// Client connections refused at accept, by cap (`max_connections`, `max_connections_per_ip`).
     pub connections_refused: IntCounterVec,
+    /// Failed accepts on a listener Weir serves itself (descriptor shortage), each backed off.
+    pub accept_errors: IntCounter,
+    /// Rate limit service calls answered UNAVAILABLE at once: the calls in flight were at their cap.
+    pub rls_calls_shed: IntCounter,
     /// Client connections closed by a timeout or size cap, by cause (`header_timeout`,
     /// `keepalive_timeout`, `header_size`), and HTTP/2 streams cut by `body_timeout`.
     pub connections_cut: IntCounterVec,
@@ -164,6 +168,17 @@ impl Metrics {
                 "weir_connections_refused_total",
                 "Client connections refused at accept, by the cap they hit.",
                 &["cap"],
+            ),
+            accept_errors: register(
+                &registry,
+                IntCounter::new("weir_accept_errors_total", "Failed accepts (descriptor shortage), each backed off."),
+            ),
+            rls_calls_shed: register(
+                &registry,
+                IntCounter::new(
+                    "weir_rls_calls_shed_total",
+                    "Rate limit service calls answered UNAVAILABLE because the calls in flight were at their cap.",
+                ),
             ),
             connections_cut: counter(
                 &registry,

@@ -7,7 +7,8 @@ use pingora::server::Server;
 
 use crate::config::Runtime;
 use crate::config::StoreSettings;
-use crate::edge::{EdgeApp, TlsListeners};
+use crate::edge::budget::Budget;
+use crate::edge::{Capped, EdgeApp, TlsListeners};
 use crate::engine::limit_conn::ConnStores;
 use crate::engine::limit_req::Stores;
 use crate::limit::SystemClock;
@@ -138,6 +139,8 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         }
     }
     let fd_limit = raise_fd_limit();
+    // One descriptor budget for every listener: each its own cap, all below the limit together.
+    let budget = Budget::split(fd_limit, runtime.rls.is_some());
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
@@ -164,7 +167,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         };
         let stores = rls_stores(&reloader, &lasting.limits).recording_to(lasting.top.clone());
         let service = crate::rls::service::RlsService::new(reloader.runtime(), stores);
-        let listener = crate::rls::listener::RlsListener::bind(service, &rls.listen, &rls.listen_tls, tls)?;
+        let listener = crate::rls::listener::RlsListener::bind(service, reloader.runtime(), budget.rls, tls)?;
         let mut background = pingora::services::background::background_service("weir rls", listener);
         background.threads = Some(runtime.server.threads);
         server.add_service(background);
@@ -178,7 +181,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
         // The edge serves h2 connections with these options read per connection (edge/streams.rs);
         // the proxy's own copy matches them for any h2 connection that would not pass there.
         proxy.h2_options = Some(crate::edge::h2_options(&runtime.server.clients));
-        let mut edge = EdgeApp::new(proxy, reloader.runtime(), fd_limit);
+        let mut edge = EdgeApp::new(proxy, reloader.runtime(), budget.proxy);
         if let (false, Some(resolver)) = (listen_tls.is_empty(), &resolver) {
             let config = tls::server_config(resolver.clone(), runtime.server.min_tls, runtime.server.http2)?;
             edge = edge.with_tls(TlsListeners::new(listen_tls.clone(), config));
@@ -193,7 +196,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            AdminApp::new(reloader.clone(), admin_store, instance, admin_top),
+            Capped::new(AdminApp::new(reloader.clone(), admin_store, instance, admin_top), budget.admin, "admin_max_connections"),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());

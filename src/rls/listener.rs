@@ -2,35 +2,57 @@
 //! TLS on `rls.listen_tls` with the proxy's certificates (and their reloads). A Pingora background
 //! service, so it runs beside the proxy — or alone — and stops with the process.
 //!
-//! Every resource a client controls is capped: message size, header list size, streams per
-//! connection, time per call, and TLS handshakes.
+//! Every resource a client controls is capped (docs/edge-bounds.md): connections (the service's
+//! share of the descriptor budget), the time to the HTTP/2 preface (TLS handshake included) and
+//! idle time (`[server.clients]` `header_timeout` and `keepalive_timeout`, as for the proxy's
+//! clients), calls per connection and in flight in all, message and header sizes, time per call.
+//! Accepted sockets run with `TCP_NODELAY` (edge/accept.rs).
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::TcpListener as StdListener;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::body::Body;
+use tonic::codegen::Service;
+use tonic::server::NamedService;
+use tonic::transport::server::Connected;
 
 use super::proto::RateLimitServiceServer;
 use super::service::RlsService;
+use crate::config::Runtime;
+use crate::edge::accept::{self, Admitted, Discipline};
+use crate::edge::ConnectionCaps;
+use crate::metrics::METRICS;
 
 /// A request is a few descriptors; Envoy's are well under 1 KiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// HPACK-decoded size of one call's metadata.
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
-/// Concurrent calls on one HTTP/2 connection (Envoy multiplexes its calls on a few).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Concurrent calls on one HTTP/2 connection (Envoy multiplexes its calls on a few); more are
+/// refused by HTTP/2 itself (`REFUSED_STREAM`).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 100;
+/// Calls in flight over all connections; more are answered UNAVAILABLE at once. A call whose
+/// message never comes holds ~14 KiB until `CALL_TIMEOUT`: 1024 of them are ~14 MiB.
+pub const MAX_CALLS_IN_FLIGHT: usize = 1024;
 /// A call that takes longer is answered DEADLINE_EXCEEDED (the store has its own, shorter timeout).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct RlsListener {
     service: Arc<RlsService>,
+    runtime: Arc<ArcSwap<Runtime>>,
+    /// The service's share of the descriptor budget (`edge::budget`).
+    max_connections: usize,
     /// Bound at start-up (so a busy address fails the start), served once the service starts.
     listeners: Mutex<Vec<(StdListener, Option<TlsAcceptor>)>>,
 }
@@ -39,16 +61,19 @@ impl RlsListener {
     /// Binds every address now; `tls` serves `listen_tls`.
     pub fn bind(
         service: RlsService,
-        listen: &[std::net::SocketAddr],
-        listen_tls: &[std::net::SocketAddr],
+        runtime: Arc<ArcSwap<Runtime>>,
+        max_connections: usize,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<Self, String> {
+        let rt = runtime.load();
+        let Some(rls) = rt.rls.as_ref() else { return Err("rls: not configured".into()) };
         let mut listeners = Vec::new();
         let tls_acceptor = tls.map(TlsAcceptor::from);
-        for (field, addr, acceptor) in listen
+        for (field, addr, acceptor) in rls
+            .listen
             .iter()
             .map(|a| ("rls.listen", a, None))
-            .chain(listen_tls.iter().map(|a| ("rls.listen_tls", a, tls_acceptor.clone())))
+            .chain(rls.listen_tls.iter().map(|a| ("rls.listen_tls", a, tls_acceptor.clone())))
         {
             if field == "rls.listen_tls" && acceptor.is_none() {
                 return Err("rls.listen_tls: no TLS configuration".into());
@@ -57,7 +82,22 @@ impl RlsListener {
             listener.set_nonblocking(true).map_err(|e| format!("{field}: {addr}: {e}"))?;
             listeners.push((listener, acceptor));
         }
-        Ok(Self { service: Arc::new(service), listeners: Mutex::new(listeners) })
+        drop(rt);
+        Ok(Self { service: Arc::new(service), runtime, max_connections, listeners: Mutex::new(listeners) })
+    }
+
+    /// What the service's connections are held to, read per connection (reloads apply to new ones).
+    fn discipline(&self) -> impl Fn() -> Discipline + Send + 'static {
+        let (runtime, max_connections) = (self.runtime.clone(), self.max_connections);
+        move || {
+            let clients = &runtime.load().server.clients;
+            Discipline {
+                max_connections,
+                preface_timeout: clients.header_timeout,
+                idle_timeout: clients.keepalive_timeout,
+                cap_label: "rls_max_connections",
+            }
+        }
     }
 }
 
@@ -65,6 +105,9 @@ impl RlsListener {
 impl BackgroundService for RlsListener {
     async fn start(&self, shutdown: ShutdownWatch) {
         let listeners = std::mem::take(&mut *self.listeners.lock().unwrap_or_else(|p| p.into_inner()));
+        // One cap over every address of the service, and one bound on its calls in flight.
+        let caps = Arc::new(ConnectionCaps::default());
+        let calls = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
         let mut servers = tokio::task::JoinSet::new();
         for (std_listener, acceptor) in listeners {
             let listener = match TcpListener::from_std(std_listener) {
@@ -79,27 +122,33 @@ impl BackgroundService for RlsListener {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
             let router = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
                 .timeout(CALL_TIMEOUT)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .add_service(grpc);
+                .add_service(CallBudget { inner: grpc, calls: calls.clone() });
             let mut stop = shutdown.clone();
             let signal = async move {
                 let _ = stop.changed().await;
             };
+            let discipline = self.discipline();
             match acceptor {
                 None => {
-                    servers.spawn(async move {
-                        let result =
-                            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal).await;
-                        (addr, result)
-                    });
+                    let incoming = accept::admitted(listener, caps.clone(), discipline, |tcp| async { Ok(tcp) });
+                    servers.spawn(async move { (addr, router.serve_with_incoming_shutdown(incoming, signal).await) });
                 }
                 Some(acceptor) => {
-                    let incoming = tls_incoming(listener, acceptor);
+                    let handshake = move |tcp| {
+                        let acceptor = acceptor.clone();
+                        async move {
+                            let result = acceptor.accept(tcp).await;
+                            let label = if result.is_ok() { "ok" } else { "failed" };
+                            METRICS.tls_handshakes.with_label_values(&[label]).inc();
+                            result
+                        }
+                    };
+                    let incoming = accept::admitted(listener, caps.clone(), discipline, handshake);
                     servers.spawn(async move { (addr, router.serve_with_incoming_shutdown(incoming, signal).await) });
                 }
             }
@@ -112,39 +161,51 @@ impl BackgroundService for RlsListener {
     }
 }
 
-/// TLS connections of one listener: each handshake in its own task (a slow client cannot stall
-/// the accept loop), bounded in time.
-fn tls_incoming(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-) -> ReceiverStream<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, _) = match listener.accept().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "rls: accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            };
-            if tx.is_closed() {
-                return;
-            }
-            let _ = tcp.set_nodelay(true);
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        crate::metrics::METRICS.tls_handshakes.with_label_values(&["ok"]).inc();
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(_)) => crate::metrics::METRICS.tls_handshakes.with_label_values(&["failed"]).inc(),
-                    Err(_) => crate::metrics::METRICS.tls_handshakes.with_label_values(&["timeout"]).inc(),
-                }
-            });
-        }
-    });
-    ReceiverStream::new(rx)
+impl<S> Connected for Admitted<S> {
+    type ConnectInfo = std::net::SocketAddr;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.peer()
+    }
+}
+
+/// The service behind a bound on the calls in flight over all connections: a call over it is
+/// answered UNAVAILABLE at once (Envoy applies its `failure_mode_deny`), before its message is
+/// read, so calls that never send one cannot pile up.
+#[derive(Clone)]
+struct CallBudget<S> {
+    inner: S,
+    calls: Arc<Semaphore>,
+}
+
+impl<S: NamedService> NamedService for CallBudget<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for CallBudget<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let Ok(permit) = self.calls.clone().try_acquire_owned() else {
+            METRICS.rls_calls_shed.inc();
+            let status = tonic::Status::unavailable("weir: too many rate limit calls in flight, retry");
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        };
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let answer = call.await;
+            drop(permit);
+            answer
+        })
+    }
 }
