@@ -324,7 +324,7 @@ async fn hostile_input_gets_clear_statuses_and_bounded_memory() {
     // The server closes that connection (GOAWAY, ENHANCE_YOUR_CALM); tonic reports it so.
     assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
 
-    // 1,000 concurrent calls on one connection: the server admits 256 streams at a time and the
+    // 1,000 concurrent calls on one connection: the server admits 100 streams at a time and the
     // client queues the rest; every call is answered.
     let started = Instant::now();
     let shared = client(rls).await;

@@ -196,7 +196,11 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            Capped::new(AdminApp::new(reloader.clone(), admin_store, instance, admin_top), budget.admin, "admin_max_connections"),
+            Capped::new(
+                AdminApp::new(reloader.clone(), admin_store, instance, admin_top),
+                budget.admin,
+                "admin_max_connections",
+            ),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());

@@ -4,7 +4,7 @@
 //!
 //! Every resource a client controls is capped (docs/edge-bounds.md): connections (the service's
 //! share of the descriptor budget), the time to the HTTP/2 preface (TLS handshake included) and
-//! idle time (`[server.clients]` `header_timeout` and `keepalive_timeout`, as for the proxy's
+//! idle time (`[server]` `header_timeout` and `keepalive_timeout`, as for the proxy's
 //! clients), calls per connection and in flight in all, message and header sizes, time per call.
 //! Accepted sockets run with `TCP_NODELAY` (edge/accept.rs).
 
