@@ -44,6 +44,21 @@ fn connections(pid: u32) -> Vec<(SocketAddr, SocketAddr, bool)> {
     found
 }
 
+/// Which of Weir's connections a kind is: accepted on a listener, or opened to a server's port.
+enum Side {
+    AcceptedOn(SocketAddr),
+    OpenedTo(u16),
+}
+
+impl Side {
+    fn owns(&self, (local, peer, _): &(SocketAddr, SocketAddr, bool)) -> bool {
+        match self {
+            Side::AcceptedOn(addr) => local == addr,
+            Side::OpenedTo(port) => peer.port() == *port,
+        }
+    }
+}
+
 #[test]
 fn every_socket_weir_accepts_or_opens_has_tcp_nodelay() {
     let redis = RedisServer::start();
@@ -109,22 +124,20 @@ zone = "d"
     let clients: Vec<TcpStream> =
         [proxy, admin, rls, rls_tls].iter().map(|a| TcpStream::connect(a).expect("connect")).collect();
     let pid = w.pid().expect("pid");
-    let accepted_on = |addr: SocketAddr| move |c: &(SocketAddr, SocketAddr, bool)| c.0 == addr;
-    let opened_to = |port: u16| move |c: &(SocketAddr, SocketAddr, bool)| c.1.port() == port;
     let redis_port: u16 =
         redis.url().trim_end_matches('/').rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-    let kinds: [(&str, Box<dyn Fn(&(SocketAddr, SocketAddr, bool)) -> bool>); 6] = [
-        ("proxy", Box::new(accepted_on(proxy))),
-        ("admin", Box::new(accepted_on(admin))),
-        ("rls", Box::new(accepted_on(rls))),
-        ("rls_tls", Box::new(accepted_on(rls_tls))),
-        ("redis", Box::new(opened_to(redis_port))),
-        ("upstream", Box::new(opened_to(up.addr().port()))),
+    let kinds = [
+        ("proxy", Side::AcceptedOn(proxy)),
+        ("admin", Side::AcceptedOn(admin)),
+        ("rls", Side::AcceptedOn(rls)),
+        ("rls_tls", Side::AcceptedOn(rls_tls)),
+        ("redis", Side::OpenedTo(redis_port)),
+        ("upstream", Side::OpenedTo(up.addr().port())),
     ];
     // Wait until Weir has accepted all of them (the RLS accept loop runs on its own task).
     let seen_all = || {
         let conns = connections(pid);
-        kinds.iter().all(|(_, is)| conns.iter().any(|c| is(c)))
+        kinds.iter().all(|(_, side)| conns.iter().any(|c| side.owns(c)))
     };
     let conns = connections(pid);
     assert!(
@@ -132,8 +145,8 @@ zone = "d"
         "every kind of socket is open in weir: {conns:?}"
     );
     let conns = connections(pid);
-    for (kind, is) in &kinds {
-        let of_kind: Vec<_> = conns.iter().filter(|c| is(c)).collect();
+    for (kind, side) in &kinds {
+        let of_kind: Vec<_> = conns.iter().filter(|c| side.owns(c)).collect();
         assert!(!of_kind.is_empty(), "{kind}: no socket");
         for c in of_kind {
             assert!(c.2, "{kind}: {} -> {} runs without TCP_NODELAY", c.0, c.1);
