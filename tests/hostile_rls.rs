@@ -172,3 +172,118 @@ fn floods_on_the_rls_port_leave_the_proxy_and_admin_answering_within_the_bounds(
     // And the service itself answers again once the flood is gone.
     assert!(H2Conn::connect(rls, &[]).is_ok(), "a new client connects");
 }
+
+mod wire {
+    //! Issue 34, item 5: the service's wire and logs. `hits_addend` is read at Envoy's 64 bits
+    //! (2^32 is refused as over the bound, never truncated to 0 and free), a descriptor value
+    //! holding the key separator lands on its own counter, and a caller's domain is escaped and
+    //! cut in log lines, text and JSON.
+
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use tonic::transport::Channel;
+    use weir::rls::proto::rate_limit_descriptor::Entry;
+    use weir::rls::proto::rate_limit_response::Code;
+    use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+
+    use super::support::poll::wait_until;
+    use super::support::weir::Weir;
+
+    async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
+        RateLimitServiceClient::new(channel)
+    }
+
+    fn request(domain: &str, entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitRequest {
+        let entries = entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect();
+        RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor { entries, limit: None, hits_addend: hits }],
+            hits_addend: 0,
+        }
+    }
+
+    /// One call a minute per counter; rule `a` alone and rule `a` → `b` share the zone.
+    fn config(format: &str) -> String {
+        format!(
+            r#"[log]
+format = "{format}"
+
+[store]
+kind = "memory"
+
+[[limit_req_zone]]
+name = "one"
+rate = "1r/m"
+
+[rls]
+listen = ["$LISTEN"]
+
+[[rls.domain]]
+name = "d"
+
+[[rls.domain.descriptor]]
+key = "a"
+zone = "one"
+
+[[rls.domain.descriptor]]
+key = "a"
+value = "x"
+
+[[rls.domain.descriptor.descriptor]]
+key = "b"
+zone = "one"
+"#
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hits_addend_is_read_at_64_bits_and_a_separator_in_a_value_is_not_a_second_entry() {
+        let w = Weir::start(&config("json"));
+        let mut c = client(w.addr).await;
+        // 2^32: truncated to 32 bits it would be 0, a free call. It is over the bound instead.
+        let s = c.should_rate_limit(request("d", &[("a", "k")], Some(1 << 32))).await.expect_err("over the bound");
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains("4294967296"), "{s:?}");
+
+        // ("a", "x\x1fy") and ("a", "x"), ("b", "y") are two counters of one zone.
+        let code = |r: weir::rls::proto::RateLimitResponse| Code::try_from(r.overall_code).expect("a code");
+        let joined = request("d", &[("a", "x\u{1f}y")], None);
+        let nested = request("d", &[("a", "x"), ("b", "y")], None);
+        assert_eq!(code(c.should_rate_limit(joined.clone()).await.expect("call").into_inner()), Code::Ok);
+        assert_eq!(code(c.should_rate_limit(nested.clone()).await.expect("call").into_inner()), Code::Ok);
+        // Each counter is spent: the same calls again are over.
+        assert_eq!(code(c.should_rate_limit(joined).await.expect("call").into_inner()), Code::OverLimit);
+        assert_eq!(code(c.should_rate_limit(nested).await.expect("call").into_inner()), Code::OverLimit);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_callers_domain_is_escaped_and_cut_in_log_lines_of_both_formats() {
+        let forged = format!("d\nINFO weir::access: forged line \u{202e}gnp\u{1b}[2J{}", "z".repeat(1000));
+        for format in ["text", "json"] {
+            let w = Weir::start(&config(format));
+            let mut c = client(w.addr).await;
+            c.should_rate_limit(request(&forged, &[("a", "k")], None)).await.expect("an unknown domain is OK");
+            let logged = |w: &Weir| w.stderr().lines().any(|l| l.contains("forged line"));
+            assert!(
+                wait_until(Duration::from_secs(10), Duration::from_millis(20), || logged(&w)).is_some(),
+                "{format}: the call is logged:\n{}",
+                w.stderr()
+            );
+            let stderr = w.stderr();
+            let line = stderr.lines().find(|l| l.contains("forged line")).expect("logged");
+            assert!(!line.starts_with("INFO weir::access: forged"), "{format}: a forged line: {stderr}");
+            for raw in ['\u{202e}', '\u{1b}'] {
+                assert!(!stderr.contains(raw), "{format}: {raw:?} written raw: {line}");
+            }
+            assert!(line.contains("\\u{202e}gnp"), "{format}: {line}");
+            assert!(!line.contains(&"z".repeat(300)), "{format}: the domain is cut: {} bytes", line.len());
+        }
+    }
+}

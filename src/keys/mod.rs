@@ -22,8 +22,11 @@ use jwt::{Claims, TokenError, Verifier};
 
 /// Longer keys are hashed. Short enough for compact Redis keys, long enough for API keys and IPs.
 pub const MAX_KEY_LEN: usize = 128;
-/// Separates the parts of a composite key; a control character cannot occur in header values.
-const PART_SEPARATOR: u8 = 0x1f;
+/// Separates the parts of a composite key. Header values cannot hold it, but decoded query and
+/// cookie values and rate limit service descriptor values can: [`push_part`] escapes it there.
+pub const PART_SEPARATOR: u8 = 0x1f;
+/// Escapes, inside a part's value, the bytes that structure a key (separator, marks, itself).
+const PART_ESCAPE: u8 = 0x1b;
 /// Starts the key of a request whose token could not be verified (`bad_token_key`), so that such
 /// keys never meet a verified claim's.
 const BAD_TOKEN_MARK: &[u8] = b"\x1ebad-token\x1e";
@@ -215,6 +218,7 @@ fn join(parts: &[KeyPart], req: &RequestFacts<'_>) -> Result<Vec<u8>, TokenError
         }
         let before = key.len();
         part_value(part, req, &mut key)?;
+        escape_part(&mut key, before);
         any |= key.len() > before;
     }
     if !any {
@@ -351,10 +355,35 @@ fn cookies<'h>(headers: &'h HeaderMap, name: &'h str) -> impl Iterator<Item = Ve
     })
 }
 
+/// Appends one part's value to a composite key, escaped so that no value can read as a separator
+/// or a mark: two different lists of values never make the same key (`("a\x1fb")` is not
+/// `("a", "b")`). Values without those bytes are appended as they are.
+pub fn push_part(key: &mut Vec<u8>, value: &[u8]) {
+    let from = key.len();
+    key.extend_from_slice(value);
+    escape_part(key, from);
+}
+
+/// Escapes the structuring bytes in `key[from..]` (one part's value), in place.
+fn escape_part(key: &mut Vec<u8>, from: usize) {
+    let structural = |b: &u8| matches!(*b, PART_SEPARATOR | PART_ESCAPE | 0x1e);
+    if !key[from..].iter().any(structural) {
+        return;
+    }
+    let value = key.split_off(from);
+    for b in value {
+        if structural(&b) {
+            key.push(PART_ESCAPE);
+        }
+        key.push(b);
+    }
+}
+
 /// Replaces an over-long key by `#` + hex SHA-256, so a huge header can neither bypass the limit
-/// nor bloat the store.
+/// nor bloat the store. A key that starts with `#` is hashed too, so that no value can be spelt
+/// as another key's hash and share its counter.
 pub fn bound(key: Vec<u8>) -> Vec<u8> {
-    if key.len() <= MAX_KEY_LEN {
+    if key.len() <= MAX_KEY_LEN && key.first() != Some(&b'#') {
         return key;
     }
     hashed(&key)

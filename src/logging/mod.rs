@@ -6,6 +6,7 @@
 //! in either format, go out through [`buffer`] (at once, or buffered with `[log] access_log_buffer`).
 
 pub mod buffer;
+pub mod caller;
 pub mod json;
 pub mod line;
 mod timestamp;

@@ -79,7 +79,8 @@ pub fn plan<'a>(
             }
             entries.push((e.key.as_str(), e.value.as_str()));
         }
-        let hits = d.hits_addend.map_or(request_hits, u64::from);
+        // 64 bits, as in Envoy's API: a large value is refused below, never truncated to 0.
+        let hits = d.hits_addend.unwrap_or(request_hits);
         if hits > MAX_HITS {
             return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
         }
@@ -186,7 +187,7 @@ dry_run = true
             .expect("test config compiles")
     }
 
-    fn descriptor(entries: &[(&str, &str)], hits: Option<u32>) -> RateLimitDescriptor {
+    fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
         RateLimitDescriptor {
             entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
             limit: None,

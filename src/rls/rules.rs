@@ -10,11 +10,6 @@
 use crate::config::rls::{Rule, ValueMatch};
 use crate::keys;
 
-/// Separates the values of a descriptor's entries in its key, as it separates the parts of a
-/// composite HTTP key (`keys`): a one-entry descriptor keys a zone the same as a one-part HTTP
-/// key with the same value, so both front doors can share a zone's counters.
-const PART_SEPARATOR: u8 = 0x1f;
-
 impl ValueMatch {
     /// How well `value` matches: larger is more specific; `None` when it does not.
     fn rank(&self, value: &str) -> Option<usize> {
@@ -51,13 +46,18 @@ pub fn find_limit(rules: &[Rule], entries: &[(&str, &str)]) -> Option<usize> {
 
 /// A descriptor's key in its zone: the entries' values joined like a composite HTTP key, bounded
 /// like every key (a long one is replaced by its SHA-256).
+///
+/// The values are joined as the parts of a composite HTTP key are (`keys::push_part`): a one-entry
+/// descriptor keys a zone the same as a one-part HTTP key with the same value, so both front
+/// doors can share a zone's counters, and a value holding the separator is escaped, so it can
+/// never land on another descriptor's counter.
 pub fn descriptor_key(entries: &[(&str, &str)]) -> Vec<u8> {
     let mut key = Vec::with_capacity(entries.iter().map(|(_, v)| v.len() + 1).sum());
     for (i, (_, value)) in entries.iter().enumerate() {
         if i > 0 {
-            key.push(PART_SEPARATOR);
+            key.push(keys::PART_SEPARATOR);
         }
-        key.extend_from_slice(value.as_bytes());
+        keys::push_part(&mut key, value.as_bytes());
     }
     keys::bound(key)
 }
@@ -115,5 +115,10 @@ mod tests {
         assert_eq!(descriptor_key(&[("a", "x"), ("b", "y")]), b"x\x1fy".to_vec());
         let long = "v".repeat(10_000);
         assert!(descriptor_key(&[("k", long.as_str())]).len() <= keys::MAX_KEY_LEN);
+        // A value holding the separator is not two values, nor can a value spell a hash.
+        assert_ne!(descriptor_key(&[("a", "x\u{1f}y")]), descriptor_key(&[("a", "x"), ("b", "y")]));
+        assert_ne!(descriptor_key(&[("a", "x\u{1b}\u{1f}y")]), descriptor_key(&[("a", "x\u{1b}"), ("b", "y")]));
+        let hash = String::from_utf8(descriptor_key(&[("k", long.as_str())])).expect("hex");
+        assert_ne!(descriptor_key(&[("k", hash.as_str())]), hash.as_bytes());
     }
 }

@@ -120,10 +120,12 @@ fn access_log(
     let fallback = enforcement.and_then(|e| e.fallback).map_or("-", FailurePolicy::as_str);
     let decided_us = enforcement.and_then(|e| e.decided_us);
     let took_us = started.elapsed().as_micros() as u64;
+    // The domain is the caller's: escaped and cut in every format.
+    let domain = logging::caller::caller_text(&req.domain);
     if logging::json_lines() {
         line::write_json(Level::INFO, TARGET, "rls", |o| {
             o.str("front_door", "rls");
-            o.str("domain", &req.domain);
+            o.str("domain", &domain);
             o.u64("descriptors", req.descriptors.len() as u64);
             o.u64("unmatched", plan.unmatched() as u64);
             o.str("code", code);
@@ -139,7 +141,7 @@ fn access_log(
         tracing::info!(
             target: "weir::access",
             front_door = "rls",
-            domain = %req.domain,
+            domain = %domain,
             descriptors = req.descriptors.len(),
             unmatched = plan.unmatched(),
             code,
