@@ -11,7 +11,10 @@ pub const MAX_LOGGED_BYTES: usize = 256;
 
 /// `text` as a log line may carry it.
 pub fn caller_text(text: &str) -> Cow<'_, str> {
-    let cut = if text.len() > MAX_LOGGED_BYTES { text.floor_char_boundary(MAX_LOGGED_BYTES) } else { text.len() };
+    let mut cut = text.len().min(MAX_LOGGED_BYTES);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
     let kept = &text[..cut];
     if cut == text.len() && !kept.chars().any(needs_escape) {
         return Cow::Borrowed(text);
