@@ -7,8 +7,12 @@
 #   bench/rls.sh            5 s per row, 3 repetitions; writes bench/results/rls-latest.md
 #   bench/rls.sh --quick    2 s per row, 1 repetition; writes bench/results/rls-quick.md
 #
+# Then latency at a fixed rate (open loop, RLS_RATE calls/s; latency from each call's due time, so
+# a stall is never hidden by the calls it held back), per store: p50, p90, p99, p99.9 and max
+# against issue 40's targets (p99 <= 1 ms, p99.9 <= 3 ms, max <= 10 ms at 5,000 calls/s).
+#
 # Environment: BENCH_SUT_CPU (0), BENCH_LOAD_CPU (1), BENCH_SKIP_BUILD=1 (use target/release as
-# it is), RLS_CONNECTIONS (4), RLS_IN_FLIGHT (16 per connection).
+# it is), RLS_CONNECTIONS (4), RLS_IN_FLIGHT (16 per connection), RLS_RATE (5000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh >/dev/null   # redis-server, the Rust toolchain
@@ -17,7 +21,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 duration=5 reps=3 out=bench/results/rls-latest.md
 if [ "${1:-}" = "--quick" ]; then duration=2 reps=1 out=bench/results/rls-quick.md; fi
 sut_cpu=${BENCH_SUT_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
-connections=${RLS_CONNECTIONS:-4} in_flight=${RLS_IN_FLIGHT:-16}
+connections=${RLS_CONNECTIONS:-4} in_flight=${RLS_IN_FLIGHT:-16} fixed_rate=${RLS_RATE:-5000}
 
 # --quick (CI's smoke run) takes the load generator from the debug build the tests already made:
 # a release build of the example is one more whole-program LTO link. Weir is always the release
@@ -115,6 +119,40 @@ for rep in $(seq "$reps"); do
   for store in memory redis; do
     read -r rate us calls < <(row "$store-$rep" "${rows[$store]}")
     echo "| $store | $rep | $rate | $us | $calls |" | tee -a "$out" >&2
+  done
+done
+
+latency_row() {  # $1: name, $2: store section → the load generator's JSON line
+  local port; port=$(free_port)
+  config "$2" "$port" >"$tmp/$1.toml"
+  taskset -c "$sut_cpu" "$weir" -c "$tmp/$1.toml" 2>"$tmp/$1.log" &
+  local pid=$!
+  pids+=("$pid")
+  wait_port "$port"
+  taskset -c "$load_cpu" "$load" "127.0.0.1:$port" 1 "$connections" --rate "$fixed_rate" >/dev/null   # warm-up
+  taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$duration" "$connections" --rate "$fixed_rate"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+{
+  echo
+  echo "## Latency at a fixed rate"
+  echo
+  echo "Open loop at $fixed_rate calls/s over $connections connections, ${duration}s per row; latency from each call's due time (µs). Targets (issue 40): p99 ≤ 1000, p99.9 ≤ 3000, max ≤ 10000."
+  echo
+  echo "| store | rep | calls/s | p50 | p90 | p99 | p99.9 | max | errors | targets |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+} >>"$out"
+for rep in $(seq "$reps"); do
+  for store in memory redis; do
+    result=$(latency_row "lat-$store-$rep" "${rows[$store]}")
+    python3 - "$result" "$store" "$rep" <<'PY' | tee -a "$out" >&2
+import json, sys
+r, store, rep = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+met = r["p99_us"] <= 1000 and r["p999_us"] <= 3000 and r["max_us"] <= 10000
+print(f"| {store} | {rep} | {r['calls_per_sec']:.0f} | {r['p50_us']} | {r['p90_us']} | {r['p99_us']} | {r['p999_us']} | {r['max_us']} | {r['errors']} | {'met' if met else 'MISSED'} |")
+if r["errors"] or not r["calls"]:
+    sys.exit(f"rls bench: {r['errors']} errors of {r['calls']} calls")
+PY
   done
 done
 echo "bench: wrote $out" >&2

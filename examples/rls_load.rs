@@ -3,7 +3,13 @@
 //!
 //! ```text
 //! cargo run --release --example rls_load -- ADDR [SECONDS] [CONNECTIONS] [IN_FLIGHT_PER_CONNECTION] [KEYS]
+//! cargo run --release --example rls_load -- ADDR SECONDS CONNECTIONS --rate CALLS_PER_SEC [KEYS]
 //! ```
+//!
+//! With `--rate` the load is open loop: a call is started every 1/RATE s (spread over the
+//! connections) whatever the earlier ones do, and each call's latency is counted from the time it
+//! was due, so a stall is not hidden by the calls it held back (coordinated omission); the line
+//! adds the latency percentiles in µs.
 //!
 //! Each call carries one descriptor `[("remote_address", "10.0.x.y")]` of `KEYS` distinct values
 //! (round robin) in domain `bench`, so most calls are admitted and each is one store decision.
@@ -21,10 +27,25 @@ fn arg<T: std::str::FromStr>(n: usize, default: T) -> T {
     std::env::args().nth(n).and_then(|a| a.parse().ok()).unwrap_or(default)
 }
 
+fn request(n: u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry { key: "remote_address".into(), value: format!("10.0.{}.{}", n / 256, n % 256) }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr: String =
         std::env::args().nth(1).ok_or("usage: rls_load ADDR [SECONDS] [CONNECTIONS] [IN_FLIGHT] [KEYS]")?;
+    if std::env::args().nth(4).as_deref() == Some("--rate") {
+        return open_loop(&addr, arg(2, 5.0), arg(3, 4), arg(5, 5000.0), arg(6, 10_000)).await;
+    }
     let seconds: f64 = arg(2, 5.0);
     let connections: usize = arg(3, 4);
     let in_flight: usize = arg(4, 16);
@@ -46,17 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tasks.spawn(async move {
                 while Instant::now() < deadline {
                     let n = next.fetch_add(1, Ordering::Relaxed) % keys;
-                    let value = format!("10.0.{}.{}", n / 256, n % 256);
-                    let request = RateLimitRequest {
-                        domain: "bench".into(),
-                        descriptors: vec![RateLimitDescriptor {
-                            entries: vec![Entry { key: "remote_address".into(), value }],
-                            limit: None,
-                            hits_addend: None,
-                        }],
-                        hits_addend: 0,
-                    };
-                    match client.should_rate_limit(request).await {
+                    match client.should_rate_limit(request(n)).await {
                         Ok(r) if r.get_ref().overall_code == i32::from(Code::Ok) => ok.fetch_add(1, Ordering::Relaxed),
                         Ok(_) => over.fetch_add(1, Ordering::Relaxed),
                         Err(_) => errors.fetch_add(1, Ordering::Relaxed),
@@ -72,6 +83,63 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{{\"calls\":{},\"ok\":{ok},\"over_limit\":{over},\"errors\":{errors},\"seconds\":{elapsed:.3},\"calls_per_sec\":{:.1}}}",
         ok + over + errors,
         (ok + over + errors) as f64 / elapsed
+    );
+    Ok(())
+}
+
+/// Open loop at `rate` calls a second for `seconds`: prints counts and latency percentiles (µs,
+/// from each call's due time).
+async fn open_loop(
+    addr: &str,
+    seconds: f64,
+    connections: usize,
+    rate: f64,
+    keys: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut clients = Vec::new();
+    for _ in 0..connections.max(1) {
+        let channel = Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+        clients.push(RateLimitServiceClient::new(channel));
+    }
+    let total = (seconds * rate) as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let started = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..total {
+        let due = started + interval.mul_f64(n as f64);
+        tokio::time::sleep_until(due).await;
+        let mut client = clients[n as usize % clients.len()].clone();
+        tasks.spawn(async move {
+            let answer = client.should_rate_limit(request(n % keys)).await;
+            let took = due.elapsed().as_micros() as u64;
+            match answer {
+                Ok(r) if r.get_ref().overall_code == i32::from(Code::Ok) => (took, 0),
+                Ok(_) => (took, 1),
+                Err(_) => (took, 2),
+            }
+        });
+    }
+    let mut latencies = Vec::with_capacity(total as usize);
+    let mut counts = [0u64; 3];
+    while let Some(done) = tasks.join_next().await {
+        let (took, kind) = done?;
+        latencies.push(took);
+        counts[kind] += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let at = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
+    let pct = |q: f64| at(q).copied().unwrap_or(0);
+    let [ok, over, errors] = counts;
+    println!(
+        "{{\"calls\":{},\"ok\":{ok},\"over_limit\":{over},\"errors\":{errors},\"seconds\":{elapsed:.3},\"calls_per_sec\":{:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{}}}",
+        latencies.len(),
+        latencies.len() as f64 / elapsed,
+        pct(0.50),
+        pct(0.90),
+        pct(0.99),
+        pct(0.999),
+        latencies.last().copied().unwrap_or(0)
     );
     Ok(())
 }
