@@ -37,8 +37,9 @@ pub struct Zone {
 /// A zone's `cost_from_response`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseCost {
-    /// The upstream response header read (never the client's request).
-    pub header: http::HeaderName,
+    /// The upstream response header read (never the client's request); `None`: the response
+    /// body bytes sent to the client (`body_bytes = true`, a byte quota), charged at the end.
+    pub header: Option<http::HeaderName>,
     /// The cost when the header is missing or not a non-negative integer.
     pub default: u64,
     /// Reported costs above this are clamped to it.
@@ -56,6 +57,13 @@ pub struct ResponseCost {
 /// The prefix of the access log's fields of upstream response headers (nginx's
 /// `$upstream_http_NAME`, with `-` written `_`).
 pub const RESPONSE_FIELD_PREFIX: &str = "upstream_http_";
+
+/// The access log's field of the response body bytes sent (nginx's `$body_bytes_sent`), which
+/// `weir replay` charges byte quotas from.
+pub const BODY_BYTES_FIELD: &str = "body_bytes_sent";
+
+/// The largest `max` and `max_debt` of a byte quota (`body_bytes = true`): 1 TiB.
+const MAX_BODY_BYTES: i64 = 1 << 40;
 
 /// The largest `default`, `max` and `max_debt` of `cost_from_response`.
 const MAX_RESPONSE_COST: i64 = 1_000_000;
@@ -187,26 +195,47 @@ fn response_cost_of(
         ));
     }
     let c = spec.get_ref();
-    let header = http::HeaderName::from_bytes(c.header.get_ref().as_bytes()).map_err(|_| {
-        src.error_at(&c.header.span(), format!("{field}: header {:?} is not a header name", c.header.get_ref()))
-    })?;
+    let body_bytes = c.body_bytes.unwrap_or(false);
+    let header =
+        match (&c.header, body_bytes) {
+            (Some(h), false) => Some(http::HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                src.error_at(&h.span(), format!("{field}: header {:?} is not a header name", h.get_ref()))
+            })?),
+            (None, true) => None,
+            (Some(h), true) => {
+                return Err(src.error_at(&h.span(), format!("{field}: give header or body_bytes = true, not both")))
+            }
+            (None, false) => {
+                return Err(src.error_at(&spec.span(), format!("{field}: give header = \"NAME\" or body_bytes = true")))
+            }
+        };
+    if body_bytes && (c.trailer.is_some() || c.default.is_some()) {
+        return Err(src.error_at(
+            &spec.span(),
+            format!("{field}: body_bytes counts the bytes sent at the end; trailer and default do not apply"),
+        ));
+    }
+    // A byte quota counts bytes: its caps go up to 1 TiB, a header's cost to 1,000,000.
+    let top = if body_bytes { MAX_BODY_BYTES } else { MAX_RESPONSE_COST };
     let number = |v: Option<&Spanned<i64>>, name: &str, min: i64| -> Result<Option<u64>, ConfigError> {
         match v {
             None => Ok(None),
-            Some(v) if (min..=MAX_RESPONSE_COST).contains(v.get_ref()) => Ok(Some(*v.get_ref() as u64)),
-            Some(v) => Err(src.error_at(
-                &v.span(),
-                format!("{field}: {name} must be {min}..={MAX_RESPONSE_COST}, got {}", v.get_ref()),
-            )),
+            Some(v) if (min..=top).contains(v.get_ref()) => Ok(Some(*v.get_ref() as u64)),
+            Some(v) => {
+                Err(src.error_at(&v.span(), format!("{field}: {name} must be {min}..={top}, got {}", v.get_ref())))
+            }
         }
     };
     let default = number(c.default.as_ref(), "default", 0)?.unwrap_or(1);
-    let max = number(c.max.as_ref(), "max", 1)?.unwrap_or(MAX_RESPONSE_COST as u64);
+    let max = number(c.max.as_ref(), "max", 1)?.unwrap_or(top as u64);
     let max_debt = number(c.max_debt.as_ref(), "max_debt", 0)?;
     if default > max {
         return Err(src.error_at(&spec.span(), format!("{field}: default ({default}) must not exceed max ({max})")));
     }
-    let log_field = format!("{RESPONSE_FIELD_PREFIX}{}", header.as_str().replace('-', "_"));
+    let log_field = match &header {
+        Some(h) => format!("{RESPONSE_FIELD_PREFIX}{}", h.as_str().replace('-', "_")),
+        None => BODY_BYTES_FIELD.to_string(),
+    };
     Ok(ResponseCost { header, default, max, max_debt, trailer: c.trailer.unwrap_or(false), log_field })
 }
 
@@ -255,6 +284,20 @@ fn parse_rate(src: &Source<'_>, rate: &Spanned<String>, zone: &str) -> Result<Ra
     Rate::parse(rate.get_ref()).map_err(|e| src.error_at(&rate.span(), format!("limit_req_zone {zone:?}: rate: {e}")))
 }
 
+/// An override's `match`: an IP or CIDR of the client, or `PART=value` (a key part, e.g.
+/// `header:X-Api-Key`, and the value it must have). Shared by zone overrides and
+/// `limit_rate_override`.
+pub(super) fn parse_match(text: &str) -> Result<OverrideMatch, String> {
+    if let Some(net) = text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from)) {
+        return Ok(OverrideMatch::ClientIp(net));
+    }
+    let (part, value) =
+        text.split_once('=').ok_or_else(|| format!("expected an IP/CIDR or \"header:NAME=value\", got {text:?}"))?;
+    let part = KeyPart::parse(part).map_err(|e| e.to_string())?;
+    // Compared with the extracted key, which is bounded the same way (long values hashed).
+    Ok(OverrideMatch::Part(part, crate::keys::bound(value.as_bytes().to_vec())))
+}
+
 fn compile_override(
     src: &Source<'_>,
     o: &schema::ZoneOverride,
@@ -264,9 +307,12 @@ fn compile_override(
 ) -> Result<Override, ConfigError> {
     let text = o.matches.get_ref();
     let at = o.matches.span();
-    let matcher = if let Some(net) = text.parse::<IpNet>().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
-    {
-        if !key.parts.iter().any(|p| matches!(p, KeyPart::ClientIp | KeyPart::IpPrefix(_))) {
+    let matcher =
+        parse_match(text).map_err(|e| src.error_at(&at, format!("limit_req_zone {zone:?}: override match: {e}")))?;
+    match &matcher {
+        OverrideMatch::ClientIp(_)
+            if !key.parts.iter().any(|p| matches!(p, KeyPart::ClientIp | KeyPart::IpPrefix(_))) =>
+        {
             return Err(src.error_at(
                 &at,
                 format!(
@@ -274,26 +320,14 @@ fn compile_override(
                 ),
             ));
         }
-        OverrideMatch::ClientIp(net)
-    } else {
-        let (part, value) = text.split_once('=').ok_or_else(|| {
-            src.error_at(
-                &at,
-                format!(
-            "limit_req_zone {zone:?}: override match: expected an IP/CIDR or \"header:NAME=value\", got {text:?}"),
-            )
-        })?;
-        let part = KeyPart::parse(part)
-            .map_err(|e| src.error_at(&at, format!("limit_req_zone {zone:?}: override match: {e}")))?;
-        if !key.parts.contains(&part) {
+        OverrideMatch::Part(part, _) if !key.parts.contains(part) => {
             return Err(src.error_at(
                 &at,
                 format!("limit_req_zone {zone:?}: override match {text:?} names a part that is not in the zone's key"),
             ));
         }
-        // Compared with the extracted key, which is bounded the same way (long values hashed).
-        OverrideMatch::Part(part, crate::keys::bound(value.as_bytes().to_vec()))
-    };
+        _ => {}
+    }
     let rate = match &o.rate {
         Some(r) if r.get_ref() == "unlimited" => None,
         Some(r) => Some(parse_rate(src, r, zone)?),

@@ -10,6 +10,7 @@ use super::access::{access_rules, AccessRule};
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
 use super::error::{ConfigError, Source};
 use super::limit_conn::{self, ConnLimit, ConnZone};
+use super::limit_rate::LimitRate;
 use super::limit_req::Zone;
 use super::route_match::{compile_match, shadowing, MatchInput};
 use super::schema;
@@ -47,6 +48,8 @@ pub struct Route {
     /// The gRPC status a rejection of an `application/grpc*` request carries (HTTP 200 +
     /// `grpc-status`); `None`: gRPC requests get the HTTP statuses like any other.
     pub grpc_status: Option<u8>,
+    /// nginx's `limit_rate` on response bodies (`limit_rate.rs`); `None`: full speed.
+    pub limit_rate: Option<LimitRate>,
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -118,6 +121,9 @@ pub(super) fn compile_routes(
             deny,
             grpc_rejections,
             grpc_status,
+            limit_rate,
+            limit_rate_after,
+            limit_rate_override,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -183,6 +189,8 @@ pub(super) fn compile_routes(
                 ))
             }
         };
+        let limit_rate =
+            super::limit_rate::compile(limit_rate.as_ref(), limit_rate_after.as_ref(), &limit_rate_override, &here)?;
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -195,10 +203,14 @@ pub(super) fn compile_routes(
             access,
             cost,
             grpc_status,
+            limit_rate,
         });
     }
     Ok((routes, matchers))
 }
+
+/// The largest burst of a byte quota (`cost_from_response = { body_bytes = true }`): 1 TiB.
+const MAX_BYTES_BURST: i64 = 1 << 40;
 
 fn routes_so_far_name(routes: &[Route], index: usize) -> &str {
     routes.get(index).map_or("?", |r| r.name.as_str())
@@ -216,11 +228,14 @@ pub(super) fn compile_limit_ref(
             format!("limit_req: unknown zone {:?} (defined: {})", r.zone.get_ref(), list_or_none(&known)),
         )
     })?;
+    // A byte quota's bucket holds bytes: its burst goes up to 1 TiB, a request count's to 1,000,000.
+    let counts_bytes = zones[zone].response_cost.as_ref().is_some_and(|rc| rc.header.is_none());
+    let top = if counts_bytes { MAX_BYTES_BURST } else { MAX_BURST };
     let in_range = |v: &Spanned<i64>, field: &str| {
-        if (0..=MAX_BURST).contains(v.get_ref()) {
+        if (0..=top).contains(v.get_ref()) {
             Ok(*v.get_ref() as u64)
         } else {
-            Err(here(&v.span(), format!("limit_req: {field} must be 0..={MAX_BURST}, got {}", v.get_ref())))
+            Err(here(&v.span(), format!("limit_req: {field} must be 0..={top}, got {}", v.get_ref())))
         }
     };
     let algorithm = zones[zone].algorithm;

@@ -385,8 +385,13 @@ pub struct LimitReqZone {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseCost {
-    /// The upstream response header that carries the cost (a non-negative integer).
-    pub header: Spanned<String>,
+    /// The upstream response header that carries the cost (a non-negative integer); or
+    /// `body_bytes = true`.
+    pub header: Option<Spanned<String>>,
+    /// Charge the response body bytes actually sent to the client, at the end of the response
+    /// (a byte quota), instead of a header's value.
+    #[schemars(extend("default" = false))]
+    pub body_bytes: Option<bool>,
     /// The cost when the header is missing or not a non-negative integer (0-1000000).
     #[schemars(extend("default" = 1))]
     pub default: Option<Spanned<i64>>,
@@ -489,6 +494,26 @@ pub struct Route {
     pub grpc_rejections: Option<bool>,
     /// The gRPC status of those rejections (default 8, RESOURCE_EXHAUSTED).
     pub grpc_status: Option<Spanned<i64>>,
+    /// nginx's limit_rate: each response body is sent no faster than this many bytes a second
+    /// ("512k", "1m", "2g": k = 1024; or a plain number).
+    #[schemars(extend("examples" = ["1m"]))]
+    pub limit_rate: Option<Spanned<String>>,
+    /// nginx's limit_rate_after: the first bytes of each body go at full speed ("1m"; default 0).
+    pub limit_rate_after: Option<Spanned<String>>,
+    /// Per-key limit_rate: the first whose match fits the request applies.
+    #[serde(default)]
+    pub limit_rate_override: Vec<Spanned<RateOverride>>,
+}
+
+/// `limit_rate_override = [ { match = "header:X-Api-Key=partner-1", rate = "10m" } ]`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateOverride {
+    /// An IP or CIDR of the client, or "header:NAME=value" (also query:, cookie:).
+    #[serde(rename = "match")]
+    pub matches: Spanned<String>,
+    /// The key's limit_rate ("10m"), or "unlimited" for full speed.
+    pub rate: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

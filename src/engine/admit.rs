@@ -113,6 +113,9 @@ pub struct Plan<'rt> {
     /// limit_conn's zones with their keys, enforced ones first.
     pub conns: Groups<KeyedConn<'rt>>,
     pub forward: Forward,
+    /// `limit_rate`: the response body's rate and free head start in bytes (`pacing.rs`);
+    /// `None`: full speed.
+    pub pace: Option<(u64, u64)>,
 }
 
 /// The engine's first step (see the module docs).
@@ -196,7 +199,8 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     };
     let zones = keyed_zones(rt, route, &facts, cost).map_err(unauthorized)?;
     let conns = keyed_conns(rt, route, &facts).map_err(unauthorized)?;
-    Ok(Plan { route: route_index, cost, zones, conns, forward })
+    let pace = route.limit_rate.as_ref().and_then(|l| super::pacing::rate_for(l, &facts));
+    Ok(Plan { route: route_index, cost, zones, conns, forward, pace })
 }
 
 /// The host routes are matched on: an absolute-form target's authority wins over `Host` (RFC 9112

@@ -7,6 +7,8 @@
 //! - at the response head: zones counted by status, and zones charged from a header;
 //! - at the end of the answer: zones charged from a trailer (`trailer = true`), from the trailer
 //!   when the upstream sent one, else from the head;
+//! - when the request is over: byte quotas (`body_bytes = true`), the body bytes actually sent to
+//!   the client, however it ended;
 //! - when the client leaves before the answer it owes for was complete, the most that answer
 //!   could have charged: a counted zone as if its status counted, a response cost at its `max`.
 //!   The upstream may have done the work either way, so leaving never costs less than staying.
@@ -72,7 +74,12 @@ struct Owed {
 impl Owed {
     /// Charged at the end of the answer rather than at its head.
     fn at_end(&self) -> bool {
-        self.response_cost.as_ref().is_some_and(|rc| rc.trailer)
+        self.response_cost.as_ref().is_some_and(|rc| rc.trailer || rc.header.is_none())
+    }
+
+    /// A byte quota: charged the body bytes sent, when the request is over.
+    fn counts_bytes(&self) -> bool {
+        self.response_cost.as_ref().is_some_and(|rc| rc.header.is_none())
     }
 
     /// The most an answer could have charged: what a client that leaves early is charged.
@@ -160,46 +167,67 @@ impl ResponseCharges {
         self.charge_at_end(Some(trailers), false, stores).await
     }
 
-    /// The request is over: charges what is still owed (see the module's rules) and empties the
-    /// charges, so a second call charges nothing. Returns how many zones were charged.
-    pub async fn finish(&mut self, ending: Ending, stores: &Stores) -> usize {
+    /// Charges the byte quotas the body bytes sent (`bytes`), once the request is over.
+    async fn charge_bytes(&mut self, bytes: u64, stores: &Stores) -> usize {
+        let (quotas, rest): (Vec<Owed>, Vec<Owed>) =
+            std::mem::take(&mut self.zones).into_iter().partition(Owed::counts_bytes);
+        self.zones = rest;
+        let forwarded = self.stage != Stage::Admitted;
+        let due: Vec<(&Owed, u64)> = quotas
+            .iter()
+            .filter(|_| forwarded && bytes > 0)
+            .map(|d| (d, d.response_cost.as_ref().map_or(bytes, |rc| bytes.min(rc.max))))
+            .collect();
+        let status = quotas.first().and_then(|d| d.head).map_or(0, |(status, _)| status);
+        charge_due(&due, status, stores).await
+    }
+
+    /// The request is over, with `body_bytes` of the response's body sent to the client: charges
+    /// what is still owed (see the module's rules) and empties the charges, so a second call
+    /// charges nothing. Returns how many zones were charged.
+    pub async fn finish(&mut self, ending: Ending, body_bytes: u64, stores: &Stores) -> usize {
         if self.zones.is_empty() {
             return 0;
         }
+        let bytes_charged = self.charge_bytes(body_bytes, stores).await;
         let left_early = ending == Ending::ClientLeft;
-        match self.stage {
-            Stage::Admitted => {
-                self.zones.clear();
-                0
+        bytes_charged
+            + match self.stage {
+                Stage::Admitted => {
+                    self.zones.clear();
+                    0
+                }
+                Stage::Forwarded if !left_early => {
+                    // The upstream never answered: Weir did (502/504), and nothing is charged.
+                    self.zones.clear();
+                    0
+                }
+                Stage::Forwarded => {
+                    // No status is known (0 in the log): every zone is charged as if its status counted.
+                    let taken = std::mem::take(&mut self.zones);
+                    let due: Vec<(&Owed, u64)> = taken.iter().map(|d| (d, d.most())).collect();
+                    charge_due(&due, 0, stores).await
+                }
+                Stage::Head => self.charge_at_end(None, left_early, stores).await,
+                Stage::BodyEnded => self.charge_at_end(None, false, stores).await,
             }
-            Stage::Forwarded if !left_early => {
-                // The upstream never answered: Weir did (502/504), and nothing is charged.
-                self.zones.clear();
-                0
-            }
-            Stage::Forwarded => {
-                // No status is known (0 in the log): every zone is charged as if its status counted.
-                let taken = std::mem::take(&mut self.zones);
-                let due: Vec<(&Owed, u64)> = taken.iter().map(|d| (d, d.most())).collect();
-                charge_due(&due, 0, stores).await
-            }
-            Stage::Head => self.charge_at_end(None, left_early, stores).await,
-            Stage::BodyEnded => self.charge_at_end(None, false, stores).await,
-        }
     }
 
     /// Whether a client that leaves now owes more than a finished answer would charge: the
     /// request went upstream and its answer is not complete. For the access log, which replay
     /// reads to charge the same.
     pub fn unfinished(&self) -> bool {
-        !self.zones.is_empty() && matches!(self.stage, Stage::Forwarded | Stage::Head)
+        self.zones.iter().any(|d| !d.counts_bytes()) && matches!(self.stage, Stage::Forwarded | Stage::Head)
     }
 
     /// Charges the zones kept for the end: from `trailers` when they carry the zone's header,
     /// else the head's cost — or the most the answer could have reported, for a client that left
     /// before it was complete (`left_early`).
     async fn charge_at_end(&mut self, trailers: Option<&http::HeaderMap>, left_early: bool, stores: &Stores) -> usize {
-        let taken = std::mem::take(&mut self.zones);
+        // Byte quotas stay for `finish`, which knows the bytes sent.
+        let (quotas, taken): (Vec<Owed>, Vec<Owed>) =
+            std::mem::take(&mut self.zones).into_iter().partition(Owed::counts_bytes);
+        self.zones = quotas;
         let mut status = 0;
         let due: Vec<(&Owed, u64)> = taken
             .iter()
@@ -207,7 +235,7 @@ impl ResponseCharges {
                 let ((head_status, head_cost), rc) = (d.head?, d.response_cost.as_ref()?);
                 status = head_status;
                 let cost = match trailers {
-                    Some(t) if t.contains_key(&rc.header) => response_cost(rc, t),
+                    Some(t) if rc.header.as_ref().is_some_and(|h| t.contains_key(h)) => response_cost(rc, t),
                     _ if left_early => d.most().max(head_cost),
                     _ => head_cost,
                 };
@@ -268,8 +296,12 @@ async fn charge_due(due: &[(&Owed, u64)], status: u16, stores: &Stores) -> usize
 pub fn response_cost_fields(rt: &Runtime, route: usize, headers: &http::HeaderMap, mut field: impl FnMut(&str, &str)) {
     let Some(route) = rt.routes.get(route) else { return };
     for zl in &route.limits {
-        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
-        if let Some(value) = headers.get(&rc.header).and_then(|v| v.to_str().ok()) {
+        let Some((rc, header)) =
+            rt.zones[zl.zone].response_cost.as_ref().and_then(|rc| Some((rc, rc.header.as_ref()?)))
+        else {
+            continue;
+        };
+        if let Some(value) = headers.get(header).and_then(|v| v.to_str().ok()) {
             field(&rc.log_field, value);
         }
     }
@@ -279,7 +311,8 @@ pub fn response_cost_fields(rt: &Runtime, route: usize, headers: &http::HeaderMa
 /// integer, clamped to `max`; missing, empty, negative or not an integer → `default`. Read from
 /// the upstream's response only: nothing the client sends reaches it.
 pub fn response_cost(rc: &ResponseCost, headers: &http::HeaderMap) -> u64 {
-    let Some(text) = headers.get(&rc.header).and_then(|v| v.to_str().ok()).map(str::trim) else {
+    let Some(text) = rc.header.as_ref().and_then(|h| headers.get(h)).and_then(|v| v.to_str().ok()).map(str::trim)
+    else {
         return rc.default;
     };
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -356,11 +389,11 @@ mod tests {
 
     #[test]
     fn nothing_is_owed_until_the_request_is_forwarded_nor_when_the_upstream_never_answers() {
-        let never_sent = levels(|c, s| assert_eq!(now(c.finish(Ending::ClientLeft, s)), 0));
+        let never_sent = levels(|c, s| assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0));
         assert_eq!(never_sent, (0.0, 0.0));
         let no_answer = levels(|c, s| {
             c.forwarded();
-            assert_eq!(now(c.finish(Ending::Over, s)), 0);
+            assert_eq!(now(c.finish(Ending::Over, 0, s)), 0);
         });
         assert_eq!(no_answer, (0.0, 0.0));
     }
@@ -370,8 +403,8 @@ mod tests {
         let left = levels(|c, s| {
             c.forwarded();
             assert!(c.unfinished());
-            assert_eq!(now(c.finish(Ending::ClientLeft, s)), 2);
-            assert_eq!(now(c.finish(Ending::ClientLeft, s)), 0, "charged once");
+            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 2);
+            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0, "charged once");
         });
         assert_eq!(left, (1.0, 500.0), "counted as a 401; tokens at max");
     }
@@ -382,7 +415,7 @@ mod tests {
             c.forwarded();
             assert_eq!(now(c.at_head(200, &tokens("7"), s)), 0, "200 is not counted; tokens wait for the end");
             assert!(c.unfinished());
-            assert_eq!(now(c.finish(Ending::ClientLeft, s)), 1);
+            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 1);
         });
         assert_eq!(mid_body, (0.0, 500.0));
         let after_body = levels(|c, s| {
@@ -390,14 +423,14 @@ mod tests {
             now(c.at_head(200, &tokens("7"), s));
             c.body_ended();
             assert!(!c.unfinished(), "the upstream's answer is complete");
-            assert_eq!(now(c.finish(Ending::ClientLeft, s)), 1);
+            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 1);
         });
         assert_eq!(after_body, (0.0, 7.0));
         let trailer = levels(|c, s| {
             c.forwarded();
             now(c.at_head(401, &tokens("7"), s));
             assert_eq!(now(c.at_trailers(&tokens("42"), s)), 1);
-            assert_eq!(now(c.finish(Ending::ClientLeft, s)), 0, "nothing left to charge");
+            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0, "nothing left to charge");
         });
         assert_eq!(trailer, (1.0, 42.0));
     }

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod limit_conn;
 pub mod limit_req;
 pub mod overrides;
+pub mod pacing;
 pub mod policy;
 pub mod refusal;
 pub mod status;

@@ -61,6 +61,8 @@ fn json_fields(
         // Charged the most its answer could have cost (docs/charges.md): replay does the same.
         o.bool("client_left", true);
     }
+    // nginx's $body_bytes_sent: replay charges byte quotas from it.
+    o.u64(crate::config::BODY_BYTES_FIELD, session.body_bytes_sent() as u64);
     o.f64("upstream_ms", ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0));
     o.string_with("upstream_addr", |s| match ctx.upstream.tried() {
         [] => s.push_str("-"),

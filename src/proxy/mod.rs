@@ -26,6 +26,7 @@ use crate::engine::after_response::{Ending, ResponseCharges};
 use crate::engine::lease::Lease;
 use crate::engine::limit_conn::{self, ConnStores};
 use crate::engine::limit_req::{self, Action, Stores};
+use crate::engine::pacing::Pace;
 use crate::engine::status::Statuses;
 use crate::engine::{self, Refused};
 use crate::keys;
@@ -80,6 +81,9 @@ pub struct RequestCtx {
     /// The client left after the request was forwarded and before its answer was complete, with
     /// response-decided charges owed (the access log says so; replay charges the same).
     client_left_owing: bool,
+    /// `limit_rate`: the response body's pace, started when the response head goes out (boxed:
+    /// rare, and the context is moved with every request).
+    pace: Option<Box<Pace>>,
 }
 
 #[async_trait]
@@ -107,6 +111,7 @@ impl ProxyHttp for WeirProxy {
             trace: None,
             charges: ResponseCharges::default(),
             client_left_owing: false,
+            pace: None,
         }
     }
 
@@ -149,6 +154,8 @@ impl ProxyHttp for WeirProxy {
             Err(refused) => return self.refuse(session, ctx, refused).await,
         };
         ctx.route = Some(plan.route);
+        // The clock starts with the response (see response_filter); the rate is decided now.
+        ctx.pace = plan.pace.map(|p| Box::new(Pace::new(p, ctx.started)));
         let route = &rt.routes[plan.route];
         if let Err(e) = forward_as_decided(session.req_header_mut(), &plan.forward) {
             return bad_request(session, ctx, "bad_target", &e.to_string(), false).await;
@@ -324,7 +331,26 @@ impl ProxyHttp for WeirProxy {
         for (name, value) in ctx.rate_headers.drain(..) {
             resp.insert_header(name, value)?;
         }
+        if let Some(pace) = &mut ctx.pace {
+            // No head start for the time spent waiting on the upstream.
+            pace.restart(Instant::now());
+        }
         Ok(())
+    }
+
+    /// `limit_rate`: each chunk of the body waits until the pace allows it (Pingora sleeps on a
+    /// timer; the leases stay held).
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        match (&mut ctx.pace, body) {
+            (Some(pace), Some(chunk)) => Ok(pace.before(chunk.len(), Instant::now())),
+            _ => Ok(None),
+        }
     }
 
     /// Charge from the response's trailers (`cost_from_response` with `trailer`; HTTP/2 upstreams).
@@ -366,7 +392,8 @@ impl ProxyHttp for WeirProxy {
             // the answer for it; the upstream's own failures are not the client leaving.
             let left = error.is_some_and(|e| *e.esource() == pingora::ErrorSource::Downstream);
             ctx.client_left_owing = left && ctx.charges.unfinished();
-            ctx.charges.finish(if left { Ending::ClientLeft } else { Ending::Over }, &self.stores).await;
+            let ending = if left { Ending::ClientLeft } else { Ending::Over };
+            ctx.charges.finish(ending, session.body_bytes_sent() as u64, &self.stores).await;
         }
         // The request is over, however it ended: give back its concurrency slots first.
         for lease in ctx.leases.drain(..) {

@@ -155,7 +155,8 @@ impl<'rt> Engine<'rt> {
         if !plan.zones.is_empty() {
             let response =
                 rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
-            self.decide_rates(route, plan.zones, now_us, response, rec.client_left, &mut decision);
+            let ending = (rec.client_left, rec.body_bytes);
+            self.decide_rates(route, plan.zones, now_us, response, ending, &mut decision);
         }
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
@@ -179,7 +180,7 @@ impl<'rt> Engine<'rt> {
         keyed: Groups<KeyedZone<'_>>,
         now_us: u64,
         response: Option<(u16, http::HeaderMap)>,
-        client_left: bool,
+        (client_left, body_bytes): (bool, u64),
         decision: &mut Decision,
     ) {
         self.clock.set_us(now_us);
@@ -197,7 +198,7 @@ impl<'rt> Engine<'rt> {
                 // No trailers in a log: zones charged at the end take the head's cost, or the
                 // most the answer could have cost when the client left before it was complete.
                 let ending = if client_left { Ending::ClientLeft } else { Ending::Over };
-                decided_at_once(charges.finish(ending, &self.stores));
+                decided_at_once(charges.finish(ending, body_bytes, &self.stores));
             }
         }
         // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
@@ -323,12 +324,16 @@ pub fn wanted_headers(rt: &Runtime) -> Wanted {
 fn logged_response_headers(rt: &Runtime, route: &Route, fields: &[(String, String)]) -> http::HeaderMap {
     let mut headers = http::HeaderMap::new();
     for zl in &route.limits {
-        let Some(rc) = &rt.zones[zl.zone].response_cost else { continue };
+        let Some((rc, header)) =
+            rt.zones[zl.zone].response_cost.as_ref().and_then(|rc| Some((rc, rc.header.as_ref()?)))
+        else {
+            continue;
+        };
         let logged = fields
             .iter()
             .find(|(name, _)| rc.log_field.strip_prefix(crate::config::RESPONSE_FIELD_PREFIX) == Some(name));
         if let Some(value) = logged.and_then(|(_, v)| http::HeaderValue::from_str(v).ok()) {
-            headers.insert(rc.header.clone(), value);
+            headers.insert(header.clone(), value);
         }
     }
     headers
@@ -364,6 +369,7 @@ mod tests {
             logged_status: None,
             response_status: None,
             client_left: false,
+            body_bytes: 0,
             response_fields: Vec::new(),
             order: None,
         }

@@ -114,6 +114,7 @@ mod tests {
             logged_status: None,
             response_status: None,
             client_left: false,
+            body_bytes: 0,
             response_fields: Vec::new(),
             order: None,
         };

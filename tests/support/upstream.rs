@@ -10,6 +10,7 @@
 //!   count seen, so a cap that lets one request too many through shows as a number;
 //! - holds a request whose path has the segments `sleep/<ms>` that long (ended early when the
 //!   upstream is killed or dropped), and one whose path starts with `/hang` until then, unanswered;
+//! - answers a path with the segments `bytes/<n>` with a body of `n` bytes (downloads);
 //! - answers `/health` with a settable status when [`Upstream::set_health`] was called (not
 //!   counted, not recorded), and every other request with a forced status if one is set;
 //! - adds headers set with [`Upstream::set_response_header`] to its responses;
@@ -352,7 +353,13 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
             (false, 0) => 200,
             (false, forced) => forced,
         };
-        let body = if method.eq_ignore_ascii_case("HEAD") { Vec::new() } else { path.as_bytes().to_vec() };
+        let body = if method.eq_ignore_ascii_case("HEAD") {
+            Vec::new()
+        } else if let Some(n) = bytes_of(&path) {
+            vec![b'x'; n]
+        } else {
+            path.as_bytes().to_vec()
+        };
         let mut resp = format!(
             "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Upstream: {}\r\n",
             match status {
@@ -360,7 +367,7 @@ fn serve(stream: TcpStream, inner: &Inner, stop: &AtomicBool) -> io::Result<()> 
                 401 => "Unauthorized",
                 _ => "X",
             },
-            path.len(),
+            if method.eq_ignore_ascii_case("HEAD") { path.len() } else { body.len() },
             inner.name
         );
         if close {
@@ -411,4 +418,11 @@ fn drain_chunked<R: BufRead>(r: &mut R) -> io::Result<()> {
 fn trim_crlf(l: &[u8]) -> &[u8] {
     let l = l.strip_suffix(b"\n").unwrap_or(l);
     l.strip_suffix(b"\r").unwrap_or(l)
+}
+
+/// The body size a path asks for with the segments `bytes/<n>`.
+fn bytes_of(path: &str) -> Option<usize> {
+    let mut segments = path.split('/');
+    segments.find(|s| *s == "bytes")?;
+    segments.next()?.parse().ok()
 }

@@ -107,6 +107,7 @@ impl LineParser for Parser {
             logged_status,
             response_status: None,
             client_left: false,
+            body_bytes: 0,
             response_fields: Vec::new(),
             order: None,
         }))

@@ -155,6 +155,7 @@ impl LineParser for Parser {
             order,
             response_status: None,
             client_left: false,
+            body_bytes: 0,
             response_fields: Vec::new(),
             start_us: stamp.us.saturating_sub(duration_us.unwrap_or(0)),
             duration_us,

@@ -44,6 +44,9 @@ pub struct Record {
     /// The client left after the request was forwarded, before its answer was complete (Weir's
     /// log: `client_left`): response-decided zones are charged as the proxy charged them.
     pub client_left: bool,
+    /// The response body bytes sent to the client (Weir's log: `body_bytes_sent`, nginx's name),
+    /// for byte quotas (`cost_from_response = { body_bytes = true }`).
+    pub body_bytes: u64,
     /// Orders requests that started in the same millisecond (nginx's `$connection` serial);
     /// without it they go in log order.
     pub order: Option<u64>,

@@ -65,6 +65,7 @@ impl LineParser for Parser {
             response_status: doc.get("status").and_then(Value::as_u64).and_then(|s| u16::try_from(s).ok()),
             response_fields: response_fields(&doc),
             client_left: doc.get("client_left").and_then(Value::as_bool).unwrap_or(false),
+            body_bytes: doc.get(crate::config::BODY_BYTES_FIELD).and_then(Value::as_u64).unwrap_or(0),
             order: None,
         }))
     }
