@@ -39,13 +39,14 @@ impl AdminClient {
 
     pub fn top(&self, n: usize) -> Result<Top, String> {
         let text = self.call(self.agent.get(format!("{}/top?n={n}", self.base)))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}/top: unexpected reply: {e}", self.base))
+        safe_json(&text).map_err(|e| format!("{}/top: unexpected reply: {e}", self.base))
     }
 
     pub fn reset(&self, zone: &str, id: &str) -> Result<ResetReply, String> {
         let zone = percent_encoding::utf8_percent_encode(zone, percent_encoding::NON_ALPHANUMERIC);
+        let id = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
         let text = self.call(self.agent.delete(format!("{}/limits/{zone}?id={id}", self.base)))?;
-        serde_json::from_str(&text).map_err(|e| format!("reset: unexpected reply: {e}"))
+        safe_json(&text).map_err(|e| format!("reset: unexpected reply: {e}"))
     }
 
     fn call<B>(&self, mut request: ureq::RequestBuilder<B>) -> Result<String, String>
@@ -66,10 +67,18 @@ impl AdminClient {
                 .ok()
                 .and_then(|v| v["error"].as_str().map(str::to_string))
                 .unwrap_or(text);
-            return Err(format!("{}: {status}: {error}", self.base));
+            return Err(format!("{}: {status}: {}", self.base, crate::top::text::escape(&error)));
         }
         Ok(text)
     }
+}
+
+/// A reply with every string escaped (`top::text`) before anything reads it: whatever answers on
+/// the admin address (names, keys, an instance's host name) never writes to the terminal.
+fn safe_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_str(text)?;
+    crate::top::text::escape_json(&mut value);
+    serde_json::from_value(value)
 }
 
 /// `call()` of a request without a body (GET and DELETE are both that in ureq).
