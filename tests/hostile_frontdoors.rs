@@ -433,6 +433,15 @@ fn config_secrets_bounds_and_warnings() {
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains("readable by every user"), "{out}");
 
+    // An HMAC key file anyone may read lets anyone sign tokens: a warning too.
+    let hmac = dir.write("hmac.key", "an-hmac-secret-of-some-length-0123\n");
+    std::fs::set_permissions(&hmac, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let conf =
+        dir.write("jwt.toml", &format!("{MINIMAL}\n[jwt]\nkey_file = \"{}\"\nalgorithm = \"HS256\"\n", hmac.display()));
+    let (code, out) = check(&conf, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("jwt.key_file") && out.contains("readable by every user"), "{out}");
+
     // tracing.timeout had no upper bound.
     let conf = dir.write(
         "trace.toml",

@@ -269,7 +269,7 @@ fn compile_expanded(
         return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
     }
     let log = compile_log(&src, log)?;
-    let jwt = super::jwt::compile_jwt(&src, jwt)?;
+    let jwt = super::jwt::compile_jwt(&src, jwt, &mut warnings)?;
     super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
     no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
     let tracing = super::traces::compile_tracing(&src, tracing)?;

@@ -25,6 +25,7 @@ const MAX_JWKS_FILE: u64 = 1024 * 1024;
 pub(super) fn compile_jwt(
     src: &Source<'_>,
     jwt: Option<Spanned<schema::Jwt>>,
+    warnings: &mut Vec<String>,
 ) -> Result<Option<Verifier>, ConfigError> {
     let Some(jwt) = jwt else { return Ok(None) };
     let span = jwt.span();
@@ -61,6 +62,15 @@ pub(super) fn compile_jwt(
         }
         (None, Some(file), Some(alg)) => {
             let mut key = read(&file, super::secrets::MAX_SECRET_FILE)?;
+            // An HMAC secret lets whoever reads it sign tokens (a public key does not).
+            let path = resolve(&base, file.get_ref());
+            if alg.get_ref().starts_with("HS") && src.outside.world_readable(&path) {
+                warnings.push(format!(
+                    "jwt.key_file: {} is readable by every user of this machine and holds an HMAC secret that signs \
+                     tokens; chmod o-r it (e.g. 0600, or 0640 with the group weir runs as)",
+                    path.display()
+                ));
+            }
             // An HMAC secret written with an editor ends with a newline that is not part of it.
             while key.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                 key.pop();
