@@ -18,6 +18,13 @@ pub struct AdminClient {
 pub struct ResetReply {
     pub zone: String,
     pub key: String,
+    /// Whether the key held state (absent from older instances: assumed so).
+    #[serde(default = "held_state")]
+    pub existed: bool,
+}
+
+fn held_state() -> bool {
+    true
 }
 
 impl AdminClient {
