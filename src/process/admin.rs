@@ -143,11 +143,14 @@ impl AdminApp {
     }
 
     /// With a token, any `Host` (the token is the guard, and a browser never sends it by itself);
-    /// without, a loopback name or the admin address, so that a hostile page whose name resolves
-    /// to 127.0.0.1 cannot read or reset anything. No `Host` at all is not a browser.
+    /// on loopback without one, a loopback name or the admin address, so that a hostile page whose
+    /// name resolves to 127.0.0.1 cannot read or reset anything. No `Host` at all is not a
+    /// browser. A listener opened to the network on purpose (`admin_insecure`) is reached by
+    /// whatever names its scrapers use: it is not checked.
     fn host_allowed(&self, host: Option<&[u8]>) -> bool {
         let runtime = self.reloader.runtime().load();
-        if runtime.server.admin_token.is_some() {
+        let exposed = runtime.server.admin.is_some_and(|a| !a.ip().is_loopback());
+        if runtime.server.admin_token.is_some() || exposed {
             return true;
         }
         host.is_none_or(|h| host_is_local(h, runtime.server.admin))

@@ -98,3 +98,31 @@ impl Callable for ureq::RequestBuilder<ureq::typestate::WithoutBody> {
         self.call()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever answers on the admin address: names and keys reach the model escaped.
+    #[test]
+    fn replies_are_escaped_before_they_are_read() {
+        let reply = r#"{"instance":"host\u001b]2;x\u0007","store":{"kind":"re\u202edis","ready":true},
+            "routes":[{"route":"a\u009bb","zones":["z\u200bz"],"requests":{}}],
+            "zones":[{"zone":"z\u001b[2J","key":"k","rate":"1r/s","decisions":{},"rejected":[],
+                      "closest":[{"id":"i","key":"\u2066k"}]}]}"#;
+        let top: Top = safe_json(reply).expect("parses");
+        let texts = [
+            top.instance.clone(),
+            top.store.kind.clone(),
+            top.routes[0].route.clone(),
+            top.routes[0].zones[0].clone(),
+            top.zones[0].zone.clone(),
+            top.zones[0].closest[0].key.clone(),
+        ];
+        for text in &texts {
+            assert!(!text.chars().any(crate::top::text::is_unsafe), "{text:?}");
+        }
+        assert_eq!(top.instance, "host\\u{1b}]2;x\\u{7}");
+        assert_eq!(top.store.kind, "re\\u{202e}dis");
+    }
+}
