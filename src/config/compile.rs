@@ -207,6 +207,10 @@ pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime,
     let mut secrets = Secrets::new(interpolated.uses.clone());
     match compile_expanded(&interpolated.text, file, outside, &mut secrets) {
         Ok(mut runtime) => {
+            // Warnings quote values too (a host, a path): hidden like in errors.
+            for warning in &mut runtime.warnings {
+                *warning = secrets.redact(&interpolated.redact(warning));
+            }
             runtime.secrets = secrets;
             Ok(runtime)
         }
