@@ -46,14 +46,14 @@ impl AdminClient {
 
     pub fn top(&self, n: usize) -> Result<Top, String> {
         let text = self.call(self.agent.get(format!("{}/top?n={n}", self.base)))?;
-        safe_json(&text).map_err(|e| format!("{}/top: unexpected reply: {e}", self.base))
+        safe_json(&text).map_err(|e| safe_error(format!("{}/top: unexpected reply: {e}", self.base)))
     }
 
     pub fn reset(&self, zone: &str, id: &str) -> Result<ResetReply, String> {
         let zone = percent_encoding::utf8_percent_encode(zone, percent_encoding::NON_ALPHANUMERIC);
         let id = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
         let text = self.call(self.agent.delete(format!("{}/limits/{zone}?id={id}", self.base)))?;
-        safe_json(&text).map_err(|e| format!("reset: unexpected reply: {e}"))
+        safe_json(&text).map_err(|e| safe_error(format!("reset: unexpected reply: {e}")))
     }
 
     fn call<B>(&self, mut request: ureq::RequestBuilder<B>) -> Result<String, String>
@@ -63,9 +63,9 @@ impl AdminClient {
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
         }
-        let mut response = request.call_it().map_err(|e| format!("{}: {e}", self.base))?;
+        let mut response = request.call_it().map_err(|e| safe_error(format!("{}: {e}", self.base)))?;
         let status = response.status();
-        let text = response.body_mut().read_to_string().map_err(|e| format!("{}: {e}", self.base))?;
+        let text = response.body_mut().read_to_string().map_err(|e| safe_error(format!("{}: {e}", self.base)))?;
         if status == 401 {
             return Err(format!("{}: 401: give the admin token (--token or WEIR_ADMIN_TOKEN)", self.base));
         }
@@ -74,10 +74,15 @@ impl AdminClient {
                 .ok()
                 .and_then(|v| v["error"].as_str().map(str::to_string))
                 .unwrap_or(text);
-            return Err(format!("{}: {status}: {}", self.base, crate::top::text::escape(&error)));
+            return Err(safe_error(format!("{}: {status}: {error}", self.base)));
         }
         Ok(text)
     }
+}
+
+/// An error as the terminal (or stderr) may show it: it may quote what the server sent.
+fn safe_error(message: String) -> String {
+    crate::top::text::escape(&message).into_owned()
 }
 
 /// A reply with every string escaped (`top::text`) before anything reads it: whatever answers on
