@@ -400,9 +400,16 @@ fn config_secrets_bounds_and_warnings() {
     assert_eq!(code, Some(1), "{out}");
     assert!(!out.contains("7f3a9c") && !out.contains("w0rd"), "the secret shows: {out}");
 
-    // A secret file over 64 KiB, and one that never ends: refused, naming the file, at once.
+    // A secret file over 64 KiB, one that never ends, one that blocks: refused, naming the file, at once.
     let big = dir.write("big.token", &"x".repeat(64 * 1024 + 1));
-    for file in [big.display().to_string(), "/dev/zero".to_string()] {
+    let fifo = dir.path().join("token.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo");
+    for (file, why) in [
+        (big.display().to_string(), "more than 65536 bytes"),
+        ("/dev/zero".to_string(), "not a regular file"),
+        (fifo.display().to_string(), "not a regular file"),
+    ] {
         let conf = dir.write(
             "big.toml",
             &MINIMAL
@@ -411,7 +418,7 @@ fn config_secrets_bounds_and_warnings() {
         let started = std::time::Instant::now();
         let (code, out) = check(&conf, &[]);
         assert_eq!(code, Some(1), "{out}");
-        assert!(out.contains(&file) && out.contains("65536 bytes"), "{out}");
+        assert!(out.contains(&file) && out.contains(why), "{out}");
         assert!(started.elapsed() < Duration::from_secs(10), "read without a bound");
     }
 

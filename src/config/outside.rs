@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 pub trait Outside {
     /// A file's bytes (`path` already resolved against the config file's directory).
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
-    /// A file's bytes if it holds at most `max`; an error saying so if it holds more (read no
-    /// further: a secret path pointing at `/dev/zero` or a log file must not fill memory).
+    /// A regular file's bytes if it holds at most `max`; an error saying so if it holds more (read
+    /// no further: a secret path pointing at a log file must not fill memory) or is not a regular
+    /// file (a FIFO would block the load, a device may never end).
     fn read_at_most(&self, path: &Path, max: u64) -> io::Result<Vec<u8>> {
         let bytes = self.read(path)?;
         too_long(bytes, max)
@@ -40,6 +41,10 @@ impl Outside for Machine {
 
     fn read_at_most(&self, path: &Path, max: u64) -> io::Result<Vec<u8>> {
         use std::io::Read;
+        // A FIFO would block the load until someone writes to it; a device may never end.
+        if !std::fs::metadata(path)?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "it is not a regular file"));
+        }
         let mut bytes = Vec::new();
         std::fs::File::open(path)?.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
         too_long(bytes, max)
