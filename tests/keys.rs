@@ -374,6 +374,10 @@ limit_req = [ {{ zone = "z" }} ]
             ),
         )
     };
+    // An empty key file (a regular file: devices such as /dev/null are refused as secret files).
+    let empty = tempfile::NamedTempFile::new().expect("empty file");
+    let empty = empty.path().display().to_string();
+    let route = |key: &str, path: &str, extra: &str| route(key, path, &extra.replace("/dev/null", &empty));
     let cases = [
         (route(r#""path:tenant""#, r#"path_prefix = "/tenants/""#, ""), "has no group (?P<tenant>"),
         (route(r#""path:tenant""#, r#"path_regex = "^/t/(?P<other>[^/]+)""#, ""), "has no group (?P<tenant>"),
