@@ -316,6 +316,18 @@ fn admin_paths_hosts_and_headers() {
             assert_eq!(with_host(target, host).status, 200, "{target} with Host {host}");
         }
     }
+    // A page anywhere may send a blind cross-site POST (no preflight): a change needs a local Origin.
+    let with_origin = |method: &str, target: &str, origin: &str| {
+        http::must_send(admin_addr, &Request::new(method, target).header("Origin", origin))
+    };
+    for origin in ["http://evil.example", "null", &format!("http://evil.example:{}", admin_addr.port())] {
+        assert_eq!(with_origin("POST", "/reload", origin).status, 403, "POST /reload from {origin}");
+        assert_eq!(with_origin("DELETE", "/limits/per_k/k+y%3D", origin).status, 403, "DELETE from {origin}");
+        assert_eq!(with_origin("GET", "/top", origin).status, 200, "a read (its answer is the browser's to withhold)");
+    }
+    assert!(!state("k+y%3D")["state"].is_null(), "no cross-site request reset anything");
+    let page_origin = format!("http://{admin_addr}");
+    assert_eq!(with_origin("POST", "/reload", &page_origin).status, 200, "from the status page itself");
     for probe in ["/healthz", "/readyz"] {
         assert_eq!(with_host(probe, "10.0.0.7:9901").status, 200, "{probe} stays open to any Host");
     }

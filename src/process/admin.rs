@@ -9,8 +9,10 @@
 //! operator types). With `admin_token` set, every endpoint but the probes and the empty page
 //! needs `Authorization: Bearer <token>`. Without it (a loopback listener), every endpoint but
 //! the probes needs a loopback `Host` (or the admin address itself): a web page whose name was
-//! rebound to 127.0.0.1 cannot drive it (DNS rebinding). Every answer forbids framing and
-//! sniffing; the page's policy allows its own inline script and style and nothing else.
+//! rebound to 127.0.0.1 cannot drive it (DNS rebinding); and a change sent by a browser needs a
+//! page of this machine as its `Origin` (no blind cross-site `POST /reload`). Every answer forbids
+//! framing and sniffing; the page's policy allows its own inline script and style and nothing
+//! else (`admin_guard.rs`).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -27,7 +29,7 @@ use crate::process::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
 use crate::top::Tracker;
 
-use super::admin_guard::{self as guard, host_is_local, path_decode, query_param};
+use super::admin_guard::{self as guard, path_decode, query_param, Provenance};
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
@@ -64,14 +66,15 @@ impl AdminApp {
         path: &str,
         query: Option<&str>,
         auth: Option<&[u8]>,
-        host: Option<&[u8]>,
+        from: Provenance<'_>,
     ) -> (StatusCode, Body) {
         let probe = matches!(path, "/healthz" | "/readyz");
-        if !probe && !self.host_allowed(host) {
+        if !probe && !self.local_enough(from, !matches!(*method, Method::GET | Method::HEAD)) {
             return (
                 StatusCode::FORBIDDEN,
                 Body::Json(json!({ "error": "this admin listener answers only Host: localhost, 127.0.0.1, [::1] \
-                    or its own address (set server.admin_token to reach it by another name)" })),
+                    or its own address, and changes only from pages of those (set server.admin_token to reach it \
+                    by another name)" })),
             );
         }
         // The page is public but empty: it shows what the token-protected endpoints return.
@@ -112,18 +115,15 @@ impl AdminApp {
         }
     }
 
-    /// With a token, any `Host` (the token is the guard, and a browser never sends it by itself);
-    /// on loopback without one, a loopback name or the admin address, so that a hostile page whose
-    /// name resolves to 127.0.0.1 cannot read or reset anything. No `Host` at all is not a
-    /// browser. A listener opened to the network on purpose (`admin_insecure`) is reached by
-    /// whatever names its scrapers use: it is not checked.
-    fn host_allowed(&self, host: Option<&[u8]>) -> bool {
+    /// With a token, any `Host` and `Origin` (the token is the guard, and a browser never sends
+    /// it by itself); on loopback without one, `admin_guard::is_local`: a hostile page can neither
+    /// reach the API through a name rebound to 127.0.0.1 nor send it a blind cross-site `POST`.
+    /// A listener opened to the network on purpose (`admin_insecure`) is reached by whatever
+    /// names its scrapers use: it is not checked.
+    fn local_enough(&self, from: Provenance<'_>, changes_state: bool) -> bool {
         let runtime = self.reloader.runtime().load();
         let exposed = runtime.server.admin.is_some_and(|a| !a.ip().is_loopback());
-        if runtime.server.admin_token.is_some() || exposed {
-            return true;
-        }
-        host.is_none_or(|h| host_is_local(h, runtime.server.admin))
+        runtime.server.admin_token.is_some() || exposed || guard::is_local(from, changes_state, runtime.server.admin)
     }
 
     fn authorized(&self, auth: Option<&[u8]>) -> bool {
@@ -338,9 +338,11 @@ impl ServeHttp for AdminApp {
         let req = session.req_header();
         let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
         let host = req.headers.get(header::HOST).map(|v| v.as_bytes().to_vec());
+        let origin = req.headers.get(header::ORIGIN).map(|v| v.as_bytes().to_vec());
         let (method, path, query) =
             (req.method.clone(), req.uri.path().to_string(), req.uri.query().map(str::to_string));
-        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref(), host.as_deref()).await;
+        let from = Provenance { host: host.as_deref(), origin: origin.as_deref() };
+        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref(), from).await;
         let (content_type, mut bytes) = match body {
             Body::Json(mut v) => {
                 // Keys and names may hold what a terminal or a page would obey (ESC, U+202E).

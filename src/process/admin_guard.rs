@@ -90,9 +90,36 @@ fn percent_decode(text: &str, plus_is_space: bool) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// Where a request says it comes from: its `Host`, and from a browser its `Origin`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Provenance<'a> {
+    pub host: Option<&'a [u8]>,
+    pub origin: Option<&'a [u8]>,
+}
+
+/// Whether a loopback admin listener without a token serves the request: its `Host` names this
+/// machine (else a page whose name was rebound to 127.0.0.1 is talking to it), and a request
+/// that changes something (`POST /reload`), when a browser sent it, comes from a page of this
+/// machine: a cross-site `POST` needs no preflight, so a page anywhere could send it blind. No
+/// `Host` or `Origin` at all is not a browser's request.
+pub fn is_local(from: Provenance<'_>, changes_state: bool, admin: Option<std::net::SocketAddr>) -> bool {
+    from.host.is_none_or(|h| host_is_local(h, admin))
+        && (!changes_state || from.origin.is_none_or(|o| origin_is_local(o, admin)))
+}
+
+/// Whether an `Origin` (`http://host:port`) is a page of this machine; `null` (a sandboxed or
+/// local file's page) is not.
+fn origin_is_local(origin: &[u8], admin: Option<std::net::SocketAddr>) -> bool {
+    let Ok(origin) = std::str::from_utf8(origin) else { return false };
+    let Some(authority) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+        return false;
+    };
+    !authority.contains(['/', '@']) && host_is_local(authority.as_bytes(), admin)
+}
+
 /// Whether `host` (a `Host` header: name or address, with or without a port) names this
 /// machine's loopback or the admin address itself.
-pub fn host_is_local(host: &[u8], admin: Option<std::net::SocketAddr>) -> bool {
+fn host_is_local(host: &[u8], admin: Option<std::net::SocketAddr>) -> bool {
     let Ok(host) = std::str::from_utf8(host) else { return false };
     let host = host.trim();
     let (name, port) = match host.strip_prefix('[') {
@@ -167,6 +194,31 @@ mod tests {
         let exposed: std::net::SocketAddr = "10.0.0.5:9901".parse().unwrap();
         assert!(host_is_local(b"10.0.0.5:9901", Some(exposed)));
         assert!(!host_is_local(b"10.0.0.6:9901", Some(exposed)));
+    }
+
+    #[test]
+    fn requests_that_change_state_come_from_pages_of_this_machine() {
+        let admin: std::net::SocketAddr = "127.0.0.1:9901".parse().unwrap();
+        let from = |host: &'static str, origin: Option<&'static str>| Provenance {
+            host: Some(host.as_bytes()),
+            origin: origin.map(str::as_bytes),
+        };
+        assert!(is_local(from("127.0.0.1:9901", None), true, Some(admin)), "curl: no Origin");
+        assert!(is_local(from("127.0.0.1:9901", Some("http://127.0.0.1:9901")), true, Some(admin)), "the page");
+        assert!(is_local(from("localhost:9901", Some("http://localhost:9901")), true, Some(admin)));
+        for origin in [
+            "http://evil.example",
+            "null",
+            "https://evil.example:9901",
+            "http://localhost@evil.example",
+            "http://127.0.0.1:9901/x",
+            "file://",
+        ] {
+            assert!(!is_local(from("127.0.0.1:9901", Some(origin)), true, Some(admin)), "{origin}");
+            assert!(is_local(from("127.0.0.1:9901", Some(origin)), false, Some(admin)), "reads: {origin}");
+        }
+        assert!(!is_local(from("evil.example", None), false, Some(admin)), "rebinding");
+        assert!(is_local(Provenance::default(), true, Some(admin)), "not a browser");
     }
 
     #[test]
