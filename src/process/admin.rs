@@ -248,13 +248,9 @@ impl AdminApp {
             }
         };
         // Read before the reset, to say whether there was anything to forget (a typo in a key
-        // resets nothing, and says so).
-        let existed = match self.store.inspect(&zone, &key).await {
-            Ok(state) => state.is_some(),
-            Err(e) => {
-                return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": format!("reset failed: {e}") })))
-            }
-        };
+        // resets nothing, and says so); unknown (null) when the store cannot tell, which does not
+        // hold up the reset.
+        let existed = self.store.inspect(&zone, &key).await.ok().map(|state| state.is_some());
         if let Err(e) = self.store.reset(&zone, &key).await {
             return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": format!("reset failed: {e}") })));
         }
@@ -262,7 +258,7 @@ impl AdminApp {
         let secret = crate::top::view::zone_is_secret(&runtime, &zone);
         let shown = crate::top::view::shown_key(secret, &key);
         let shown = crate::top::text::escape(&shown);
-        tracing::info!(zone = %zone, key = %shown, existed, "admin: key reset");
+        tracing::info!(zone = %zone, key = %shown, existed = ?existed, "admin: key reset");
         (
             StatusCode::OK,
             Body::Json(json!({

@@ -18,13 +18,9 @@ pub struct AdminClient {
 pub struct ResetReply {
     pub zone: String,
     pub key: String,
-    /// Whether the key held state (absent from older instances: assumed so).
-    #[serde(default = "held_state")]
-    pub existed: bool,
-}
-
-fn held_state() -> bool {
-    true
+    /// Whether the key held state (`None`: the store could not tell, or an older instance).
+    #[serde(default)]
+    pub existed: Option<bool>,
 }
 
 impl AdminClient {

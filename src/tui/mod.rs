@@ -73,7 +73,7 @@ fn event_loop(
                     Step::Quit => return Ok(()),
                     Step::Reset { zone, id } => {
                         let outcome = client.reset(&zone, &id).map(|r| {
-                            let held = if r.existed { "" } else { " (it held no state)" };
+                            let held = if r.existed == Some(false) { " (it held no state)" } else { "" };
                             format!("reset {} in zone {}{held}", r.key, r.zone)
                         });
                         app.reset_done(outcome);
