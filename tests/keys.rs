@@ -308,7 +308,11 @@ fn rs256_key_file_refuses_the_public_key_as_an_hmac_secret() {
     let up = Upstream::start();
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/jwt");
     let public = data.join("rsa_public.pem");
-    let jwt = format!("[jwt]\nkey_file = \"{}\"\nalgorithm = \"RS256\"\nissuer = \"{ISSUER}\"", public.display());
+    // The tokens name an audience: without `audience` they would be refused for that alone.
+    let jwt = format!(
+        "[jwt]\nkey_file = \"{}\"\nalgorithm = \"RS256\"\nissuer = \"{ISSUER}\"\naudience = \"weir\"",
+        public.display()
+    );
     let w = Weir::start(&jwt_config(&up, &jwt));
     let private = std::fs::read(data.join("rsa_private.pem")).unwrap();
     let good = sign(Algorithm::RS256, None, &EncodingKey::from_rsa_pem(&private).unwrap(), &claims("u1"));
@@ -370,6 +374,10 @@ limit_req = [ {{ zone = "z" }} ]
             ),
         )
     };
+    // An empty key file (a regular file: devices such as /dev/null are refused as secret files).
+    let empty = tempfile::NamedTempFile::new().expect("empty file");
+    let empty = empty.path().display().to_string();
+    let route = |key: &str, path: &str, extra: &str| route(key, path, &extra.replace("/dev/null", &empty));
     let cases = [
         (route(r#""path:tenant""#, r#"path_prefix = "/tenants/""#, ""), "has no group (?P<tenant>"),
         (route(r#""path:tenant""#, r#"path_regex = "^/t/(?P<other>[^/]+)""#, ""), "has no group (?P<tenant>"),

@@ -14,6 +14,7 @@ use std::time::Duration;
 use support::admin;
 use support::config::with_app;
 use support::http::{KeepAlive, Request};
+use support::poll::poll;
 use support::upstream::Upstream;
 use support::weir::Weir;
 
@@ -163,4 +164,172 @@ fn without_the_token_the_page_shows_nothing() {
     for (method, target) in [("GET", "/top"), ("GET", "/upstreams"), ("DELETE", "/limits/per_client/noisy-tenant")] {
         assert_eq!(admin::request(admin::addr(&w), method, target, None).status, 401, "{method} {target}");
     }
+}
+
+/// Chromium driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`: commands on
+/// fd 3, answers on fd 4, each a JSON text ended by NUL), for what `--dump-dom` cannot tell:
+/// where things are on the screen. Killed on drop.
+struct DevTools {
+    child: std::process::Child,
+    commands: std::fs::File,
+    answers: std::sync::mpsc::Receiver<serde_json::Value>,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl DevTools {
+    fn start() -> DevTools {
+        use std::os::fd::{FromRawFd, RawFd};
+        use std::os::unix::process::CommandExt;
+        let pipe = || {
+            let mut fds = [0 as RawFd; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+            fds
+        };
+        let (to_chromium, from_chromium) = (pipe(), pipe());
+        let (child_reads, child_writes) = (to_chromium[0], from_chromium[1]);
+        let profile = tempfile::tempdir().expect("profile dir");
+        let mut command = Command::new("chromium");
+        command.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--remote-debugging-pipe",
+            &format!("--user-data-dir={}", profile.path().display()),
+            "about:blank",
+        ]);
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec. The ends are
+        // first moved above 10, so that dup2 onto 3 and 4 never meets its own source (which would
+        // leave close-on-exec set).
+        unsafe {
+            command.pre_exec(move || {
+                let high_r = libc::fcntl(child_reads, libc::F_DUPFD, 10);
+                let high_w = libc::fcntl(child_writes, libc::F_DUPFD, 10);
+                if high_r < 0 || high_w < 0 || libc::dup2(high_r, 3) < 0 || libc::dup2(high_w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().unwrap_or_else(|e| panic!("chromium: {e} (install it with scripts/setup.sh)"));
+        // SAFETY: each descriptor is owned here and closed once (the child's ends by the drops).
+        let (commands, answers_in) = unsafe {
+            drop(std::fs::File::from_raw_fd(child_reads));
+            drop(std::fs::File::from_raw_fd(child_writes));
+            (std::fs::File::from_raw_fd(to_chromium[1]), std::fs::File::from_raw_fd(from_chromium[0]))
+        };
+        let (send, answers) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            use std::io::BufRead;
+            let mut reader = std::io::BufReader::new(answers_in);
+            let mut message = Vec::new();
+            while reader.read_until(0, &mut message).is_ok_and(|n| n > 0) {
+                message.pop();
+                if let Ok(v) = serde_json::from_slice(&message) {
+                    if send.send(v).is_err() {
+                        return;
+                    }
+                }
+                message.clear();
+            }
+        });
+        DevTools { child, commands, answers, next_id: 0, _profile: profile }
+    }
+
+    /// Sends `method` (to `session` when given) and waits (10 s at most) for its answer's result.
+    fn call(&mut self, session: Option<&str>, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use std::io::Write;
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut message = serde_json::json!({ "id": id, "method": method, "params": params });
+        if let Some(s) = session {
+            message["sessionId"] = s.into();
+        }
+        let mut bytes = message.to_string().into_bytes();
+        bytes.push(0);
+        self.commands.write_all(&bytes).expect("write to chromium");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let answer = self.answers.recv_timeout(left).unwrap_or_else(|_| panic!("no answer to {method} in 10 s"));
+            if answer["id"] == id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+}
+
+impl Drop for DevTools {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 38 item 4: on a phone-width screen (390 × 844) the reset button of a key is on the screen
+/// and is what a tap at its centre reaches, without scrolling sideways.
+#[test]
+fn at_phone_width_the_reset_button_is_in_reach() {
+    let (_up, w) = start();
+    let mut client = KeepAlive::new(w.addr, Duration::from_secs(5));
+    for _ in 0..3 {
+        client
+            .send(&Request::get("/checkout/").header("X-Client", "noisy-tenant-with-a-long-key-0123456789"))
+            .expect("request");
+    }
+    let mut chromium = DevTools::start();
+    let target = chromium.call(None, "Target.createTarget", serde_json::json!({ "url": "about:blank" }));
+    let attached = chromium.call(
+        None,
+        "Target.attachToTarget",
+        serde_json::json!({ "targetId": target["targetId"], "flatten": true }),
+    );
+    let session = attached["sessionId"].as_str().expect("a session").to_string();
+    let session = Some(session.as_str());
+    chromium.call(
+        session,
+        "Emulation.setDeviceMetricsOverride",
+        serde_json::json!({ "width": 390, "height": 844, "deviceScaleFactor": 3, "mobile": true }),
+    );
+    let url = format!("http://{}/#token={TOKEN}", admin::addr(&w));
+    chromium.call(session, "Page.navigate", serde_json::json!({ "url": url }));
+    // Where the first reset button is, and what a tap at its centre hits.
+    let probe = r#"(() => {
+        const b = document.querySelector("button[data-id]");
+        if (!b) return null;
+        const r = b.getBoundingClientRect();
+        const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+        return { left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: innerWidth,
+                 height: innerHeight, hit: hit === b, page_width: document.documentElement.scrollWidth };
+    })()"#;
+    let found = poll(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || {
+            let r = chromium.call(
+                session,
+                "Runtime.evaluate",
+                serde_json::json!({ "expression": probe, "returnByValue": true }),
+            );
+            r["result"]["value"].clone()
+        },
+        |v| !v.is_null(),
+    )
+    .unwrap_or_else(|v| panic!("no reset button on the page: {v}"));
+    assert_eq!(found["width"], 390, "the phone's width: {found}");
+    let (left, right) = (found["left"].as_f64().expect("left"), found["right"].as_f64().expect("right"));
+    assert!(left >= 0.0 && right <= 390.0, "the reset button is off the screen sideways: {found}");
+    assert!(found["hit"] == true, "a tap at the button's centre reaches something else: {found}");
+    assert!(found["page_width"].as_f64().is_some_and(|p| p <= 390.0), "the page scrolls sideways: {found}");
 }

@@ -242,12 +242,23 @@ fn two_instances_share_counts_and_a_reset_on_one_lets_the_key_through_on_both() 
         .unwrap_or_else(|t| panic!("no fleet-wide row: {}", zone(&t, "fleet")));
         assert_eq!(seen["instances"], 2, "both instances' views");
     }
+    // The keys are the fleet's; the routes' and zones' counters this instance's.
+    let labels = top(admin_a);
+    assert_eq!(
+        labels["scope"],
+        serde_json::json!({"routes": "this instance", "decisions": "this instance", "keys": "fleet"})
+    );
+    assert_eq!(
+        (&zone(&labels, "fleet")["scope"], &zone(&labels, "fleet")["decisions_scope"]),
+        (&"fleet".into(), &"this instance".into())
+    );
 
     // Reset on A, by the row's id (the key is shown hashed).
     let id = top(admin_a)["zones"][0]["rejected"][0]["id"].as_str().expect("id").to_string();
     let r = admin::request(admin_a, "DELETE", &format!("/limits/fleet?id={id}"), Some(BEARER));
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["key"], want);
+    assert_eq!(r.json()["existed"], true, "the key held state in Redis");
     let reset_at = Instant::now();
     // A lets it through at once (its deny cache forgot it with the reset) ...
     assert_eq!(get_keyed(&mut on_a, "victim"), 200);

@@ -207,6 +207,10 @@ pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime,
     let mut secrets = Secrets::new(interpolated.uses.clone());
     match compile_expanded(&interpolated.text, file, outside, &mut secrets) {
         Ok(mut runtime) => {
+            // Warnings quote values too (a host, a path): hidden like in errors.
+            for warning in &mut runtime.warnings {
+                *warning = secrets.redact(&interpolated.redact(warning));
+            }
             runtime.secrets = secrets;
             Ok(runtime)
         }
@@ -256,15 +260,26 @@ fn compile_expanded(
     let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
     keyless_zones_only_in_rls(&src, &routes, &zones)?;
     let rls = rls::compile_rls(&src, rls, &zones)?;
+    if let Some(open) = rls.as_ref().and_then(|r| r.listen.iter().find(|a| !a.ip().is_loopback())) {
+        warnings.push(format!(
+            "{}: rls.listen: {open} is reachable from the network, and the rate limit service protocol has no \
+             authentication: anyone who reaches it can spend (or probe) any key's budget. Listen on 127.0.0.1 behind a \
+             sidecar (Envoy, a mesh) that checks client certificates, or use rls.listen_tls (encrypted; it does not \
+             check clients) with a network policy that admits only the proxies that ask",
+            src.file
+        ));
+    }
     if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
         return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
     }
     let log = compile_log(&src, log)?;
-    let jwt = super::jwt::compile_jwt(&src, jwt)?;
+    let jwt = super::jwt::compile_jwt(&src, jwt, &mut warnings)?;
     super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
     no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
     let tracing = super::traces::compile_tracing(&src, tracing)?;
     let top = super::top::compile_top(&src, top)?;
+    // Secret files anyone on the machine may read (found while reading them, above).
+    warnings.append(&mut secrets.warnings);
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),

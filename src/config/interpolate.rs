@@ -39,14 +39,8 @@ impl Interpolated {
     /// `message` with every substituted value shown as the `${NAME}` it came from: an error
     /// about a setting never prints what the environment put in it.
     pub fn redact(&self, message: &str) -> String {
-        let mut out = message.to_string();
-        // Longest first, so a value containing another is replaced whole.
-        let mut values: Vec<&(String, String)> = self.values.iter().filter(|(_, v)| v.len() >= 3).collect();
-        values.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
-        for (name, value) in values {
-            out = out.replace(value.as_str(), &format!("${{{name}}}"));
-        }
-        out
+        let values = self.values.iter().map(|(name, value)| (format!("${{{name}}}"), value.as_str()));
+        super::secrets::redact_all(message, values)
     }
 }
 
@@ -190,7 +184,7 @@ fn substitute(
 
 /// `value` as a TOML basic string spanning `lines` more lines, like the literal it replaces:
 /// those lines end in a line-ending backslash, which TOML drops with the newline.
-fn encode(value: &str, lines: usize) -> String {
+pub(super) fn encode(value: &str, lines: usize) -> String {
     let mut escaped = String::with_capacity(value.len() + 2);
     for c in value.chars() {
         match c {
@@ -272,6 +266,9 @@ mod tests {
         assert_eq!(parsed["a"].as_str(), Some("${PW} costs $5"));
         assert_eq!(parsed["c"].as_str(), Some("x:y10.0.0.1"));
         assert_eq!(out.redact("bad value \"s3cr\"et\\x\" here"), "bad value \"${PW}\" here");
+        // As TOML, JSON and Rust's Debug write it (a parser error quotes the expanded line).
+        assert_eq!(out.redact(r#"b = "s3cr\"et\\x""#), r#"b = "${PW}""#);
+        assert_eq!(out.redact(&format!("{:?}", "s3cr\"et\\x")), "\"${PW}\"");
     }
 
     #[test]

@@ -19,10 +19,13 @@ use crate::routes::{PathMatch, RouteMatcher};
 
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);
 const MAX_LEEWAY: Duration = Duration::from_secs(300);
+/// The most a `jwks_file` may hold.
+const MAX_JWKS_FILE: u64 = 1024 * 1024;
 
 pub(super) fn compile_jwt(
     src: &Source<'_>,
     jwt: Option<Spanned<schema::Jwt>>,
+    warnings: &mut Vec<String>,
 ) -> Result<Option<Verifier>, ConfigError> {
     let Some(jwt) = jwt else { return Ok(None) };
     let span = jwt.span();
@@ -44,20 +47,30 @@ pub(super) fn compile_jwt(
     };
     let expect = Expect { issuers: list(issuer), audiences: list(audience), leeway_secs };
     let base = base_dir(src.file);
-    let read = |file: &Spanned<String>| {
+    // A JWKS of a few dozen keys is tens of KiB; a key file is a few KiB.
+    let read = |file: &Spanned<String>, max: u64| {
         let path = resolve(&base, file.get_ref());
         src.outside
-            .read(&path)
+            .read_at_most(&path, max)
             .map_err(|e| src.error_at(&file.span(), format!("jwt: cannot read {}: {e}", path.display())))
     };
     let verifier = match (jwks_file, key_file, algorithm) {
         (Some(file), None, None) => {
-            let json = read(&file)?;
+            let json = read(&file, MAX_JWKS_FILE)?;
             Verifier::new(KeySource::Jwks(&json), &expect)
                 .map_err(|e| src.error_at(&file.span(), format!("jwt.jwks_file {:?}: {e}", file.get_ref())))?
         }
         (None, Some(file), Some(alg)) => {
-            let mut key = read(&file)?;
+            let mut key = read(&file, super::secrets::MAX_SECRET_FILE)?;
+            // An HMAC secret lets whoever reads it sign tokens (a public key does not).
+            let path = resolve(&base, file.get_ref());
+            if alg.get_ref().starts_with("HS") && src.outside.world_readable(&path) {
+                warnings.push(format!(
+                    "jwt.key_file: {} is readable by every user of this machine and holds an HMAC secret that signs \
+                     tokens; chmod o-r it (e.g. 0600, or 0640 with the group weir runs as)",
+                    path.display()
+                ));
+            }
             // An HMAC secret written with an editor ends with a newline that is not part of it.
             while key.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                 key.pop();

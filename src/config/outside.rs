@@ -12,6 +12,17 @@ use std::path::{Path, PathBuf};
 pub trait Outside {
     /// A file's bytes (`path` already resolved against the config file's directory).
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// A regular file's bytes if it holds at most `max`; an error saying so if it holds more (read
+    /// no further: a secret path pointing at a log file must not fill memory) or is not a regular
+    /// file (a FIFO would block the load, a device may never end).
+    fn read_at_most(&self, path: &Path, max: u64) -> io::Result<Vec<u8>> {
+        let bytes = self.read(path)?;
+        too_long(bytes, max)
+    }
+    /// Whether every user of the machine may read the file (mode `o+r`).
+    fn world_readable(&self, _path: &Path) -> bool {
+        false
+    }
     /// An environment variable, for `${NAME}`.
     fn var(&self, name: &str) -> Option<String>;
     /// The addresses of `host:port`, asked of `resolver` when one is configured.
@@ -28,6 +39,23 @@ impl Outside for Machine {
         std::fs::read(path)
     }
 
+    fn read_at_most(&self, path: &Path, max: u64) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        // A FIFO would block the load until someone writes to it; a device may never end.
+        if !std::fs::metadata(path)?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "it is not a regular file"));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)?.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+        too_long(bytes, max)
+    }
+
+    #[cfg(unix)]
+    fn world_readable(&self, path: &Path) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0)
+    }
+
     fn var(&self, name: &str) -> Option<String> {
         std::env::var(name).ok()
     }
@@ -39,6 +67,13 @@ impl Outside for Machine {
     fn unix_now(&self) -> i64 {
         crate::tls::unix_now()
     }
+}
+
+fn too_long(bytes: Vec<u8>, max: u64) -> io::Result<Vec<u8>> {
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("it holds more than {max} bytes")));
+    }
+    Ok(bytes)
 }
 
 /// Fixed answers: what is not given is absent (a missing file, an unset variable, a name that

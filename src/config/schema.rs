@@ -83,7 +83,7 @@ pub struct Tracing {
     /// The service.name of the spans.
     #[schemars(extend("default" = "weir"))]
     pub service_name: Option<Spanned<String>>,
-    /// Time one export may take.
+    /// Time one export may take (1ms-60s).
     #[schemars(extend("default" = "10s"))]
     pub timeout: Option<Spanned<String>>,
 }

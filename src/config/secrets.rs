@@ -34,6 +34,10 @@ const USERINFO: &AsciiSet = &CONTROLS
     .add(b'|')
     .add(b'}');
 
+/// The most a secret file may hold: a token, a password or a key is far smaller; a path that
+/// points at something else (a log, a device) is refused rather than read into memory.
+pub const MAX_SECRET_FILE: u64 = 64 * 1024;
+
 /// A secret value: `Debug` never prints it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -75,6 +79,8 @@ pub struct Secrets {
     digest: Sha256,
     /// Values to hide again in error messages (file contents).
     values: Vec<(String, String)>,
+    /// Secret files anyone may read (the config's warnings list).
+    pub(super) warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -103,15 +109,11 @@ impl Secrets {
         self.digest.clone().finalize().into()
     }
 
-    /// `message` with every secret read from a file shown as `<setting>`.
+    /// `message` with every secret read from a file shown as `<setting>`, in any of the forms an
+    /// error may quote it in ([`forms`]).
     pub fn redact(&self, message: &str) -> String {
-        let mut out = message.to_string();
-        for (setting, value) in &self.values {
-            if value.len() >= 3 {
-                out = out.replace(value.as_str(), &format!("<{setting}>"));
-            }
-        }
-        out
+        let values = self.values.iter().map(|(setting, value)| (format!("<{setting}>"), value.as_str()));
+        redact_all(message, values)
     }
 
     fn record(&mut self, setting: &str, from: String, file: Option<PathBuf>, value: &str) {
@@ -146,7 +148,7 @@ impl Secrets {
             }
             (None, Some(f)) => {
                 let path = super::tls::resolve(&super::tls::base_dir(src.file), f.get_ref());
-                let bytes = src.outside.read(&path).map_err(|e| {
+                let bytes = src.outside.read_at_most(&path, MAX_SECRET_FILE).map_err(|e| {
                     src.error_at(&f.span(), format!("{setting}_file: cannot read {}: {e}", path.display()))
                 })?;
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -156,11 +158,52 @@ impl Secrets {
                 if value.is_empty() {
                     return Err(src.error_at(&f.span(), format!("{setting}_file: {} is empty", path.display())));
                 }
+                if src.outside.world_readable(&path) {
+                    self.warnings.push(format!(
+                        "{setting}_file: {} is readable by every user of this machine; chmod o-r it (e.g. 0600, or 0640 \
+                         with the group weir runs as)",
+                        path.display()
+                    ));
+                }
                 self.record(setting, format!("file {}", path.display()), Some(path), value);
                 Ok(Some(Spanned::new(f.span(), value.to_string())))
             }
         }
     }
+}
+
+/// How a secret may appear in a message: as it is, as a TOML, JSON or Rust string writes it (a
+/// parser error quotes the expanded line; `{:?}` escapes quotes and backslashes), and
+/// percent-encoded as in a URL's userinfo (`store.password` goes into the Redis URL).
+pub(super) fn forms(value: &str) -> Vec<String> {
+    let quoted = |s: String| s.get(1..s.len().saturating_sub(1)).unwrap_or_default().to_string();
+    let mut forms = vec![
+        value.to_string(),
+        quoted(super::interpolate::encode(value, 0)),
+        quoted(serde_json::Value::from(value).to_string()),
+        quoted(format!("{value:?}")),
+        utf8_percent_encode(value, USERINFO).to_string(),
+        utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string(),
+    ];
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+/// `message` with every form of each value shown as its replacement; values shorter than 3
+/// bytes are left (they would match everywhere). Longest first, so that a value containing
+/// another is replaced whole.
+pub(super) fn redact_all<'a>(message: &str, values: impl Iterator<Item = (String, &'a str)>) -> String {
+    let mut all: Vec<(String, String)> = values
+        .filter(|(_, value)| value.len() >= 3)
+        .flat_map(|(replacement, value)| forms(value).into_iter().map(move |form| (form, replacement.clone())))
+        .collect();
+    all.sort_by_key(|(form, _)| std::cmp::Reverse(form.len()));
+    let mut out = message.to_string();
+    for (form, replacement) in all {
+        out = out.replace(&form, &replacement);
+    }
+    out
 }
 
 /// `url` with `password` as its userinfo (`redis://host` → `redis://:pw@host`); refused when
@@ -211,6 +254,22 @@ mod tests {
         assert_eq!(value.get_ref(), "0123456789abcdef");
         assert_eq!(secrets.files().collect::<Vec<_>>(), [&file]);
         assert_eq!(secrets.redact("bad 0123456789abcdef"), "bad <server.admin_token>");
+        // Quotes, backslashes and URL-unsafe characters, in every form a message may hold them.
+        std::fs::write(&file, "q\"b\\s p@ss/\u{1}x\n").expect("write");
+        let mut secrets = Secrets::default();
+        secrets.value_or_file(&src, "store.password", None, Some(Spanned::new(4..11, "token".into()))).expect("read");
+        let secret = "q\"b\\s p@ss/\u{1}x";
+        for shown in [
+            secret.to_string(),
+            format!("{secret:?}"),
+            serde_json::Value::from(secret).to_string(),
+            crate::config::interpolate::encode(secret, 0),
+            format!("redis://:{}@h", utf8_percent_encode(secret, USERINFO)),
+        ] {
+            let redacted = secrets.redact(&format!("bad {shown} here"));
+            assert!(!redacted.contains("p@ss") && !redacted.contains("p%40ss"), "{shown} -> {redacted}");
+            assert!(redacted.contains("<store.password>"), "{redacted}");
+        }
         std::fs::write(&file, "\n").expect("write");
         let err = Secrets::default()
             .value_or_file(&src, "server.admin_token", None, Some(Spanned::new(4..11, "token".into())))

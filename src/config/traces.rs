@@ -7,6 +7,10 @@ use super::error::{ConfigError, Source};
 use super::schema;
 use super::spanned::Spanned;
 
+/// The longest `tracing.timeout`: an export that takes longer is lost anyway, and the exporter's
+/// queue fills behind it.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Where and how much to trace. Read at start: a change applies at the next restart.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSettings {
@@ -42,8 +46,14 @@ pub(super) fn compile_tracing(
     };
     let timeout = match timeout {
         None => Duration::from_secs(10),
-        Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero()).ok_or_else(|| {
-            src.error_at(&t.span(), format!("tracing.timeout: {:?} is not a duration like \"10s\"", t.get_ref()))
+        Some(t) => parse_duration(t.get_ref()).filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT).ok_or_else(|| {
+            src.error_at(
+                &t.span(),
+                format!(
+                    "tracing.timeout: expected a duration from \"1ms\" to \"60s\" like \"10s\", got {:?}",
+                    t.get_ref()
+                ),
+            )
         })?,
     };
     Ok(Some(TraceSettings {

@@ -42,6 +42,9 @@ pub struct Verifier {
     keys: Vec<VerifyingKey>,
     /// `exp`/`nbf` leeway (checked here against the request's time, not by jsonwebtoken).
     leeway_secs: u64,
+    /// No `audience` configured: a token that names one is for another service and refused
+    /// (checked here, so that the rule does not hang on jsonwebtoken's default).
+    refuse_any_audience: bool,
     /// SHA-256 of the key material, so that a reload with a rotated key file is a change.
     fingerprint: [u8; 32],
 }
@@ -104,7 +107,12 @@ impl Verifier {
                 keys
             }
         };
-        Ok(Verifier { keys, leeway_secs: expect.leeway_secs, fingerprint })
+        Ok(Verifier {
+            keys,
+            leeway_secs: expect.leeway_secs,
+            refuse_any_audience: expect.audiences.is_empty(),
+            fingerprint,
+        })
     }
 
     /// Identifies the key material (a reload compares it to tell a rotated key from no change).
@@ -128,6 +136,11 @@ impl Verifier {
         let data = jsonwebtoken::decode::<Strict>(token, &key.key, &key.validation)
             .map_err(|e| TokenError::Refused(e.to_string()))?;
         self.check_times(&data.claims.0, now_secs)?;
+        if self.refuse_any_audience && data.claims.0.get("aud").is_some() {
+            return Err(TokenError::Refused(
+                "InvalidAudience (the token names an audience; none is configured)".into(),
+            ));
+        }
         Ok(Claims(data.claims.0))
     }
 
@@ -163,6 +176,7 @@ fn validation(alg: Algorithm, expect: &Expect) -> Validation {
         required.insert("iss".into());
     }
     if expect.audiences.is_empty() {
+        // Refused in `Verifier::verify` when present (a token for another service).
         v.validate_aud = false;
     } else {
         v.set_audience(&expect.audiences);
@@ -335,6 +349,34 @@ mod tests {
         assert!(at(&old, crate::tls::unix_now() as u64).is_err(), "expired today");
         let text_exp = token(serde_json::json!({"sub": "u1", "exp": "soon"}));
         assert!(at(&text_exp, 1_700_000_000).is_err(), "exp must be a number");
+    }
+
+    /// Without `audience`, a token naming any audience is for another service (docs/keys.md);
+    /// with it, only the configured ones pass.
+    #[test]
+    fn audience_is_refused_unless_configured() {
+        let secret = b"a-shared-secret-of-32-bytes-long";
+        let verify = |audiences: Vec<String>, claims: serde_json::Value| {
+            let expect = Expect { issuers: vec![], audiences, leeway_secs: 30 };
+            let verifier = Verifier::new(KeySource::Single { algorithm: "HS256", key: secret }, &expect).unwrap();
+            let key = jsonwebtoken::EncodingKey::from_secret(secret);
+            let jwt = jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::HS256), &claims, &key).unwrap();
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, format!("Bearer {jwt}").parse().unwrap());
+            verifier.verify(&h, 1_700_000_000).map(|_| ())
+        };
+        let exp = 1_700_000_600u64;
+        assert_eq!(verify(vec![], serde_json::json!({"sub": "u", "exp": exp})), Ok(()));
+        for aud in
+            [serde_json::json!("api"), serde_json::json!(["api"]), serde_json::json!([]), serde_json::json!(null)]
+        {
+            let refused = verify(vec![], serde_json::json!({"sub": "u", "exp": exp, "aud": aud}));
+            assert!(matches!(refused, Err(TokenError::Refused(_))), "aud {aud}: {refused:?}");
+        }
+        let api = || vec!["api".to_string()];
+        assert_eq!(verify(api(), serde_json::json!({"sub": "u", "exp": exp, "aud": "api"})), Ok(()));
+        assert!(verify(api(), serde_json::json!({"sub": "u", "exp": exp, "aud": "other"})).is_err());
+        assert!(verify(api(), serde_json::json!({"sub": "u", "exp": exp})).is_err(), "aud required when configured");
     }
 
     #[test]

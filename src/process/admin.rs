@@ -7,7 +7,12 @@
 //! `DELETE /limits/{zone}?id=ID` (resets a key's state, fleet-wide on Redis), and `GET /` (the
 //! status page: a page with no data in it, which reads the endpoints above with the token the
 //! operator types). With `admin_token` set, every endpoint but the probes and the empty page
-//! needs `Authorization: Bearer <token>`.
+//! needs `Authorization: Bearer <token>`. Without it (a loopback listener), every endpoint but
+//! the probes needs a loopback `Host` (or the admin address itself): a web page whose name was
+//! rebound to 127.0.0.1 cannot drive it (DNS rebinding); and a change sent by a browser needs a
+//! page of this machine as its `Origin` (no blind cross-site `POST /reload`). Every answer forbids
+//! framing and sniffing; the page's policy allows its own inline script and style and nothing
+//! else (`admin_guard.rs`).
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,6 +28,8 @@ use crate::metrics::METRICS;
 use crate::process::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
 use crate::top::Tracker;
+
+use super::admin_guard::{self as guard, path_decode, query_param, Provenance};
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
@@ -42,6 +49,12 @@ enum Body {
 /// The status page (`GET /`): one file, inline CSS and JS, no external assets.
 const STATUS_PAGE: &str = include_str!("admin_page.html");
 
+/// The status page's content security policy (its script's hash), computed once.
+fn page_policy() -> &'static str {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| guard::page_policy(STATUS_PAGE))
+}
+
 impl AdminApp {
     pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>, instance: String, top: Arc<Tracker>) -> Self {
         Self { reloader, store, instance, top }
@@ -53,9 +66,19 @@ impl AdminApp {
         path: &str,
         query: Option<&str>,
         auth: Option<&[u8]>,
+        from: Provenance<'_>,
     ) -> (StatusCode, Body) {
+        let probe = matches!(path, "/healthz" | "/readyz");
+        if !probe && !self.local_enough(from, !matches!(*method, Method::GET | Method::HEAD)) {
+            return (
+                StatusCode::FORBIDDEN,
+                Body::Json(json!({ "error": "this admin listener answers only Host: localhost, 127.0.0.1, [::1] \
+                    or its own address, and changes only from pages of those (set server.admin_token to reach it \
+                    by another name)" })),
+            );
+        }
         // The page is public but empty: it shows what the token-protected endpoints return.
-        let public = matches!(path, "/healthz" | "/readyz") || (path == "/" && *method == Method::GET);
+        let public = probe || (path == "/" && *method == Method::GET);
         if !public && !self.authorized(auth) {
             return (StatusCode::UNAUTHORIZED, Body::Json(json!({ "error": "missing or wrong bearer token" })));
         }
@@ -90,6 +113,17 @@ impl AdminApp {
                     "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top"] })),
             ),
         }
+    }
+
+    /// With a token, any `Host` and `Origin` (the token is the guard, and a browser never sends
+    /// it by itself); on loopback without one, `admin_guard::is_local`: a hostile page can neither
+    /// reach the API through a name rebound to 127.0.0.1 nor send it a blind cross-site `POST`.
+    /// A listener opened to the network on purpose (`admin_insecure`) is reached by whatever
+    /// names its scrapers use: it is not checked.
+    fn local_enough(&self, from: Provenance<'_>, changes_state: bool) -> bool {
+        let runtime = self.reloader.runtime().load();
+        let exposed = runtime.server.admin.is_some_and(|a| !a.ip().is_loopback());
+        runtime.server.admin_token.is_some() || exposed || guard::is_local(from, changes_state, runtime.server.admin)
     }
 
     fn authorized(&self, auth: Option<&[u8]>) -> bool {
@@ -168,11 +202,18 @@ impl AdminApp {
     /// Redis), in this instance's deny cache at once and the others' within a sync period
     /// (`top::fleet`), and in the top tables.
     async fn reset(&self, rest: &str, query: Option<&str>) -> (StatusCode, Body) {
-        let (zone, key) = match rest.split_once('/') {
-            Some((zone, key)) => {
-                (String::from_utf8_lossy(&percent_decode(zone)).into_owned(), Some(percent_decode(key)))
-            }
-            None => (String::from_utf8_lossy(&percent_decode(rest)).into_owned(), None),
+        let bad = |what: &str, e: String| {
+            (StatusCode::BAD_REQUEST, Body::Json(json!({ "error": format!("{what}: {e} (percent-encode it whole)") })))
+        };
+        let (zone, key) = rest.split_once('/').map_or((rest, None), |(zone, key)| (zone, Some(key)));
+        let zone = match path_decode(zone).map(String::from_utf8) {
+            Ok(Ok(zone)) => zone,
+            Ok(Err(_)) => return bad("the zone", "not UTF-8".into()),
+            Err(e) => return bad("the zone", e),
+        };
+        let key = match key.map(path_decode).transpose() {
+            Ok(key) => key,
+            Err(e) => return bad("the key", e),
         };
         let runtime = self.reloader.runtime().load_full();
         if !runtime.zones.iter().any(|z| z.name == zone) {
@@ -206,16 +247,22 @@ impl AdminApp {
                 )
             }
         };
+        // Read before the reset, to say whether there was anything to forget (a typo in a key
+        // resets nothing, and says so); unknown (null) when the store cannot tell, which does not
+        // hold up the reset.
+        let existed = self.store.inspect(&zone, &key).await.ok().map(|state| state.is_some());
         if let Err(e) = self.store.reset(&zone, &key).await {
             return (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": format!("reset failed: {e}") })));
         }
         self.top.forget(&zone, &key);
         let secret = crate::top::view::zone_is_secret(&runtime, &zone);
-        tracing::info!(zone = %zone, key = %crate::top::view::shown_key(secret, &key), "admin: key reset");
+        let shown = crate::top::view::shown_key(secret, &key);
+        let shown = crate::top::text::escape(&shown);
+        tracing::info!(zone = %zone, key = %shown, existed = ?existed, "admin: key reset");
         (
             StatusCode::OK,
             Body::Json(json!({
-                "result": "reset", "zone": zone, "key": crate::top::view::shown_key(secret, &key),
+                "result": "reset", "zone": zone, "key": shown, "existed": existed,
                 "id": crate::top::view::key_id(&zone, &key), "store": self.store.kind(),
             })),
         )
@@ -277,41 +324,8 @@ fn state_json(state: &State) -> Value {
     }
 }
 
-/// A query parameter's value, percent-decoded.
-fn query_param(query: Option<&str>, name: &str) -> Option<Vec<u8>> {
-    query.unwrap_or("").split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == name).then(|| percent_decode(v))
-    })
-}
-
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Decodes `%XX` and `+` in a query value (keys may contain `:` or `/`, e.g. IPv6 addresses).
-fn percent_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
 }
 
 #[async_trait]
@@ -319,11 +333,18 @@ impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
         let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes().to_vec());
+        let host = req.headers.get(header::HOST).map(|v| v.as_bytes().to_vec());
+        let origin = req.headers.get(header::ORIGIN).map(|v| v.as_bytes().to_vec());
         let (method, path, query) =
             (req.method.clone(), req.uri.path().to_string(), req.uri.query().map(str::to_string));
-        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref()).await;
+        let from = Provenance { host: host.as_deref(), origin: origin.as_deref() };
+        let (status, body) = self.handle(&method, &path, query.as_deref(), auth.as_deref(), from).await;
         let (content_type, mut bytes) = match body {
-            Body::Json(v) => ("application/json", v.to_string().into_bytes()),
+            Body::Json(mut v) => {
+                // Keys and names may hold what a terminal or a page would obey (ESC, U+202E).
+                crate::top::text::escape_json(&mut v);
+                ("application/json", v.to_string().into_bytes())
+            }
             Body::Text(t) => ("text/plain; version=0.0.4", t.into_bytes()),
             Body::Html(page) => ("text/html; charset=utf-8", page.as_bytes().to_vec()),
         };
@@ -336,6 +357,7 @@ impl ServeHttp for AdminApp {
         let headers = resp.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        guard::protect(headers, if content_type.starts_with("text/html") { page_policy() } else { guard::DATA_POLICY });
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
@@ -358,10 +380,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decodes_query_values() {
-        assert_eq!(percent_decode("2001%3Adb8%3A%3A1"), b"2001:db8::1");
-        assert_eq!(percent_decode("a+b%2"), b"a b%2");
-        assert_eq!(percent_decode("%zz"), b"%zz");
+    fn the_page_policy_names_its_one_script_by_hash() {
+        let policy = page_policy();
+        assert!(policy.contains("script-src 'sha256-") && policy.contains("frame-ancestors 'none'"), "{policy}");
+        assert_eq!(STATUS_PAGE.matches("<script").count(), 1, "one inline script, the one hashed");
     }
 
     #[test]

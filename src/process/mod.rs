@@ -1,9 +1,10 @@
 //! The process: what runs once per start and what outlives a reload. `server` assembles the
 //! Pingora services and owns the lasting state (stores, upstream pools and their tasks,
-//! certificates); `reload` swaps config snapshots; `admin` is the admin listener; `echo` the
+//! certificates); `reload` swaps config snapshots; `admin` is the admin listener (`admin_guard`: what it trusts of a request); `echo` the
 //! built-in upstream for a first try.
 
 pub mod admin;
+mod admin_guard;
 pub mod echo;
 pub mod reload;
 pub mod server;

@@ -13,6 +13,7 @@
 pub mod fleet;
 mod sketch;
 pub mod table;
+pub mod text;
 pub mod view;
 
 use std::collections::HashMap;

@@ -82,9 +82,30 @@ pub fn shown_key(secret: bool, key: &[u8]) -> String {
     }
 }
 
-/// Whether the zone's keys are secrets to hide.
+/// Whether the zone's keys are secrets to hide: a part may carry a credential, or the zone has no
+/// `key` at all (a rate limit service zone, keyed by descriptor values, which are usually request
+/// headers such as API keys).
 pub fn zone_is_secret(rt: &Runtime, zone: &str) -> bool {
-    !rt.top.reveal_keys && rt.zones.iter().find(|z| z.name == zone).is_none_or(|z| z.key.parts.iter().any(is_secret))
+    !rt.top.reveal_keys
+        && rt
+            .zones
+            .iter()
+            .find(|z| z.name == zone)
+            .is_none_or(|z| z.key.parts.is_empty() || z.key.parts.iter().any(is_secret))
+}
+
+/// What a count covers: "this instance" (its own counters), or "fleet" (every instance's views,
+/// summed: per-key rates on the Redis store).
+pub const THIS_INSTANCE: &str = "this instance";
+pub const FLEET: &str = "fleet";
+
+/// The scope of the per-key rows: fleet-wide where instances share their views (Redis).
+pub fn keys_scope(rt: &Runtime) -> &'static str {
+    if matches!(rt.store, crate::config::StoreSettings::Redis(..)) {
+        FLEET
+    } else {
+        THIS_INSTANCE
+    }
 }
 
 /// Parts that may carry a credential or a person's identity (API keys, tokens, claims such as an
@@ -99,7 +120,9 @@ fn is_secret(part: &KeyPart) -> bool {
 
 /// `GET /top`: per zone the `n` keys with the most rejections and the `n` closest to their limit
 /// (fleet-wide when `fleet` holds the other instances' views), and per route and zone the request
-/// counters (cumulative: a client takes rates from two readings).
+/// counters (cumulative: a client takes rates from two readings). `scope` says which counts are
+/// this instance's and which the fleet's. Every string is escaped (`text::escape`): keys come from
+/// clients, names from the config and the host.
 pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usize, extra: Value) -> Value {
     let merged = merge(local.iter().chain(fleet.iter().flat_map(|v| v.zones.iter())));
     let zone_counts = counts("weir_limit_req_decisions_total", "zone", "status");
@@ -132,6 +155,8 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
                 "zone": zone.name,
                 "key": zone.key.parts.iter().map(KeyPart::to_string).collect::<Vec<_>>().join("+"),
                 "hashed": secret,
+                "scope": keys_scope(rt),
+                "decisions_scope": THIS_INSTANCE,
                 "rate": zone.rate.to_string(),
                 "algorithm": zone.algorithm.as_str(),
                 "decisions": zone_counts.get(&zone.name).cloned().unwrap_or_default(),
@@ -148,6 +173,7 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
             json!({
                 "route": route.name,
                 "zones": zones,
+                "scope": THIS_INSTANCE,
                 "requests": route_counts.get(&route.name).cloned().unwrap_or_default(),
             })
         })
@@ -156,12 +182,14 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
         "enabled": rt.top.enabled,
         "half_life_s": rt.top.half_life.as_secs_f64(),
         "instances": 1 + fleet.len(),
+        "scope": { "routes": THIS_INSTANCE, "decisions": THIS_INSTANCE, "keys": keys_scope(rt) },
         "routes": routes,
         "zones": zones,
     });
     if let (Value::Object(fields), Value::Object(more)) = (&mut out, extra) {
         fields.extend(more);
     }
+    super::text::escape_json(&mut out);
     out
 }
 

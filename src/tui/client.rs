@@ -18,6 +18,9 @@ pub struct AdminClient {
 pub struct ResetReply {
     pub zone: String,
     pub key: String,
+    /// Whether the key held state (`None`: the store could not tell, or an older instance).
+    #[serde(default)]
+    pub existed: Option<bool>,
 }
 
 impl AdminClient {
@@ -39,13 +42,14 @@ impl AdminClient {
 
     pub fn top(&self, n: usize) -> Result<Top, String> {
         let text = self.call(self.agent.get(format!("{}/top?n={n}", self.base)))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}/top: unexpected reply: {e}", self.base))
+        safe_json(&text).map_err(|e| safe_error(format!("{}/top: unexpected reply: {e}", self.base)))
     }
 
     pub fn reset(&self, zone: &str, id: &str) -> Result<ResetReply, String> {
         let zone = percent_encoding::utf8_percent_encode(zone, percent_encoding::NON_ALPHANUMERIC);
+        let id = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
         let text = self.call(self.agent.delete(format!("{}/limits/{zone}?id={id}", self.base)))?;
-        serde_json::from_str(&text).map_err(|e| format!("reset: unexpected reply: {e}"))
+        safe_json(&text).map_err(|e| safe_error(format!("reset: unexpected reply: {e}")))
     }
 
     fn call<B>(&self, mut request: ureq::RequestBuilder<B>) -> Result<String, String>
@@ -55,9 +59,9 @@ impl AdminClient {
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
         }
-        let mut response = request.call_it().map_err(|e| format!("{}: {e}", self.base))?;
+        let mut response = request.call_it().map_err(|e| safe_error(format!("{}: {e}", self.base)))?;
         let status = response.status();
-        let text = response.body_mut().read_to_string().map_err(|e| format!("{}: {e}", self.base))?;
+        let text = response.body_mut().read_to_string().map_err(|e| safe_error(format!("{}: {e}", self.base)))?;
         if status == 401 {
             return Err(format!("{}: 401: give the admin token (--token or WEIR_ADMIN_TOKEN)", self.base));
         }
@@ -66,10 +70,23 @@ impl AdminClient {
                 .ok()
                 .and_then(|v| v["error"].as_str().map(str::to_string))
                 .unwrap_or(text);
-            return Err(format!("{}: {status}: {error}", self.base));
+            return Err(safe_error(format!("{}: {status}: {error}", self.base)));
         }
         Ok(text)
     }
+}
+
+/// An error as the terminal (or stderr) may show it: it may quote what the server sent.
+fn safe_error(message: String) -> String {
+    crate::top::text::escape(&message).into_owned()
+}
+
+/// A reply with every string escaped (`top::text`) before anything reads it: whatever answers on
+/// the admin address (names, keys, an instance's host name) never writes to the terminal.
+fn safe_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_str(text)?;
+    crate::top::text::escape_json(&mut value);
+    serde_json::from_value(value)
 }
 
 /// `call()` of a request without a body (GET and DELETE are both that in ureq).
@@ -80,5 +97,33 @@ pub trait Callable {
 impl Callable for ureq::RequestBuilder<ureq::typestate::WithoutBody> {
     fn call_it(self) -> Result<http::Response<ureq::Body>, ureq::Error> {
         self.call()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever answers on the admin address: names and keys reach the model escaped.
+    #[test]
+    fn replies_are_escaped_before_they_are_read() {
+        let reply = r#"{"instance":"host\u001b]2;x\u0007","store":{"kind":"re\u202edis","ready":true},
+            "routes":[{"route":"a\u009bb","zones":["z\u200bz"],"requests":{}}],
+            "zones":[{"zone":"z\u001b[2J","key":"k","rate":"1r/s","decisions":{},"rejected":[],
+                      "closest":[{"id":"i","key":"\u2066k"}]}]}"#;
+        let top: Top = safe_json(reply).expect("parses");
+        let texts = [
+            top.instance.clone(),
+            top.store.kind.clone(),
+            top.routes[0].route.clone(),
+            top.routes[0].zones[0].clone(),
+            top.zones[0].zone.clone(),
+            top.zones[0].closest[0].key.clone(),
+        ];
+        for text in &texts {
+            assert!(!text.chars().any(crate::top::text::is_unsafe), "{text:?}");
+        }
+        assert_eq!(top.instance, "host\\u{1b}]2;x\\u{7}");
+        assert_eq!(top.store.kind, "re\\u{202e}dis");
     }
 }

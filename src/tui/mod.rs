@@ -72,7 +72,10 @@ fn event_loop(
                 match app.key(key.code) {
                     Step::Quit => return Ok(()),
                     Step::Reset { zone, id } => {
-                        let outcome = client.reset(&zone, &id).map(|r| format!("reset {} in zone {}", r.key, r.zone));
+                        let outcome = client.reset(&zone, &id).map(|r| {
+                            let held = if r.existed == Some(false) { " (it held no state)" } else { "" };
+                            format!("reset {} in zone {}{held}", r.key, r.zone)
+                        });
                         app.reset_done(outcome);
                         next_refresh = Instant::now();
                     }

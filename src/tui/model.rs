@@ -13,9 +13,28 @@ pub struct Top {
     #[serde(default)]
     pub store: StoreInfo,
     #[serde(default)]
+    pub scope: Scope,
+    #[serde(default)]
     pub routes: Vec<RouteInfo>,
     #[serde(default)]
     pub zones: Vec<ZoneInfo>,
+}
+
+/// What each count covers: "this instance" or "fleet" (`/top`'s `scope`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Scope {
+    pub routes: String,
+    pub decisions: String,
+    pub keys: String,
+}
+
+impl Default for Scope {
+    /// An older `/top` without `scope`: everything but the keys was this instance's; the keys'
+    /// scope is unknown.
+    fn default() -> Self {
+        let this = crate::top::view::THIS_INSTANCE.to_string();
+        Scope { routes: this.clone(), decisions: this, keys: "?".into() }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -22,10 +22,11 @@ fn rate_cells(r: Option<&Rates>) -> [String; 4] {
     [rate(r.requests), rate(r.passed), rate(r.delayed), rate(r.rejected)]
 }
 
-/// A client's key as the terminal may show it: control characters (a query key may decode to
-/// an escape sequence) become U+FFFD.
-fn printable(key: &str) -> String {
-    key.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect()
+/// Text as the terminal may show it: control and format characters (a query key may decode to
+/// an escape sequence, a name may hold U+202E) written as `\u{…}`. The client escapes every
+/// reply already (`client::safe_json`); this holds for text made here too (messages).
+fn printable(text: &str) -> String {
+    crate::top::text::escape(text).into_owned()
 }
 
 pub fn draw(frame: &mut Frame<'_>, app: &App) {
@@ -43,7 +44,10 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
     frame.render_widget(
         Paragraph::new(format!(
             "weir top — {}  instance {}  store {} ({store})  instances {}",
-            app.admin, top.instance, top.store.kind, top.instances
+            printable(&app.admin),
+            top.instance,
+            top.store.kind,
+            top.instances
         ))
         .style(Style::default().add_modifier(Modifier::BOLD)),
         header,
@@ -65,7 +69,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
     frame.render_widget(
         Table::new(rows, widths)
             .header(Row::new(["route", "zones", "req/s", "passed/s", "delayed/s", "rejected/s"]).style(bold))
-            .block(Block::default().borders(Borders::ALL).title("routes")),
+            .block(Block::default().borders(Borders::ALL).title(format!("routes ({})", top.scope.routes))),
         routes_area,
     );
 
@@ -85,7 +89,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
     frame.render_widget(
         Table::new(rows, widths)
             .header(Row::new(["zone", "key", "rate", "req/s", "passed/s", "delayed/s", "rejected/s"]).style(bold))
-            .block(Block::default().borders(Borders::ALL).title("zones (decisions)")),
+            .block(Block::default().borders(Borders::ALL).title(format!("zones (decisions, {})", top.scope.decisions))),
         zones_area,
     );
 
@@ -116,7 +120,11 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
             .header(Row::new(["zone", "key", "req/s", "rejected/s", "delayed/s", "fill", "instances"]).style(bold))
             .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
             .highlight_symbol("> ")
-            .block(Block::default().borders(Borders::ALL).title(format!("top keys, by {}", app.sort.name()))),
+            .block(Block::default().borders(Borders::ALL).title(format!(
+                "top keys ({}), by {}",
+                top.scope.keys,
+                app.sort.name()
+            ))),
         keys_area,
         &mut state,
     );
@@ -138,6 +146,7 @@ mod tests {
     #[test]
     fn control_characters_never_reach_the_terminal() {
         assert_eq!(printable("203.0.113.7"), "203.0.113.7");
-        assert_eq!(printable("a\u{1b}[2Jb\n"), "a\u{fffd}[2Jb\u{fffd}");
+        assert_eq!(printable("a\u{1b}[2Jb\n"), "a\\u{1b}[2Jb\\u{a}");
+        assert_eq!(printable("x\u{202e}y"), "x\\u{202e}y");
     }
 }
