@@ -22,4 +22,5 @@ else
 fi
 bash bench/run.sh --quick
 bash bench/rls.sh --quick
+bash bench/bandwidth.sh --quick
 bash bench/soak.sh --duration 60

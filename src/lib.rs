@@ -18,6 +18,7 @@ pub mod replay;
 pub mod request;
 pub mod rls;
 pub mod routes;
+pub mod safe_text;
 pub mod store;
 pub mod tls;
 pub mod top;

@@ -385,7 +385,10 @@ mod tests {
         };
         let rc =
             conf("rate = \"1r/h\"\ncost_from_response = { header = \"X-Tokens-Used\" }").expect("valid").expect("set");
-        assert_eq!((rc.header.as_ref().map(|h| h.as_str()), rc.default, rc.max, rc.max_debt), (Some("x-tokens-used"), 1, 1_000_000, None));
+        assert_eq!(
+            (rc.header.as_ref().map(|h| h.as_str()), rc.default, rc.max, rc.max_debt),
+            (Some("x-tokens-used"), 1, 1_000_000, None)
+        );
         assert_eq!(rc.log_field, "upstream_http_x_tokens_used");
         for (bad, says) in [
             (

@@ -25,8 +25,9 @@ pub const MAX_KEY_LEN: usize = 128;
 /// Separates the parts of a composite key. Header values cannot hold it, but decoded query and
 /// cookie values and rate limit service descriptor values can: [`push_part`] escapes it there.
 pub const PART_SEPARATOR: u8 = 0x1f;
-/// Escapes, inside a part's value, the bytes that structure a key (separator, marks, itself).
-const PART_ESCAPE: u8 = 0x1b;
+/// Escapes, inside a part's value, the bytes that structure a key (separator, marks, itself): a
+/// control character no header, query or descriptor value has a reason to hold.
+const PART_ESCAPE: u8 = 0x1d;
 /// Starts the key of a request whose token could not be verified (`bad_token_key`), so that such
 /// keys never meet a verified claim's.
 const BAD_TOKEN_MARK: &[u8] = b"\x1ebad-token\x1e";

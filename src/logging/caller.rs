@@ -4,7 +4,6 @@
 //! no caller can break a line, forge one, or reorder what an operator's terminal shows.
 
 use std::borrow::Cow;
-use std::fmt::Write;
 
 /// Bytes of a caller's string a log line keeps (then `…`).
 pub const MAX_LOGGED_BYTES: usize = 256;
@@ -15,35 +14,19 @@ pub fn caller_text(text: &str) -> Cow<'_, str> {
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    let kept = &text[..cut];
-    if cut == text.len() && !kept.chars().any(needs_escape) {
-        return Cow::Borrowed(text);
+    let escaped = crate::safe_text::escape_where(&text[..cut], needs_escape);
+    if cut == text.len() {
+        return escaped;
     }
-    let mut out = String::with_capacity(kept.len() + 8);
-    for c in kept.chars() {
-        if needs_escape(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    if cut < text.len() {
-        out.push('…');
-    }
+    let mut out = escaped.into_owned();
+    out.push('…');
     Cow::Owned(out)
 }
 
-/// Controls (C0, DEL, C1), the backslash (so an escape cannot be forged), and the format
-/// characters of Unicode category Cf that change how text is shown: bidirectional marks,
-/// embeddings, overrides and isolates, zero-width characters, the BOM, tags.
+/// What [`crate::safe_text`] escapes, and the backslash, so that an escape cannot be forged in a
+/// line read back.
 pub fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || c == '\\'
-        || matches!(c,
-            '\u{ad}' | '\u{600}'..='\u{605}' | '\u{61c}' | '\u{6dd}' | '\u{70f}' | '\u{180e}'
-            | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
-            | '\u{110bd}' | '\u{1d173}'..='\u{1d17a}' | '\u{e0001}' | '\u{e0020}'..='\u{e007f}')
+    c == '\\' || crate::safe_text::is_unsafe(c)
 }
 
 #[cfg(test)]

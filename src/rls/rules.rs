@@ -117,7 +117,8 @@ mod tests {
         assert!(descriptor_key(&[("k", long.as_str())]).len() <= keys::MAX_KEY_LEN);
         // A value holding the separator is not two values, nor can a value spell a hash.
         assert_ne!(descriptor_key(&[("a", "x\u{1f}y")]), descriptor_key(&[("a", "x"), ("b", "y")]));
-        assert_ne!(descriptor_key(&[("a", "x\u{1b}\u{1f}y")]), descriptor_key(&[("a", "x\u{1b}"), ("b", "y")]));
+        assert_ne!(descriptor_key(&[("a", "x\u{1d}\u{1f}y")]), descriptor_key(&[("a", "x\u{1d}"), ("b", "y")]));
+        assert_eq!(descriptor_key(&[("a", "\u{1b}[2J")]), b"\x1b[2J", "other controls are kept as they are");
         let hash = String::from_utf8(descriptor_key(&[("k", long.as_str())])).expect("hex");
         assert_ne!(descriptor_key(&[("k", hash.as_str())]), hash.as_bytes());
     }
