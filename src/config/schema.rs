@@ -359,9 +359,9 @@ pub struct LimitReqZone {
     /// The sustained rate: "N r/s", "N r/m" or "N r/h".
     #[schemars(extend("examples" = ["10r/s", "600r/m"]))]
     pub rate: Option<Spanned<String>>,
-    /// Window algorithms: the window of `limit` (1ms-24h).
+    /// Window algorithms: the window of `limit` (1ms-365d, aligned to the Unix epoch).
     pub window: Option<Spanned<String>>,
-    /// Window algorithms: requests per window (1-1000000).
+    /// Window algorithms: requests per window (0-1000000; 0 blocks, sliding_log needs 1).
     pub limit: Option<Spanned<i64>>,
     /// Keys the memory store keeps for the zone (1-100000000), like the size of nginx's zone.
     #[schemars(extend("default" = 1000000))]
