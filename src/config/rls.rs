@@ -44,9 +44,19 @@ pub struct Domain {
 pub struct Rule {
     pub key: String,
     pub value: ValueMatch,
-    /// The limit this rule applies: an index into its domain's `Route::limits`. `None`: the rule
-    /// only holds nested rules.
-    pub limit: Option<usize>,
+    /// The limits this rule applies, decided all or nothing: indices into its domain's
+    /// `Route::limits`. Empty: the rule only holds nested rules, or is `unlimited`.
+    pub limits: Vec<usize>,
+    /// Matches and limits nothing (answered with the peer's MaxUint32 remaining).
+    pub unlimited: bool,
+    /// `current_limit.name` in answers, and what other rules' `replaces` name.
+    pub name: Option<String>,
+    /// Names of rules this one takes out of a call that matches it.
+    pub replaces: Vec<String>,
+    /// Every value matching the `*` pattern shares one counter.
+    pub share_threshold: bool,
+    /// A soft limit (envoyproxy/ratelimit's `quota_mode`).
+    pub quota: bool,
     pub children: Vec<Rule>,
 }
 
@@ -55,18 +65,22 @@ pub enum ValueMatch {
     /// `key` alone: any value (each value its own counter).
     Any,
     Exact(String),
-    /// `value = "abc*"`: values that start with `abc`.
-    Prefix(String),
+    /// A value with `*`s: each matches any run of characters (envoyproxy/ratelimit's rule).
+    /// `parts` is the text split on `*` (so at least two).
+    Pattern {
+        text: String,
+        parts: Vec<String>,
+    },
 }
 
 impl ValueMatch {
     pub fn parse(value: Option<&str>) -> ValueMatch {
         match value {
             None => ValueMatch::Any,
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
-                None => ValueMatch::Exact(v.to_string()),
-            },
+            Some(v) if v.contains('*') => {
+                ValueMatch::Pattern { text: v.to_string(), parts: v.split('*').map(str::to_string).collect() }
+            }
+            Some(v) => ValueMatch::Exact(v.to_string()),
         }
     }
 }
@@ -165,8 +179,22 @@ fn compile_rules(
         if depth > MAX_DEPTH {
             return Err(here(&span, format!("descriptor rules nest at most {MAX_DEPTH} deep")));
         }
-        let schema::RlsDescriptor { key, value, zone, burst, delay, nodelay, dry_run, unlimited, descriptor } =
-            d.into_inner();
+        let schema::RlsDescriptor {
+            key,
+            value,
+            zone,
+            burst,
+            delay,
+            nodelay,
+            dry_run,
+            unlimited,
+            limit_req,
+            name,
+            replaces,
+            share_threshold,
+            quota_mode,
+            descriptor,
+        } = d.into_inner();
         if key.get_ref().is_empty() {
             return Err(here(&key.span(), "descriptor.key must not be empty".into()));
         }
@@ -181,30 +209,59 @@ fn compile_rules(
                 format!("descriptor {:?} (value {:?}) is given twice at this level", key.get_ref(), value_match),
             ));
         }
-        let limit = match zone {
-            Some(zone) if unlimited => {
-                return Err(here(&zone.span(), "a descriptor rule has either zone or unlimited = true".into()))
+        if share_threshold && !matches!(value_match, ValueMatch::Pattern { .. }) {
+            return Err(here(
+                &key.span(),
+                format!(
+                    "descriptor {:?}: share_threshold needs a value with `*` (the values it shares a counter among)",
+                    key.get_ref()
+                ),
+            ));
+        }
+        let name = match name {
+            Some(n) if n.get_ref().is_empty() => {
+                return Err(here(&n.span(), "descriptor.name must not be empty".into()))
             }
-            Some(zone) => {
-                let zone_span = zone.span();
-                let reference = schema::LimitReqRef { zone, burst, delay, nodelay, dry_run };
-                let mut zl = compile_limit_ref(&reference, zones, here)?;
-                let z = &zones[zl.zone];
-                if z.count_statuses.is_some() || z.response_cost.is_some() {
-                    return Err(here(
-                        &zone_span,
-                        format!(
-                            "zone {:?} is charged by the response (count_statuses, cost_from_response); the rate limit \
-                             service never sees a response",
-                            z.name
-                        ),
-                    ));
+            n => n.map(Spanned::into_inner),
+        };
+        let replaces: Vec<String> = match replaces {
+            None => Vec::new(),
+            Some(list) => {
+                let span = list.span();
+                let list: Vec<String> = list.into_inner().into_iter().map(Spanned::into_inner).collect();
+                if list.is_empty() || list.iter().any(String::is_empty) {
+                    return Err(here(&span, "descriptor.replaces: give the names of the rules it replaces".into()));
                 }
-                zl.dry_run |= domain_dry_run;
-                limits.push(zl);
-                Some(limits.len() - 1)
+                if name.as_ref().is_some_and(|n| list.contains(n)) {
+                    return Err(here(&span, "descriptor.replaces: a rule cannot replace itself".into()));
+                }
+                list
             }
-            None => {
+        };
+        let mut references: Vec<schema::LimitReqRef> = Vec::new();
+        match (zone, limit_req) {
+            (Some(zone), None) => references.push(schema::LimitReqRef { zone, burst, delay, nodelay, dry_run }),
+            (None, Some(list)) => {
+                if let Some(at) = [burst.map(|b| b.span()), delay.map(|d| d.span()), nodelay.map(|n| n.span())]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                {
+                    return Err(here(&at, "with limit_req, give burst, delay and nodelay in its entries".into()));
+                }
+                let span = list.span();
+                references = list.into_inner();
+                if references.is_empty() {
+                    return Err(here(&span, "descriptor.limit_req: give at least one zone".into()));
+                }
+                for r in &mut references {
+                    r.dry_run |= dry_run;
+                }
+            }
+            (Some(zone), Some(_)) => {
+                return Err(here(&zone.span(), "a descriptor rule has zone or limit_req, not both".into()))
+            }
+            (None, None) => {
                 if let Some(at) = [burst.map(|b| b.span()), delay.map(|d| d.span()), nodelay.map(|n| n.span())]
                     .into_iter()
                     .flatten()
@@ -212,17 +269,53 @@ fn compile_rules(
                 {
                     return Err(here(&at, "burst, delay and nodelay need a zone in the same descriptor rule".into()));
                 }
-                if descriptor.is_empty() && !unlimited {
-                    return Err(here(
-                        &span,
-                        format!("descriptor {:?}: give a zone, nested descriptors, or unlimited = true", key.get_ref()),
-                    ));
-                }
-                None
             }
-        };
+        }
+        if unlimited && !references.is_empty() {
+            return Err(here(&span, "a descriptor rule has either zones or unlimited = true".into()));
+        }
+        if references.is_empty() && descriptor.is_empty() && !unlimited {
+            return Err(here(
+                &span,
+                format!("descriptor {:?}: give a zone, nested descriptors, or unlimited = true", key.get_ref()),
+            ));
+        }
+        if quota_mode && references.is_empty() {
+            return Err(here(&span, "descriptor.quota_mode needs a zone (it softens that limit)".into()));
+        }
+        let mut rule_limits = Vec::with_capacity(references.len());
+        for reference in &references {
+            let mut zl = compile_limit_ref(reference, zones, here)?;
+            let z = &zones[zl.zone];
+            if z.count_statuses.is_some() || z.response_cost.is_some() {
+                return Err(here(
+                    &reference.zone.span(),
+                    format!(
+                        "zone {:?} is charged by the response (count_statuses, cost_from_response); the rate limit \
+                         service never sees a response",
+                        z.name
+                    ),
+                ));
+            }
+            if rule_limits.iter().any(|&i: &usize| limits[i].zone == zl.zone) {
+                return Err(here(&reference.zone.span(), format!("zone {:?} is listed twice in one rule", z.name)));
+            }
+            zl.dry_run |= domain_dry_run;
+            limits.push(zl);
+            rule_limits.push(limits.len() - 1);
+        }
         let children = compile_rules(descriptor, zones, domain_dry_run, limits, depth + 1, here)?;
-        rules.push(Rule { key: key.into_inner(), value: value_match, limit, children });
+        rules.push(Rule {
+            key: key.into_inner(),
+            value: value_match,
+            limits: rule_limits,
+            unlimited,
+            name,
+            replaces,
+            share_threshold,
+            quota: quota_mode,
+            children,
+        });
     }
     Ok(rules)
 }
@@ -254,7 +347,7 @@ mod tests {
         assert_eq!(d.route.limits[0].limit.burst, 2);
         assert_eq!(d.route.on_error, Some(crate::config::FailurePolicy::Deny));
         assert_eq!(d.route.headers, crate::config::HeaderMode::None);
-        assert_eq!(d.rules[0].children[0].limit, Some(0));
+        assert_eq!(d.rules[0].children[0].limits, vec![0]);
         assert!(rt.server.listen.is_empty());
     }
 
@@ -268,7 +361,7 @@ mod tests {
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\n"), "give a zone"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n"), "twice"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"*\"\nzone = \"z\"\n"), "leave it out"),
-            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zone or unlimited"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zones or unlimited"),
             (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
             (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),

@@ -595,7 +595,8 @@ pub struct RlsDomain {
 pub struct RlsDescriptor {
     /// The entry's key, e.g. "remote_address" or "generic_key".
     pub key: Spanned<String>,
-    /// Only entries with this value (without it: any value, which becomes the zone's key).
+    /// Only entries with this value (without it: any value, which becomes the zone's key); each
+    /// `*` matches any run of characters ("/api/*", "/api/*/action", "svc*ep*rpc").
     pub value: Option<Spanned<String>>,
     /// The limit_req_zone deciding a descriptor that ends at this rule.
     pub zone: Option<Spanned<String>>,
@@ -611,10 +612,28 @@ pub struct RlsDescriptor {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub dry_run: bool,
-    /// Matches and limits nothing (a value exempt from a key's default rule).
+    /// Matches and limits nothing (a value exempt from a key's default rule); answered with
+    /// `limit_remaining` 4294967295, as envoyproxy/ratelimit does.
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub unlimited: bool,
+    /// Several zones for a descriptor that ends at this rule, decided all or nothing like a
+    /// route's `limit_req` (instead of `zone`).
+    pub limit_req: Option<Spanned<Vec<LimitReqRef>>>,
+    /// The rule's name: `current_limit.name` in answers, and what `replaces` names.
+    pub name: Option<Spanned<String>>,
+    /// When a call's descriptors match this rule, the rules with these names are not decided
+    /// (neither checked nor charged) in that call.
+    pub replaces: Option<Spanned<Vec<Spanned<String>>>>,
+    /// With a `*` value: every matching value shares one counter (the pattern is the key part).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub share_threshold: bool,
+    /// A soft limit: the call is over only when every quota rule it matched is over (and no
+    /// other rule is).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub quota_mode: bool,
     /// Rules for the next entry of the descriptor.
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,

@@ -13,6 +13,7 @@
 pub mod answer;
 pub mod import;
 pub mod listener;
+pub mod peer_yaml;
 pub mod plan;
 pub mod proto;
 pub mod rules;

@@ -3,14 +3,15 @@
 //! `keyed_zone` then gives each its effective limit (overrides, exemptions), from the request
 //! facts a descriptor stands for. Pure: no store, no I/O.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::proto::RateLimitRequest;
-use super::rules::{descriptor_key, find_limit};
+use super::rules::{descriptor_key, find_path};
 use super::Domain;
+use super::Rule;
 use crate::config::Runtime;
 use crate::engine::limit_req::keyed_zone;
 use crate::keys::RequestFacts;
@@ -27,19 +28,40 @@ pub const MAX_HITS: u64 = 1_000_000;
 #[error("{0}")]
 pub struct Invalid(pub String);
 
+/// How one descriptor of a request is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot<'a> {
+    /// Nothing limits it: no rule (or an unknown domain), a rule without a limit, a key an
+    /// override exempts, or a rule another matched rule `replaces`.
+    Unmatched,
+    /// An `unlimited` rule: OK, with envoyproxy/ratelimit's MaxUint32 remaining.
+    Unlimited,
+    /// Its zones (indices into `Plan::keyed`), the rule's name, and whether it is a soft limit.
+    Limited { zones: Vec<usize>, name: Option<&'a str>, quota: bool },
+}
+
 /// What one request asks of the store.
 #[derive(Debug)]
 pub struct Plan<'a> {
     /// The zones to decide, enforced ones first (the order `Groups` keeps), one per distinct
     /// (zone, key): two descriptors that land on the same counter are charged once, together.
     pub keyed: Vec<KeyedZone<'a>>,
-    /// Per descriptor of the request: its zone in `keyed`, `None` when no rule limits it.
-    pub slots: Vec<Option<usize>>,
+    /// Per descriptor of the request, in order.
+    pub slots: Vec<Slot<'a>>,
 }
 
 impl Plan<'_> {
     pub fn unmatched(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_none()).count()
+        self.slots.iter().filter(|s| **s == Slot::Unmatched).count()
+    }
+
+    /// Whether `keyed[zone]` is a soft limit: every descriptor on it came from a `quota_mode` rule.
+    pub fn is_quota(&self, zone: usize) -> bool {
+        let mut on_it = self.slots.iter().filter_map(|s| match s {
+            Slot::Limited { zones, quota, .. } if zones.contains(&zone) => Some(*quota),
+            _ => None,
+        });
+        on_it.next().is_some_and(|first| first && on_it.all(|q| q))
     }
 }
 
@@ -64,15 +86,13 @@ pub fn plan<'a>(
         )));
     }
     let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
-    let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
-    let mut slots = Vec::with_capacity(req.descriptors.len());
-    let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
-    let mut entries: Vec<(&str, &str)> = Vec::new();
+    // First every descriptor's rules, so a rule's `replaces` applies whatever the order.
+    let mut matched: Vec<(Vec<(&str, &str)>, Option<Vec<&'a Rule>>, u64)> = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
             return Err(Invalid(format!("descriptor {i} has no entries")));
         }
-        entries.clear();
+        let mut entries = Vec::with_capacity(d.entries.len());
         for e in &d.entries {
             if e.key.is_empty() || e.value.is_empty() {
                 return Err(Invalid(format!("descriptor {i}: entry keys and values must not be empty")));
@@ -83,33 +103,65 @@ pub fn plan<'a>(
         if hits > MAX_HITS {
             return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
         }
-        let Some((domain, reference)) = domain.and_then(|dm| find_limit(&dm.rules, &entries).map(|r| (dm, r))) else {
-            slots.push(None);
+        let path = domain.and_then(|dm| find_path(&dm.rules, &entries));
+        matched.push((entries, path, hits));
+    }
+    let replaced: HashSet<&str> = matched
+        .iter()
+        .filter_map(|(_, path, _)| path.as_ref().and_then(|p| p.last()))
+        .filter(|rule| rule.unlimited || !rule.limits.is_empty())
+        .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+        .collect();
+
+    let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
+    let mut slots = Vec::with_capacity(matched.len());
+    let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
+    for (entries, path, hits) in &matched {
+        let (Some(domain), Some(path)) = (domain, path) else {
+            slots.push(Slot::Unmatched);
             continue;
         };
-        let zone = domain.route.limits[reference].zone;
-        let key = descriptor_key(&entries);
-        if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
-            // The same counter twice: one charge of both costs, so it is decided atomically.
-            let z = &mut keyed[slot];
-            z.cost = z.cost.saturating_add(hits);
-            z.dry_run &= domain.route.limits[reference].dry_run;
-            slots.push(Some(slot));
+        let Some(rule) = path.last().copied() else {
+            slots.push(Slot::Unmatched);
+            continue;
+        };
+        if rule.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+            slots.push(Slot::Unmatched);
             continue;
         }
-        // Headers only for a zone with overrides to match: most descriptors need none.
-        let headers = if rt.zones[zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(&entries) };
-        let mut facts = RequestFacts::new(client_ip(&entries), &headers, None);
-        facts.route = &domain.route.name;
-        match keyed_zone(rt, &domain.route, reference, key.clone(), &facts, hits) {
-            Some(z) => {
-                by_counter.insert((zone, key), keyed.len());
-                slots.push(Some(keyed.len()));
+        if rule.unlimited {
+            slots.push(Slot::Unlimited);
+            continue;
+        }
+        let key = descriptor_key(entries, path);
+        let mut zones = Vec::with_capacity(rule.limits.len());
+        for &reference in &rule.limits {
+            let limit = &domain.route.limits[reference];
+            if let Some(&slot) = by_counter.get(&(limit.zone, key.clone())) {
+                // The same counter twice: one charge of both costs, so it is decided atomically.
+                let z = &mut keyed[slot];
+                z.cost = z.cost.saturating_add(*hits);
+                z.dry_run &= limit.dry_run;
+                zones.push(slot);
+                continue;
+            }
+            // Headers only for a zone with overrides to match: most descriptors need none.
+            let headers =
+                if rt.zones[limit.zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(entries) };
+            let mut facts = RequestFacts::new(client_ip(entries), &headers, None);
+            facts.route = &domain.route.name;
+            // `None`: an override exempts this key (`rate = "unlimited"`) from this zone.
+            if let Some(z) = keyed_zone(rt, &domain.route, reference, key.clone(), &facts, *hits) {
+                by_counter.insert((limit.zone, key.clone()), keyed.len());
+                zones.push(keyed.len());
                 keyed.push(z);
             }
-            // An override exempts this key (`rate = "unlimited"`): allowed, like an unmatched one.
-            None => slots.push(None),
         }
+        slots.push(if zones.is_empty() {
+            Slot::Unmatched
+        } else {
+            Slot::Limited { zones, name: rule.name.as_deref(), quota: rule.quota }
+        });
     }
     Ok(enforced_first(Plan { keyed, slots }))
 }
@@ -144,7 +196,15 @@ fn enforced_first(plan: Plan<'_>) -> Plan<'_> {
     }
     let mut moved: Vec<Option<KeyedZone<'_>>> = keyed.into_iter().map(Some).collect();
     let keyed = order.iter().filter_map(|&old| moved[old].take()).collect();
-    let slots = slots.into_iter().map(|s| s.map(|old| new_index[old])).collect();
+    let slots = slots
+        .into_iter()
+        .map(|s| match s {
+            Slot::Limited { zones, name, quota } => {
+                Slot::Limited { zones: zones.into_iter().map(|old| new_index[old]).collect(), name, quota }
+            }
+            other => other,
+        })
+        .collect();
     Plan { keyed, slots }
 }
 
@@ -194,6 +254,10 @@ dry_run = true
         }
     }
 
+    fn limited(zones: &[usize]) -> Slot<'static> {
+        Slot::Limited { zones: zones.to_vec(), name: None, quota: false }
+    }
+
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
         RateLimitRequest { domain: domain.into(), descriptors, hits_addend: hits }
     }
@@ -221,7 +285,7 @@ dry_run = true
         assert_eq!(plan.keyed[0].limit.burst, 5);
         assert!(!plan.keyed[0].dry_run && plan.keyed[1].dry_run, "enforced zones first");
         assert_eq!((plan.keyed[1].zone, plan.keyed[1].cost), ("shadow", 2), "the request's hits_addend");
-        assert_eq!(plan.slots, vec![Some(1), Some(0), None]);
+        assert_eq!(plan.slots, vec![limited(&[1]), limited(&[0]), Slot::Unmatched]);
         assert_eq!(plan.unmatched(), 1);
     }
 
@@ -233,7 +297,7 @@ dry_run = true
         let plan = plan(&rt, rls.domain("edge"), &request("edge", vec![d.clone(), d], 0), 4).expect("valid");
         assert_eq!(plan.keyed.len(), 1);
         assert_eq!(plan.keyed[0].cost, 2);
-        assert_eq!(plan.slots, vec![Some(0), Some(0)]);
+        assert_eq!(plan.slots, vec![limited(&[0]), limited(&[0])]);
     }
 
     const OVERRIDES: &str = r#"
