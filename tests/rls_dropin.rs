@@ -6,10 +6,18 @@
 mod support;
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use support::weir as weir_proc;
+use support::weir::{self as weir_proc, Weir};
+use tonic::transport::Channel;
+use weir::rls::proto::rate_limit_descriptor::Entry;
+use weir::rls::proto::rate_limit_response::rate_limit::Unit;
+use weir::rls::proto::rate_limit_response::Code;
+use weir::rls::proto::{
+    DescriptorStatus, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
+};
 
 const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/envoy-ratelimit");
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -100,9 +108,9 @@ const CASES: &[Case] = &[
     ),
 ];
 
-/// `weir import-rls [--merge-domains] FILES…`.
+/// `weir import-rls [--merge-domains] FILES…`, serving on `$LISTEN`.
 fn import(files: &[&str], merge: bool) -> weir_proc::RunOutput {
-    let mut args: Vec<OsString> = vec!["import-rls".into()];
+    let mut args: Vec<OsString> = vec!["import-rls".into(), "--listen".into(), "$LISTEN".into()];
     if merge {
         args.push("--merge-domains".into());
     }
@@ -126,7 +134,8 @@ fn the_peers_corpus_imports_as_the_peer_loads_it() {
         let out = import(files, *merge);
         match peer {
             Peer::Loads if out.code == Some(0) => {
-                let check = weir_proc::check_config("imported.toml", &out.stdout, RUN_TIMEOUT);
+                let toml = out.stdout.replace("$LISTEN", "127.0.0.1:1");
+                let check = weir_proc::check_config("imported.toml", &toml, RUN_TIMEOUT);
                 if check.code == Some(0) {
                     imported_ok += 1;
                 } else {
@@ -153,4 +162,305 @@ fn the_peers_corpus_imports_as_the_peer_loads_it() {
         CASES.len(),
         disagree.join("\n")
     );
+}
+
+// --- The imported configs served: the peer's scenarios through the real gRPC API. ---
+
+/// Bound on one call: a hang is an error, never a stuck test.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits, if needed, until the current minute has more than 5 s left: the scenarios count within
+/// minute (and hour) windows aligned to the epoch, and take well under a second.
+async fn away_from_a_minute_end() {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    let left = 60.0 - secs % 60.0;
+    if left < 5.0 {
+        tokio::time::sleep(Duration::from_secs_f64(left + 0.1)).await;
+    }
+}
+
+/// The files imported and served by a `weir` of their own (memory store).
+fn serve(files: &[&str], merge: bool) -> Weir {
+    Weir::start(&format!("[log]\naccess_log = false\n\n{}", imported(files, merge)))
+}
+
+async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .timeout(CALL_TIMEOUT)
+        .connect_timeout(CALL_TIMEOUT)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
+    RateLimitServiceClient::new(channel)
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+async fn call(
+    c: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> RateLimitResponse {
+    let req = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+        hits_addend: 0,
+    };
+    c.should_rate_limit(req).await.unwrap_or_else(|s| panic!("ShouldRateLimit failed: {s:?}")).into_inner()
+}
+
+fn code(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("a known code")
+}
+
+fn status_code(s: &DescriptorStatus) -> Code {
+    Code::try_from(s.code).expect("a known code")
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.as_str())
+}
+
+/// The limit a status reports: (name, requests per unit, unit).
+fn limit_of(s: &DescriptorStatus) -> Option<(String, u32, Unit)> {
+    s.current_limit.as_ref().map(|l| (l.name.clone(), l.requests_per_unit, l.unit()))
+}
+
+/// `requests_per_unit: 0` (reload.yaml's `block`, README example 3's blocklisted address): always
+/// over, with the time to the window's end in `duration_until_reset` and `Retry-After`, counting
+/// nothing; the other descriptors of the file keep their limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_of_zero_blocks_and_names_the_reset() {
+    let w = serve(&["test/integration/runtime/current/ratelimit/reload.yaml", "readme/example3_1.yaml"], false);
+    let mut c = client(w.addr).await;
+    let blocked = call(&mut c, "reload", &[&[("block", "foo")]]).await;
+    assert_eq!(code(&blocked), Code::OverLimit);
+    let s = &blocked.statuses[0];
+    assert_eq!(status_code(s), Code::OverLimit);
+    assert_eq!(s.limit_remaining, 0);
+    let reset = s.duration_until_reset.as_ref().expect("duration_until_reset on an over-limit answer").seconds;
+    assert!((0..=1).contains(&reset), "a one-second window ends within a second: {reset}");
+    assert!(header(&blocked, "Retry-After").is_some(), "{:?}", blocked.response_headers_to_add);
+    assert_eq!(limit_of(s).map(|l| (l.1, l.2)), Some((0, Unit::Second)));
+
+    away_from_a_minute_end().await;
+    let one = call(&mut c, "reload", &[&[("one_per_minute", "x")]]).await;
+    assert_eq!(code(&one), Code::Ok);
+    assert_eq!(one.statuses[0].limit_remaining, 0, "1 per minute, just used");
+    let again = call(&mut c, "reload", &[&[("one_per_minute", "x")]]).await;
+    assert_eq!(code(&again), Code::OverLimit);
+    let reset = again.statuses[0].duration_until_reset.as_ref().expect("reset").seconds;
+    assert!((1..=60).contains(&reset), "the minute's end: {reset}");
+
+    // README example 3: 10/s per address, 0 for 50.0.0.5 (the most specific match).
+    let edge = "edge_proxy_per_ip";
+    assert_eq!(code(&call(&mut c, edge, &[&[("remote_address", "50.0.0.5")]]).await), Code::OverLimit);
+    let other = call(&mut c, edge, &[&[("remote_address", "50.0.0.1")]]).await;
+    assert_eq!(code(&other), Code::Ok);
+    assert_eq!(limit_of(&other.statuses[0]).map(|l| (l.1, l.2)), Some((10, Unit::Second)));
+}
+
+/// The flagship `examples/ratelimit/config/example.yaml` (domain `rl`): names, `replaces`,
+/// unlimited, shadow mode and `quota_mode`, as its README and service tests describe them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flagship_example_answers_as_the_peer() {
+    let w = serve(&["examples/ratelimit/config/example.yaml"], false);
+    let mut c = client(w.addr).await;
+    away_from_a_minute_end().await;
+    // The banned value: a limit of 0, reported under the rule's name.
+    let banned: &[(&str, &str)] = &[("foo", "x"), ("bar", "banned")];
+    let r = call(&mut c, "rl", &[banned]).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(limit_of(&r.statuses[0]), Some(("banned_limit".to_string(), 0, Unit::Minute)));
+    // `destination_cluster: override` replaces `banned_limit`: in one call, only the override counts.
+    let overriding: &[(&str, &str)] = &[("source_cluster", "proxy"), ("destination_cluster", "override")];
+    for i in 0..2 {
+        let r = call(&mut c, "rl", &[banned, overriding]).await;
+        assert_eq!(code(&r), Code::Ok, "call {i}: banned_limit is replaced");
+        assert_eq!(status_code(&r.statuses[0]), Code::Ok);
+        assert_eq!(r.statuses[0].current_limit, None, "a replaced limit is not decided");
+        assert_eq!(limit_of(&r.statuses[1]).map(|l| l.1), Some(2));
+    }
+    assert_eq!(code(&call(&mut c, "rl", &[banned, overriding]).await), Code::OverLimit, "2 per minute");
+
+    // Unlimited: OK with MaxUint32 remaining (README example 5).
+    let r = call(&mut c, "rl", &[&[("qux", "anything")]]).await;
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (Code::Ok, u32::MAX));
+    let r = call(&mut c, "rl", &[&[("foo", "x"), ("bay", "y")]]).await;
+    assert_eq!((code(&r), r.statuses[0].limit_remaining), (Code::Ok, u32::MAX), "a nested unlimited rule");
+
+    // Shadow mode: 3 per minute, never refused.
+    for i in 0..5 {
+        let r = call(&mut c, "rl", &[&[("foo", "x"), ("baz", "shady")]]).await;
+        assert_eq!(code(&r), Code::Ok, "shadow call {i}");
+    }
+
+    // quota_mode: over only when every quota descriptor of the call is over.
+    let s1: &[(&str, &str)] = &[("service", "service_1")];
+    let s2: &[(&str, &str)] = &[("service", "service_2")];
+    let r = call(&mut c, "rl", &[s1, s2]).await;
+    assert_eq!(code(&r), Code::Ok);
+    let r = call(&mut c, "rl", &[s1, s2]).await;
+    assert_eq!(code(&r), Code::Ok, "service_1 (1/min) is over, service_2 (2/min) is not: soft");
+    assert_eq!((status_code(&r.statuses[0]), status_code(&r.statuses[1])), (Code::OverLimit, Code::Ok));
+    assert!(r.statuses[0].duration_until_reset.is_some());
+    assert_eq!(r.statuses[1].limit_remaining, 0, "service_2 was charged by the admitted call");
+    let r = call(&mut c, "rl", &[s1, s2]).await;
+    assert_eq!(code(&r), Code::OverLimit, "every quota descriptor is over");
+    assert_eq!(code(&call(&mut c, "rl", &[&[("unspec", "v")]]).await), Code::Ok, "a hard limit elsewhere is untouched");
+}
+
+/// wildcard.yaml and README example 9: `*` in the middle and several times; share_threshold
+/// (integration share_threshold.yaml, README example 11): one counter for every matching value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcards_anywhere_and_shared_thresholds() {
+    let w = serve(
+        &["test/config/wildcard.yaml", "test/integration/runtime/current/ratelimit/config/share_threshold.yaml"],
+        false,
+    );
+    let mut c = client(w.addr).await;
+    away_from_a_minute_end().await;
+    let d = "test-domain";
+    let limit = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.1);
+    assert_eq!(limit(&call(&mut c, d, &[&[("midWild", "barxyzb")]]).await), Some(20));
+    assert_eq!(limit(&call(&mut c, d, &[&[("midWild", "barxyz")]]).await), None, "must end with b");
+    assert_eq!(limit(&call(&mut c, d, &[&[("multiWild", "foo1bar2baz")]]).await), Some(10));
+    assert_eq!(limit(&call(&mut c, d, &[&[("multiWild", "foobazbar")]]).await), None, "in order");
+    assert_eq!(limit(&call(&mut c, d, &[&[("nestedWild", "val1"), ("wild", "goose")]]).await), Some(20));
+    // Each value of a pattern without share_threshold has its own counter: 10 of multiWild each.
+    for i in 0..10 {
+        assert_eq!(code(&call(&mut c, d, &[&[("multiWild", "fooAbarBbaz")]]).await), Code::Ok, "call {i}");
+    }
+    assert_eq!(code(&call(&mut c, d, &[&[("multiWild", "fooAbarBbaz")]]).await), Code::OverLimit);
+    assert_eq!(code(&call(&mut c, d, &[&[("multiWild", "fooCbarDbaz")]]).await), Code::Ok);
+
+    let s = "share-threshold-test";
+    for (i, file) in ["files/a.pdf", "files/b.csv"].iter().cycle().take(10).enumerate() {
+        assert_eq!(code(&call(&mut c, s, &[&[("files", file)]]).await), Code::Ok, "shared call {i}");
+    }
+    assert_eq!(code(&call(&mut c, s, &[&[("files", "files/c.txt")]]).await), Code::OverLimit, "10 per hour, shared");
+    for i in 0..10 {
+        let r = call(&mut c, s, &[&[("files_no_share", "files_no_share/a.pdf")]]).await;
+        assert_eq!(code(&r), Code::Ok, "call {i}");
+    }
+    let r = call(&mut c, s, &[&[("files_no_share", "files_no_share/b.csv")]]).await;
+    assert_eq!(code(&r), Code::Ok, "without share_threshold each value has its own 10");
+}
+
+/// basic_config.yaml as config_test.go's TestBasicConfig reads it, merged domains (TestDomainMerge),
+/// and the integration directory (three domains) in one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_config_merged_domains_and_a_directory() {
+    let w = serve(&["test/config/basic_config.yaml"], false);
+    let mut c = client(w.addr).await;
+    let d = "test-domain";
+    let limit = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| (l.1, l.2));
+    assert_eq!(
+        limit(&call(&mut c, d, &[&[("key1", "value1"), ("subkey1", "something")]]).await),
+        Some((5, Unit::Second))
+    );
+    assert_eq!(
+        limit(&call(&mut c, d, &[&[("key1", "value1"), ("subkey1", "subvalue1")]]).await),
+        Some((10, Unit::Second))
+    );
+    assert_eq!(limit(&call(&mut c, d, &[&[("key2", "something")]]).await), Some((20, Unit::Minute)));
+    assert_eq!(limit(&call(&mut c, d, &[&[("key2", "value2")]]).await), Some((30, Unit::Minute)));
+    let exempt = call(&mut c, d, &[&[("key2", "value3")]]).await;
+    assert_eq!((code(&exempt), exempt.statuses[0].current_limit.clone()), (Code::Ok, None), "key2/value3 is exempt");
+    assert_eq!(limit(&call(&mut c, d, &[&[("key3", "foo")]]).await), Some((1, Unit::Hour)));
+    let key4 = call(&mut c, d, &[&[("key4", "foo")]]).await;
+    assert_eq!(limit_of(&key4.statuses[0]), Some(("key4_rate_limit".to_string(), 1, Unit::Day)), "its name");
+    assert_eq!(
+        limit(&call(&mut c, d, &[&[("key5", "value5"), ("subkey5", "subvalue5")]]).await),
+        Some((25, Unit::Day))
+    );
+    assert_eq!(call(&mut c, d, &[&[("key6", "foo")]]).await.statuses[0].limit_remaining, u32::MAX);
+    assert_eq!(limit(&call(&mut c, d, &[&[("key7", "unspecified")]]).await), Some((70, Unit::Minute)));
+    assert_eq!(limit(&call(&mut c, d, &[&[("key1", "value1")]]).await), None, "depth must match");
+    drop(w);
+
+    let w = serve(&["test/config/merge_domain_key1.yaml", "test/config/merge_domain_key2.yaml"], true);
+    let mut c = client(w.addr).await;
+    assert_eq!(limit(&call(&mut c, d, &[&[("key1", "value1")]]).await), Some((10, Unit::Minute)));
+    assert_eq!(limit(&call(&mut c, d, &[&[("key2", "value2")]]).await), Some((20, Unit::Minute)));
+    drop(w);
+
+    let w = serve(&["test/integration/runtime/current/ratelimit/config"], false);
+    let mut c = client(w.addr).await;
+    assert_eq!(limit(&call(&mut c, "basic", &[&[("key1", "foo")]]).await), Some((50, Unit::Second)));
+    assert_eq!(limit(&call(&mut c, "another", &[&[("key4", "foo")]]).await), Some((20, Unit::Day)));
+    assert_eq!(limit(&call(&mut c, "share-threshold-test", &[&[("files", "files/x")]]).await), Some((10, Unit::Hour)));
+}
+
+/// What the peer needs two descriptors for: several zones on one rule ("2 a minute and 3 a
+/// day"), decided all or nothing, and week-long windows reported as the peer's WEEK unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_zones_on_one_rule_are_all_or_nothing() {
+    let w = Weir::start(
+        r#"[log]
+access_log = false
+
+[[limit_req_zone]]
+name = "per_minute"
+algorithm = "fixed_window"
+window = "1m"
+limit = 2
+
+[[limit_req_zone]]
+name = "per_day"
+algorithm = "fixed_window"
+window = "1d"
+limit = 3
+
+[[limit_req_zone]]
+name = "per_week"
+algorithm = "sliding_window"
+window = "7d"
+limit = 5
+
+[rls]
+listen = ["$LISTEN"]
+
+[[rls.domain]]
+name = "d"
+
+[[rls.domain.descriptor]]
+key = "user"
+name = "user_quota"
+limit_req = [{ zone = "per_minute" }, { zone = "per_day" }]
+
+[[rls.domain.descriptor]]
+key = "probe"
+zone = "per_day"
+
+[[rls.domain.descriptor]]
+key = "weekly"
+zone = "per_week"
+"#,
+    );
+    let mut c = client(w.addr).await;
+    away_from_a_minute_end().await;
+    for i in 0..2 {
+        let r = call(&mut c, "d", &[&[("user", "v")]]).await;
+        assert_eq!(code(&r), Code::Ok, "call {i}");
+        assert_eq!(r.statuses[0].current_limit.as_ref().map(|l| l.name.as_str()), Some("user_quota"));
+    }
+    let r = call(&mut c, "d", &[&[("user", "v")]]).await;
+    assert_eq!(code(&r), Code::OverLimit, "2 a minute");
+    assert_eq!(limit_of(&r.statuses[0]).map(|l| (l.1, l.2)), Some((2, Unit::Minute)), "the zone that refused speaks");
+    // `probe` keys per_day with the same value: the refused call charged it nothing.
+    let probe = call(&mut c, "d", &[&[("probe", "v")]]).await;
+    assert_eq!((code(&probe), probe.statuses[0].limit_remaining), (Code::Ok, 0), "3 a day: 2 + this one");
+    assert_eq!(code(&call(&mut c, "d", &[&[("probe", "v")]]).await), Code::OverLimit);
+
+    let weekly = call(&mut c, "d", &[&[("weekly", "v")]]).await;
+    assert_eq!(limit_of(&weekly.statuses[0]).map(|l| (l.1, l.2)), Some((5, Unit::Week)));
+    assert_eq!(weekly.statuses[0].limit_remaining, 4);
 }

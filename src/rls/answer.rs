@@ -25,21 +25,20 @@ pub const DELAY_HEADER: &str = "x-weir-delay-ms";
 /// `limit_remaining` of an `unlimited` descriptor: envoyproxy/ratelimit's MaxUint32.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 
-/// One enforced zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
-struct ZoneAnswer {
-    code: Code,
-    counts: Option<(u64, u64)>,
+/// One zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneAnswer {
+    pub code: Code,
+    pub counts: Option<(u64, u64)>,
 }
 
-/// The response to one request, from its plan and the engine's enforcement of it.
-pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitResponse {
+/// Each of the plan's zones as the enforcement decided it (in the order of `plan.keyed`).
+pub fn zone_answers(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> Vec<ZoneAnswer> {
     let rejected = matches!(enforcement.action, Action::Reject { .. });
     let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
     let enforced = plan.keyed.iter().take_while(|z| !z.dry_run).count();
     let verdict = enforcement.enforced.as_ref();
-
-    let zones: Vec<ZoneAnswer> = plan
-        .keyed
+    plan.keyed
         .iter()
         .enumerate()
         .map(|(i, z)| {
@@ -56,8 +55,13 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitRespo
             };
             ZoneAnswer { code, counts }
         })
-        .collect();
+        .collect()
+}
 
+/// The response to one request, from its plan, its zones' answers (`zone_answers`, or the
+/// soft-limit decision's) and the enforcement that decided the call.
+pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], enforcement: &Enforcement<'_>) -> RateLimitResponse {
+    let rejected = matches!(enforcement.action, Action::Reject { .. });
     let statuses = plan
         .slots
         .iter()
@@ -110,6 +114,21 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitRespo
         request_headers_to_add: request_headers,
         ..RateLimitResponse::default()
     }
+}
+
+/// The response to a request with no zone to decide: OK, unlimited descriptors with
+/// envoyproxy/ratelimit's MaxUint32 remaining.
+pub fn undecided(plan: &Plan<'_>) -> RateLimitResponse {
+    let statuses = plan
+        .slots
+        .iter()
+        .map(|slot| DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: if *slot == Slot::Unlimited { UNLIMITED_REMAINING } else { 0 },
+            ..DescriptorStatus::default()
+        })
+        .collect();
+    RateLimitResponse { overall_code: Code::Ok.into(), statuses, ..RateLimitResponse::default() }
 }
 
 /// A wait in whole milliseconds, rounded up (a 0 would say "no wait").

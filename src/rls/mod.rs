@@ -11,6 +11,7 @@
 //! translates envoyproxy/ratelimit YAML.
 
 pub mod answer;
+pub mod decide;
 pub mod import;
 pub mod listener;
 pub mod peer_yaml;

@@ -65,6 +65,9 @@ impl Plan<'_> {
     }
 }
 
+/// One descriptor's entries, the rules they walk (when they reach one), and its cost.
+type Matched<'r, 'a> = (Vec<(&'r str, &'r str)>, Option<Vec<&'a Rule>>, u64);
+
 /// Checks the request's shape and matches its descriptors. `domain` is `None` for a domain the
 /// config does not have: every descriptor is then unmatched (allowed), as envoyproxy/ratelimit does.
 pub fn plan<'a>(
@@ -87,7 +90,7 @@ pub fn plan<'a>(
     }
     let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
     // First every descriptor's rules, so a rule's `replaces` applies whatever the order.
-    let mut matched: Vec<(Vec<(&str, &str)>, Option<Vec<&'a Rule>>, u64)> = Vec::with_capacity(req.descriptors.len());
+    let mut matched: Vec<Matched<'_, 'a>> = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
             return Err(Invalid(format!("descriptor {i} has no entries")));

@@ -8,13 +8,12 @@ use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 use tracing::Level;
 
-use super::answer;
 use super::plan::{self, Plan};
 use super::proto::rate_limit_response::Code;
-use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
+use super::proto::{RateLimitRequest, RateLimitResponse, RateLimitService};
+use super::{answer, decide};
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::limit_req::{self, Action, Enforcement, Stores};
-use crate::engine::policy::Groups;
+use crate::engine::limit_req::{Action, Enforcement, Stores};
 use crate::engine::status::LimitStatus;
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
@@ -61,11 +60,9 @@ impl RateLimitService for RlsService {
         }
         let response = match domain {
             Some(domain) if !plan.keyed.is_empty() => {
-                let Plan { keyed, slots } = plan;
-                let groups = Groups::new(keyed);
-                let enforcement = limit_req::enforce(&rt, &domain.route, &groups, &self.stores).await;
-                let plan = Plan { keyed: groups.into_all(), slots };
-                let response = answer::respond(&plan, &enforcement);
+                let decided = decide::decide(&rt, &domain.route, plan, &self.stores).await;
+                let (plan, enforcement) = (decided.plan, decided.enforcement);
+                let response = answer::respond(&plan, &decided.zones, &enforcement);
                 enforcement.statuses.count(|z| rt.meters.zone(z));
                 let outcome = outcome(&enforcement);
                 METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
@@ -74,13 +71,8 @@ impl RateLimitService for RlsService {
             }
             _ => {
                 METRICS.rls_requests.with_label_values(&[domain_label, "ok"]).inc();
-                // Nothing to decide: every descriptor is unmatched (or the domain unknown).
-                let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
-                let response = RateLimitResponse {
-                    overall_code: Code::Ok.into(),
-                    statuses: vec![ok; req.descriptors.len()],
-                    ..RateLimitResponse::default()
-                };
+                // Nothing to decide: every descriptor is unmatched or unlimited (or the domain unknown).
+                let response = answer::undecided(&plan);
                 access_log(&req, &plan, None, &response, &rt, started);
                 response
             }
