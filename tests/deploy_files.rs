@@ -315,6 +315,110 @@ fn kubernetes_manifests_hang_together() {
     }
 }
 
+/// deploy/kubernetes/rls, Weir as Istio's rate limit service: the core objects pass
+/// `kubernetes-validate --strict` (the EnvoyFilter CRDs it cannot know are checked here instead),
+/// the config passes `weir check`, the Service speaks gRPC to the container's port, and the two
+/// EnvoyFilters call that Service on the config's domain with descriptors its rules match.
+#[test]
+fn rls_service_manifests_hang_together() {
+    let objects = support::kustomize::render(&repo().join("deploy/kubernetes/rls"));
+    let of_kind = |k: &str| objects.iter().filter(|o| o["kind"] == k).collect::<Vec<_>>();
+    let core: Vec<&Json> = objects.iter().filter(|o| o["kind"] != "EnvoyFilter").collect();
+    assert_eq!(core.len(), 4, "ConfigMap, Secret, Deployment, Service: {core:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rls.yaml");
+    let yaml: Vec<String> = core.iter().map(|o| serde_yaml::to_string(o).expect("YAML")).collect();
+    fs::write(&file, yaml.join("---\n")).expect("write");
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict", "--no-warn"])
+        .arg(&file)
+        .output()
+        .expect("python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains("No module named"), "kubernetes-validate is missing: run scripts/setup.sh");
+    assert!(out.status.success() && !text.contains("ERROR"), "kubernetes-validate refused rls:\n{text}");
+
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let config_text = support::kustomize::weir_config_with_secrets(&objects, secrets.path());
+    weir_check(&config_text, "deploy/kubernetes/rls");
+    let config: toml::Value = toml::from_str(&config_text).expect("TOML");
+    let listen = config["rls"]["listen"][0].as_str().expect("rls.listen");
+    assert_eq!(socket_host(listen), "0.0.0.0", "in a pod the service listens on every address");
+
+    let deployment = of_kind("Deployment")[0];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let grpc_port = container["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "grpc"))
+        .and_then(|p| p["containerPort"].as_u64())
+        .expect("a grpc container port");
+    assert_eq!(grpc_port, u64::from(socket_port(listen)), "the container port is [rls] listen's");
+    let service = of_kind("Service")[0];
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(port["appProtocol"], "grpc", "Istio speaks HTTP/2 to it");
+    assert_eq!(port["targetPort"], "grpc");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = service["spec"]["selector"].as_object().expect("a selector");
+    assert!(selector.iter().all(|(k, v)| &labels[k] == v), "the Service selects the pods");
+
+    let filters = of_kind("EnvoyFilter");
+    assert_eq!(filters.len(), 2, "the filter and the actions");
+    let patch_of = |applies: &str| {
+        filters
+            .iter()
+            .flat_map(|f| f["spec"]["configPatches"].as_array().into_iter().flatten())
+            .find(|p| p["applyTo"] == applies)
+            .unwrap_or_else(|| panic!("an EnvoyFilter patch applied to {applies}"))
+            .clone()
+    };
+    let filter = patch_of("HTTP_FILTER");
+    assert_eq!(filter["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(filter["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
+    let rl = &filter["patch"]["value"];
+    assert_eq!(rl["name"], "envoy.filters.http.ratelimit");
+    let domain = rl["typed_config"]["domain"].as_str().expect("domain");
+    let domains = config["rls"]["domain"].as_array().expect("[[rls.domain]]");
+    let rules = domains
+        .iter()
+        .find(|d| d["name"].as_str() == Some(domain))
+        .unwrap_or_else(|| panic!("the filter's domain {domain:?} is not in the config"))["descriptor"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    let cluster = rl["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .expect("cluster_name");
+    let service_name = service["metadata"]["name"].as_str().expect("name");
+    assert!(
+        cluster.starts_with(&format!("outbound|{}||{service_name}.", port["port"])),
+        "{cluster} is Istio's cluster of the Service {service_name}:{}",
+        port["port"]
+    );
+    // Each rate_limits entry's descriptor keys walk the config's rules down to a zone.
+    let actions = patch_of("VIRTUAL_HOST");
+    let limits = actions["patch"]["value"]["rate_limits"].as_array().expect("rate_limits");
+    for limit in limits {
+        let mut level = rules.clone();
+        let mut zone = None;
+        for action in limit["actions"].as_array().expect("actions") {
+            let key = if action.get("remote_address").is_some() {
+                "remote_address".to_string()
+            } else {
+                let m = &action["header_value_match"];
+                m["descriptor_key"].as_str().unwrap_or("header_match").to_string()
+            };
+            let rule = level
+                .iter()
+                .find(|r| r["key"].as_str() == Some(key.as_str()))
+                .unwrap_or_else(|| panic!("no rule for the descriptor key {key} ({limit})"))
+                .clone();
+            zone = rule.get("zone").cloned();
+            level = rule.get("descriptor").and_then(|d| d.as_array().cloned()).unwrap_or_default();
+        }
+        assert!(zone.is_some(), "{limit}: its descriptor ends on a rule with a zone");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grafana
 // ---------------------------------------------------------------------------------------------
