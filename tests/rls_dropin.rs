@@ -464,3 +464,82 @@ zone = "per_week"
     assert_eq!(limit_of(&weekly.statuses[0]).map(|l| (l.1, l.2)), Some((5, Unit::Week)));
     assert_eq!(weekly.statuses[0].limit_remaining, 4);
 }
+
+/// Envoy's per-descriptor `limit` (`RateLimitOverride`), which the peer applies whatever its
+/// rules say (config_test.go TestConfigLimitOverride): ignored unless the domain names a
+/// `limit_override_zone`, then decided at the caller's rate, its own counter per rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_limit_override_is_honoured_only_where_enabled() {
+    let w = Weir::start(
+        r#"[log]
+access_log = false
+
+[[limit_req_zone]]
+name = "configured"
+algorithm = "fixed_window"
+window = "1m"
+limit = 100
+
+[[limit_req_zone]]
+name = "overrides"
+algorithm = "fixed_window"
+window = "1s"
+limit = 1
+
+[rls]
+listen = ["$LISTEN"]
+
+[[rls.domain]]
+name = "closed"
+
+[[rls.domain.descriptor]]
+key = "k"
+zone = "configured"
+
+[[rls.domain]]
+name = "open"
+limit_override_zone = "overrides"
+
+[[rls.domain.descriptor]]
+key = "k"
+zone = "configured"
+"#,
+    );
+    let mut c = client(w.addr).await;
+    away_from_a_minute_end().await;
+    let with_limit = |domain: &str| RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            limit: Some(weir::rls::proto::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 2,
+                unit: Unit::Minute.into(),
+            }),
+            ..descriptor(&[("k", "v")])
+        }],
+        hits_addend: 0,
+    };
+    let r = c.should_rate_limit(with_limit("closed")).await.expect("call").into_inner();
+    assert_eq!(limit_of(&r.statuses[0]).map(|l| (l.1, l.2)), Some((100, Unit::Minute)), "ignored by default");
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = c.should_rate_limit(with_limit("open")).await.expect("call").into_inner();
+        assert_eq!(limit_of(&r.statuses[0]).map(|l| (l.1, l.2)), Some((2, Unit::Minute)), "the caller's limit");
+        codes.push(code(&r));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+    let plain = call(&mut c, "open", &[&[("k", "v")]]).await;
+    assert_eq!(
+        limit_of(&plain.statuses[0]).map(|l| (l.1, l.2)),
+        Some((100, Unit::Minute)),
+        "without a limit: the rules"
+    );
+    let bad = RateLimitRequest {
+        descriptors: vec![RateLimitDescriptor {
+            limit: Some(weir::rls::proto::rate_limit_descriptor::RateLimitOverride { requests_per_unit: 2, unit: 0 }),
+            ..descriptor(&[("k", "v")])
+        }],
+        ..with_limit("open")
+    };
+    let status = c.should_rate_limit(bad).await.expect_err("an unknown unit is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+}

@@ -12,6 +12,7 @@ use super::limit_req::Zone;
 use super::route::{compile_limit_ref, failure_policy, header_mode, Cost, Route, ZoneLimit};
 use super::schema;
 use super::spanned::Spanned;
+use crate::limit::Algorithm;
 
 /// `[rls]`, compiled.
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub struct Domain {
     /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
     pub route: Route,
     pub rules: Vec<Rule>,
+    /// `limit_override_zone`: the limit (index into `route.limits`) that decides descriptors
+    /// carrying Envoy's `RateLimitOverride`; `None`: the override is ignored.
+    pub limit_override: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -119,7 +123,8 @@ pub(super) fn compile_rls(
     let mut seen = HashMap::new();
     let mut domains = Vec::new();
     for d in domain {
-        let schema::RlsDomain { name, dry_run, rate_limit_headers, on_error, descriptor } = d.into_inner();
+        let schema::RlsDomain { name, dry_run, rate_limit_headers, on_error, limit_override_zone, descriptor } =
+            d.into_inner();
         check_name(src, &name, "rls.domain.name")?;
         unique(src, &mut seen, &name, "rls.domain")?;
         let dname = name.into_inner();
@@ -127,6 +132,29 @@ pub(super) fn compile_rls(
             |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("rls.domain {dname:?}: {msg}"));
         let mut limits = Vec::new();
         let rules = compile_rules(descriptor, zones, dry_run, &mut limits, 1, &here)?;
+        let limit_override = match limit_override_zone {
+            None => None,
+            Some(zone) => {
+                let span = zone.span();
+                let reference = schema::LimitReqRef { zone, burst: None, delay: None, nodelay: None, dry_run: false };
+                let mut zl = compile_limit_ref(&reference, zones, &here)?;
+                let z = &zones[zl.zone];
+                if !matches!(z.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow) {
+                    return Err(here(
+                        &span,
+                        format!(
+                            "limit_override_zone: zone {:?} is {}; the caller's limit is a count per unit, for \
+                             fixed_window or sliding_window",
+                            z.name,
+                            z.algorithm.as_str()
+                        ),
+                    ));
+                }
+                zl.dry_run = dry_run;
+                limits.push(zl);
+                Some(limits.len() - 1)
+            }
+        };
         let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
         let on_error = failure_policy(on_error.as_ref(), &here)?;
         let route = Route {
@@ -143,7 +171,7 @@ pub(super) fn compile_rls(
             cost: Cost { default: 1, header: None, max: 1, min: 1 },
             grpc_status: None,
         };
-        domains.push(Domain { name: dname, route, rules });
+        domains.push(Domain { name: dname, route, rules, limit_override });
     }
     Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, domains }))
 }

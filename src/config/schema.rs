@@ -584,6 +584,10 @@ pub struct RlsDomain {
     /// Overrides store.on_error for this domain.
     #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Honour the `limit` a descriptor may carry (Envoy's `RateLimitOverride`, from its route
+    /// config or dynamic metadata): such descriptors are decided by this zone (fixed_window or
+    /// sliding_window) at the caller's rate. Off without it: the caller then never sets a limit.
+    pub limit_override_zone: Option<Spanned<String>>,
     /// Rules for the descriptors' entries, matched by key (and value).
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,

@@ -8,6 +8,8 @@ use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::proto::rate_limit_descriptor::RateLimitOverride;
+use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::RateLimitRequest;
 use super::rules::{descriptor_key, find_path};
 use super::Domain;
@@ -15,6 +17,7 @@ use super::Rule;
 use crate::config::Runtime;
 use crate::engine::limit_req::keyed_zone;
 use crate::keys::RequestFacts;
+use crate::limit::Rate;
 use crate::store::KeyedZone;
 
 /// The entry Envoy's `remote_address` action sends: the client address.
@@ -65,8 +68,35 @@ impl Plan<'_> {
     }
 }
 
-/// One descriptor's entries, the rules they walk (when they reach one), and its cost.
-type Matched<'r, 'a> = (Vec<(&'r str, &'r str)>, Option<Vec<&'a Rule>>, u64);
+/// One descriptor's entries, the rules they walk (when they reach one), its cost, and the
+/// caller's limit when the domain honours it.
+struct Matched<'r, 'a> {
+    entries: Vec<(&'r str, &'r str)>,
+    path: Option<Vec<&'a Rule>>,
+    hits: u64,
+    limit: Option<Rate>,
+}
+
+/// The seconds of each of Envoy's units (envoyproxy/ratelimit's `UnitToDivider`: a month is 30
+/// days, a year 365), by `RateLimitResponse.RateLimit.Unit` number.
+fn unit_seconds(unit: i32) -> Option<u64> {
+    match Unit::try_from(unit).ok()? {
+        Unit::Second => Some(1),
+        Unit::Minute => Some(60),
+        Unit::Hour => Some(3600),
+        Unit::Day => Some(86_400),
+        Unit::Week => Some(7 * 86_400),
+        Unit::Month => Some(30 * 86_400),
+        Unit::Year => Some(365 * 86_400),
+        Unit::Unknown => None,
+    }
+}
+
+/// A `RateLimitOverride` as a window's count and period (0 blocks, as in the config).
+fn override_rate(o: &RateLimitOverride) -> Result<Rate, String> {
+    let seconds = unit_seconds(o.unit).ok_or_else(|| format!("limit override unit {} is not a known unit", o.unit))?;
+    Ok(Rate { count: u64::from(o.requests_per_unit), period_us: seconds * 1_000_000 })
+}
 
 /// Checks the request's shape and matches its descriptors. `domain` is `None` for a domain the
 /// config does not have: every descriptor is then unmatched (allowed), as envoyproxy/ratelimit does.
@@ -107,11 +137,16 @@ pub fn plan<'a>(
             return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
         }
         let path = domain.and_then(|dm| find_path(&dm.rules, &entries));
-        matched.push((entries, path, hits));
+        let limit = match (&d.limit, domain.and_then(|dm| dm.limit_override)) {
+            (Some(o), Some(_)) => Some(override_rate(o).map_err(|e| Invalid(format!("descriptor {i}: {e}")))?),
+            _ => None,
+        };
+        matched.push(Matched { entries, path, hits, limit });
     }
     let replaced: HashSet<&str> = matched
         .iter()
-        .filter_map(|(_, path, _)| path.as_ref().and_then(|p| p.last()))
+        .filter(|m| m.limit.is_none())
+        .filter_map(|m| m.path.as_ref().and_then(|p| p.last()))
         .filter(|rule| rule.unlimited || !rule.limits.is_empty())
         .flat_map(|rule| rule.replaces.iter().map(String::as_str))
         .collect();
@@ -119,7 +154,34 @@ pub fn plan<'a>(
     let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
     let mut slots = Vec::with_capacity(matched.len());
     let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
-    for (entries, path, hits) in &matched {
+    for Matched { entries, path, hits, limit } in &matched {
+        if let (Some(rate), Some(domain), Some(reference)) = (limit, domain, domain.and_then(|d| d.limit_override)) {
+            // The caller's limit, as envoyproxy/ratelimit applies it: whatever the rules say. Its
+            // own counter per descriptor and rate, so a changed override starts afresh.
+            let mut key = descriptor_key(entries, &[]);
+            key.extend_from_slice(format!("\u{1f}limit={}/{}", rate.count, rate.period_us / 1_000_000).as_bytes());
+            let key = crate::keys::bound(key);
+            let zone = domain.route.limits[reference].zone;
+            if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
+                keyed[slot].cost = keyed[slot].cost.saturating_add(*hits);
+                slots.push(Slot::Limited { zones: vec![slot], name: None, quota: false });
+                continue;
+            }
+            let no_headers = HeaderMap::new();
+            let mut facts = RequestFacts::new(client_ip(entries), &no_headers, None);
+            facts.route = &domain.route.name;
+            let slot = keyed_zone(rt, &domain.route, reference, key.clone(), &facts, *hits).map(|mut z| {
+                z.limit.rate = *rate;
+                by_counter.insert((zone, key), keyed.len());
+                keyed.push(z);
+                keyed.len() - 1
+            });
+            slots.push(match slot {
+                Some(i) => Slot::Limited { zones: vec![i], name: None, quota: false },
+                None => Slot::Unmatched,
+            });
+            continue;
+        }
         let (Some(domain), Some(path)) = (domain, path) else {
             slots.push(Slot::Unmatched);
             continue;
