@@ -44,6 +44,7 @@ impl RateLimitService for RlsService {
         let Some(settings) = rt.rls.as_ref() else {
             return Err(Status::unavailable("the rate limit service is not configured ([rls]); reload pending?"));
         };
+        let trace_parent = crate::trace::rls_parent(request.metadata());
         let req = request.into_inner();
         let domain = settings.domain(&req.domain);
         let domain_label = domain.map_or("-", |d| d.name.as_str());
@@ -51,6 +52,7 @@ impl RateLimitService for RlsService {
             Ok(plan) => plan,
             Err(invalid) => {
                 METRICS.rls_requests.with_label_values(&[domain_label, "invalid"]).inc();
+                finish(trace_parent, started, domain_label, &req, Vec::new(), "INVALID_ARGUMENT");
                 return Err(Status::invalid_argument(invalid.0));
             }
         };
@@ -67,6 +69,7 @@ impl RateLimitService for RlsService {
                 let outcome = outcome(&enforcement);
                 METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
                 access_log(&req, &plan, Some(&enforcement), &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &enforcement), code(&response));
                 response
             }
             _ => {
@@ -74,11 +77,39 @@ impl RateLimitService for RlsService {
                 // Nothing to decide: every descriptor is unmatched or unlimited (or the domain unknown).
                 let response = answer::undecided(&plan);
                 access_log(&req, &plan, None, &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, Vec::new(), "OK");
                 response
             }
         };
         Ok(Response::new(response))
     }
+}
+
+/// The call's latency and trace span (after its answer is built).
+fn finish(
+    parent: Option<opentelemetry::Context>,
+    started: Instant,
+    domain: &str,
+    req: &RateLimitRequest,
+    zones: Vec<String>,
+    code: &str,
+) {
+    METRICS.rls_duration.with_label_values(&[domain]).observe(started.elapsed().as_secs_f64());
+    let call = crate::trace::RlsCall { domain, descriptors: req.descriptors.len(), zones, code };
+    crate::trace::record_rls(parent, started, call);
+}
+
+fn code(response: &RateLimitResponse) -> &'static str {
+    if response.overall_code == i32::from(Code::OverLimit) {
+        "OVER_LIMIT"
+    } else {
+        "OK"
+    }
+}
+
+/// `zone=STATUS` of each zone decided (the access log's `zones`).
+fn zone_words(rt: &Runtime, e: &Enforcement<'_>) -> Vec<String> {
+    e.statuses.zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
 }
 
 fn outcome(e: &Enforcement<'_>) -> &'static str {
