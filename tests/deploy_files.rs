@@ -1,6 +1,8 @@
 //! The files in deploy/ are checked like code: the Kubernetes manifests hang together (the sidecar
 //! runs weir on the mounted ConfigMap, probes and scrapes hit the admin port, the embedded config
-//! passes `weir check`), the Grafana dashboard only queries metrics Weir exports, the systemd unit
+//! passes `weir check`; the rate limit service's manifests and Istio EnvoyFilters refer to each
+//! other), the Grafana dashboard only queries metrics Weir exports, with label values two running
+//! instances export, the systemd unit
 //! is valid, and the Dockerfile builds the binary the README builds. Docker is not needed: the
 //! image is not built here.
 
@@ -556,6 +558,9 @@ fn grafana_dashboard_queries_only_exported_metrics() {
         "weir_upstream_response_duration_seconds",
         "weir_config_generation",
         "weir_config_reload_failures_total",
+        "weir_rls_requests_total",
+        "weir_rls_request_duration_seconds",
+        "weir_upstream_server_up",
     ] {
         assert!(used.contains(core), "the dashboard shows {core}");
     }
@@ -564,6 +569,150 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     if !unused.is_empty() {
         println!("note: exported but on no dashboard panel: {unused:?}");
     }
+}
+
+/// Every literal label value the dashboard matches (`outcome="rejected"`, `outcome=~"a|b"`), as
+/// (metric, label, value); `$variables` and regular expressions other than plain alternatives are
+/// left out.
+fn matched_label_values(exprs: &[String]) -> BTreeSet<(String, String, String)> {
+    let selector = Regex::new(r"(weir_[a-z_]+)\{([^}]*)\}").unwrap();
+    let matcher = Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|=)\s*"([^"]*)""#).unwrap();
+    let word = Regex::new(r"^[a-zA-Z0-9_]+$").unwrap();
+    let mut out = BTreeSet::new();
+    for expr in exprs {
+        for sel in selector.captures_iter(expr) {
+            for m in matcher.captures_iter(&sel[2]) {
+                let values: Vec<&str> = if &m[2] == "=" { vec![&m[3]] } else { m[3].split('|').collect() };
+                if values.iter().all(|v| word.is_match(v)) {
+                    for v in values {
+                        out.insert((sel[1].to_string(), m[1].to_string(), v.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A proxy route and an RLS domain whose calls give every outcome the dashboard names: with a
+/// working store (`passed`, `rejected`, `rejected_dry_run`, `ok`, `over_limit`, `invalid`) or a
+/// dead one (`fail_open`, `fail_closed`, for both front doors).
+fn exercised_weir(store: &str) -> support::weir::Weir {
+    let up = support::upstream::Upstream::start();
+    let config = support::config::with_app(
+        support::admin::LISTEN,
+        &format!("{store}\n\n[log]\naccess_log = false"),
+        up.addr(),
+        r#"
+[[limit_req_zone]]
+name = "tight"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "open"
+path_prefix = "/open/"
+upstream = "app"
+on_error = "allow"
+limit_req = [{ zone = "tight" }]
+
+[[limit_req_zone]]
+name = "loose"
+key = "ip"
+rate = "1000r/s"
+
+[[route]]
+name = "closed"
+path_prefix = "/closed/"
+upstream = "app"
+on_error = "deny"
+limit_req = [{ zone = "tight", dry_run = true }, { zone = "loose" }]
+
+[rls]
+listen = ["$LISTEN3"]
+"#,
+    );
+    // The RLS listener on a port of its own (the helper substitutes $LISTEN and $LISTEN2 only).
+    let rls_port = support::weir::free_port();
+    let config = config.replace("$LISTEN3", &format!("127.0.0.1:{rls_port}"))
+        + "\n[[rls.domain]]\nname = \"open\"\non_error = \"allow\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"tight\"\n\n\
+           [[rls.domain]]\nname = \"closed\"\non_error = \"deny\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"tight\"\n";
+    let weir = support::weir::Weir::start(&config);
+    for path in ["/open/a", "/open/a", "/closed/a", "/closed/a"] {
+        let _ = support::http::must_send(weir.addr, &support::http::Request::get(path));
+    }
+    let rls: std::net::SocketAddr = format!("127.0.0.1:{rls_port}").parse().expect("address");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        use weir::rls::proto::rate_limit_descriptor::Entry;
+        use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+        let channel = support::poll::poll(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || std::net::TcpStream::connect(rls).is_ok(),
+            |up| *up,
+        );
+        assert!(channel.is_ok(), "the rls listener {rls} accepts");
+        let channel = tonic::transport::Channel::from_shared(format!("http://{rls}"))
+            .expect("uri")
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = RateLimitServiceClient::new(channel);
+        let call = |domain: &str, descriptors: usize| RateLimitRequest {
+            domain: domain.into(),
+            descriptors: (0..descriptors)
+                .map(|_| RateLimitDescriptor {
+                    entries: vec![Entry { key: "k".into(), value: "v".into() }],
+                    limit: None,
+                    hits_addend: None,
+                })
+                .collect(),
+            hits_addend: 0,
+        };
+        for (domain, n) in [("open", 1), ("open", 1), ("closed", 1), ("open", 0)] {
+            let _ = client.should_rate_limit(call(domain, n)).await;
+        }
+    });
+    weir
+}
+
+/// The dashboard's label values are ones a running Weir exports: the outcomes it matches come
+/// out of two real instances (a working store and a dead one) driven through both front doors.
+#[test]
+fn grafana_label_values_are_ones_a_running_weir_exports() {
+    let dashboard: Json = serde_json::from_str(&read("deploy/grafana/weir-dashboard.json")).expect("JSON");
+    let wanted = matched_label_values(&promql(&dashboard));
+    assert!(wanted.iter().any(|(_, l, _)| l == "outcome"), "the dashboard matches outcomes: {wanted:?}");
+
+    let (_refusing, dead) = support::weir::refusing_addr();
+    let working = exercised_weir(support::config::MEMORY_STORE);
+    let failing = exercised_weir(&support::config::redis_store(
+        &format!("redis://{dead}"),
+        "timeout = \"200ms\"\non_error = \"allow\"",
+    ));
+    let mut exported: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for weir in [&working, &failing] {
+        let admin = support::admin::addr(weir);
+        // Metrics are recorded after the answers: wait for the last call's (invalid) to show.
+        let scrape = support::metrics::scrape_until(admin, Duration::from_secs(10), Duration::from_millis(50), |s| {
+            s.sum("weir_rls_requests_total", &[("outcome", "invalid")]) >= 1.0
+        })
+        .unwrap_or_else(|s| panic!("no invalid call counted:\n{}", s.filtered()));
+        for metric in wanted.iter().map(|(m, _, _)| m).collect::<BTreeSet<_>>() {
+            for labels in scrape.series(metric).keys() {
+                for (l, v) in labels {
+                    exported.insert((metric.clone(), l.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    let missing: Vec<_> = wanted.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard matches label values no running Weir exported: {missing:?}\n(exported: {exported:?})"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
