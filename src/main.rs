@@ -181,6 +181,22 @@ fn import_rls(paths: &[PathBuf], options: weir::rls::import::Options) -> ExitCod
 /// starting with `.` are skipped: a Kubernetes ConfigMap volume holds each file twice, once
 /// under `..data`.
 fn read_rls_configs(path: &std::path::Path, files: &mut Vec<(String, String)>) -> std::io::Result<()> {
+    read_rls_configs_within(path, files, 0)
+}
+
+/// Directories nested deeper than this are refused (a symlink loop would never end).
+const MAX_RLS_CONFIG_DEPTH: usize = 16;
+
+fn read_rls_configs_within(
+    path: &std::path::Path,
+    files: &mut Vec<(String, String)>,
+    depth: usize,
+) -> std::io::Result<()> {
+    if depth > MAX_RLS_CONFIG_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "directories nested over {MAX_RLS_CONFIG_DEPTH} deep (a symlink loop?)"
+        )));
+    }
     if !path.is_dir() {
         files.push((path.display().to_string(), std::fs::read_to_string(path)?));
         return Ok(());
@@ -191,7 +207,7 @@ fn read_rls_configs(path: &std::path::Path, files: &mut Vec<(String, String)>) -
         let name = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let yaml = entry.extension().is_some_and(|x| x == "yaml" || x == "yml");
         if !name.starts_with('.') && (entry.is_dir() || yaml) {
-            read_rls_configs(&entry, files)?;
+            read_rls_configs_within(&entry, files, depth + 1)?;
         }
     }
     Ok(())

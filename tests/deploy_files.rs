@@ -2,8 +2,7 @@
 //! runs weir on the mounted ConfigMap, probes and scrapes hit the admin port, the embedded config
 //! passes `weir check`; the rate limit service's manifests and Istio EnvoyFilters refer to each
 //! other), the Grafana dashboard only queries metrics Weir exports, with label values two running
-//! instances export, the systemd unit
-//! is valid, and the Dockerfile builds the binary the README builds. Docker is not needed: the
+//! instances export, the systemd unit is valid, and the Dockerfile builds the binary the README builds. Docker is not needed: the
 //! image is not built here.
 
 mod support;
