@@ -543,3 +543,354 @@ zone = "configured"
     let status = c.should_rate_limit(bad).await.expect_err("an unknown unit is refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 }
+
+/// What the peer answers one descriptor on a fresh counter: no limit (`OK`, no `current_limit`,
+/// remaining 0), unlimited (`OK`, remaining MaxUint32), or a limit (requests per unit, unit, the
+/// name when not the zone's) with its code.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    NoLimit,
+    Unlimited,
+    Limit(u32, Unit, Option<&'static str>, Code),
+}
+
+use Answer::{Limit, NoLimit, Unlimited};
+const OK: Code = Code::Ok;
+const OVER: Code = Code::OverLimit;
+const SEC: Unit = Unit::Second;
+const MIN: Unit = Unit::Minute;
+const HOUR: Unit = Unit::Hour;
+const DAY: Unit = Unit::Day;
+
+/// (files, domain, one call's descriptors, the peer's answer per descriptor), from
+/// config_test.go, the README and the configs' own comments, read against config_impl.go's
+/// GetLimit and ratelimit.go (replaces, unlimited, quota).
+type AnswerCase =
+    (&'static [&'static str], &'static str, &'static [&'static [(&'static str, &'static str)]], &'static [Answer]);
+
+const ANSWERS: &[AnswerCase] = &[
+    // test/config/basic_config.yaml (TestBasicConfig)
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key1", "value1"), ("subkey1", "something")]],
+        &[Limit(5, SEC, None, OK)],
+    ),
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key1", "value1"), ("subkey1", "subvalue1")]],
+        &[Limit(10, SEC, None, OK)],
+    ),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key2", "something")]], &[Limit(20, MIN, None, OK)]),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key2", "value2")]], &[Limit(30, MIN, None, OK)]),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key3", "foo")]], &[Limit(1, HOUR, None, OK)]),
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key4", "foo")]],
+        &[Limit(1, DAY, Some("key4_rate_limit"), OK)],
+    ),
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key5", "value5"), ("subkey5", "subvalue5")]],
+        &[Limit(25, DAY, None, OK)],
+    ),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key5", "value5")]], &[Limit(15, DAY, None, OK)]),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key6", "foo")]], &[Unlimited]),
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key7", "unspecified_value")]],
+        &[Limit(70, MIN, None, OK)],
+    ),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key1", "value1")]], &[NoLimit]),
+    (
+        &["test/config/basic_config.yaml"],
+        "test-domain",
+        &[&[("key1", "value1"), ("subkey1", "x"), ("extra", "y")]],
+        &[NoLimit],
+    ),
+    (&["test/config/basic_config.yaml"], "unknown-domain", &[&[("key1", "value1")]], &[NoLimit]),
+    // test/config/shadowmode_config.yaml: a shadow limit never refuses
+    (&["test/config/shadowmode_config.yaml"], "test-domain", &[&[("key2", "foo")]], &[Limit(20, MIN, None, OK)]),
+    // test/config/wildcard.yaml
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("wild", "foo1")]], &[Limit(20, MIN, None, OK)]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("wild", "bar")]], &[NoLimit]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("noWild", "foo1")]], &[NoLimit]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("noVal", "foo1")]], &[Limit(20, MIN, None, OK)]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("midWild", "barab")]], &[Limit(20, MIN, None, OK)]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("midWild", "barba")]], &[NoLimit]),
+    (&["test/config/wildcard.yaml"], "test-domain", &[&[("multiWild", "fooXbarYbaz")]], &[Limit(10, MIN, None, OK)]),
+    (
+        &["test/config/wildcard.yaml"],
+        "test-domain",
+        &[&[("nestedWild", "val1"), ("wild", "goo1")]],
+        &[Limit(20, MIN, None, OK)],
+    ),
+    // test/config/share_threshold.yaml
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("files", "files/a.pdf")]],
+        &[Limit(100, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("nested", "parent"), ("files", "nested/x")]],
+        &[Limit(200, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("files", "top/a"), ("files", "nested/b")]],
+        &[Limit(300, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("route", "api/v1"), ("method", "GET")]],
+        &[Limit(60, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("service", "svc/a"), ("endpoint", "e")]],
+        &[Limit(80, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("path", "path/a"), ("file", "file/b"), ("type", "t")]],
+        &[Limit(120, MIN, None, OK)],
+    ),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("user", "user/a"), ("resource", "res/b"), ("action", "x")]],
+        &[Limit(150, MIN, None, OK)],
+    ),
+    (&["test/config/share_threshold.yaml"], "test-domain", &[&[("file", "test1")]], &[Limit(50, MIN, None, OK)]),
+    (&["test/config/share_threshold.yaml"], "test-domain", &[&[("file", "test2")]], &[Limit(100, MIN, None, OK)]),
+    (&["test/config/share_threshold.yaml"], "test-domain", &[&[("midpath", "/apiXv1")]], &[Limit(100, MIN, None, OK)]),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("multiroute", "svcAepBrpc")]],
+        &[Limit(50, MIN, None, OK)],
+    ),
+    (&["test/config/share_threshold.yaml"], "test-domain", &[&[("midroute", "/apiXv2")]], &[Limit(80, MIN, None, OK)]),
+    (
+        &["test/config/share_threshold.yaml"],
+        "test-domain",
+        &[&[("tenant", "tXprod"), ("resource", "resXv2")]],
+        &[Limit(60, MIN, None, OK)],
+    ),
+    // test/config/metadata.yaml: metadata changes no decision
+    (&["test/config/metadata.yaml"], "test-domain", &[&[("key2", "x")]], &[Limit(20, MIN, None, OK)]),
+    // examples/ratelimit/config/example.yaml
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("category", "account")]], &[Limit(4, MIN, None, OK)]),
+    (
+        &["examples/ratelimit/config/example.yaml"],
+        "rl",
+        &[&[("source_cluster", "proxy"), ("destination_cluster", "mock")]],
+        &[Limit(1, MIN, None, OK)],
+    ),
+    (
+        &["examples/ratelimit/config/example.yaml"],
+        "rl",
+        &[&[("source_cluster", "proxy"), ("destination_cluster", "fake")]],
+        &[Limit(2, MIN, Some("fake_name"), OK)],
+    ),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("foo", "x")]], &[Limit(2, MIN, None, OK)]),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("foo", "x"), ("bar", "y")]], &[Limit(3, MIN, None, OK)]),
+    (
+        &["examples/ratelimit/config/example.yaml"],
+        "rl",
+        &[&[("foo", "x"), ("bar", "bkthomps")]],
+        &[Limit(1, MIN, Some("bkthomps"), OK)],
+    ),
+    (
+        &["examples/ratelimit/config/example.yaml"],
+        "rl",
+        &[&[("foo", "x"), ("bar", "banned")]],
+        &[Limit(0, MIN, Some("banned_limit"), OVER)],
+    ),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("foo", "x"), ("baz", "y")]], &[Limit(1, SEC, None, OK)]),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("foo", "x"), ("bay", "y")]], &[Unlimited]),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("qux", "y")]], &[Unlimited]),
+    (&["examples/ratelimit/config/example.yaml"], "rl", &[&[("unspec", "y")]], &[Limit(2, MIN, None, OK)]),
+    (
+        &["examples/ratelimit/config/example.yaml"],
+        "rl",
+        &[
+            &[("category", "account")],
+            &[("source_cluster", "proxy"), ("destination_cluster", "bkthomps")],
+            &[("foo", "x"), ("bar", "bkthomps")],
+        ],
+        &[Limit(4, MIN, None, OK), Limit(2, MIN, None, OK), NoLimit],
+    ),
+    // the integration configs
+    (
+        &["test/integration/runtime/current/ratelimit/config"],
+        "basic",
+        &[&[("key1", "foo")]],
+        &[Limit(50, SEC, None, OK)],
+    ),
+    (
+        &["test/integration/runtime/current/ratelimit/config"],
+        "basic",
+        &[&[("one_per_minute", "foo")]],
+        &[Limit(1, MIN, None, OK)],
+    ),
+    (
+        &["test/integration/runtime/current/ratelimit/config"],
+        "another",
+        &[&[("key3", "foo")]],
+        &[Limit(10, HOUR, None, OK)],
+    ),
+    (
+        &["test/integration/runtime/current/ratelimit/config"],
+        "another",
+        &[&[("key4_local", "foo")]],
+        &[Limit(20, DAY, None, OK)],
+    ),
+    (
+        &["test/integration/runtime/current/ratelimit/reload.yaml"],
+        "reload",
+        &[&[("block", "foo")]],
+        &[Limit(0, SEC, None, OVER)],
+    ),
+    // README examples
+    (&["readme/example1_1.yaml"], "mongo_cps", &[&[("database", "users")]], &[Limit(500, SEC, None, OK)]),
+    (&["readme/example1_1.yaml"], "mongo_cps", &[&[("database", "other")]], &[NoLimit]),
+    (
+        &["readme/example2_1.yaml"],
+        "messaging",
+        &[&[("message_type", "marketing"), ("to_number", "2061111111")], &[("to_number", "2061111111")]],
+        &[Limit(5, DAY, None, OK), Limit(100, DAY, None, OK)],
+    ),
+    (
+        &["readme/example3_1.yaml"],
+        "edge_proxy_per_ip",
+        &[&[("remote_address", "50.0.0.5")]],
+        &[Limit(0, SEC, None, OVER)],
+    ),
+    (&["readme/example4_1.yaml"], "example4", &[&[("key", "value"), ("subkey", "subvalue")]], &[NoLimit]),
+    (
+        &["readme/example4_2.yaml"],
+        "example4",
+        &[&[("key", "value"), ("subkey", "subvalue")]],
+        &[Limit(300, SEC, None, OK)],
+    ),
+    (
+        &["readme/example5_1.yaml"],
+        "internal",
+        &[&[("ldap", "x")], &[("azure", "y")]],
+        &[Unlimited, Limit(100, MIN, None, OK)],
+    ),
+    (
+        &["readme/example6_1.yaml"],
+        "example6",
+        &[&[("service", "auth-service"), ("user", "user-a")]],
+        &[Limit(10, SEC, None, OK)],
+    ),
+    (
+        &["readme/example6_1.yaml"],
+        "example6",
+        &[&[("service", "auth-service"), ("user", "user-b")]],
+        &[Limit(20, SEC, None, OK)],
+    ),
+    (
+        &["readme/example7_1.yaml"],
+        "example7",
+        &[&[("key_1", "value_1"), ("user", "bkthomps")]],
+        &[Limit(5, SEC, Some("specific_limit"), OK)],
+    ),
+    (
+        &["readme/example7_1.yaml"],
+        "example7",
+        &[&[("key_1", "value_1"), ("user", "bkthomps")], &[("key_2", "value_2"), ("user", "bkthomps")]],
+        &[NoLimit, Limit(10, SEC, None, OK)],
+    ),
+    (&["readme/example8_1.yaml"], "example8", &[&[("key1", "unspecified_value")]], &[Limit(10, MIN, None, OK)]),
+    (&["readme/example8_1.yaml"], "example8", &[&[("key1", "value1")]], &[Limit(20, MIN, None, OK)]),
+    (&["readme/example9_1.yaml"], "example9", &[&[("key1", "valueXYZ")]], &[Limit(20, MIN, None, OK)]),
+    (&["readme/example9_2.yaml"], "example9", &[&[("path", "/api/user-id/action")]], &[Limit(20, MIN, None, OK)]),
+    (&["readme/example9_2.yaml"], "example9", &[&[("path", "/api/123/other")]], &[NoLimit]),
+    (
+        &["readme/example9_3.yaml"],
+        "example9",
+        &[&[("route", "/api/v2/resource/456/action")]],
+        &[Limit(20, MIN, None, OK)],
+    ),
+    (
+        &["readme/example10_1.yaml"],
+        "example10",
+        &[&[("route", "api"), ("http_method", "GET"), ("subject_id", "123")]],
+        &[Limit(60, MIN, None, OK)],
+    ),
+    (
+        &["readme/example10_2.yaml"],
+        "example10_wildcard",
+        &[&[("user", "alice"), ("action", "readfile"), ("resource", "documents")]],
+        &[Limit(100, MIN, None, OK)],
+    ),
+    (&["readme/example11_1.yaml"], "example11", &[&[("files", "files/a.pdf")]], &[Limit(10, HOUR, None, OK)]),
+    (
+        &["readme/example11_2.yaml"],
+        "example11_metrics",
+        &[&[("route", "api/v1"), ("method", "GET")]],
+        &[Limit(60, MIN, None, OK)],
+    ),
+];
+
+/// What Weir answered, in the peer's terms.
+fn answer_of(s: &DescriptorStatus) -> Answer {
+    match &s.current_limit {
+        None if s.limit_remaining == u32::MAX => Unlimited,
+        None => NoLimit,
+        Some(l) => {
+            // The peer names a limit only when its rule has a name: the zone name is Weir's.
+            let named = ANSWERS.iter().flat_map(|c| c.3.iter()).find_map(|a| match a {
+                Limit(_, _, Some(n), _) if *n == l.name => Some(*n),
+                _ => None,
+            });
+            Limit(l.requests_per_unit, l.unit(), named, status_code(s))
+        }
+    }
+}
+
+/// Every answer case on a fresh `weir` per file set: the count of answers equal to the peer's
+/// (the closing note), all of them required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_documented_answers() {
+    let mut by_files: Vec<&'static [&'static str]> = Vec::new();
+    for case in ANSWERS {
+        if !by_files.contains(&case.0) {
+            by_files.push(case.0);
+        }
+    }
+    let (mut equal, mut differ) = (0, Vec::new());
+    for files in by_files {
+        let w = serve(files, false);
+        let mut c = client(w.addr).await;
+        for (_, domain, descriptors, expected) in ANSWERS.iter().filter(|c| c.0 == files) {
+            let r = call(&mut c, domain, descriptors).await;
+            let got: Vec<Answer> = r.statuses.iter().map(answer_of).collect();
+            let overall = if expected.iter().any(|a| matches!(a, Limit(_, _, _, Code::OverLimit))) { OVER } else { OK };
+            if got == *expected && code(&r) == overall {
+                equal += 1;
+            } else {
+                differ.push(format!(
+                    "{files:?} {domain} {descriptors:?}: the peer {expected:?} ({overall:?}), Weir {got:?} ({:?})",
+                    code(&r)
+                ));
+            }
+        }
+    }
+    eprintln!("answers: {equal}/{} equal to the peer's", ANSWERS.len());
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
