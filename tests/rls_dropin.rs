@@ -894,3 +894,37 @@ async fn the_peers_documented_answers() {
     eprintln!("answers: {equal}/{} equal to the peer's", ANSWERS.len());
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
+
+/// The same decisions on the Redis store (the Lua script): a block with its reset, `replaces`,
+/// quota mode's second decision, and a week-long sliding window, for two instances sharing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_two_instances_decide_alike() {
+    let redis = support::redis_server::RedisServer::start();
+    let toml = format!(
+        "[log]\naccess_log = false\n\n{}\n\n{}",
+        support::config::redis_store(&redis.url(), ""),
+        imported(
+            &["examples/ratelimit/config/example.yaml", "test/integration/runtime/current/ratelimit/reload.yaml"],
+            false
+        )
+    );
+    let (a, b) = (Weir::start(&toml), Weir::start(&toml));
+    let (mut ca, mut cb) = (client(a.addr).await, client(b.addr).await);
+    away_from_a_minute_end().await;
+    let blocked = call(&mut ca, "reload", &[&[("block", "x")]]).await;
+    assert_eq!(code(&blocked), Code::OverLimit);
+    assert!(blocked.statuses[0].duration_until_reset.is_some() && header(&blocked, "Retry-After").is_some());
+    let banned: &[(&str, &str)] = &[("foo", "x"), ("bar", "banned")];
+    let overriding: &[(&str, &str)] = &[("source_cluster", "proxy"), ("destination_cluster", "override")];
+    assert_eq!(code(&call(&mut ca, "rl", &[banned]).await), Code::OverLimit);
+    assert_eq!(code(&call(&mut ca, "rl", &[banned, overriding]).await), Code::Ok, "replaced");
+    assert_eq!(code(&call(&mut cb, "rl", &[banned, overriding]).await), Code::Ok, "replaced, second instance");
+    assert_eq!(code(&call(&mut ca, "rl", &[banned, overriding]).await), Code::OverLimit, "2 a minute across both");
+    let s1: &[(&str, &str)] = &[("service", "service_1")];
+    let s2: &[(&str, &str)] = &[("service", "service_2")];
+    assert_eq!(code(&call(&mut ca, "rl", &[s1, s2]).await), Code::Ok);
+    let soft = call(&mut cb, "rl", &[s1, s2]).await;
+    assert_eq!(code(&soft), Code::Ok, "only service_1 is over: soft");
+    assert_eq!((status_code(&soft.statuses[0]), soft.statuses[1].limit_remaining), (Code::OverLimit, 0));
+    assert_eq!(code(&call(&mut ca, "rl", &[s1, s2]).await), Code::OverLimit, "both quotas over");
+}
