@@ -584,6 +584,7 @@ const ANSWERS: &[AnswerCase] = &[
     ),
     (&["test/config/basic_config.yaml"], "test-domain", &[&[("key2", "something")]], &[Limit(20, MIN, None, OK)]),
     (&["test/config/basic_config.yaml"], "test-domain", &[&[("key2", "value2")]], &[Limit(30, MIN, None, OK)]),
+    (&["test/config/basic_config.yaml"], "test-domain", &[&[("key2", "value3")]], &[NoLimit]),
     (&["test/config/basic_config.yaml"], "test-domain", &[&[("key3", "foo")]], &[Limit(1, HOUR, None, OK)]),
     (
         &["test/config/basic_config.yaml"],

@@ -216,6 +216,7 @@ fn compile_rules(
             nodelay,
             dry_run,
             unlimited,
+            exempt,
             limit_req,
             name,
             replaces,
@@ -302,11 +303,20 @@ fn compile_rules(
         if unlimited && !references.is_empty() {
             return Err(here(&span, "a descriptor rule has either zones or unlimited = true".into()));
         }
-        if references.is_empty() && descriptor.is_empty() && !unlimited {
+        if exempt && (unlimited || !references.is_empty() || !descriptor.is_empty()) {
+            return Err(here(&span, "exempt = true is a rule with no zone, no nested rules and no unlimited".into()));
+        }
+        if references.is_empty() && descriptor.is_empty() && !unlimited && !exempt {
             return Err(here(
                 &span,
-                format!("descriptor {:?}: give a zone, nested descriptors, or unlimited = true", key.get_ref()),
+                format!(
+                    "descriptor {:?}: give a zone, nested descriptors, unlimited = true or exempt = true",
+                    key.get_ref()
+                ),
             ));
+        }
+        if !replaces.is_empty() && references.is_empty() && !unlimited {
+            return Err(here(&span, "descriptor.replaces needs a zone or unlimited = true in the same rule".into()));
         }
         if quota_mode && references.is_empty() {
             return Err(here(&span, "descriptor.quota_mode needs a zone (it softens that limit)".into()));
@@ -390,6 +400,13 @@ mod tests {
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n"), "twice"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"*\"\nzone = \"z\"\n"), "leave it out"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zones or unlimited"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nexempt = true\n"), "exempt = true is"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nexempt = true\nreplaces = [\"x\"]\n"), "replaces needs"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nname = \"x\"\nreplaces = [\"x\"]\n"), "cannot replace itself"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"b\"\nshare_threshold = true\nzone = \"z\"\n"), "share_threshold needs"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nlimit_req = [{{ zone = \"z\" }}, {{ zone = \"z\" }}]\n"), "listed twice"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nquota_mode = true\nunlimited = true\n"), "quota_mode needs"),
+            (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:8081\"]\n\n[[rls.domain]]\nname = \"d\"\nlimit_override_zone = \"z\"\n"), "fixed_window or sliding_window"),
             (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
             (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),

@@ -621,6 +621,11 @@ pub struct RlsDescriptor {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub unlimited: bool,
+    /// Matches and limits nothing, answered like an unmatched descriptor (`OK`, no limit,
+    /// remaining 0): envoyproxy/ratelimit's descriptor without a `rate_limit`.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub exempt: bool,
     /// Several zones for a descriptor that ends at this rule, decided all or nothing like a
     /// route's `limit_req` (instead of `zone`).
     pub limit_req: Option<Spanned<Vec<LimitReqRef>>>,

@@ -188,9 +188,9 @@ impl Importer {
                     }
                 }
             }
-            // A leaf without a limit matches and limits nothing.
+            // A leaf without a limit matches and limits nothing, answered as unmatched.
             None if d.descriptors.is_empty() => {
-                let _ = writeln!(rule, "unlimited = true");
+                let _ = writeln!(rule, "exempt = true");
             }
             None => {}
         }
