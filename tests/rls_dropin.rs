@@ -929,3 +929,50 @@ async fn on_redis_two_instances_decide_alike() {
     assert_eq!((status_code(&soft.statuses[0]), soft.statuses[1].limit_remaining), (Code::OverLimit, 0));
     assert_eq!(code(&call(&mut ca, "rl", &[s1, s2]).await), Code::OverLimit, "both quotas over");
 }
+
+/// The peer's integration test `testBasicBaseConfig` (test/integration/integration_test.go) on
+/// its runtime config directory: the unknown domain, the first call's remaining count, going over
+/// a minute limit, two descriptors in one call, and `duration_until_reset` ticking down. Where
+/// one descriptor of a call is over, the peer's other counter still moves unless
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`; Weir charges nothing, which is what the peer's test
+/// expects with that setting (`limitRemaining1 = 10`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_basic_integration_scenario() {
+    let w = serve(&["test/integration/runtime/current/ratelimit/config"], false);
+    let mut c = client(w.addr).await;
+    let with_reset = |s: &DescriptorStatus, unit_secs: i64| {
+        let t = s.duration_until_reset.as_ref().expect("duration_until_reset").seconds;
+        assert!((0..=unit_secs).contains(&t), "{t} s within a {unit_secs} s window");
+        (status_code(s), limit_of(s).map(|l| (l.1, l.2)), s.limit_remaining)
+    };
+    let r = call(&mut c, "foo", &[&[("hello", "world")]]).await;
+    assert_eq!((code(&r), r.statuses[0].current_limit.clone(), r.statuses[0].limit_remaining), (OK, None, 0));
+
+    let r = call(&mut c, "basic", &[&[("key1", "foo")]]).await;
+    assert_eq!(with_reset(&r.statuses[0], 1), (OK, Some((50, SEC)), 49));
+
+    away_from_a_minute_end().await;
+    let random = format!("{}", std::process::id() ^ 0x5eed);
+    for i in 0..25u32 {
+        let r = call(&mut c, "another", &[&[("key2", &random)]]).await;
+        let (status, remaining) = if i >= 20 { (OVER, 0) } else { (OK, 20 - (i + 1)) };
+        assert_eq!(code(&r), status, "call {i}");
+        assert_eq!(with_reset(&r.statuses[0], 60), (status, Some((20, MIN)), remaining), "call {i}");
+    }
+    let random = format!("{random}-2");
+    for i in 0..15u32 {
+        let r = call(&mut c, "another", &[&[("key2", &random)], &[("key3", &random)]]).await;
+        let (status, remaining1, remaining2) = if i >= 10 { (OVER, 10, 0) } else { (OK, 20 - (i + 1), 10 - (i + 1)) };
+        assert_eq!(code(&r), status, "call {i}");
+        assert_eq!(with_reset(&r.statuses[0], 60), (OK, Some((20, MIN)), remaining1), "call {i}");
+        assert_eq!(with_reset(&r.statuses[1], 3600), (status, Some((10, HOUR)), remaining2), "call {i}");
+    }
+
+    // duration_until_reset ticks down (the peer waits 2 s between two calls).
+    let first = call(&mut c, "another", &[&[("key4", "durTest")]]).await;
+    let t1 = first.statuses[0].duration_until_reset.as_ref().expect("reset").seconds;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let second = call(&mut c, "another", &[&[("key4", "durTest")]]).await;
+    let t2 = second.statuses[0].duration_until_reset.as_ref().expect("reset").seconds;
+    assert!(t2 < t1, "{t2} s after {t1} s");
+}
