@@ -123,15 +123,23 @@ pub(super) fn compile_rls(
     let mut seen = HashMap::new();
     let mut domains = Vec::new();
     for d in domain {
-        let schema::RlsDomain { name, dry_run, rate_limit_headers, on_error, limit_override_zone, descriptor } =
-            d.into_inner();
+        let schema::RlsDomain {
+            name,
+            dry_run,
+            rate_limit_headers,
+            on_error,
+            quota_mode,
+            limit_override_zone,
+            descriptor,
+        } = d.into_inner();
         check_name(src, &name, "rls.domain.name")?;
         unique(src, &mut seen, &name, "rls.domain")?;
         let dname = name.into_inner();
         let here =
             |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("rls.domain {dname:?}: {msg}"));
         let mut limits = Vec::new();
-        let rules = compile_rules(descriptor, zones, dry_run, &mut limits, 1, &here)?;
+        let domain_modes = DomainModes { dry_run, quota: quota_mode };
+        let rules = compile_rules(descriptor, zones, domain_modes, &mut limits, 1, &here)?;
         let limit_override = match limit_override_zone {
             None => None,
             Some(zone) => {
@@ -192,11 +200,18 @@ fn addresses(
         .collect()
 }
 
+/// What a domain sets for all of its rules.
+#[derive(Debug, Clone, Copy)]
+struct DomainModes {
+    dry_run: bool,
+    quota: bool,
+}
+
 /// One level of rules; each zone reference becomes one of the route's `limits`.
 fn compile_rules(
     list: Vec<Spanned<schema::RlsDescriptor>>,
     zones: &[Zone],
-    domain_dry_run: bool,
+    domain: DomainModes,
     limits: &mut Vec<ZoneLimit>,
     depth: usize,
     here: &Here<'_>,
@@ -338,11 +353,12 @@ fn compile_rules(
             if rule_limits.iter().any(|&i: &usize| limits[i].zone == zl.zone) {
                 return Err(here(&reference.zone.span(), format!("zone {:?} is listed twice in one rule", z.name)));
             }
-            zl.dry_run |= domain_dry_run;
+            zl.dry_run |= domain.dry_run;
             limits.push(zl);
             rule_limits.push(limits.len() - 1);
         }
-        let children = compile_rules(descriptor, zones, domain_dry_run, limits, depth + 1, here)?;
+        let children = compile_rules(descriptor, zones, domain, limits, depth + 1, here)?;
+        let quota = quota_mode || (domain.quota && !rule_limits.is_empty());
         rules.push(Rule {
             key: key.into_inner(),
             value: value_match,
@@ -351,7 +367,7 @@ fn compile_rules(
             name,
             replaces,
             share_threshold,
-            quota: quota_mode,
+            quota,
             children,
         });
     }
@@ -386,6 +402,10 @@ mod tests {
         assert_eq!(d.route.on_error, Some(crate::config::FailurePolicy::Deny));
         assert_eq!(d.route.headers, crate::config::HeaderMode::None);
         assert_eq!(d.rules[0].children[0].limits, vec![0]);
+        assert!(!d.rules[0].children[0].quota);
+        let quota = from_text(&text.replace("on_error = \"deny\"", "quota_mode = true"), "t.toml").expect("compiles");
+        let d = quota.rls.as_ref().and_then(|r| r.domain("d")).expect("domain");
+        assert!(d.rules[0].children[0].quota && !d.rules[0].quota, "the domain's quota_mode softens rules with a zone");
         assert!(rt.server.listen.is_empty());
     }
 

@@ -584,6 +584,11 @@ pub struct RlsDomain {
     /// Overrides store.on_error for this domain.
     #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Every rule with a zone is a soft limit (`quota_mode`), as envoyproxy/ratelimit's
+    /// `QUOTA_MODE` setting makes them all.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub quota_mode: bool,
     /// Honour the `limit` a descriptor may carry (Envoy's `RateLimitOverride`, from its route
     /// config or dynamic metadata): such descriptors are decided by this zone (fixed_window or
     /// sliding_window) at the caller's rate. Off without it: the caller then never sets a limit.
