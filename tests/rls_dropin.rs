@@ -976,3 +976,35 @@ async fn the_peers_basic_integration_scenario() {
     let t2 = second.statuses[0].duration_until_reset.as_ref().expect("reset").seconds;
     assert!(t2 < t1, "{t2} s after {t1} s");
 }
+
+/// The peer's `testConfigReload`: the runtime config swapped for `reload.yaml` while serving.
+/// Weir follows a changed config file: the new domain's `block` answers OVER_LIMIT, bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_config_is_served_after_a_reload() {
+    let w = serve(&["test/integration/runtime/current/ratelimit/config"], false);
+    let mut c = client(w.addr).await;
+    assert_eq!(call(&mut c, "reload", &[&[("block", "foo")]]).await.statuses[0].current_limit, None, "not yet");
+    let served = std::fs::read_to_string(&w.config_path).expect("the served config");
+    let listen = served.lines().find(|l| l.starts_with("listen = ")).expect("[rls] listen").to_string();
+    let next = format!(
+        "[log]\naccess_log = false\n\n{}",
+        imported(&["test/integration/runtime/current/ratelimit/reload.yaml"], false)
+    )
+    .replace("listen = [\"$LISTEN\"]", &listen);
+    // Written beside it and renamed over it, as a ConfigMap's symlink swap replaces it at once.
+    let staged = w.config_path.with_extension("next");
+    std::fs::write(&staged, next).expect("write");
+    std::fs::rename(&staged, &w.config_path).expect("rename");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = call(&mut c, "reload", &[&[("block", "foo")]]).await;
+        if code(&r) == OVER {
+            assert_eq!(limit_of(&r.statuses[0]).map(|l| (l.1, l.2)), Some((0, SEC)));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the new config never answered:\n{}", w.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone = call(&mut c, "basic", &[&[("key1", "foo")]]).await;
+    assert_eq!(gone.statuses[0].current_limit, None, "the old domain is gone with its file");
+}
