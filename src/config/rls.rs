@@ -158,6 +158,16 @@ pub(super) fn compile_rls(
                         ),
                     ));
                 }
+                if limits.iter().any(|l| l.zone == zl.zone) {
+                    // Its keys carry the caller's rate; a rule's descriptor keyed alike would share them.
+                    return Err(here(
+                        &span,
+                        format!(
+                            "limit_override_zone: zone {:?} is also a rule's zone; give overrides a zone of their own",
+                            z.name
+                        ),
+                    ));
+                }
                 zl.dry_run = dry_run;
                 limits.push(zl);
                 Some(limits.len() - 1)
@@ -427,6 +437,13 @@ mod tests {
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nlimit_req = [{{ zone = \"z\" }}, {{ zone = \"z\" }}]\n"), "listed twice"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nquota_mode = true\nunlimited = true\n"), "quota_mode needs"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:8081\"]\n\n[[rls.domain]]\nname = \"d\"\nlimit_override_zone = \"z\"\n"), "fixed_window or sliding_window"),
+            (
+                format!(
+                    "[[limit_req_zone]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nwindow = \"1m\"\nlimit = 1\n\n{rls}\
+                     limit_override_zone = \"w\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"w\"\n"
+                ),
+                "a zone of their own",
+            ),
             (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
             (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),

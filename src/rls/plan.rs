@@ -16,7 +16,7 @@ use super::Domain;
 use super::Rule;
 use crate::config::Runtime;
 use crate::engine::limit_req::keyed_zone;
-use crate::keys::RequestFacts;
+use crate::keys::{self, RequestFacts};
 use crate::limit::Rate;
 use crate::store::KeyedZone;
 
@@ -151,84 +151,100 @@ pub fn plan<'a>(
         .flat_map(|rule| rule.replaces.iter().map(String::as_str))
         .collect();
 
-    let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
+    let mut counters = Counters { rt, keyed: Vec::new(), by_counter: HashMap::new() };
     let mut slots = Vec::with_capacity(matched.len());
-    let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
     for Matched { entries, path, hits, limit } in &matched {
-        if let (Some(rate), Some(domain), Some(reference)) = (limit, domain, domain.and_then(|d| d.limit_override)) {
-            // The caller's limit, as envoyproxy/ratelimit applies it: whatever the rules say. Its
-            // own counter per descriptor and rate, so a changed override starts afresh.
-            let mut key = descriptor_key(entries, &[]);
-            key.extend_from_slice(format!("\u{1f}limit={}/{}", rate.count, rate.period_us / 1_000_000).as_bytes());
-            let key = crate::keys::bound(key);
-            let zone = domain.route.limits[reference].zone;
-            if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
-                keyed[slot].cost = keyed[slot].cost.saturating_add(*hits);
-                slots.push(Slot::Limited { zones: vec![slot], name: None, quota: false });
-                continue;
-            }
-            let no_headers = HeaderMap::new();
-            let mut facts = RequestFacts::new(client_ip(entries), &no_headers, None);
-            facts.route = &domain.route.name;
-            let slot = keyed_zone(rt, &domain.route, reference, key.clone(), &facts, *hits).map(|mut z| {
-                z.limit.rate = *rate;
-                by_counter.insert((zone, key), keyed.len());
-                keyed.push(z);
-                keyed.len() - 1
-            });
-            slots.push(match slot {
-                Some(i) => Slot::Limited { zones: vec![i], name: None, quota: false },
+        let slot = match (domain, path, limit) {
+            (Some(domain), _, Some(rate)) => counters.caller_limited(domain, entries, *hits, *rate),
+            (Some(domain), Some(path), None) => match path.last() {
+                Some(rule) if rule.name.as_deref().is_some_and(|n| replaced.contains(n)) => Slot::Unmatched,
+                Some(rule) if rule.unlimited => Slot::Unlimited,
+                Some(rule) => counters.rule_limited(domain, rule, entries, path, *hits),
                 None => Slot::Unmatched,
-            });
-            continue;
-        }
-        let (Some(domain), Some(path)) = (domain, path) else {
-            slots.push(Slot::Unmatched);
-            continue;
+            },
+            _ => Slot::Unmatched,
         };
-        let Some(rule) = path.last().copied() else {
-            slots.push(Slot::Unmatched);
-            continue;
-        };
-        if rule.name.as_deref().is_some_and(|n| replaced.contains(n)) {
-            slots.push(Slot::Unmatched);
-            continue;
+        slots.push(slot);
+    }
+    let keyed = counters.keyed;
+    Ok(enforced_first(Plan { keyed, slots }))
+}
+
+/// The zones a request asks for, one per distinct (zone, key): two descriptors that land on the
+/// same counter are charged once, with both costs, so the store decides it atomically.
+struct Counters<'a> {
+    rt: &'a Runtime,
+    keyed: Vec<KeyedZone<'a>>,
+    by_counter: HashMap<(usize, Vec<u8>), usize>,
+}
+
+impl<'a> Counters<'a> {
+    /// The slot of `key` in the route's limit `reference`, new or shared; `None` when an override
+    /// exempts the key (`rate = "unlimited"`). `rate` replaces the limit's (the caller's limit).
+    fn counter(
+        &mut self,
+        domain: &'a Domain,
+        reference: usize,
+        key: Vec<u8>,
+        entries: &[(&str, &str)],
+        hits: u64,
+        rate: Option<Rate>,
+    ) -> Option<usize> {
+        let limit = &domain.route.limits[reference];
+        if let Some(&slot) = self.by_counter.get(&(limit.zone, key.clone())) {
+            let z = &mut self.keyed[slot];
+            z.cost = z.cost.saturating_add(hits);
+            z.dry_run &= limit.dry_run;
+            return Some(slot);
         }
-        if rule.unlimited {
-            slots.push(Slot::Unlimited);
-            continue;
+        // Headers only for a zone with overrides to match: most descriptors need none.
+        let headers =
+            if self.rt.zones[limit.zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(entries) };
+        let mut facts = RequestFacts::new(client_ip(entries), &headers, None);
+        facts.route = &domain.route.name;
+        let mut z = keyed_zone(self.rt, &domain.route, reference, key.clone(), &facts, hits)?;
+        if let Some(rate) = rate {
+            z.limit.rate = rate;
         }
+        self.by_counter.insert((limit.zone, key), self.keyed.len());
+        self.keyed.push(z);
+        Some(self.keyed.len() - 1)
+    }
+
+    /// A descriptor on its rule's zones, keyed by its values (a shared threshold's pattern).
+    fn rule_limited(
+        &mut self,
+        domain: &'a Domain,
+        rule: &'a Rule,
+        entries: &[(&str, &str)],
+        path: &[&Rule],
+        hits: u64,
+    ) -> Slot<'a> {
         let key = descriptor_key(entries, path);
-        let mut zones = Vec::with_capacity(rule.limits.len());
-        for &reference in &rule.limits {
-            let limit = &domain.route.limits[reference];
-            if let Some(&slot) = by_counter.get(&(limit.zone, key.clone())) {
-                // The same counter twice: one charge of both costs, so it is decided atomically.
-                let z = &mut keyed[slot];
-                z.cost = z.cost.saturating_add(*hits);
-                z.dry_run &= limit.dry_run;
-                zones.push(slot);
-                continue;
-            }
-            // Headers only for a zone with overrides to match: most descriptors need none.
-            let headers =
-                if rt.zones[limit.zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(entries) };
-            let mut facts = RequestFacts::new(client_ip(entries), &headers, None);
-            facts.route = &domain.route.name;
-            // `None`: an override exempts this key (`rate = "unlimited"`) from this zone.
-            if let Some(z) = keyed_zone(rt, &domain.route, reference, key.clone(), &facts, *hits) {
-                by_counter.insert((limit.zone, key.clone()), keyed.len());
-                zones.push(keyed.len());
-                keyed.push(z);
-            }
-        }
-        slots.push(if zones.is_empty() {
+        let zones: Vec<usize> = rule
+            .limits
+            .iter()
+            .filter_map(|&reference| self.counter(domain, reference, key.clone(), entries, hits, None))
+            .collect();
+        if zones.is_empty() {
             Slot::Unmatched
         } else {
             Slot::Limited { zones, name: rule.name.as_deref(), quota: rule.quota }
-        });
+        }
     }
-    Ok(enforced_first(Plan { keyed, slots }))
+
+    /// A descriptor carrying Envoy's `limit` on a domain that honours it: decided by the domain's
+    /// `limit_override_zone` at the caller's rate, whatever the rules say (as envoyproxy/ratelimit
+    /// does), its own counter per descriptor and rate, so a changed limit starts afresh.
+    fn caller_limited(&mut self, domain: &'a Domain, entries: &[(&str, &str)], hits: u64, rate: Rate) -> Slot<'a> {
+        let Some(reference) = domain.limit_override else { return Slot::Unmatched };
+        let mut key = descriptor_key(entries, &[]);
+        key.extend_from_slice(format!("\u{1f}limit={}/{}", rate.count, rate.period_us / 1_000_000).as_bytes());
+        match self.counter(domain, reference, keys::bound(key), entries, hits, Some(rate)) {
+            Some(slot) => Slot::Limited { zones: vec![slot], name: None, quota: false },
+            None => Slot::Unmatched,
+        }
+    }
 }
 
 /// The client address a descriptor names (its `remote_address` entry), for `ip` overrides.
