@@ -463,4 +463,73 @@ zone = "per_key"
             assert!(plan(&rt, domain, req, 4).is_err(), "{req:?}");
         }
     }
+
+    const RULES: &str = r#"
+[[limit_req_zone]]
+name = "a"
+algorithm = "fixed_window"
+window = "1m"
+limit = 5
+
+[[limit_req_zone]]
+name = "b"
+algorithm = "fixed_window"
+window = "1d"
+limit = 50
+
+[rls]
+listen = ["127.0.0.1:8081"]
+
+[[rls.domain]]
+name = "d"
+
+[[rls.domain.descriptor]]
+key = "user"
+name = "per_user"
+limit_req = [{ zone = "a" }, { zone = "b" }]
+
+[[rls.domain.descriptor]]
+key = "vip"
+zone = "b"
+replaces = ["per_user"]
+
+[[rls.domain.descriptor]]
+key = "free"
+unlimited = true
+
+[[rls.domain.descriptor]]
+key = "free"
+value = "quiet"
+exempt = true
+
+[[rls.domain.descriptor]]
+key = "svc"
+value = "s*"
+share_threshold = true
+quota_mode = true
+zone = "a"
+"#;
+
+    #[test]
+    fn rules_become_slots_names_replaces_and_soft_limits() {
+        let rt = crate::config::from_text(RULES, "test.toml").expect("test config compiles");
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("d"));
+        let slots = |descriptors: Vec<RateLimitDescriptor>| {
+            let p = plan(&rt, domain, &request("d", descriptors, 0), 8).expect("valid");
+            let zones: Vec<(&str, Vec<u8>)> = p.keyed.iter().map(|z| (z.zone, z.key.clone())).collect();
+            (p.slots.clone(), zones, (0..p.keyed.len()).map(|i| p.is_quota(i)).collect::<Vec<_>>())
+        };
+        let (s, zones, _) = slots(vec![descriptor(&[("user", "u1")], None)]);
+        assert_eq!(s, vec![Slot::Limited { zones: vec![0, 1], name: Some("per_user"), quota: false }]);
+        assert_eq!(zones, vec![("a", b"u1".to_vec()), ("b", b"u1".to_vec())], "two zones, one key");
+        let (s, zones, _) = slots(vec![descriptor(&[("user", "u1")], None), descriptor(&[("vip", "u1")], None)]);
+        assert_eq!(s[0], Slot::Unmatched, "per_user is replaced: neither checked nor charged");
+        assert_eq!(zones, vec![("b", b"u1".to_vec())]);
+        let (s, _, _) = slots(vec![descriptor(&[("free", "x")], None), descriptor(&[("free", "quiet")], None)]);
+        assert_eq!(s, vec![Slot::Unlimited, Slot::Unmatched], "unlimited vs exempt");
+        let (s, zones, quota) = slots(vec![descriptor(&[("svc", "s1")], None), descriptor(&[("svc", "s2")], None)]);
+        assert_eq!(zones, vec![("a", b"s*".to_vec())], "a shared threshold: one counter for both values");
+        assert_eq!(s[0], s[1]);
+        assert_eq!(quota, vec![true]);
+    }
 }
