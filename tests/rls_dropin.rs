@@ -1015,3 +1015,47 @@ async fn a_swapped_config_is_served_after_a_reload() {
     let gone = call(&mut c, "basic", &[&[("key1", "foo")]]).await;
     assert_eq!(gone.statuses[0].current_limit, None, "the old domain is gone with its file");
 }
+
+/// The same features on a proxied route, decided by the same engine: a block (limit 0) is a
+/// 429 with a `Retry-After` within its window, and a 30-day window counts across requests.
+#[test]
+fn routes_get_blocks_and_long_windows_too() {
+    let up = support::upstream::Upstream::start();
+    let w = Weir::start(&support::config::memory_with_app(
+        up.addr(),
+        r#"[[limit_req_zone]]
+name = "blocked"
+key = "ip"
+algorithm = "fixed_window"
+window = "1h"
+limit = 0
+
+[[limit_req_zone]]
+name = "monthly"
+key = "ip"
+algorithm = "fixed_window"
+window = "30d"
+limit = 2
+
+[[route]]
+name = "blocked"
+path_prefix = "/blocked/"
+upstream = "app"
+limit_req = [{ zone = "blocked" }]
+
+[[route]]
+name = "monthly"
+path_prefix = "/"
+upstream = "app"
+limit_req = [{ zone = "monthly" }]
+"#,
+    ));
+    let r = support::http::must_send(w.addr, &support::http::Request::get("/blocked/x"));
+    assert_eq!(r.status, 429, "{}", r.summary());
+    let retry = support::ratelimit::retry_after(&r);
+    assert!((1..=3600).contains(&retry), "Retry-After {retry} within the hour window");
+    let statuses: Vec<u16> =
+        (0..3).map(|_| support::http::must_send(w.addr, &support::http::Request::get("/m")).status).collect();
+    assert_eq!(statuses, [200, 200, 429], "2 per 30 days");
+    assert!(up.seen().iter().all(|s| !s.path.starts_with("/blocked")), "the block never reached the upstream");
+}
