@@ -52,7 +52,7 @@ enum Command {
         /// Merge files of one domain, like envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG (else a domain's second file is refused).
         #[arg(long)]
         merge_domains: bool,
-        /// Import what Weir would decide differently (with a note on stderr) instead of refusing it.
+        /// Leave out (and name on stderr) the domains Weir cannot express, instead of refusing the whole import.
         #[arg(long)]
         allow_unexpressed: bool,
     },

@@ -39,6 +39,8 @@ pub struct Domain {
     /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
     pub route: Route,
     pub rules: Vec<Rule>,
+    /// Which of two matching `*` values wins at one level.
+    pub pattern_order: PatternOrder,
     /// `limit_override_zone`: the limit (index into `route.limits`) that decides descriptors
     /// carrying Envoy's `RateLimitOverride`; `None`: the override is ignored.
     pub limit_override: Option<usize>,
@@ -62,6 +64,17 @@ pub struct Rule {
     /// A soft limit (envoyproxy/ratelimit's `quota_mode`).
     pub quota: bool,
     pub children: Vec<Rule>,
+}
+
+/// Which of two `*` values that both match a value wins at one level (exact values and the key
+/// alone rank as ever: exact first, key alone last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PatternOrder {
+    /// The one with more literal characters (`/api/admin/*` over `/api/*`), then file order.
+    #[default]
+    Specific,
+    /// The first in file order, as envoyproxy/ratelimit picks.
+    File,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +141,7 @@ pub(super) fn compile_rls(
             dry_run,
             rate_limit_headers,
             on_error,
+            pattern_order,
             quota_mode,
             limit_override_zone,
             descriptor,
@@ -138,6 +152,13 @@ pub(super) fn compile_rls(
         let here =
             |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("rls.domain {dname:?}: {msg}"));
         let mut limits = Vec::new();
+        let pattern_order = match pattern_order.as_ref().map(|p| (p.get_ref().as_str(), p.span())) {
+            None | Some(("specific", _)) => PatternOrder::Specific,
+            Some(("file", _)) => PatternOrder::File,
+            Some((other, at)) => {
+                return Err(here(&at, format!("pattern_order: expected \"specific\" or \"file\", got {other:?}")))
+            }
+        };
         let domain_modes = DomainModes { dry_run, quota: quota_mode };
         let rules = compile_rules(descriptor, zones, domain_modes, &mut limits, 1, &here)?;
         let limit_override = match limit_override_zone {
@@ -189,7 +210,7 @@ pub(super) fn compile_rls(
             cost: Cost { default: 1, header: None, max: 1, min: 1 },
             grpc_status: None,
         };
-        domains.push(Domain { name: dname, route, rules, limit_override });
+        domains.push(Domain { name: dname, route, rules, pattern_order, limit_override });
     }
     Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, domains }))
 }

@@ -584,6 +584,10 @@ pub struct RlsDomain {
     /// Overrides store.on_error for this domain.
     #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Which of two `*` values that both match wins at one level: "specific" (the more literal
+    /// characters) or "file" (the first in file order, as envoyproxy/ratelimit picks).
+    #[schemars(extend("enum" = ["specific", "file"], "default" = "specific"))]
+    pub pattern_order: Option<Spanned<String>>,
     /// Every rule with a zone is a soft limit (`quota_mode`), as envoyproxy/ratelimit's
     /// `QUOTA_MODE` setting makes them all.
     #[serde(default)]

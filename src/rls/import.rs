@@ -4,13 +4,13 @@
 //! reasons, its domain merge). Each `rate_limit` becomes a `fixed_window` zone with the unit as
 //! its window (aligned to the epoch, as the peer's `now / unit`) and `requests_per_unit` as its
 //! limit (0 blocks); every other field maps to a rule field of the same meaning. What Weir
-//! cannot say the same way is an error, unless `allow_unexpressed` turns it into a note.
+//! cannot say the same way is an error, unless `allow_unexpressed` leaves that domain out (and
+//! names it in a note) to import the rest.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use super::peer_yaml::{self, Descriptor, Domain};
-use super::rules::wildcard_match;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -19,7 +19,7 @@ pub struct Options {
     /// Merge files of one domain (the peer's `MERGE_DOMAIN_CONFIG`); else a second file of a
     /// domain is refused, as the peer refuses it.
     pub merge_domains: bool,
-    /// Import what Weir would decide differently, with a note, instead of refusing.
+    /// Leave out (and name) the domains Weir cannot express, instead of refusing the whole import.
     pub allow_unexpressed: bool,
 }
 
@@ -36,18 +36,24 @@ pub fn import(files: &[(String, String)], opts: &Options) -> Result<Imported, St
     let mut out = Importer { zones: String::new(), rules: String::new(), names: HashSet::new(), notes: Vec::new() };
     let mut refusals = Vec::new();
     for domain in &domains {
+        // A refused domain leaves nothing behind: its zones and rules are written only whole.
+        let written = (out.zones.len(), out.rules.len(), out.notes.len());
         if let Err(e) = out.domain(domain) {
+            out.zones.truncate(written.0);
+            out.rules.truncate(written.1);
+            out.notes.truncate(written.2);
             refusals.push(e);
         }
     }
     if !refusals.is_empty() {
         if !opts.allow_unexpressed {
             return Err(format!(
-                "{}\n(Weir would decide these differently; --allow-unexpressed imports them anyway)",
+                "{}\n(Weir cannot express these as envoyproxy/ratelimit decides them; --allow-unexpressed imports the \
+                 other domains)",
                 refusals.join("\n")
             ));
         }
-        out.notes.extend(refusals.into_iter().map(|r| format!("imported anyway: {r}")));
+        out.notes.extend(refusals.into_iter().map(|r| format!("domain left out: {r}")));
     }
     let mut toml = String::new();
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
@@ -82,52 +88,32 @@ impl Importer {
             // Envoy sends the domain as written: a renamed one would never match.
             return Err(format!("domain {name:?}: Weir's domain names are 1-64 characters of A-Z a-z 0-9 _ - ."));
         }
-        let _ = writeln!(self.rules, "\n[[rls.domain]]\nname = {}", quote(name));
+        // The peer takes the first matching `*` value at a level, in file order.
+        let _ = writeln!(self.rules, "\n[[rls.domain]]\nname = {}\npattern_order = \"file\"", quote(name));
         self.level(&domain.descriptors, name, 1)
     }
 
     fn level(&mut self, list: &[Descriptor], path: &str, depth: usize) -> Result<(), String> {
-        self.check_pattern_order(list, path)?;
         for d in list {
-            self.descriptor(d, path, depth)?;
+            let key_alone_too = list.iter().any(|o| o.key == d.key && o.value.is_none());
+            self.descriptor(d, path, depth, key_alone_too)?;
         }
         Ok(())
     }
 
-    /// The peer takes the first matching `*` value at a level (file order); Weir the one with
-    /// the most literal characters. Refused where a value would find a different rule.
-    fn check_pattern_order(&self, list: &[Descriptor], path: &str) -> Result<(), String> {
-        let patterns: Vec<&Descriptor> =
-            list.iter().filter(|d| d.value.as_deref().is_some_and(|v| v.contains('*'))).collect();
-        for (i, first) in patterns.iter().enumerate() {
-            for later in &patterns[i + 1..] {
-                let (Some(a), Some(b)) = (&first.value, &later.value) else { continue };
-                if first.key != later.key || literal_len(b) <= literal_len(a) {
-                    continue;
-                }
-                let witness = b.replace('*', "");
-                if wildcard_match(&split(a), &witness) {
-                    return Err(format!(
-                        "{path}: {key}: {witness:?} matches {a:?} and {b:?}; envoyproxy/ratelimit takes the first \
-                         in file order, Weir the more specific: put {b:?} first",
-                        key = first.key
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn descriptor(&mut self, d: &Descriptor, parent: &str, depth: usize) -> Result<(), String> {
+    fn descriptor(&mut self, d: &Descriptor, parent: &str, depth: usize, key_alone_too: bool) -> Result<(), String> {
         let place = format!("{parent}.{}", d.composite_key());
         let mut rule = format!("\n[[rls.domain{}]]\n", ".descriptor".repeat(depth));
         let _ = writeln!(rule, "key = {}", quote(&d.key));
         match d.value.as_deref() {
             // `*` alone: any value, ranked above the key alone; Weir's key alone is the same
             // unless both are given.
-            Some("*") => {
-                return Err(format!("{place}: value \"*\" (Weir: leave the value out to match any value)"));
+            // `*` alone: any value, as Weir's rule without a value, unless both are given (the
+            // peer then ranks `*` above the key alone; Weir has one rule for any value).
+            Some("*") if key_alone_too => {
+                return Err(format!("{place}: value \"*\" beside a rule for the key alone"));
             }
+            Some("*") => {}
             Some(v) => {
                 let _ = writeln!(rule, "value = {}", quote(v));
             }
@@ -225,14 +211,6 @@ fn window(seconds: u64) -> String {
     }
 }
 
-fn split(pattern: &str) -> Vec<String> {
-    pattern.split('*').map(str::to_string).collect()
-}
-
-fn literal_len(pattern: &str) -> usize {
-    pattern.len() - pattern.matches('*').count()
-}
-
 fn quote(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
 }
@@ -241,6 +219,7 @@ fn quote(text: &str) -> String {
 mod tests {
     use super::*;
     use crate::rls::rules::find_rule;
+    use crate::rls::PatternOrder;
 
     const EXAMPLE: &str = r#"
 domain: messaging
@@ -288,16 +267,17 @@ descriptors:
         assert_eq!(domain.rules.len(), 4);
         assert_eq!(rt.zones.len(), 3);
         let zone_of = |entries: &[(&str, &str)]| {
-            let rule = find_rule(&domain.rules, entries).expect("a rule");
+            let rule = find_rule(&domain.rules, entries, domain.pattern_order).expect("a rule");
             let z = &rt.zones[domain.route.limits[rule.limits[0]].zone];
             (z.rate.count, z.rate.period_us / 1_000_000)
         };
         assert_eq!(zone_of(&[("message_type", "marketing"), ("to_number", "1")]), (5, 86_400));
         assert_eq!(zone_of(&[("to_number", "1")]), (100, 7 * 86_400));
         assert_eq!(zone_of(&[("path", "/admin/a/xyz")]), (0, 1), "a middle and a trailing star; 0 blocks");
-        let admin = find_rule(&domain.rules, &[("path", "/admin/a/x")]).expect("a rule");
+        let admin = find_rule(&domain.rules, &[("path", "/admin/a/x")], domain.pattern_order).expect("a rule");
         assert_eq!((admin.name.as_deref(), admin.replaces.clone()), (Some("admin"), vec!["other".to_string()]));
-        assert!(find_rule(&domain.rules, &[("client", "vip")]).expect("a rule").unlimited);
+        assert!(find_rule(&domain.rules, &[("client", "vip")], domain.pattern_order).expect("a rule").unlimited);
+        assert_eq!(domain.pattern_order, PatternOrder::File, "the first matching * value wins, as the peer's");
         assert!(imported.notes.iter().any(|n| n.contains("detailed_metric")), "{:?}", imported.notes);
         assert!(imported.toml.contains("dry_run = true"));
     }
@@ -320,15 +300,28 @@ descriptors:
     }
 
     #[test]
-    fn refuses_what_weir_would_decide_otherwise_unless_allowed() {
-        let shadowed = "domain: d\ndescriptors:\n  - {key: p, value: '/api/*', rate_limit: {unit: day}}\n  - {key: p, value: '/api/admin/*', rate_limit: {unit: day}}\n";
-        let e = one(shadowed).expect_err("refused");
-        assert!(e.contains("first in file order"), "{e}");
-        let allowed = import(&[("f.yaml".into(), shadowed.into())], &Options { allow_unexpressed: true, ..options() })
-            .expect("imported with a note");
-        assert!(allowed.notes.iter().any(|n| n.contains("imported anyway")));
-        // The other order agrees: the specific one first.
-        assert!(one("domain: d\ndescriptors:\n  - {key: p, value: '/api/admin/*', rate_limit: {unit: day}}\n  - {key: p, value: '/api/*', rate_limit: {unit: day}}\n").is_ok());
-        assert!(one("domain: \"a b\"\n").is_err(), "a domain Weir cannot name");
+    fn refuses_what_weir_cannot_express_or_leaves_that_domain_out() {
+        let e = one("domain: \"a b\"\n").expect_err("a domain Weir cannot name");
+        assert!(e.contains("--allow-unexpressed"), "{e}");
+        let both = "domain: d\ndescriptors:\n  - {key: k, value: '*', rate_limit: {unit: day}}\n  - {key: k, rate_limit: {unit: day}}\n";
+        let other = "domain: e\ndescriptors:\n  - {key: k, rate_limit: {unit: day}}\n";
+        let files = [("a.yaml".to_string(), both.to_string()), ("b.yaml".to_string(), other.to_string())];
+        assert!(import(&files, &options()).is_err(), "`*` beside the key alone");
+        let allowed = import(&files, &Options { allow_unexpressed: true, ..options() }).expect("the rest imports");
+        assert!(
+            allowed.notes.iter().any(|n| n.contains("domain left out") && n.contains("beside")),
+            "{:?}",
+            allowed.notes
+        );
+        let rt = crate::config::from_text(&allowed.toml, "i.toml").unwrap_or_else(|e| panic!("{e}\n{}", allowed.toml));
+        let rls = rt.rls.as_ref().expect("[rls]");
+        assert!(rls.domain("d").is_none() && rls.domain("e").is_some(), "d left out whole, e imported");
+        // `*` alone, without a rule for the key alone: any value.
+        let star =
+            one("domain: d\ndescriptors:\n  - {key: k, value: '*', rate_limit: {unit: day, requests_per_unit: 3}}\n")
+                .expect("imports");
+        let rt = crate::config::from_text(&star.toml, "i.toml").expect("compiles");
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("d")).expect("domain");
+        assert!(find_rule(&domain.rules, &[("k", "anything")], domain.pattern_order).is_some());
     }
 }

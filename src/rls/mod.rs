@@ -21,4 +21,4 @@ pub mod proto;
 pub mod rules;
 pub mod service;
 
-pub use crate::config::rls::{Domain, RlsSettings, Rule, ValueMatch};
+pub use crate::config::rls::{Domain, PatternOrder, RlsSettings, Rule, ValueMatch};

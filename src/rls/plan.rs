@@ -136,7 +136,7 @@ pub fn plan<'a>(
         if hits > MAX_HITS {
             return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
         }
-        let path = domain.and_then(|dm| find_path(&dm.rules, &entries));
+        let path = domain.and_then(|dm| find_path(&dm.rules, &entries, dm.pattern_order));
         let limit = match (&d.limit, domain.and_then(|dm| dm.limit_override)) {
             (Some(o), Some(_)) => Some(override_rate(o).map_err(|e| Invalid(format!("descriptor {i}: {e}")))?),
             _ => None,

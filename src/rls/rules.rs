@@ -7,7 +7,7 @@
 //! descriptor unlimited. At each level an exact value beats the longest `prefix*` value, which
 //! beats a rule that names the key alone.
 
-use crate::config::rls::{Rule, ValueMatch};
+use crate::config::rls::{PatternOrder, Rule, ValueMatch};
 use crate::keys;
 
 /// Separates the values of a descriptor's entries in its key, as it separates the parts of a
@@ -17,13 +17,15 @@ const PART_SEPARATOR: u8 = 0x1f;
 
 impl ValueMatch {
     /// How well `value` matches: larger is more specific; `None` when it does not. A pattern
-    /// ranks by its literal characters, so `/api/admin/*` beats `/api/*`.
-    fn rank(&self, value: &str) -> Option<usize> {
+    /// ranks by its literal characters (`/api/admin/*` beats `/api/*`), or with `File` order all
+    /// patterns rank alike, so the first in file order wins.
+    fn rank(&self, value: &str, order: PatternOrder) -> Option<usize> {
         match self {
             ValueMatch::Any => Some(0),
-            ValueMatch::Pattern { parts, .. } if wildcard_match(parts, value) => {
-                Some(1 + parts.iter().map(String::len).sum::<usize>())
-            }
+            ValueMatch::Pattern { parts, .. } if wildcard_match(parts, value) => Some(match order {
+                PatternOrder::Specific => 1 + parts.iter().map(String::len).sum::<usize>(),
+                PatternOrder::File => 1,
+            }),
             ValueMatch::Exact(v) if v == value => Some(usize::MAX),
             _ => None,
         }
@@ -57,14 +59,14 @@ pub fn wildcard_match(parts: &[String], value: &str) -> bool {
 
 /// The rules a descriptor's entries walk, one per entry, when every entry finds one; at each
 /// level the most specific match wins, the first of equals in file order.
-pub fn find_path<'r>(rules: &'r [Rule], entries: &[(&str, &str)]) -> Option<Vec<&'r Rule>> {
+pub fn find_path<'r>(rules: &'r [Rule], entries: &[(&str, &str)], order: PatternOrder) -> Option<Vec<&'r Rule>> {
     let mut level = rules;
     let mut path = Vec::with_capacity(entries.len());
     for (key, value) in entries {
         let rule = level
             .iter()
             .filter(|r| r.key == *key)
-            .filter_map(|r| r.value.rank(value).map(|rank| (rank, r)))
+            .filter_map(|r| r.value.rank(value, order).map(|rank| (rank, r)))
             .fold(None::<(usize, &Rule)>, |best, (rank, r)| match best {
                 Some((b, _)) if b >= rank => best,
                 _ => Some((rank, r)),
@@ -77,8 +79,8 @@ pub fn find_path<'r>(rules: &'r [Rule], entries: &[(&str, &str)]) -> Option<Vec<
 }
 
 /// The rule a descriptor lands on (its last entry's), if every entry finds one.
-pub fn find_rule<'r>(rules: &'r [Rule], entries: &[(&str, &str)]) -> Option<&'r Rule> {
-    find_path(rules, entries).and_then(|p| p.last().copied())
+pub fn find_rule<'r>(rules: &'r [Rule], entries: &[(&str, &str)], order: PatternOrder) -> Option<&'r Rule> {
+    find_path(rules, entries, order).and_then(|p| p.last().copied())
 }
 
 /// A descriptor's key in its zone: the entries' values joined like a composite HTTP key, bounded
@@ -119,7 +121,7 @@ mod tests {
     }
 
     fn find_limit(rules: &[Rule], entries: &[(&str, &str)]) -> Option<usize> {
-        find_rule(rules, entries).and_then(|r| r.limits.first().copied())
+        find_rule(rules, entries, PatternOrder::Specific).and_then(|r| r.limits.first().copied())
     }
 
     /// envoyproxy/ratelimit's README example, flattened into limit indices.
@@ -144,6 +146,15 @@ mod tests {
         assert_eq!(find_limit(&r, &[("path", "/api/x")]), Some(4));
         assert_eq!(find_limit(&r, &[("path", "/api/admin/x")]), Some(5), "the longest prefix wins");
         assert_eq!(find_limit(&r, &[("path", "/other")]), Some(6), "the key alone is the default");
+    }
+
+    #[test]
+    fn file_order_lets_the_first_matching_pattern_win() {
+        let r = example();
+        let path = |order| find_rule(&r, &[("path", "/api/admin/x")], order).and_then(|r| r.limits.first().copied());
+        assert_eq!(path(PatternOrder::Specific), Some(5), "the longer pattern");
+        assert_eq!(path(PatternOrder::File), Some(4), "the first in file order, as envoyproxy/ratelimit");
+        assert_eq!(find_limit(&r, &[("path", "/other")]), Some(6), "the key alone still comes last");
     }
 
     #[test]
@@ -206,7 +217,7 @@ mod tests {
         shared.share_threshold = true;
         let rules = vec![shared, rule("own", Some("own/*"), Some(1), vec![])];
         let key = |entries: &[(&str, &str)]| {
-            let path = find_path(&rules, entries).expect("matches");
+            let path = find_path(&rules, entries, PatternOrder::Specific).expect("matches");
             descriptor_key(entries, &path)
         };
         assert_eq!(key(&[("files", "files/a.pdf")]), key(&[("files", "files/b.csv")]));
