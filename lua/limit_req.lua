@@ -516,7 +516,8 @@ local function fixed_window(key, p)
   if used + cost > limit_count then
     z.admitted = false
     z.excess = used + cost - limit_count
-    if cost <= limit_count then
+    -- A block (limit 0) names the window's end, like fixed_window.rs.
+    if cost <= limit_count or limit_count == 0 then
       z.retry_us = z.reset_us
     end
     stored = used
@@ -572,7 +573,10 @@ local function sliding_window(key, p)
   if estimate + cost > limit_f then
     z.admitted = false
     z.excess = estimate + cost - limit_f
-    if cost <= p.count then
+    if p.count == 0 then
+      -- A block: the current window's end, like sliding_window.rs.
+      z.retry_us = sat_sub(start_us + window, now)
+    elseif cost <= p.count then
       z.retry_us = sliding_retry_us(limit_f - cost, prev, curr, elapsed, window)
     end
     stored = curr
@@ -890,7 +894,9 @@ local function read_args(nkeys, argv, a0)
       cost = tonumber(argv[base + 6]),
       evaluate = evaluate,
     }
-    if not (p.count and p.count >= 1 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
+    -- count 0 (a block) only for fixed_window (2) and sliding_window (4), as the config allows.
+    local least = (algorithm == 2 or algorithm == 4) and 0 or 1
+    if not (p.count and p.count >= least and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost) then
       return 'limit_req: zone ' .. i .. ': count, period_us, burst, delay, cost must be numbers'
     end
     params[i] = p

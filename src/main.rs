@@ -40,13 +40,21 @@ enum Command {
     },
     /// A live view of an instance (its admin address): rates per route and zone, the keys being limited; reset a key.
     Top(weir::tui::TopArgs),
-    /// Translate an envoyproxy/ratelimit YAML config into Weir TOML (stdout); what it cannot express goes to stderr.
+    /// Translate envoyproxy/ratelimit YAML configs (files, or its runtime config directories) into one Weir TOML
+    /// (stdout); refuses what envoyproxy/ratelimit refuses, with its reason, and what Weir would decide otherwise.
     ImportRls {
-        /// The envoyproxy/ratelimit config (one domain).
-        file: PathBuf,
+        /// The envoyproxy/ratelimit configs: files, or directories (their *.yaml and *.yml files, by name).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
         /// The rate limit service's address in the output's `[rls] listen`.
         #[arg(long, default_value = "127.0.0.1:8081")]
         listen: String,
+        /// Merge files of one domain, like envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG (else a domain's second file is refused).
+        #[arg(long)]
+        merge_domains: bool,
+        /// Leave out (and name on stderr) the domains Weir cannot express, instead of refusing the whole import.
+        #[arg(long)]
+        allow_unexpressed: bool,
     },
     /// Replay access logs through the config's limits: what would they have done? (`--suggest`: which limits to choose.)
     Replay(Box<weir::replay::cli::ReplayArgs>),
@@ -71,7 +79,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::ImportRls { file, listen } => import_rls(&file, &listen),
+        Command::ImportRls { paths, listen, merge_domains, allow_unexpressed } => {
+            import_rls(&paths, weir::rls::import::Options { listen, merge_domains, allow_unexpressed })
+        }
         Command::Check => match weir::config::load(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {
@@ -143,27 +153,62 @@ fn main() -> ExitCode {
     }
 }
 
-/// `weir import-rls`: the TOML on stdout, what it cannot express on stderr (exit 0 all the same:
-/// the rest is usable); an unreadable file exits 1.
-fn import_rls(file: &std::path::Path, listen: &str) -> ExitCode {
-    let yaml = match std::fs::read_to_string(file) {
-        Ok(text) => text,
-        Err(e) => {
-            eprintln!("weir import-rls: cannot read {}: {e}", file.display());
+/// `weir import-rls`: the TOML on stdout, notes on stderr; a refusal (or an unreadable file) exits 1.
+fn import_rls(paths: &[PathBuf], options: weir::rls::import::Options) -> ExitCode {
+    let mut files = Vec::new();
+    for path in paths {
+        if let Err(e) = read_rls_configs(path, &mut files) {
+            eprintln!("weir import-rls: cannot read {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
-    };
-    match weir::rls::import::import(&yaml, listen) {
+    }
+    match weir::rls::import::import(&files, &options) {
         Ok(imported) => {
             print!("{}", imported.toml);
-            for note in &imported.not_expressed {
-                eprintln!("weir import-rls: not expressed: {note}");
+            for note in &imported.notes {
+                eprintln!("weir import-rls: note: {note}");
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("weir import-rls: {}: {e}", file.display());
+            eprintln!("weir import-rls: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// A file, or a directory's `*.yaml`/`*.yml` files and subdirectories in name order. Names
+/// starting with `.` are skipped: a Kubernetes ConfigMap volume holds each file twice, once
+/// under `..data`.
+fn read_rls_configs(path: &std::path::Path, files: &mut Vec<(String, String)>) -> std::io::Result<()> {
+    read_rls_configs_within(path, files, 0)
+}
+
+/// Directories nested deeper than this are refused (a symlink loop would never end).
+const MAX_RLS_CONFIG_DEPTH: usize = 16;
+
+fn read_rls_configs_within(
+    path: &std::path::Path,
+    files: &mut Vec<(String, String)>,
+    depth: usize,
+) -> std::io::Result<()> {
+    if depth > MAX_RLS_CONFIG_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "directories nested over {MAX_RLS_CONFIG_DEPTH} deep (a symlink loop?)"
+        )));
+    }
+    if !path.is_dir() {
+        files.push((path.display().to_string(), std::fs::read_to_string(path)?));
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    entries.sort();
+    for entry in entries {
+        let name = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let yaml = entry.extension().is_some_and(|x| x == "yaml" || x == "yml");
+        if !name.starts_with('.') && (entry.is_dir() || yaml) {
+            read_rls_configs_within(&entry, files, depth + 1)?;
+        }
+    }
+    Ok(())
 }

@@ -976,35 +976,51 @@ fn expect_check_ok(case: &str, body: &str) {
 }
 
 #[test]
-fn check_accepts_windows_up_to_the_documented_24h() {
-    // The error message and docs/configuration.md give the range as "1ms" to "24h".
-    for window in ["1ms", "500ms", "10s", "15m", "1440m", "1h", "24h"] {
-        expect_check_ok(
-            &format!("window_{window}"),
-            &format!(
-                r#"
+fn check_accepts_windows_up_to_the_documented_365d() {
+    // The error message and docs/configuration.md give the range as "1ms" to "365d"
+    // (envoyproxy/ratelimit's year), and limit 0 (a block) on fixed and sliding windows.
+    for window in ["1ms", "500ms", "10s", "15m", "1440m", "1h", "24h", "7d", "30d", "365d", "8760h"] {
+        for (algorithm, limit) in [("fixed_window", 5), ("sliding_window", 0)] {
+            expect_check_ok(
+                &format!("window_{window}_{algorithm}"),
+                &format!(
+                    r#"
 [[limit_req_zone]]
 name = "z"
 key = "ip"
-algorithm = "fixed_window"
+algorithm = "{algorithm}"
 window = "{window}"
-limit = 5
+limit = {limit}
 "#
-            ),
-        );
+                ),
+            );
+        }
     }
     expect_check_error(
-        "window_over_24h",
+        "window_over_365d",
         r#"
 [[limit_req_zone]]
 name = "z"
 key = "ip"
 algorithm = "fixed_window"
-window = "1441m"
+window = "366d"
 limit = 5
 "#,
         "window = ",
         &["window"],
+    );
+    expect_check_error(
+        "sliding_log_of_nothing",
+        r#"
+[[limit_req_zone]]
+name = "z"
+key = "ip"
+algorithm = "sliding_log"
+window = "1m"
+limit = 0
+"#,
+        "limit = ",
+        &["limit"],
     );
 }
 

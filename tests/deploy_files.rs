@@ -1,7 +1,8 @@
 //! The files in deploy/ are checked like code: the Kubernetes manifests hang together (the sidecar
 //! runs weir on the mounted ConfigMap, probes and scrapes hit the admin port, the embedded config
-//! passes `weir check`), the Grafana dashboard only queries metrics Weir exports, the systemd unit
-//! is valid, and the Dockerfile builds the binary the README builds. Docker is not needed: the
+//! passes `weir check`; the rate limit service's manifests and Istio EnvoyFilters refer to each
+//! other), the Grafana dashboard only queries metrics Weir exports, with label values two running
+//! instances export, the systemd unit is valid, and the Dockerfile builds the binary the README builds. Docker is not needed: the
 //! image is not built here.
 
 mod support;
@@ -315,6 +316,110 @@ fn kubernetes_manifests_hang_together() {
     }
 }
 
+/// deploy/kubernetes/rls, Weir as Istio's rate limit service: the core objects pass
+/// `kubernetes-validate --strict` (the EnvoyFilter CRDs it cannot know are checked here instead),
+/// the config passes `weir check`, the Service speaks gRPC to the container's port, and the two
+/// EnvoyFilters call that Service on the config's domain with descriptors its rules match.
+#[test]
+fn rls_service_manifests_hang_together() {
+    let objects = support::kustomize::render(&repo().join("deploy/kubernetes/rls"));
+    let of_kind = |k: &str| objects.iter().filter(|o| o["kind"] == k).collect::<Vec<_>>();
+    let core: Vec<&Json> = objects.iter().filter(|o| o["kind"] != "EnvoyFilter").collect();
+    assert_eq!(core.len(), 4, "ConfigMap, Secret, Deployment, Service: {core:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rls.yaml");
+    let yaml: Vec<String> = core.iter().map(|o| serde_yaml::to_string(o).expect("YAML")).collect();
+    fs::write(&file, yaml.join("---\n")).expect("write");
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict", "--no-warn"])
+        .arg(&file)
+        .output()
+        .expect("python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains("No module named"), "kubernetes-validate is missing: run scripts/setup.sh");
+    assert!(out.status.success() && !text.contains("ERROR"), "kubernetes-validate refused rls:\n{text}");
+
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let config_text = support::kustomize::weir_config_with_secrets(&objects, secrets.path());
+    weir_check(&config_text, "deploy/kubernetes/rls");
+    let config: toml::Value = toml::from_str(&config_text).expect("TOML");
+    let listen = config["rls"]["listen"][0].as_str().expect("rls.listen");
+    assert_eq!(socket_host(listen), "0.0.0.0", "in a pod the service listens on every address");
+
+    let deployment = of_kind("Deployment")[0];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let grpc_port = container["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "grpc"))
+        .and_then(|p| p["containerPort"].as_u64())
+        .expect("a grpc container port");
+    assert_eq!(grpc_port, u64::from(socket_port(listen)), "the container port is [rls] listen's");
+    let service = of_kind("Service")[0];
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(port["appProtocol"], "grpc", "Istio speaks HTTP/2 to it");
+    assert_eq!(port["targetPort"], "grpc");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = service["spec"]["selector"].as_object().expect("a selector");
+    assert!(selector.iter().all(|(k, v)| &labels[k] == v), "the Service selects the pods");
+
+    let filters = of_kind("EnvoyFilter");
+    assert_eq!(filters.len(), 2, "the filter and the actions");
+    let patch_of = |applies: &str| {
+        filters
+            .iter()
+            .flat_map(|f| f["spec"]["configPatches"].as_array().into_iter().flatten())
+            .find(|p| p["applyTo"] == applies)
+            .unwrap_or_else(|| panic!("an EnvoyFilter patch applied to {applies}"))
+            .clone()
+    };
+    let filter = patch_of("HTTP_FILTER");
+    assert_eq!(filter["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(filter["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"], "envoy.filters.http.router");
+    let rl = &filter["patch"]["value"];
+    assert_eq!(rl["name"], "envoy.filters.http.ratelimit");
+    let domain = rl["typed_config"]["domain"].as_str().expect("domain");
+    let domains = config["rls"]["domain"].as_array().expect("[[rls.domain]]");
+    let rules = domains
+        .iter()
+        .find(|d| d["name"].as_str() == Some(domain))
+        .unwrap_or_else(|| panic!("the filter's domain {domain:?} is not in the config"))["descriptor"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    let cluster = rl["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .expect("cluster_name");
+    let service_name = service["metadata"]["name"].as_str().expect("name");
+    assert!(
+        cluster.starts_with(&format!("outbound|{}||{service_name}.", port["port"])),
+        "{cluster} is Istio's cluster of the Service {service_name}:{}",
+        port["port"]
+    );
+    // Each rate_limits entry's descriptor keys walk the config's rules down to a zone.
+    let actions = patch_of("VIRTUAL_HOST");
+    let limits = actions["patch"]["value"]["rate_limits"].as_array().expect("rate_limits");
+    for limit in limits {
+        let mut level = rules.clone();
+        let mut zone = None;
+        for action in limit["actions"].as_array().expect("actions") {
+            let key = if action.get("remote_address").is_some() {
+                "remote_address".to_string()
+            } else {
+                let m = &action["header_value_match"];
+                m["descriptor_key"].as_str().unwrap_or("header_match").to_string()
+            };
+            let rule = level
+                .iter()
+                .find(|r| r["key"].as_str() == Some(key.as_str()))
+                .unwrap_or_else(|| panic!("no rule for the descriptor key {key} ({limit})"))
+                .clone();
+            zone = rule.get("zone").cloned();
+            level = rule.get("descriptor").and_then(|d| d.as_array().cloned()).unwrap_or_default();
+        }
+        assert!(zone.is_some(), "{limit}: its descriptor ends on a rule with a zone");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grafana
 // ---------------------------------------------------------------------------------------------
@@ -452,6 +557,9 @@ fn grafana_dashboard_queries_only_exported_metrics() {
         "weir_upstream_response_duration_seconds",
         "weir_config_generation",
         "weir_config_reload_failures_total",
+        "weir_rls_requests_total",
+        "weir_rls_request_duration_seconds",
+        "weir_upstream_server_up",
     ] {
         assert!(used.contains(core), "the dashboard shows {core}");
     }
@@ -460,6 +568,150 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     if !unused.is_empty() {
         println!("note: exported but on no dashboard panel: {unused:?}");
     }
+}
+
+/// Every literal label value the dashboard matches (`outcome="rejected"`, `outcome=~"a|b"`), as
+/// (metric, label, value); `$variables` and regular expressions other than plain alternatives are
+/// left out.
+fn matched_label_values(exprs: &[String]) -> BTreeSet<(String, String, String)> {
+    let selector = Regex::new(r"(weir_[a-z_]+)\{([^}]*)\}").unwrap();
+    let matcher = Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|=)\s*"([^"]*)""#).unwrap();
+    let word = Regex::new(r"^[a-zA-Z0-9_]+$").unwrap();
+    let mut out = BTreeSet::new();
+    for expr in exprs {
+        for sel in selector.captures_iter(expr) {
+            for m in matcher.captures_iter(&sel[2]) {
+                let values: Vec<&str> = if &m[2] == "=" { vec![&m[3]] } else { m[3].split('|').collect() };
+                if values.iter().all(|v| word.is_match(v)) {
+                    for v in values {
+                        out.insert((sel[1].to_string(), m[1].to_string(), v.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A proxy route and an RLS domain whose calls give every outcome the dashboard names: with a
+/// working store (`passed`, `rejected`, `rejected_dry_run`, `ok`, `over_limit`, `invalid`) or a
+/// dead one (`fail_open`, `fail_closed`, for both front doors).
+fn exercised_weir(store: &str) -> support::weir::Weir {
+    let up = support::upstream::Upstream::start();
+    let config = support::config::with_app(
+        support::admin::LISTEN,
+        &format!("{store}\n\n[log]\naccess_log = false"),
+        up.addr(),
+        r#"
+[[limit_req_zone]]
+name = "tight"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "open"
+path_prefix = "/open/"
+upstream = "app"
+on_error = "allow"
+limit_req = [{ zone = "tight" }]
+
+[[limit_req_zone]]
+name = "loose"
+key = "ip"
+rate = "1000r/s"
+
+[[route]]
+name = "closed"
+path_prefix = "/closed/"
+upstream = "app"
+on_error = "deny"
+limit_req = [{ zone = "tight", dry_run = true }, { zone = "loose" }]
+
+[rls]
+listen = ["$LISTEN3"]
+"#,
+    );
+    // The RLS listener on a port of its own (the helper substitutes $LISTEN and $LISTEN2 only).
+    let rls_port = support::weir::free_port();
+    let config = config.replace("$LISTEN3", &format!("127.0.0.1:{rls_port}"))
+        + "\n[[rls.domain]]\nname = \"open\"\non_error = \"allow\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"tight\"\n\n\
+           [[rls.domain]]\nname = \"closed\"\non_error = \"deny\"\n\n[[rls.domain.descriptor]]\nkey = \"k\"\nzone = \"tight\"\n";
+    let weir = support::weir::Weir::start(&config);
+    for path in ["/open/a", "/open/a", "/closed/a", "/closed/a"] {
+        let _ = support::http::must_send(weir.addr, &support::http::Request::get(path));
+    }
+    let rls: std::net::SocketAddr = format!("127.0.0.1:{rls_port}").parse().expect("address");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        use weir::rls::proto::rate_limit_descriptor::Entry;
+        use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+        let channel = support::poll::poll(
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || std::net::TcpStream::connect(rls).is_ok(),
+            |up| *up,
+        );
+        assert!(channel.is_ok(), "the rls listener {rls} accepts");
+        let channel = tonic::transport::Channel::from_shared(format!("http://{rls}"))
+            .expect("uri")
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = RateLimitServiceClient::new(channel);
+        let call = |domain: &str, descriptors: usize| RateLimitRequest {
+            domain: domain.into(),
+            descriptors: (0..descriptors)
+                .map(|_| RateLimitDescriptor {
+                    entries: vec![Entry { key: "k".into(), value: "v".into() }],
+                    limit: None,
+                    hits_addend: None,
+                })
+                .collect(),
+            hits_addend: 0,
+        };
+        for (domain, n) in [("open", 1), ("open", 1), ("closed", 1), ("open", 0)] {
+            let _ = client.should_rate_limit(call(domain, n)).await;
+        }
+    });
+    weir
+}
+
+/// The dashboard's label values are ones a running Weir exports: the outcomes it matches come
+/// out of two real instances (a working store and a dead one) driven through both front doors.
+#[test]
+fn grafana_label_values_are_ones_a_running_weir_exports() {
+    let dashboard: Json = serde_json::from_str(&read("deploy/grafana/weir-dashboard.json")).expect("JSON");
+    let wanted = matched_label_values(&promql(&dashboard));
+    assert!(wanted.iter().any(|(_, l, _)| l == "outcome"), "the dashboard matches outcomes: {wanted:?}");
+
+    let (_refusing, dead) = support::weir::refusing_addr();
+    let working = exercised_weir(support::config::MEMORY_STORE);
+    let failing = exercised_weir(&support::config::redis_store(
+        &format!("redis://{dead}"),
+        "timeout = \"200ms\"\non_error = \"allow\"",
+    ));
+    let mut exported: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for weir in [&working, &failing] {
+        let admin = support::admin::addr(weir);
+        // Metrics are recorded after the answers: wait for the last call's (invalid) to show.
+        let scrape = support::metrics::scrape_until(admin, Duration::from_secs(10), Duration::from_millis(50), |s| {
+            s.sum("weir_rls_requests_total", &[("outcome", "invalid")]) >= 1.0
+        })
+        .unwrap_or_else(|s| panic!("no invalid call counted:\n{}", s.filtered()));
+        for metric in wanted.iter().map(|(m, _, _)| m).collect::<BTreeSet<_>>() {
+            for labels in scrape.series(metric).keys() {
+                for (l, v) in labels {
+                    exported.insert((metric.clone(), l.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    let missing: Vec<_> = wanted.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard matches label values no running Weir exported: {missing:?}\n(exported: {exported:?})"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ fn random_bucket_rate(rng: &mut StdRng) -> Rate {
 /// A window algorithm's `count` per `period_us`: the nginx units, and the odd windows that
 /// `window = "..."` allows.
 fn random_window_rate(rng: &mut StdRng, algorithm: Algorithm) -> Rate {
-    let period_us = match rng.gen_range(0..12) {
+    let period_us = match rng.gen_range(0..14) {
         0 | 1 => SEC,
         2 | 3 => 60 * SEC,
         4 => 3600 * SEC,
@@ -133,10 +133,15 @@ fn random_window_rate(rng: &mut StdRng, algorithm: Algorithm) -> Rate {
         8 => 1000,
         9 => 1_500_000,
         10 => 86_400 * SEC,
+        // envoyproxy/ratelimit's week, month (30 days) and year (365 days).
+        11 => [7, 30, 365][rng.gen_range(0..3)] * 86_400 * SEC,
+        12 => 86_400 * SEC * rng.gen_range(2..=365),
         _ => rng.gen_range(1..=20_000) * 1000 + rng.gen_range(0..1000),
     };
     let small = rng.gen_bool(0.6);
     let count = match algorithm {
+        // A block (limit 0): always over, retry at the window's end.
+        Algorithm::FixedWindow | Algorithm::SlidingWindow if rng.gen_bool(0.05) => 0,
         // One entry per admitted unit: keep the logs small enough for thousands of traces.
         Algorithm::SlidingLog if !small => rng.gen_range(11..=150),
         _ if small => rng.gen_range(1..=10),
@@ -189,7 +194,7 @@ fn random_cost(rng: &mut StdRng, limit: &LimitReq) -> u64 {
         42 | 43 => 0,
         // Around the capacity: exactly the capacity still fits an empty zone, more never does.
         44..=46 => capacity,
-        47 => rng.gen_range(1..=capacity),
+        47 => rng.gen_range(1..=capacity.max(1)),
         _ => capacity + rng.gen_range(1..=5),
     }
 }
@@ -201,7 +206,7 @@ fn random_gap(rng: &mut StdRng, zones: &[Zone], last: Option<&Verdict>, now_us: 
     let rate = zone.limit.rate;
     let window = rate.period_us as i64;
     // The time one request "takes" at the zone's rate (windows: the average spacing).
-    let emission = ((rate.period_us / rate.count) as i64).max(1);
+    let emission = ((rate.period_us / rate.count.max(1)) as i64).max(1);
     if let Some(v) = last {
         // Probe the exact instants the previous verdict named.
         if rng.gen_bool(0.15) {

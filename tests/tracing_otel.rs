@@ -206,3 +206,62 @@ fn without_tracing_nothing_is_added() {
     assert_eq!(seen[0].header("traceparent"), None, "no traceparent without [tracing]");
     assert_eq!(seen[1].header("traceparent").as_deref(), Some(incoming.as_str()));
 }
+
+/// The rate limit service: one server span per gRPC call, child of the caller's `traceparent`
+/// metadata, with its domain, the zones decided and the answer's code.
+#[test]
+fn a_rate_limit_service_call_is_one_span() {
+    use weir::rls::proto::rate_limit_descriptor::Entry;
+    use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+
+    let receiver = Receiver::start();
+    let weir = Weir::start(&format!(
+        "[tracing]\nendpoint = \"http://{}/v1/traces\"\nsample_ratio = 1.0\n\n[log]\naccess_log = false\n\n\
+         [[limit_req_zone]]\nname = \"per_ip\"\nrate = \"1r/m\"\n\n[rls]\nlisten = [\"$LISTEN\"]\n\n\
+         [[rls.domain]]\nname = \"edge\"\n\n[[rls.domain.descriptor]]\nkey = \"remote_address\"\nzone = \"per_ip\"\n",
+        receiver.addr
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", weir.addr))
+            .expect("uri")
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = RateLimitServiceClient::new(channel);
+        for _ in 0..2 {
+            let mut req = tonic::Request::new(RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry { key: "remote_address".into(), value: "192.0.2.1".into() }],
+                    limit: None,
+                    hits_addend: None,
+                }],
+                hits_addend: 0,
+            });
+            let incoming = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+            req.metadata_mut().insert("traceparent", incoming.parse().expect("ascii"));
+            client.should_rate_limit(req).await.expect("a call");
+        }
+    });
+    let spans = poll(Duration::from_secs(15), Duration::from_millis(100), || receiver.spans(), |s| s.len() >= 2)
+        .unwrap_or_else(|got| panic!("the receiver got {} spans, not 2:\n{}", got.len(), weir.stderr()));
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    for span in &spans {
+        assert_eq!(hex(&span.trace_id), TRACE_ID);
+        assert_eq!(hex(&span.parent_span_id), PARENT_ID);
+        assert_eq!(span.name, "rls edge");
+    }
+    let codes: Vec<(String, String)> = spans
+        .iter()
+        .map(|s| {
+            let a = attributes(s);
+            assert_eq!(a["weir.rls.domain"], "edge");
+            assert_eq!(a["rpc.method"], "ShouldRateLimit");
+            (a["weir.rls.code"].clone(), a["weir.zones"].clone())
+        })
+        .collect();
+    assert!(codes.contains(&("OK".into(), "per_ip=PASSED".into())), "{codes:?}");
+    assert!(codes.contains(&("OVER_LIMIT".into(), "per_ip=REJECTED".into())), "{codes:?}");
+}

@@ -104,6 +104,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "s" => Some(Duration::from_secs(n)),
         "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
         "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
+        "d" => Some(Duration::from_secs(n.checked_mul(86_400)?)),
         _ => None,
     }
 }

@@ -67,6 +67,8 @@ const MAX_BODY_BYTES: i64 = 1 << 40;
 
 /// The largest `default`, `max` and `max_debt` of `cost_from_response`.
 const MAX_RESPONSE_COST: i64 = 1_000_000;
+/// The longest window: envoyproxy/ratelimit's `year` (365 days, aligned to the epoch like every window).
+const MAX_WINDOW_SECS: u64 = 365 * 86_400;
 
 /// Different limits for some keys (hot keys, premium tenants), like Envoy's descriptor values.
 #[derive(Debug, Clone)]
@@ -136,12 +138,15 @@ pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>)
             (Some(r), None, None) => parse_rate(src, &r, &zname)?,
             (None, Some(w), Some(l)) if algorithm.is_window() => {
                 let period = parse_duration(w.get_ref())
-                    .filter(|d| d.as_millis() >= 1 && d.as_secs() <= 86_400)
+                    .filter(|d| d.as_millis() >= 1 && d.as_secs() <= MAX_WINDOW_SECS)
                     .ok_or_else(|| src.error_at(&w.span(), format!(
-                        "limit_req_zone {zname:?}: window: expected a duration from \"1ms\" to \"24h\" like \"10s\", got {:?}", w.get_ref())))?;
-                if !(1..=MAX_BURST).contains(l.get_ref()) {
+                        "limit_req_zone {zname:?}: window: expected a duration from \"1ms\" to \"365d\" like \"10s\" or \"30d\", got {:?}", w.get_ref())))?;
+                // 0 blocks every key (envoyproxy/ratelimit's `requests_per_unit: 0`); a sliding log
+                // of nothing is a fixed window of nothing, so it is left to the two counters.
+                let least = if algorithm == Algorithm::SlidingLog { 1 } else { 0 };
+                if !(least..=MAX_BURST).contains(l.get_ref()) {
                     return Err(src.error_at(&l.span(), format!(
-                        "limit_req_zone {zname:?}: limit must be 1..={MAX_BURST}, got {}", l.get_ref())));
+                        "limit_req_zone {zname:?}: limit must be {least}..={MAX_BURST} for {}, got {}", algorithm.as_str(), l.get_ref())));
                 }
                 Rate { count: *l.get_ref() as u64, period_us: period.as_micros() as u64 }
             }

@@ -12,6 +12,7 @@ use super::limit_req::Zone;
 use super::route::{compile_limit_ref, failure_policy, header_mode, Cost, Route, ZoneLimit};
 use super::schema;
 use super::spanned::Spanned;
+use crate::limit::Algorithm;
 
 /// `[rls]`, compiled.
 #[derive(Debug, Clone)]
@@ -38,16 +39,42 @@ pub struct Domain {
     /// indexes them), with the domain's header mode (`rate_limit_headers`) and failure policy.
     pub route: Route,
     pub rules: Vec<Rule>,
+    /// Which of two matching `*` values wins at one level.
+    pub pattern_order: PatternOrder,
+    /// `limit_override_zone`: the limit (index into `route.limits`) that decides descriptors
+    /// carrying Envoy's `RateLimitOverride`; `None`: the override is ignored.
+    pub limit_override: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Rule {
     pub key: String,
     pub value: ValueMatch,
-    /// The limit this rule applies: an index into its domain's `Route::limits`. `None`: the rule
-    /// only holds nested rules.
-    pub limit: Option<usize>,
+    /// The limits this rule applies, decided all or nothing: indices into its domain's
+    /// `Route::limits`. Empty: the rule only holds nested rules, or is `unlimited`.
+    pub limits: Vec<usize>,
+    /// Matches and limits nothing (answered with the peer's MaxUint32 remaining).
+    pub unlimited: bool,
+    /// `current_limit.name` in answers, and what other rules' `replaces` name.
+    pub name: Option<String>,
+    /// Names of rules this one takes out of a call that matches it.
+    pub replaces: Vec<String>,
+    /// Every value matching the `*` pattern shares one counter.
+    pub share_threshold: bool,
+    /// A soft limit (envoyproxy/ratelimit's `quota_mode`).
+    pub quota: bool,
     pub children: Vec<Rule>,
+}
+
+/// Which of two `*` values that both match a value wins at one level (exact values and the key
+/// alone rank as ever: exact first, key alone last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PatternOrder {
+    /// The one with more literal characters (`/api/admin/*` over `/api/*`), then file order.
+    #[default]
+    Specific,
+    /// The first in file order, as envoyproxy/ratelimit picks.
+    File,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,18 +82,22 @@ pub enum ValueMatch {
     /// `key` alone: any value (each value its own counter).
     Any,
     Exact(String),
-    /// `value = "abc*"`: values that start with `abc`.
-    Prefix(String),
+    /// A value with `*`s: each matches any run of characters (envoyproxy/ratelimit's rule).
+    /// `parts` is the text split on `*` (so at least two).
+    Pattern {
+        text: String,
+        parts: Vec<String>,
+    },
 }
 
 impl ValueMatch {
     pub fn parse(value: Option<&str>) -> ValueMatch {
         match value {
             None => ValueMatch::Any,
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
-                None => ValueMatch::Exact(v.to_string()),
-            },
+            Some(v) if v.contains('*') => {
+                ValueMatch::Pattern { text: v.to_string(), parts: v.split('*').map(str::to_string).collect() }
+            }
+            Some(v) => ValueMatch::Exact(v.to_string()),
         }
     }
 }
@@ -105,14 +136,64 @@ pub(super) fn compile_rls(
     let mut seen = HashMap::new();
     let mut domains = Vec::new();
     for d in domain {
-        let schema::RlsDomain { name, dry_run, rate_limit_headers, on_error, descriptor } = d.into_inner();
+        let schema::RlsDomain {
+            name,
+            dry_run,
+            rate_limit_headers,
+            on_error,
+            pattern_order,
+            quota_mode,
+            limit_override_zone,
+            descriptor,
+        } = d.into_inner();
         check_name(src, &name, "rls.domain.name")?;
         unique(src, &mut seen, &name, "rls.domain")?;
         let dname = name.into_inner();
         let here =
             |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("rls.domain {dname:?}: {msg}"));
         let mut limits = Vec::new();
-        let rules = compile_rules(descriptor, zones, dry_run, &mut limits, 1, &here)?;
+        let pattern_order = match pattern_order.as_ref().map(|p| (p.get_ref().as_str(), p.span())) {
+            None | Some(("specific", _)) => PatternOrder::Specific,
+            Some(("file", _)) => PatternOrder::File,
+            Some((other, at)) => {
+                return Err(here(&at, format!("pattern_order: expected \"specific\" or \"file\", got {other:?}")))
+            }
+        };
+        let domain_modes = DomainModes { dry_run, quota: quota_mode };
+        let rules = compile_rules(descriptor, zones, domain_modes, &mut limits, 1, &here)?;
+        let limit_override = match limit_override_zone {
+            None => None,
+            Some(zone) => {
+                let span = zone.span();
+                let reference = schema::LimitReqRef { zone, burst: None, delay: None, nodelay: None, dry_run: false };
+                let mut zl = compile_limit_ref(&reference, zones, &here)?;
+                let z = &zones[zl.zone];
+                if !matches!(z.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow) {
+                    return Err(here(
+                        &span,
+                        format!(
+                            "limit_override_zone: zone {:?} is {}; the caller's limit is a count per unit, for \
+                             fixed_window or sliding_window",
+                            z.name,
+                            z.algorithm.as_str()
+                        ),
+                    ));
+                }
+                if limits.iter().any(|l| l.zone == zl.zone) {
+                    // Its keys carry the caller's rate; a rule's descriptor keyed alike would share them.
+                    return Err(here(
+                        &span,
+                        format!(
+                            "limit_override_zone: zone {:?} is also a rule's zone; give overrides a zone of their own",
+                            z.name
+                        ),
+                    ));
+                }
+                zl.dry_run = dry_run;
+                limits.push(zl);
+                Some(limits.len() - 1)
+            }
+        };
         let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
         let on_error = failure_policy(on_error.as_ref(), &here)?;
         let route = Route {
@@ -130,7 +211,7 @@ pub(super) fn compile_rls(
             grpc_status: None,
             limit_rate: None,
         };
-        domains.push(Domain { name: dname, route, rules });
+        domains.push(Domain { name: dname, route, rules, pattern_order, limit_override });
     }
     Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, domains }))
 }
@@ -151,11 +232,18 @@ fn addresses(
         .collect()
 }
 
+/// What a domain sets for all of its rules.
+#[derive(Debug, Clone, Copy)]
+struct DomainModes {
+    dry_run: bool,
+    quota: bool,
+}
+
 /// One level of rules; each zone reference becomes one of the route's `limits`.
 fn compile_rules(
     list: Vec<Spanned<schema::RlsDescriptor>>,
     zones: &[Zone],
-    domain_dry_run: bool,
+    domain: DomainModes,
     limits: &mut Vec<ZoneLimit>,
     depth: usize,
     here: &Here<'_>,
@@ -166,8 +254,23 @@ fn compile_rules(
         if depth > MAX_DEPTH {
             return Err(here(&span, format!("descriptor rules nest at most {MAX_DEPTH} deep")));
         }
-        let schema::RlsDescriptor { key, value, zone, burst, delay, nodelay, dry_run, unlimited, descriptor } =
-            d.into_inner();
+        let schema::RlsDescriptor {
+            key,
+            value,
+            zone,
+            burst,
+            delay,
+            nodelay,
+            dry_run,
+            unlimited,
+            exempt,
+            limit_req,
+            name,
+            replaces,
+            share_threshold,
+            quota_mode,
+            descriptor,
+        } = d.into_inner();
         if key.get_ref().is_empty() {
             return Err(here(&key.span(), "descriptor.key must not be empty".into()));
         }
@@ -182,30 +285,59 @@ fn compile_rules(
                 format!("descriptor {:?} (value {:?}) is given twice at this level", key.get_ref(), value_match),
             ));
         }
-        let limit = match zone {
-            Some(zone) if unlimited => {
-                return Err(here(&zone.span(), "a descriptor rule has either zone or unlimited = true".into()))
+        if share_threshold && !matches!(value_match, ValueMatch::Pattern { .. }) {
+            return Err(here(
+                &key.span(),
+                format!(
+                    "descriptor {:?}: share_threshold needs a value with `*` (the values it shares a counter among)",
+                    key.get_ref()
+                ),
+            ));
+        }
+        let name = match name {
+            Some(n) if n.get_ref().is_empty() => {
+                return Err(here(&n.span(), "descriptor.name must not be empty".into()))
             }
-            Some(zone) => {
-                let zone_span = zone.span();
-                let reference = schema::LimitReqRef { zone, burst, delay, nodelay, dry_run };
-                let mut zl = compile_limit_ref(&reference, zones, here)?;
-                let z = &zones[zl.zone];
-                if z.count_statuses.is_some() || z.response_cost.is_some() {
-                    return Err(here(
-                        &zone_span,
-                        format!(
-                            "zone {:?} is charged by the response (count_statuses, cost_from_response); the rate limit \
-                             service never sees a response",
-                            z.name
-                        ),
-                    ));
+            n => n.map(Spanned::into_inner),
+        };
+        let replaces: Vec<String> = match replaces {
+            None => Vec::new(),
+            Some(list) => {
+                let span = list.span();
+                let list: Vec<String> = list.into_inner().into_iter().map(Spanned::into_inner).collect();
+                if list.is_empty() || list.iter().any(String::is_empty) {
+                    return Err(here(&span, "descriptor.replaces: give the names of the rules it replaces".into()));
                 }
-                zl.dry_run |= domain_dry_run;
-                limits.push(zl);
-                Some(limits.len() - 1)
+                if name.as_ref().is_some_and(|n| list.contains(n)) {
+                    return Err(here(&span, "descriptor.replaces: a rule cannot replace itself".into()));
+                }
+                list
             }
-            None => {
+        };
+        let mut references: Vec<schema::LimitReqRef> = Vec::new();
+        match (zone, limit_req) {
+            (Some(zone), None) => references.push(schema::LimitReqRef { zone, burst, delay, nodelay, dry_run }),
+            (None, Some(list)) => {
+                if let Some(at) = [burst.map(|b| b.span()), delay.map(|d| d.span()), nodelay.map(|n| n.span())]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                {
+                    return Err(here(&at, "with limit_req, give burst, delay and nodelay in its entries".into()));
+                }
+                let span = list.span();
+                references = list.into_inner();
+                if references.is_empty() {
+                    return Err(here(&span, "descriptor.limit_req: give at least one zone".into()));
+                }
+                for r in &mut references {
+                    r.dry_run |= dry_run;
+                }
+            }
+            (Some(zone), Some(_)) => {
+                return Err(here(&zone.span(), "a descriptor rule has zone or limit_req, not both".into()))
+            }
+            (None, None) => {
                 if let Some(at) = [burst.map(|b| b.span()), delay.map(|d| d.span()), nodelay.map(|n| n.span())]
                     .into_iter()
                     .flatten()
@@ -213,17 +345,63 @@ fn compile_rules(
                 {
                     return Err(here(&at, "burst, delay and nodelay need a zone in the same descriptor rule".into()));
                 }
-                if descriptor.is_empty() && !unlimited {
-                    return Err(here(
-                        &span,
-                        format!("descriptor {:?}: give a zone, nested descriptors, or unlimited = true", key.get_ref()),
-                    ));
-                }
-                None
             }
-        };
-        let children = compile_rules(descriptor, zones, domain_dry_run, limits, depth + 1, here)?;
-        rules.push(Rule { key: key.into_inner(), value: value_match, limit, children });
+        }
+        if unlimited && !references.is_empty() {
+            return Err(here(&span, "a descriptor rule has either zones or unlimited = true".into()));
+        }
+        if exempt && (unlimited || !references.is_empty() || !descriptor.is_empty()) {
+            return Err(here(&span, "exempt = true is a rule with no zone, no nested rules and no unlimited".into()));
+        }
+        if references.is_empty() && descriptor.is_empty() && !unlimited && !exempt {
+            return Err(here(
+                &span,
+                format!(
+                    "descriptor {:?}: give a zone, nested descriptors, unlimited = true or exempt = true",
+                    key.get_ref()
+                ),
+            ));
+        }
+        if !replaces.is_empty() && references.is_empty() && !unlimited {
+            return Err(here(&span, "descriptor.replaces needs a zone or unlimited = true in the same rule".into()));
+        }
+        if quota_mode && references.is_empty() {
+            return Err(here(&span, "descriptor.quota_mode needs a zone (it softens that limit)".into()));
+        }
+        let mut rule_limits = Vec::with_capacity(references.len());
+        for reference in &references {
+            let mut zl = compile_limit_ref(reference, zones, here)?;
+            let z = &zones[zl.zone];
+            if z.count_statuses.is_some() || z.response_cost.is_some() {
+                return Err(here(
+                    &reference.zone.span(),
+                    format!(
+                        "zone {:?} is charged by the response (count_statuses, cost_from_response); the rate limit \
+                         service never sees a response",
+                        z.name
+                    ),
+                ));
+            }
+            if rule_limits.iter().any(|&i: &usize| limits[i].zone == zl.zone) {
+                return Err(here(&reference.zone.span(), format!("zone {:?} is listed twice in one rule", z.name)));
+            }
+            zl.dry_run |= domain.dry_run;
+            limits.push(zl);
+            rule_limits.push(limits.len() - 1);
+        }
+        let children = compile_rules(descriptor, zones, domain, limits, depth + 1, here)?;
+        let quota = quota_mode || (domain.quota && !rule_limits.is_empty());
+        rules.push(Rule {
+            key: key.into_inner(),
+            value: value_match,
+            limits: rule_limits,
+            unlimited,
+            name,
+            replaces,
+            share_threshold,
+            quota,
+            children,
+        });
     }
     Ok(rules)
 }
@@ -255,7 +433,11 @@ mod tests {
         assert_eq!(d.route.limits[0].limit.burst, 2);
         assert_eq!(d.route.on_error, Some(crate::config::FailurePolicy::Deny));
         assert_eq!(d.route.headers, crate::config::HeaderMode::None);
-        assert_eq!(d.rules[0].children[0].limit, Some(0));
+        assert_eq!(d.rules[0].children[0].limits, vec![0]);
+        assert!(!d.rules[0].children[0].quota);
+        let quota = from_text(&text.replace("on_error = \"deny\"", "quota_mode = true"), "t.toml").expect("compiles");
+        let d = quota.rls.as_ref().and_then(|r| r.domain("d")).expect("domain");
+        assert!(d.rules[0].children[0].quota && !d.rules[0].quota, "the domain's quota_mode softens rules with a zone");
         assert!(rt.server.listen.is_empty());
     }
 
@@ -269,7 +451,21 @@ mod tests {
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\n"), "give a zone"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\n"), "twice"),
             (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"*\"\nzone = \"z\"\n"), "leave it out"),
-            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zone or unlimited"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nunlimited = true\n"), "either zones or unlimited"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nexempt = true\n"), "exempt = true is"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nexempt = true\nreplaces = [\"x\"]\n"), "replaces needs"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"z\"\nname = \"x\"\nreplaces = [\"x\"]\n"), "cannot replace itself"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nvalue = \"b\"\nshare_threshold = true\nzone = \"z\"\n"), "share_threshold needs"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nlimit_req = [{{ zone = \"z\" }}, {{ zone = \"z\" }}]\n"), "listed twice"),
+            (format!("{ZONES}{rls}[[rls.domain.descriptor]]\nkey = \"a\"\nquota_mode = true\nunlimited = true\n"), "quota_mode needs"),
+            (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:8081\"]\n\n[[rls.domain]]\nname = \"d\"\nlimit_override_zone = \"z\"\n"), "fixed_window or sliding_window"),
+            (
+                format!(
+                    "[[limit_req_zone]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nwindow = \"1m\"\nlimit = 1\n\n{rls}\
+                     limit_override_zone = \"w\"\n\n[[rls.domain.descriptor]]\nkey = \"a\"\nzone = \"w\"\n"
+                ),
+                "a zone of their own",
+            ),
             (format!("{ZONES}{rls}[[rls.domain]]\nname = \"d\"\n"), "duplicate rls.domain name \"d\""),
             (format!("{ZONES}[rls]\nlisten_tls = [\"127.0.0.1:8443\"]\n"), "[[server.tls]]"),
             (format!("{ZONES}[rls]\nlisten = [\"127.0.0.1:1\"]\nmax_descriptors = 0\n"), "max_descriptors"),

@@ -359,9 +359,9 @@ pub struct LimitReqZone {
     /// The sustained rate: "N r/s", "N r/m" or "N r/h".
     #[schemars(extend("examples" = ["10r/s", "600r/m"]))]
     pub rate: Option<Spanned<String>>,
-    /// Window algorithms: the window of `limit` (1ms-24h).
+    /// Window algorithms: the window of `limit` (1ms-365d, aligned to the Unix epoch).
     pub window: Option<Spanned<String>>,
-    /// Window algorithms: requests per window (1-1000000).
+    /// Window algorithms: requests per window (0-1000000; 0 blocks, sliding_log needs 1).
     pub limit: Option<Spanned<i64>>,
     /// Keys the memory store keeps for the zone (1-100000000), like the size of nginx's zone.
     #[schemars(extend("default" = 1000000))]
@@ -609,6 +609,19 @@ pub struct RlsDomain {
     /// Overrides store.on_error for this domain.
     #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
+    /// Which of two `*` values that both match wins at one level: "specific" (the more literal
+    /// characters) or "file" (the first in file order, as envoyproxy/ratelimit picks).
+    #[schemars(extend("enum" = ["specific", "file"], "default" = "specific"))]
+    pub pattern_order: Option<Spanned<String>>,
+    /// Every rule with a zone is a soft limit (`quota_mode`), as envoyproxy/ratelimit's
+    /// `QUOTA_MODE` setting makes them all.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub quota_mode: bool,
+    /// Honour the `limit` a descriptor may carry (Envoy's `RateLimitOverride`, from its route
+    /// config or dynamic metadata): such descriptors are decided by this zone (fixed_window or
+    /// sliding_window) at the caller's rate. Off without it: the caller then never sets a limit.
+    pub limit_override_zone: Option<Spanned<String>>,
     /// Rules for the descriptors' entries, matched by key (and value).
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,
@@ -620,7 +633,8 @@ pub struct RlsDomain {
 pub struct RlsDescriptor {
     /// The entry's key, e.g. "remote_address" or "generic_key".
     pub key: Spanned<String>,
-    /// Only entries with this value (without it: any value, which becomes the zone's key).
+    /// Only entries with this value (without it: any value, which becomes the zone's key); each
+    /// `*` matches any run of characters ("/api/*", "/api/*/action", "svc*ep*rpc").
     pub value: Option<Spanned<String>>,
     /// The limit_req_zone deciding a descriptor that ends at this rule.
     pub zone: Option<Spanned<String>>,
@@ -636,10 +650,33 @@ pub struct RlsDescriptor {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub dry_run: bool,
-    /// Matches and limits nothing (a value exempt from a key's default rule).
+    /// Matches and limits nothing (a value exempt from a key's default rule); answered with
+    /// `limit_remaining` 4294967295, as envoyproxy/ratelimit does.
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub unlimited: bool,
+    /// Matches and limits nothing, answered like an unmatched descriptor (`OK`, no limit,
+    /// remaining 0): envoyproxy/ratelimit's descriptor without a `rate_limit`.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub exempt: bool,
+    /// Several zones for a descriptor that ends at this rule, decided all or nothing like a
+    /// route's `limit_req` (instead of `zone`).
+    pub limit_req: Option<Spanned<Vec<LimitReqRef>>>,
+    /// The rule's name: `current_limit.name` in answers, and what `replaces` names.
+    pub name: Option<Spanned<String>>,
+    /// When a call's descriptors match this rule, the rules with these names are not decided
+    /// (neither checked nor charged) in that call.
+    pub replaces: Option<Spanned<Vec<Spanned<String>>>>,
+    /// With a `*` value: every matching value shares one counter (the pattern is the key part).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub share_threshold: bool,
+    /// A soft limit: the call is over only when every quota rule it matched is over (and no
+    /// other rule is).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub quota_mode: bool,
     /// Rules for the next entry of the descriptor.
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,

@@ -65,7 +65,8 @@ impl Keyed for KeyedZone<'_> {
         let n = fleet_size.max(1);
         let limit = &self.limit;
         let rate = if limit.algorithm.is_window() {
-            Rate { count: (limit.rate.count / n).max(1), period_us: limit.rate.period_us }
+            // A block (count 0) stays a block on every instance.
+            Rate { count: (limit.rate.count / n).max(limit.rate.count.min(1)), period_us: limit.rate.period_us }
         } else {
             Rate { count: limit.rate.count, period_us: limit.rate.period_us * n }
         };

@@ -25,6 +25,9 @@ pub const MAX_KEY_LEN: usize = 128;
 /// Separates the parts of a composite key. Header values cannot hold it, but decoded query and
 /// cookie values and rate limit service descriptor values can: [`push_part`] escapes it there.
 pub const PART_SEPARATOR: u8 = 0x1f;
+/// Marks a part that is not a request's value (an RLS `share_threshold` rule's pattern): escaped
+/// in values, so no value can spell a marked part.
+pub const PATTERN_MARK: u8 = 0x1e;
 /// Escapes, inside a part's value, the bytes that structure a key (separator, marks, itself): a
 /// control character no header, query or descriptor value has a reason to hold.
 const PART_ESCAPE: u8 = 0x1d;
@@ -367,7 +370,7 @@ pub fn push_part(key: &mut Vec<u8>, value: &[u8]) {
 
 /// Escapes the structuring bytes in `key[from..]` (one part's value), in place.
 fn escape_part(key: &mut Vec<u8>, from: usize) {
-    let structural = |b: &u8| matches!(*b, PART_SEPARATOR | PART_ESCAPE | 0x1e);
+    let structural = |b: &u8| matches!(*b, PART_SEPARATOR | PART_ESCAPE | PATTERN_MARK);
     if !key[from..].iter().any(structural) {
         return;
     }

@@ -7,6 +7,9 @@
 //! used   = state.start == start ? state.count : 0
 //! reject   if used + cost > limit                           # rejected requests are free
 //! ```
+//!
+//! A limit of 0 blocks every key (envoyproxy/ratelimit's `requests_per_unit: 0`); its rejections
+//! carry the time to the window's end as their retry, as the peer's `duration_until_reset` does.
 
 use super::evaluation::Evaluation;
 use super::LimitReq;
@@ -35,7 +38,8 @@ pub fn evaluate(limit: &LimitReq, state: Option<WindowState>, now_us: u64, cost:
             admitted: false,
             excess: (used + cost - limit_count) as f64,
             delay_us: 0,
-            retry_after_us: (cost <= limit_count).then_some(reset_us),
+            // A cost over a nonzero limit never passes: no retry. A block (limit 0) names the window's end.
+            retry_after_us: (cost <= limit_count || limit_count == 0).then_some(reset_us),
             remaining: 0,
             reset_us,
             expires_us: end_us,
@@ -93,6 +97,19 @@ mod tests {
         assert!(out.admitted);
         assert_eq!(out.remaining, 2);
         assert_eq!(window(&out), Some(WindowState { start_us: T0 + 20 * SEC, count: 1 }));
+    }
+
+    #[test]
+    fn a_limit_of_zero_blocks_until_the_window_ends() {
+        let block = LimitReq { rate: Rate { count: 0, period_us: 60 * SEC }, ..limit("3r/m") };
+        let out = evaluate(&block, None, T0, 1);
+        assert!(!out.admitted);
+        assert_eq!(out.retry_after_us, Some(20 * SEC), "the minute ends 20 s after T0");
+        assert_eq!(out.next, WindowState { start_us: T0 - 40 * SEC, count: 0 }, "nothing is counted");
+        // A week-long window is aligned to the epoch like the peer's `now / 604800`.
+        let week = LimitReq { rate: Rate { count: 0, period_us: 7 * 86_400 * SEC }, ..limit("3r/m") };
+        let out = evaluate(&week, None, T0, 1);
+        assert_eq!(out.retry_after_us, Some(7 * 86_400 * SEC - (T0 / SEC % (7 * 86_400)) * SEC));
     }
 
     #[test]

@@ -36,8 +36,12 @@ pub fn evaluate(limit: &LimitReq, state: Option<SlidingState>, now_us: u64, cost
     let cost_f = cost as f64;
     let expires_us = start_us + 2 * window;
     if estimate + cost_f > limit_f {
-        let retry_after_us =
-            (cost <= limit.rate.count).then(|| retry_us(limit_f - cost_f, prev, curr, elapsed, window));
+        let retry_after_us = if limit.rate.count == 0 {
+            // A block (limit 0): the current window's end, as a fixed window names it.
+            Some((start_us + window).saturating_sub(now_us))
+        } else {
+            (cost <= limit.rate.count).then(|| retry_us(limit_f - cost_f, prev, curr, elapsed, window))
+        };
         return Evaluation {
             admitted: false,
             excess: estimate + cost_f - limit_f,

@@ -99,6 +99,7 @@ pub struct Metrics {
     pub rls_requests: IntCounterVec,
     /// Rate limit service descriptors no rule limits (allowed), by domain.
     pub rls_unmatched: IntCounterVec,
+    pub rls_duration: HistogramVec,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -218,6 +219,13 @@ impl Metrics {
                 "weir_rls_unmatched_descriptors_total",
                 "Rate limit service descriptors that no rule limits (allowed), by domain.",
                 &["domain"],
+            ),
+            rls_duration: histogram(
+                &registry,
+                "weir_rls_request_duration_seconds",
+                "Rate limit service (gRPC) calls, from the decoded request to the answer, by domain.",
+                &["domain"],
+                LATENCY_BUCKETS,
             ),
             requests: counter(
                 &registry,

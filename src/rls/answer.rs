@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::plan::Plan;
+use super::plan::{Plan, Slot};
 use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
@@ -22,21 +22,23 @@ use crate::store::KeyedZone;
 /// delay is answered OK and the wait is told to the upstream.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
 
-/// One enforced zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
-struct ZoneAnswer {
-    code: Code,
-    counts: Option<(u64, u64)>,
+/// `limit_remaining` of an `unlimited` descriptor: envoyproxy/ratelimit's MaxUint32.
+pub const UNLIMITED_REMAINING: u32 = u32::MAX;
+
+/// One zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneAnswer {
+    pub code: Code,
+    pub counts: Option<(u64, u64)>,
 }
 
-/// The response to one request, from its plan and the engine's enforcement of it.
-pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitResponse {
+/// Each of the plan's zones as the enforcement decided it (in the order of `plan.keyed`).
+pub fn zone_answers(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> Vec<ZoneAnswer> {
     let rejected = matches!(enforcement.action, Action::Reject { .. });
     let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
     let enforced = plan.keyed.iter().take_while(|z| !z.dry_run).count();
     let verdict = enforcement.enforced.as_ref();
-
-    let zones: Vec<ZoneAnswer> = plan
-        .keyed
+    plan.keyed
         .iter()
         .enumerate()
         .map(|(i, z)| {
@@ -53,23 +55,46 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitRespo
             };
             ZoneAnswer { code, counts }
         })
-        .collect();
+        .collect()
+}
 
+/// The response to one request, from its plan, its zones' answers (`zone_answers`, or the
+/// soft-limit decision's) and the enforcement that decided the call.
+pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], enforcement: &Enforcement<'_>) -> RateLimitResponse {
+    let rejected = matches!(enforcement.action, Action::Reject { .. });
     let statuses = plan
         .slots
         .iter()
         .map(|slot| match slot {
-            None => DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() },
-            Some(i) => {
-                let answer = &zones[*i];
+            Slot::Unmatched => DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() },
+            Slot::Unlimited => DescriptorStatus {
+                code: Code::Ok.into(),
+                limit_remaining: UNLIMITED_REMAINING,
+                ..DescriptorStatus::default()
+            },
+            Slot::Limited { zones: on, name, .. } => {
+                // The zone that speaks for the descriptor: the first over its limit, else the one
+                // with the least left (several zones on one rule are decided together).
+                let Some(&i) = on
+                    .iter()
+                    .find(|&&i| zones[i].code == Code::OverLimit)
+                    .or_else(|| on.iter().min_by_key(|&&i| zones[i].counts.map_or(u64::MAX, |(r, _)| r)))
+                else {
+                    return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+                };
+                let answer = &zones[i];
+                let mut limit = current_limit(&plan.keyed[i]);
+                if let Some(name) = name {
+                    limit.name = (*name).to_string();
+                }
+                // Over the limit with no verdict (`on_error = "deny"`): the `Retry-After: 1` it sends.
+                let reset = answer.counts.map(|(_, t)| t).or((answer.code == Code::OverLimit).then_some(1));
                 DescriptorStatus {
                     code: answer.code.into(),
-                    current_limit: Some(current_limit(&plan.keyed[*i])),
+                    current_limit: Some(limit),
                     limit_remaining: answer.counts.map_or(0, |(r, _)| u32::try_from(r).unwrap_or(u32::MAX)),
-                    duration_until_reset: answer.counts.map(|(_, t)| prost_types::Duration {
-                        seconds: i64::try_from(t).unwrap_or(i64::MAX),
-                        nanos: 0,
-                    }),
+                    duration_until_reset: reset
+                        .map(|t| prost_types::Duration { seconds: i64::try_from(t).unwrap_or(i64::MAX), nanos: 0 }),
                     quota: None,
                 }
             }
@@ -91,6 +116,21 @@ pub fn respond(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> RateLimitRespo
     }
 }
 
+/// The response to a request with no zone to decide: OK, unlimited descriptors with
+/// envoyproxy/ratelimit's MaxUint32 remaining.
+pub fn undecided(plan: &Plan<'_>) -> RateLimitResponse {
+    let statuses = plan
+        .slots
+        .iter()
+        .map(|slot| DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: if *slot == Slot::Unlimited { UNLIMITED_REMAINING } else { 0 },
+            ..DescriptorStatus::default()
+        })
+        .collect();
+    RateLimitResponse { overall_code: Code::Ok.into(), statuses, ..RateLimitResponse::default() }
+}
+
 /// A wait in whole milliseconds, rounded up (a 0 would say "no wait").
 fn delay_ms(wait: Duration) -> u64 {
     u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX).max(1)
@@ -100,16 +140,21 @@ fn header(key: &str, value: &str) -> HeaderValue {
     HeaderValue { key: key.to_string(), value: value.to_string(), raw_value: Vec::new() }
 }
 
-/// A zone's limit in Envoy's terms: requests per second, minute, hour or day when the zone's
-/// period is one of those, else its rate per second (rounded down, at least 1 when nonzero);
-/// `name` is the zone.
+/// A zone's limit in Envoy's terms: requests per second, minute, hour, day, week (7 days), month
+/// (30 days) or year (365 days) when the zone's period is one of those (envoyproxy/ratelimit's
+/// units), else its rate per second (rounded down, at least 1 when nonzero); `name` is the zone
+/// (the rule's name replaces it when it has one).
 pub fn current_limit(zone: &KeyedZone<'_>) -> RateLimit {
+    const DAY: u64 = 86_400_000_000;
     let LimitReq { rate, .. } = zone.limit;
     let (count, unit) = match rate.period_us {
         1_000_000 => (rate.count, Unit::Second),
         60_000_000 => (rate.count, Unit::Minute),
         3_600_000_000 => (rate.count, Unit::Hour),
-        86_400_000_000 => (rate.count, Unit::Day),
+        DAY => (rate.count, Unit::Day),
+        p if p == 7 * DAY => (rate.count, Unit::Week),
+        p if p == 30 * DAY => (rate.count, Unit::Month),
+        p if p == 365 * DAY => (rate.count, Unit::Year),
         period => {
             let per_second = u128::from(rate.count) * 1_000_000 / u128::from(period.max(1));
             (u64::try_from(per_second).unwrap_or(u64::MAX).max(u64::from(rate.count > 0)), Unit::Second)

@@ -3,17 +3,21 @@
 //! `keyed_zone` then gives each its effective limit (overrides, exemptions), from the request
 //! facts a descriptor stands for. Pure: no store, no I/O.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::proto::rate_limit_descriptor::RateLimitOverride;
+use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::RateLimitRequest;
-use super::rules::{descriptor_key, find_limit};
+use super::rules::{descriptor_key, find_path};
 use super::Domain;
+use super::Rule;
 use crate::config::Runtime;
 use crate::engine::limit_req::keyed_zone;
-use crate::keys::RequestFacts;
+use crate::keys::{self, RequestFacts};
+use crate::limit::Rate;
 use crate::store::KeyedZone;
 
 /// The entry Envoy's `remote_address` action sends: the client address.
@@ -27,20 +31,71 @@ pub const MAX_HITS: u64 = 1_000_000;
 #[error("{0}")]
 pub struct Invalid(pub String);
 
+/// How one descriptor of a request is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot<'a> {
+    /// Nothing limits it: no rule (or an unknown domain), a rule without a limit, a key an
+    /// override exempts, or a rule another matched rule `replaces`.
+    Unmatched,
+    /// An `unlimited` rule: OK, with envoyproxy/ratelimit's MaxUint32 remaining.
+    Unlimited,
+    /// Its zones (indices into `Plan::keyed`), the rule's name, and whether it is a soft limit.
+    Limited { zones: Vec<usize>, name: Option<&'a str>, quota: bool },
+}
+
 /// What one request asks of the store.
 #[derive(Debug)]
 pub struct Plan<'a> {
     /// The zones to decide, enforced ones first (the order `Groups` keeps), one per distinct
     /// (zone, key): two descriptors that land on the same counter are charged once, together.
     pub keyed: Vec<KeyedZone<'a>>,
-    /// Per descriptor of the request: its zone in `keyed`, `None` when no rule limits it.
-    pub slots: Vec<Option<usize>>,
+    /// Per descriptor of the request, in order.
+    pub slots: Vec<Slot<'a>>,
 }
 
 impl Plan<'_> {
     pub fn unmatched(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_none()).count()
+        self.slots.iter().filter(|s| **s == Slot::Unmatched).count()
     }
+
+    /// Whether `keyed[zone]` is a soft limit: every descriptor on it came from a `quota_mode` rule.
+    pub fn is_quota(&self, zone: usize) -> bool {
+        let mut on_it = self.slots.iter().filter_map(|s| match s {
+            Slot::Limited { zones, quota, .. } if zones.contains(&zone) => Some(*quota),
+            _ => None,
+        });
+        on_it.next().is_some_and(|first| first && on_it.all(|q| q))
+    }
+}
+
+/// One descriptor's entries, the rules they walk (when they reach one), its cost, and the
+/// caller's limit when the domain honours it.
+struct Matched<'r, 'a> {
+    entries: Vec<(&'r str, &'r str)>,
+    path: Option<Vec<&'a Rule>>,
+    hits: u64,
+    limit: Option<Rate>,
+}
+
+/// The seconds of each of Envoy's units (envoyproxy/ratelimit's `UnitToDivider`: a month is 30
+/// days, a year 365), by `RateLimitResponse.RateLimit.Unit` number.
+fn unit_seconds(unit: i32) -> Option<u64> {
+    match Unit::try_from(unit).ok()? {
+        Unit::Second => Some(1),
+        Unit::Minute => Some(60),
+        Unit::Hour => Some(3600),
+        Unit::Day => Some(86_400),
+        Unit::Week => Some(7 * 86_400),
+        Unit::Month => Some(30 * 86_400),
+        Unit::Year => Some(365 * 86_400),
+        Unit::Unknown => None,
+    }
+}
+
+/// A `RateLimitOverride` as a window's count and period (0 blocks, as in the config).
+fn override_rate(o: &RateLimitOverride) -> Result<Rate, String> {
+    let seconds = unit_seconds(o.unit).ok_or_else(|| format!("limit override unit {} is not a known unit", o.unit))?;
+    Ok(Rate { count: u64::from(o.requests_per_unit), period_us: seconds * 1_000_000 })
 }
 
 /// Checks the request's shape and matches its descriptors. `domain` is `None` for a domain the
@@ -64,15 +119,13 @@ pub fn plan<'a>(
         )));
     }
     let request_hits = if req.hits_addend == 0 { 1 } else { u64::from(req.hits_addend) };
-    let mut keyed: Vec<KeyedZone<'a>> = Vec::new();
-    let mut slots = Vec::with_capacity(req.descriptors.len());
-    let mut by_counter: HashMap<(usize, Vec<u8>), usize> = HashMap::new();
-    let mut entries: Vec<(&str, &str)> = Vec::new();
+    // First every descriptor's rules, so a rule's `replaces` applies whatever the order.
+    let mut matched: Vec<Matched<'_, 'a>> = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
             return Err(Invalid(format!("descriptor {i} has no entries")));
         }
-        entries.clear();
+        let mut entries = Vec::with_capacity(d.entries.len());
         for e in &d.entries {
             if e.key.is_empty() || e.value.is_empty() {
                 return Err(Invalid(format!("descriptor {i}: entry keys and values must not be empty")));
@@ -84,35 +137,115 @@ pub fn plan<'a>(
         if hits > MAX_HITS {
             return Err(Invalid(format!("descriptor {i}: hits_addend {hits} is over {MAX_HITS}")));
         }
-        let Some((domain, reference)) = domain.and_then(|dm| find_limit(&dm.rules, &entries).map(|r| (dm, r))) else {
-            slots.push(None);
-            continue;
+        let path = domain.and_then(|dm| find_path(&dm.rules, &entries, dm.pattern_order));
+        let limit = match (&d.limit, domain.and_then(|dm| dm.limit_override)) {
+            (Some(o), Some(_)) => Some(override_rate(o).map_err(|e| Invalid(format!("descriptor {i}: {e}")))?),
+            _ => None,
         };
-        let zone = domain.route.limits[reference].zone;
-        let key = descriptor_key(&entries);
-        if let Some(&slot) = by_counter.get(&(zone, key.clone())) {
-            // The same counter twice: one charge of both costs, so it is decided atomically.
-            let z = &mut keyed[slot];
+        matched.push(Matched { entries, path, hits, limit });
+    }
+    let replaced: HashSet<&str> = matched
+        .iter()
+        .filter(|m| m.limit.is_none())
+        .filter_map(|m| m.path.as_ref().and_then(|p| p.last()))
+        .filter(|rule| rule.unlimited || !rule.limits.is_empty())
+        .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+        .collect();
+
+    let mut counters = Counters { rt, keyed: Vec::new(), by_counter: HashMap::new() };
+    let mut slots = Vec::with_capacity(matched.len());
+    for Matched { entries, path, hits, limit } in &matched {
+        let slot = match (domain, path, limit) {
+            (Some(domain), _, Some(rate)) => counters.caller_limited(domain, entries, *hits, *rate),
+            (Some(domain), Some(path), None) => match path.last() {
+                Some(rule) if rule.name.as_deref().is_some_and(|n| replaced.contains(n)) => Slot::Unmatched,
+                Some(rule) if rule.unlimited => Slot::Unlimited,
+                Some(rule) => counters.rule_limited(domain, rule, entries, path, *hits),
+                None => Slot::Unmatched,
+            },
+            _ => Slot::Unmatched,
+        };
+        slots.push(slot);
+    }
+    let keyed = counters.keyed;
+    Ok(enforced_first(Plan { keyed, slots }))
+}
+
+/// The zones a request asks for, one per distinct (zone, key): two descriptors that land on the
+/// same counter are charged once, with both costs, so the store decides it atomically.
+struct Counters<'a> {
+    rt: &'a Runtime,
+    keyed: Vec<KeyedZone<'a>>,
+    by_counter: HashMap<(usize, Vec<u8>), usize>,
+}
+
+impl<'a> Counters<'a> {
+    /// The slot of `key` in the route's limit `reference`, new or shared; `None` when an override
+    /// exempts the key (`rate = "unlimited"`). `rate` replaces the limit's (the caller's limit).
+    fn counter(
+        &mut self,
+        domain: &'a Domain,
+        reference: usize,
+        key: Vec<u8>,
+        entries: &[(&str, &str)],
+        hits: u64,
+        rate: Option<Rate>,
+    ) -> Option<usize> {
+        let limit = &domain.route.limits[reference];
+        if let Some(&slot) = self.by_counter.get(&(limit.zone, key.clone())) {
+            let z = &mut self.keyed[slot];
             z.cost = z.cost.saturating_add(hits);
-            z.dry_run &= domain.route.limits[reference].dry_run;
-            slots.push(Some(slot));
-            continue;
+            z.dry_run &= limit.dry_run;
+            return Some(slot);
         }
         // Headers only for a zone with overrides to match: most descriptors need none.
-        let headers = if rt.zones[zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(&entries) };
-        let mut facts = RequestFacts::new(client_ip(&entries), &headers, None);
+        let headers =
+            if self.rt.zones[limit.zone].overrides.is_empty() { HeaderMap::new() } else { as_headers(entries) };
+        let mut facts = RequestFacts::new(client_ip(entries), &headers, None);
         facts.route = &domain.route.name;
-        match keyed_zone(rt, &domain.route, reference, key.clone(), &facts, hits) {
-            Some(z) => {
-                by_counter.insert((zone, key), keyed.len());
-                slots.push(Some(keyed.len()));
-                keyed.push(z);
-            }
-            // An override exempts this key (`rate = "unlimited"`): allowed, like an unmatched one.
-            None => slots.push(None),
+        let mut z = keyed_zone(self.rt, &domain.route, reference, key.clone(), &facts, hits)?;
+        if let Some(rate) = rate {
+            z.limit.rate = rate;
+        }
+        self.by_counter.insert((limit.zone, key), self.keyed.len());
+        self.keyed.push(z);
+        Some(self.keyed.len() - 1)
+    }
+
+    /// A descriptor on its rule's zones, keyed by its values (a shared threshold's pattern).
+    fn rule_limited(
+        &mut self,
+        domain: &'a Domain,
+        rule: &'a Rule,
+        entries: &[(&str, &str)],
+        path: &[&Rule],
+        hits: u64,
+    ) -> Slot<'a> {
+        let key = descriptor_key(entries, path);
+        let zones: Vec<usize> = rule
+            .limits
+            .iter()
+            .filter_map(|&reference| self.counter(domain, reference, key.clone(), entries, hits, None))
+            .collect();
+        if zones.is_empty() {
+            Slot::Unmatched
+        } else {
+            Slot::Limited { zones, name: rule.name.as_deref(), quota: rule.quota }
         }
     }
-    Ok(enforced_first(Plan { keyed, slots }))
+
+    /// A descriptor carrying Envoy's `limit` on a domain that honours it: decided by the domain's
+    /// `limit_override_zone` at the caller's rate, whatever the rules say (as envoyproxy/ratelimit
+    /// does), its own counter per descriptor and rate, so a changed limit starts afresh.
+    fn caller_limited(&mut self, domain: &'a Domain, entries: &[(&str, &str)], hits: u64, rate: Rate) -> Slot<'a> {
+        let Some(reference) = domain.limit_override else { return Slot::Unmatched };
+        let mut key = descriptor_key(entries, &[]);
+        key.extend_from_slice(format!("\u{1f}limit={}/{}", rate.count, rate.period_us / 1_000_000).as_bytes());
+        match self.counter(domain, reference, keys::bound(key), entries, hits, Some(rate)) {
+            Some(slot) => Slot::Limited { zones: vec![slot], name: None, quota: false },
+            None => Slot::Unmatched,
+        }
+    }
 }
 
 /// The client address a descriptor names (its `remote_address` entry), for `ip` overrides.
@@ -145,7 +278,15 @@ fn enforced_first(plan: Plan<'_>) -> Plan<'_> {
     }
     let mut moved: Vec<Option<KeyedZone<'_>>> = keyed.into_iter().map(Some).collect();
     let keyed = order.iter().filter_map(|&old| moved[old].take()).collect();
-    let slots = slots.into_iter().map(|s| s.map(|old| new_index[old])).collect();
+    let slots = slots
+        .into_iter()
+        .map(|s| match s {
+            Slot::Limited { zones, name, quota } => {
+                Slot::Limited { zones: zones.into_iter().map(|old| new_index[old]).collect(), name, quota }
+            }
+            other => other,
+        })
+        .collect();
     Plan { keyed, slots }
 }
 
@@ -195,6 +336,10 @@ dry_run = true
         }
     }
 
+    fn limited(zones: &[usize]) -> Slot<'static> {
+        Slot::Limited { zones: zones.to_vec(), name: None, quota: false }
+    }
+
     fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
         RateLimitRequest { domain: domain.into(), descriptors, hits_addend: hits }
     }
@@ -222,7 +367,7 @@ dry_run = true
         assert_eq!(plan.keyed[0].limit.burst, 5);
         assert!(!plan.keyed[0].dry_run && plan.keyed[1].dry_run, "enforced zones first");
         assert_eq!((plan.keyed[1].zone, plan.keyed[1].cost), ("shadow", 2), "the request's hits_addend");
-        assert_eq!(plan.slots, vec![Some(1), Some(0), None]);
+        assert_eq!(plan.slots, vec![limited(&[1]), limited(&[0]), Slot::Unmatched]);
         assert_eq!(plan.unmatched(), 1);
     }
 
@@ -234,7 +379,7 @@ dry_run = true
         let plan = plan(&rt, rls.domain("edge"), &request("edge", vec![d.clone(), d], 0), 4).expect("valid");
         assert_eq!(plan.keyed.len(), 1);
         assert_eq!(plan.keyed[0].cost, 2);
-        assert_eq!(plan.slots, vec![Some(0), Some(0)]);
+        assert_eq!(plan.slots, vec![limited(&[0]), limited(&[0])]);
     }
 
     const OVERRIDES: &str = r#"
@@ -318,5 +463,74 @@ zone = "per_key"
         for req in &bad {
             assert!(plan(&rt, domain, req, 4).is_err(), "{req:?}");
         }
+    }
+
+    const RULES: &str = r#"
+[[limit_req_zone]]
+name = "a"
+algorithm = "fixed_window"
+window = "1m"
+limit = 5
+
+[[limit_req_zone]]
+name = "b"
+algorithm = "fixed_window"
+window = "1d"
+limit = 50
+
+[rls]
+listen = ["127.0.0.1:8081"]
+
+[[rls.domain]]
+name = "d"
+
+[[rls.domain.descriptor]]
+key = "user"
+name = "per_user"
+limit_req = [{ zone = "a" }, { zone = "b" }]
+
+[[rls.domain.descriptor]]
+key = "vip"
+zone = "b"
+replaces = ["per_user"]
+
+[[rls.domain.descriptor]]
+key = "free"
+unlimited = true
+
+[[rls.domain.descriptor]]
+key = "free"
+value = "quiet"
+exempt = true
+
+[[rls.domain.descriptor]]
+key = "svc"
+value = "s*"
+share_threshold = true
+quota_mode = true
+zone = "a"
+"#;
+
+    #[test]
+    fn rules_become_slots_names_replaces_and_soft_limits() {
+        let rt = crate::config::from_text(RULES, "test.toml").expect("test config compiles");
+        let domain = rt.rls.as_ref().and_then(|r| r.domain("d"));
+        let slots = |descriptors: Vec<RateLimitDescriptor>| {
+            let p = plan(&rt, domain, &request("d", descriptors, 0), 8).expect("valid");
+            let zones: Vec<(&str, Vec<u8>)> = p.keyed.iter().map(|z| (z.zone, z.key.clone())).collect();
+            (p.slots.clone(), zones, (0..p.keyed.len()).map(|i| p.is_quota(i)).collect::<Vec<_>>())
+        };
+        let (s, zones, _) = slots(vec![descriptor(&[("user", "u1")], None)]);
+        assert_eq!(s, vec![Slot::Limited { zones: vec![0, 1], name: Some("per_user"), quota: false }]);
+        assert_eq!(zones, vec![("a", b"u1".to_vec()), ("b", b"u1".to_vec())], "two zones, one key");
+        let (s, zones, _) = slots(vec![descriptor(&[("user", "u1")], None), descriptor(&[("vip", "u1")], None)]);
+        assert_eq!(s[0], Slot::Unmatched, "per_user is replaced: neither checked nor charged");
+        assert_eq!(zones, vec![("b", b"u1".to_vec())]);
+        let (s, _, _) = slots(vec![descriptor(&[("free", "x")], None), descriptor(&[("free", "quiet")], None)]);
+        assert_eq!(s, vec![Slot::Unlimited, Slot::Unmatched], "unlimited vs exempt");
+        let (s, zones, quota) = slots(vec![descriptor(&[("svc", "s1")], None), descriptor(&[("svc", "s2")], None)]);
+        assert_eq!(zones, vec![("a", b"s*".to_vec())], "a shared threshold: one counter for both values");
+        assert_eq!(s[0], s[1]);
+        assert_eq!(quota, vec![true]);
     }
 }

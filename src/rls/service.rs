@@ -8,13 +8,12 @@ use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 use tracing::Level;
 
-use super::answer;
 use super::plan::{self, Plan};
 use super::proto::rate_limit_response::Code;
-use super::proto::{DescriptorStatus, RateLimitRequest, RateLimitResponse, RateLimitService};
+use super::proto::{RateLimitRequest, RateLimitResponse, RateLimitService};
+use super::{answer, decide};
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::limit_req::{self, Action, Enforcement, Stores};
-use crate::engine::policy::Groups;
+use crate::engine::limit_req::{Action, Enforcement, Stores};
 use crate::engine::status::LimitStatus;
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
@@ -45,6 +44,7 @@ impl RateLimitService for RlsService {
         let Some(settings) = rt.rls.as_ref() else {
             return Err(Status::unavailable("the rate limit service is not configured ([rls]); reload pending?"));
         };
+        let trace_parent = crate::trace::rls_parent(request.metadata());
         let req = request.into_inner();
         let domain = settings.domain(&req.domain);
         let domain_label = domain.map_or("-", |d| d.name.as_str());
@@ -52,6 +52,7 @@ impl RateLimitService for RlsService {
             Ok(plan) => plan,
             Err(invalid) => {
                 METRICS.rls_requests.with_label_values(&[domain_label, "invalid"]).inc();
+                finish(trace_parent, started, domain_label, &req, Vec::new(), "INVALID_ARGUMENT");
                 return Err(Status::invalid_argument(invalid.0));
             }
         };
@@ -61,32 +62,54 @@ impl RateLimitService for RlsService {
         }
         let response = match domain {
             Some(domain) if !plan.keyed.is_empty() => {
-                let Plan { keyed, slots } = plan;
-                let groups = Groups::new(keyed);
-                let enforcement = limit_req::enforce(&rt, &domain.route, &groups, &self.stores).await;
-                let plan = Plan { keyed: groups.into_all(), slots };
-                let response = answer::respond(&plan, &enforcement);
+                let decided = decide::decide(&rt, &domain.route, plan, &self.stores).await;
+                let (plan, enforcement) = (decided.plan, decided.enforcement);
+                let response = answer::respond(&plan, &decided.zones, &enforcement);
                 enforcement.statuses.count(|z| rt.meters.zone(z));
                 let outcome = outcome(&enforcement);
                 METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
                 access_log(&req, &plan, Some(&enforcement), &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &enforcement), code(&response));
                 response
             }
             _ => {
                 METRICS.rls_requests.with_label_values(&[domain_label, "ok"]).inc();
-                // Nothing to decide: every descriptor is unmatched (or the domain unknown).
-                let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
-                let response = RateLimitResponse {
-                    overall_code: Code::Ok.into(),
-                    statuses: vec![ok; req.descriptors.len()],
-                    ..RateLimitResponse::default()
-                };
+                // Nothing to decide: every descriptor is unmatched or unlimited (or the domain unknown).
+                let response = answer::undecided(&plan);
                 access_log(&req, &plan, None, &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, Vec::new(), "OK");
                 response
             }
         };
         Ok(Response::new(response))
     }
+}
+
+/// The call's latency and trace span (after its answer is built).
+fn finish(
+    parent: Option<opentelemetry::Context>,
+    started: Instant,
+    domain: &str,
+    req: &RateLimitRequest,
+    zones: Vec<String>,
+    code: &str,
+) {
+    METRICS.rls_duration.with_label_values(&[domain]).observe(started.elapsed().as_secs_f64());
+    let call = crate::trace::RlsCall { domain, descriptors: req.descriptors.len(), zones, code };
+    crate::trace::record_rls(parent, started, call);
+}
+
+fn code(response: &RateLimitResponse) -> &'static str {
+    if response.overall_code == i32::from(Code::OverLimit) {
+        "OVER_LIMIT"
+    } else {
+        "OK"
+    }
+}
+
+/// `zone=STATUS` of each zone decided (the access log's `zones`).
+fn zone_words(rt: &Runtime, e: &Enforcement<'_>) -> Vec<String> {
+    e.statuses.zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
 }
 
 fn outcome(e: &Enforcement<'_>) -> &'static str {

@@ -152,6 +152,46 @@ impl RequestSpan {
     }
 }
 
+/// The caller's trace context of a rate limit service call (its gRPC metadata's `traceparent`);
+/// `None` when tracing is off, before anything is copied.
+pub fn rls_parent(metadata: &tonic::metadata::MetadataMap) -> Option<Context> {
+    INSTALLED.get()?;
+    Some(TraceContextPropagator::new().extract(&Headers(&metadata.clone().into_headers())))
+}
+
+/// One rate limit service call, recorded when it ends.
+pub struct RlsCall<'a> {
+    /// The config's domain name, or `-` (never the caller's string for an unknown one).
+    pub domain: &'a str,
+    pub descriptors: usize,
+    /// `zone=STATUS` of each zone decided.
+    pub zones: Vec<String>,
+    /// `OK`, `OVER_LIMIT` or the gRPC error.
+    pub code: &'a str,
+}
+
+/// A server span "rls <domain>" from `started` to now, child of the caller's context (from
+/// `rls_parent`); nothing when tracing is off or the call is not sampled.
+pub fn record_rls(parent: Option<Context>, started: Instant, call: RlsCall<'_>) {
+    let (Some(installed), Some(parent)) = (INSTALLED.get(), parent) else { return };
+    let mut span = installed
+        .tracer
+        .span_builder(format!("rls {}", call.domain))
+        .with_kind(SpanKind::Server)
+        .with_start_time(SystemTime::now() - started.elapsed())
+        .with_attributes([
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", "envoy.service.ratelimit.v3.RateLimitService"),
+            KeyValue::new("rpc.method", "ShouldRateLimit"),
+            KeyValue::new("weir.rls.domain", call.domain.to_string()),
+            KeyValue::new("weir.rls.descriptors", call.descriptors as i64),
+            KeyValue::new("weir.rls.code", call.code.to_string()),
+            KeyValue::new("weir.zones", strings(call.zones)),
+        ])
+        .start_with_context(&installed.tracer, &parent);
+    span.end();
+}
+
 fn strings(items: Vec<String>) -> opentelemetry::Value {
     opentelemetry::Value::Array(opentelemetry::Array::String(items.into_iter().map(Into::into).collect()))
 }

@@ -142,7 +142,9 @@ fn durations() {
     assert_eq!(parse_duration("25ms"), Some(Duration::from_millis(25)));
     assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
     assert_eq!(parse_duration("100us"), Some(Duration::from_micros(100)));
-    for bad in ["", "ms", "10", "1.5s", "10 ms", "5d"] {
+    // Days, for windows as long as envoyproxy/ratelimit's week, month (30d) and year (365d).
+    assert_eq!(parse_duration("30d"), Some(Duration::from_secs(30 * 86_400)));
+    for bad in ["", "ms", "10", "1.5s", "10 ms", "5w"] {
         assert_eq!(parse_duration(bad), None, "{bad}");
     }
 }
