@@ -3,7 +3,8 @@
 # (scripts/test.sh sources it): first what running needs (scripts/setup-run.sh), then for the tests
 # redis-server (and the Redis store), nginx-light (the replay differential test), pkg-config,
 # Debian's python3-grpcio (a real gRPC client for tests/tls.rs), kubernetes-validate from PyPI
-# (tests/kubernetes.rs), tmux and chromium (tests/top_tui.rs, tests/status_page.rs).
+# (tests/kubernetes.rs), tmux and chromium (tests/top_tui.rs, tests/status_page.rs), promtool
+# (Debian's prometheus: tests/observability.rs).
 # WEIR_SETUP_PLAN=1 prints what would be installed and installs nothing.
 set -euo pipefail
 scripts_dir="${BASH_SOURCE[0]%/*}"
@@ -21,12 +22,20 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || test_apt+=(nginx-l
 # the admin status page in a real headless browser.
 command -v tmux >/dev/null 2>&1 || test_apt+=(tmux)
 command -v chromium >/dev/null 2>&1 || test_apt+=(chromium)
+# promtool (Debian's prometheus package): tests/observability.rs lints the /metrics exposition.
+command -v promtool >/dev/null 2>&1 || test_apt+=(prometheus)
 weir_apt_install "${test_apt[@]}"
-# Debian's nginx package starts a system nginx on :80; the tests never use it: stop it.
-if [ -z "${WEIR_SETUP_PLAN:-}" ] && [[ " ${test_apt[*]} " == *" nginx-light "* ]]; then
+# Debian's nginx and prometheus packages start system services (:80, :9090) where an init system
+# runs; the tests never use them: stop them.
+if [ -z "${WEIR_SETUP_PLAN:-}" ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo service nginx stop >/dev/null 2>&1 || $sudo nginx -s stop >/dev/null 2>&1 || true
+  if [[ " ${test_apt[*]} " == *" nginx-light "* ]]; then
+    $sudo service nginx stop >/dev/null 2>&1 || $sudo nginx -s stop >/dev/null 2>&1 || true
+  fi
+  if [[ " ${test_apt[*]} " == *" prometheus "* ]]; then
+    $sudo service prometheus stop >/dev/null 2>&1 || true
+  fi
 fi
 
 # kubernetes-validate (PyPI): tests/kubernetes.rs checks the rendered manifests against the

@@ -63,7 +63,8 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 const RUN_NEEDS: &[&str] = &["build-essential", "ca-certificates", "cmake", "curl"];
 
 /// Test-only tools that once came with `scripts/run.sh`.
-const TEST_ONLY: &[&str] = &["redis-server", "nginx-light", "chromium", "tmux", "python3-grpcio", "pkg-config"];
+const TEST_ONLY: &[&str] =
+    &["redis-server", "nginx-light", "chromium", "tmux", "python3-grpcio", "pkg-config", "prometheus"];
 
 #[test]
 fn run_script_installs_only_what_running_needs() {
@@ -89,7 +90,7 @@ fn test_setup_adds_the_test_tools_to_the_run_setup() {
         assert!(apt.contains(*name), "scripts/setup.sh installs what running needs too: {name} not in {apt:?}");
     }
     // nginx and python3's grpc module are also found by absolute path, so they may be here already.
-    for name in ["redis-server", "tmux", "chromium", "pkg-config"] {
+    for name in ["redis-server", "tmux", "chromium", "pkg-config", "prometheus"] {
         assert!(apt.contains(name), "scripts/setup.sh installs {name}: {apt:?}");
     }
     assert!(pip.contains("kubernetes-validate"), "{pip:?}");
