@@ -106,7 +106,7 @@ fn main() -> ExitCode {
             }
         },
         Command::ImportRls { file, listen } => import_rls(&file, &listen),
-        Command::Check => match weir::config::load(&cli.config) {
+        Command::Check => match weir::config::load_all(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {
                     eprintln!("weir: warning: {warning}");
@@ -129,8 +129,13 @@ fn main() -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("weir: {e}");
+            Err(errors) => {
+                for e in &errors {
+                    eprintln!("weir: {e}");
+                }
+                if errors.len() > 1 {
+                    eprintln!("weir: {} errors in {}", errors.len(), cli.config.display());
+                }
                 ExitCode::FAILURE
             }
         },

@@ -157,6 +157,7 @@ fn debian_package_installs_binary_config_unit_and_user() {
     assert!(said.starts_with(&format!("weir {} (commit ", env!("CARGO_PKG_VERSION"))), "{said}");
     let config = pkg.files.join("etc/weir/routes.toml");
     assert_eq!(read(&config), read(&repo().join("conf/routes.toml")), "the example config is /etc/weir/routes.toml");
+    assert_eq!(read(&pkg.files.join("usr/share/weir/weir.schema.json")), read(&repo().join("docs/weir.schema.json")));
     let check = support::weir::run(["check".as_ref(), "-c".as_ref(), config.as_os_str()], Duration::from_secs(30));
     assert_eq!(check.code, Some(0), "weir check of the packaged config:\n{}", check.describe());
     let help = Command::new(&weir).arg("--help").output().expect("weir --help");

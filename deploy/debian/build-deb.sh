@@ -24,7 +24,7 @@ stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 root="$stage/weir_${version}_$arch"
 install -d "$root/DEBIAN" "$root/usr/bin" "$root/etc/weir" "$root/lib/systemd/system" \
-  "$root/usr/share/doc/weir"
+  "$root/usr/share/doc/weir" "$root/usr/share/weir"
 install -m 0755 "$binary" "$root/usr/bin/weir"
 strip --strip-unneeded "$root/usr/bin/weir"
 install -m 0644 "$repo/conf/routes.toml" "$root/etc/weir/routes.toml"
@@ -38,6 +38,8 @@ install -m 0644 "$repo/conf/routes.toml" "$root/etc/weir/routes.toml"
 } >"$root/lib/systemd/system/weir.service"
 grep -q '^User=weir$' "$root/lib/systemd/system/weir.service" \
   || { echo "build-deb: deploy/weir.service no longer has DynamicUser=yes to replace" >&2; exit 1; }
+# The config's JSON Schema, for editors (docs/production.md#the-config-schema).
+install -m 0644 "$repo/docs/weir.schema.json" "$root/usr/share/weir/weir.schema.json"
 install -m 0644 "$repo/deploy/debian/README.md" "$root/usr/share/doc/weir/README.md"
 install -m 0644 "$repo/deploy/debian/copyright" "$root/usr/share/doc/weir/copyright"
 for script in postinst prerm postrm; do

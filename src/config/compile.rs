@@ -201,20 +201,44 @@ const DEFAULT_ACCESS_FLUSH: Duration = Duration::from_secs(1);
 /// The longest `log.access_log_flush`.
 const MAX_ACCESS_FLUSH: Duration = Duration::from_secs(3600);
 
-/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
+/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value. The first
+/// error of [`compile_all`].
 pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
-    let interpolated = interpolate::expand(&Source { file, text, outside })?;
+    compile_all(text, file, outside).map_err(|mut errors| errors.remove(0))
+}
+
+/// Like [`compile`], with every error it finds (never none): each section is compiled even when
+/// another failed, and every value of the wrong shape is reported (`report::schema_errors`);
+/// only what depends on a failed section (routes on their upstreams and zones) is skipped.
+pub fn compile_all(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, Vec<ConfigError>> {
+    let src = Source { file, text, outside };
+    let interpolated = interpolate::expand(&src)?;
     let mut secrets = Secrets::new(interpolated.uses.clone());
     match compile_expanded(&interpolated.text, file, outside, &mut secrets) {
         Ok(mut runtime) => {
             runtime.secrets = secrets;
             Ok(runtime)
         }
-        Err(mut e) => {
-            e.message = secrets.redact(&interpolated.redact(&e.message));
-            Err(e)
+        Err(mut errors) => {
+            for e in &mut errors {
+                e.message = secrets.redact(&interpolated.redact(&e.message));
+                let from_env: Vec<String> = interpolated
+                    .origins
+                    .iter()
+                    .filter(|(span, _)| Some(src.line_of(span)) == e.line)
+                    .flat_map(|(_, variables)| variables.iter().cloned())
+                    .collect();
+                e.message = super::report::name_variables(&e.message, &from_env);
+            }
+            errors.dedup();
+            Err(errors)
         }
     }
+}
+
+/// `Some` of an `Ok`; an error is kept in `errors`.
+fn keep<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
 }
 
 fn compile_expanded(
@@ -222,12 +246,22 @@ fn compile_expanded(
     file: &str,
     outside: &dyn Outside,
     secrets: &mut Secrets,
-) -> Result<Runtime, ConfigError> {
+) -> Result<Runtime, Vec<ConfigError>> {
     let src = Source { file, text, outside };
-    let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
-        Some(span) => src.error_at(&span, e.message().trim_end()),
-        None => src.error(e.message().trim_end()),
-    })?;
+    let parsed: schema::File = match toml::from_str(text) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            // A value of the wrong shape: serde stops at the first, the schema finds them all.
+            let schema = super::report::schema_errors(&src);
+            if !schema.is_empty() {
+                return Err(schema);
+            }
+            return Err(vec![match e.span() {
+                Some(span) => src.error_at(&span, e.message().trim_end()),
+                None => src.error(e.message().trim_end()),
+            }]);
+        }
+    };
     let schema::File {
         server,
         store,
@@ -243,28 +277,62 @@ fn compile_expanded(
         rls,
     } = parsed;
 
+    let mut errors = Vec::new();
     // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
     let rls_only = rls.is_some() && route.is_empty();
     let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
     let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
-    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets, rls_only, rls_tls)?;
-    let store = store::compile_store(&src, store, secrets)?;
-    let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
-    let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
-    let zones = limit_req::compile_zones(&src, limit_req_zone)?;
-    let conn_zones = limit_conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
-    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
-    keyless_zones_only_in_rls(&src, &routes, &zones)?;
-    let rls = rls::compile_rls(&src, rls, &zones)?;
-    if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
-        return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
+    let server = keep(&mut errors, compile_server(&src, server, secrets, rls_only, rls_tls));
+    let mut warnings = Vec::new();
+    let store = keep(&mut errors, store::compile_store(&src, store, secrets));
+    let real_ip = keep(&mut errors, real_ip.map(|r| compile_real_ip(&src, r)).transpose());
+    let upstreams = keep(&mut errors, upstream::compile_upstreams(&src, upstream, &mut warnings));
+    let zones = keep(&mut errors, limit_req::compile_zones(&src, limit_req_zone));
+    let conn_zones =
+        zones.as_ref().and_then(|z| keep(&mut errors, limit_conn::compile_conn_zones(&src, limit_conn_zone, z)));
+    let routes = match (&upstreams, &zones, &conn_zones) {
+        (Some(u), Some(z), Some(c)) => keep(&mut errors, route::compile_routes(&src, route, u, z, c, &mut warnings)),
+        _ => None,
+    };
+    if let (Some((routes, _)), Some(zones)) = (&routes, &zones) {
+        keep(&mut errors, keyless_zones_only_in_rls(&src, routes, zones));
     }
-    let log = compile_log(&src, log)?;
-    let jwt = super::jwt::compile_jwt(&src, jwt)?;
-    super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
-    no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
-    let tracing = super::traces::compile_tracing(&src, tracing)?;
-    let top = super::top::compile_top(&src, top)?;
+    let rls = zones.as_ref().and_then(|z| keep(&mut errors, rls::compile_rls(&src, rls, z)));
+    let no_certs = server.as_ref().is_some_and(|(_, certs, _)| certs.is_empty());
+    if rls.as_ref().is_some_and(|r| r.as_ref().is_some_and(|r| !r.listen_tls.is_empty())) && no_certs {
+        errors.push(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
+    }
+    let log = keep(&mut errors, compile_log(&src, log));
+    let jwt = keep(&mut errors, super::jwt::compile_jwt(&src, jwt));
+    if let (Some(jwt), Some(zones), Some(conn_zones), Some((routes, matchers))) = (&jwt, &zones, &conn_zones, &routes) {
+        keep(&mut errors, super::jwt::key_parts_resolve(&src, jwt.as_ref(), zones, conn_zones, routes, matchers));
+    }
+    if let (Some(zones), Some(conn_zones), Some((routes, _))) = (&zones, &conn_zones, &routes) {
+        keep(&mut errors, no_underscored_header_is_read(&src, zones, conn_zones, routes));
+    }
+    let tracing = keep(&mut errors, super::traces::compile_tracing(&src, tracing));
+    let top = keep(&mut errors, super::top::compile_top(&src, top));
+    let (
+        Some((server, tls_certs, server_warnings)),
+        Some(store),
+        Some(real_ip),
+        Some(upstreams),
+        Some(zones),
+        Some(conn_zones),
+        Some((routes, matchers)),
+        Some(rls),
+        Some(log),
+        Some(jwt),
+        Some(tracing),
+        Some(top),
+    ) = (server, store, real_ip, upstreams, zones, conn_zones, routes, rls, log, jwt, tracing, top)
+    else {
+        return Err(errors);
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let warnings = server_warnings.into_iter().chain(warnings).collect();
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
