@@ -351,7 +351,7 @@ fn operator_metrics_exist_from_the_start_and_pass_promtool() {
     assert_eq!(s.value("weir_upstream_unavailable_total", &[("upstream", "app"), ("reason", "down")]), Some(0.0));
     // Store-specific: the memory store's families, none of Redis's.
     assert_eq!(families_with(&s, "weir_redis_"), BTreeSet::new(), "no Redis families on the memory store");
-    assert!(s.types.get("weir_store_circuit_open").is_none() && s.types.get("weir_deny_cache_hits_total").is_none());
+    assert!(!s.types.contains_key("weir_store_circuit_open") && !s.types.contains_key("weir_deny_cache_hits_total"));
     assert!(s.series("weir_store_errors_total").is_empty(), "the memory store has no store errors to count");
 
     // The scenario: 2 pass (1 + burst 1), 2 rejected, counted in the series that were there.
