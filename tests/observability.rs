@@ -396,6 +396,44 @@ fn redis_store_errors_exist_at_zero_under_the_label_the_store_reports() {
     assert!(failed.must("weir_store_fallback_total", &[("policy", "allow")]) >= 1.0);
 }
 
+/// The README's quick start shows a 429 of conf/routes.toml: its status line, rate headers and
+/// body must be what Weir answers, byte for byte.
+#[test]
+fn readme_429_example_is_the_real_answer() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let shown: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| l.trim() != "curl -i localhost:8080/api/hello")
+        .skip(1)
+        .map_while(|l| l.strip_prefix("# "))
+        .collect();
+    assert!(shown.len() >= 3, "README.md shows `curl -i localhost:8080/api/hello` and its answer: {shown:?}");
+    let (status_line, rest) = shown.split_first().expect("a status line");
+    let (body, headers) = rest.split_last().expect("a body");
+
+    let up = Upstream::start();
+    let conf = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/routes.toml")).expect("conf");
+    let conf = conf
+        .replace("127.0.0.1:8080", "$LISTEN")
+        .replace("admin = \"127.0.0.1:9901\"", "admin = \"$LISTEN2\"")
+        .replace("127.0.0.1:9000", &up.addr().to_string());
+    let w = Weir::start(&conf);
+    // "200 ×6 (1 + burst 5, nodelay), then 429": the first six pass whatever the pace.
+    let first: Vec<u16> = (0..6).map(|_| http::get_logged(w.addr, "/api/hello", &[]).status).collect();
+    assert_eq!(first, [200; 6]);
+    let rejected = (0..20)
+        .map(|_| http::get_logged(w.addr, "/api/hello", &[]))
+        .find(|r| r.status == 429)
+        .expect("a 429 within 20 more requests at 2r/s");
+    assert_eq!(*status_line, format!("HTTP/1.1 {} {}", rejected.status, rejected.reason));
+    for line in headers {
+        let (name, value) = line.split_once(": ").unwrap_or_else(|| panic!("README header line {line:?}"));
+        assert_eq!(rejected.header(name).as_deref(), Some(value), "{name} in {}", rejected.summary());
+    }
+    // The body ends with a newline, as a shell transcript shows it.
+    assert_eq!(format!("{body}\n"), rejected.text(), "the README's body");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Access log
 // ---------------------------------------------------------------------------------------------
