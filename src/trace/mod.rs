@@ -181,6 +181,17 @@ pub fn start(incoming: Incoming<'_>) -> Option<RequestSpan> {
     let req = incoming.req;
     let started = SystemTime::now() - incoming.started.elapsed();
     let parent = TraceContextPropagator::new().extract(&Headers(&req.headers));
+    // The sampler needs neither name nor attributes: an unsampled request (most of them, with a
+    // small `sample_ratio`) allocates none of them. The name is set when the request ends.
+    let mut span = installed
+        .tracer
+        .span_builder(Cow::Borrowed("request"))
+        .with_kind(SpanKind::Server)
+        .with_start_time(started)
+        .start_with_context(&installed.tracer, &parent);
+    if !span.span_context().is_sampled() {
+        return None;
+    }
     let mut attributes = vec![
         KeyValue::new("http.request.method", req.method.as_str().to_string()),
         KeyValue::new("url.path", bounded(req.uri.path())),
@@ -201,20 +212,9 @@ pub fn start(incoming: Incoming<'_>) -> Option<RequestSpan> {
     if let Some(agent) = req.headers.get(http::header::USER_AGENT).and_then(|h| h.to_str().ok()) {
         attributes.push(KeyValue::new("user_agent.original", bounded(agent)));
     }
-    let span = installed
-        .tracer
-        .span_builder(Cow::Owned(req.method.as_str().to_string()))
-        .with_kind(SpanKind::Server)
-        .with_start_time(started)
-        .with_attributes(attributes)
-        .start_with_context(&installed.tracer, &parent);
+    span.set_attributes(attributes);
     let method = req.method.as_str().to_string();
-    span.span_context().is_sampled().then_some(RequestSpan {
-        span,
-        method,
-        decisions: Vec::new(),
-        attempts: Vec::new(),
-    })
+    Some(RequestSpan { span, method, decisions: Vec::new(), attempts: Vec::new() })
 }
 
 impl RequestSpan {
