@@ -294,12 +294,13 @@ fn every_value_of_the_wrong_shape_is_reported_at_once() {
 #[test]
 fn errors_in_several_sections_are_reported_at_once() {
     let mut t = good();
-    t = mutate(&t, "threads = 2", 0, "threads = 0");
+    t = mutate(&t, "threads = 2", 0, "threads = 0\nadmin = \"no-port\"");
     t = mutate(&t, "\"10.0.0.0/8\"", 0, "\"10.0.0.0/99\"");
     t = mutate(&t, "\"127.0.0.1:9001\"", 0, "\"nowhere\"");
     t.push_str("\n[log]\nlevel = \"loud\"\n\n[tracing]\nendpoint = \"ftp://collector\"\n");
     let expected = [
         line_of(&t, "threads = 0"),
+        line_of(&t, "admin = \"no-port\""),
         line_of(&t, "10.0.0.0/99"),
         line_of(&t, "\"nowhere\""),
         line_of(&t, "level = \"loud\""),
@@ -308,7 +309,7 @@ fn errors_in_several_sections_are_reported_at_once() {
     let out = check("sections.toml", &t);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     let lines: Vec<usize> = reported(&out, "sections.toml").into_iter().map(|(l, _)| l).collect();
-    assert_eq!(lines, expected, "every section's error, in line order:\n{}", out.describe());
+    assert_eq!(lines, expected, "every error, two in [server], in line order:\n{}", out.describe());
 }
 
 #[test]

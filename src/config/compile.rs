@@ -236,6 +236,14 @@ pub fn compile_all(text: &str, file: &str, outside: &dyn Outside) -> Result<Runt
     }
 }
 
+/// The value of an `Ok`, or `fallback` with the error kept in `errors`.
+fn or_keep<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>, fallback: T) -> T {
+    result.unwrap_or_else(|e| {
+        errors.push(e);
+        fallback
+    })
+}
+
 /// `Some` of an `Ok`; an error is kept in `errors`.
 fn keep<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
     result.map_err(|e| errors.push(e)).ok()
@@ -282,7 +290,7 @@ fn compile_expanded(
     let rls_only = rls.is_some() && route.is_empty();
     let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
     let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
-    let server = keep(&mut errors, compile_server(&src, server, secrets, rls_only, rls_tls));
+    let server = compile_server(&src, server, secrets, rls_only, rls_tls).map_err(|e| errors.extend(e)).ok();
     let mut warnings = Vec::new();
     let store = keep(&mut errors, store::compile_store(&src, store, secrets));
     let real_ip = keep(&mut errors, real_ip.map(|r| compile_real_ip(&src, r)).transpose());
@@ -483,7 +491,9 @@ fn compile_server(
     secrets: &mut Secrets,
     rls_only: bool,
     rls_tls: bool,
-) -> Result<ServerParts, ConfigError> {
+) -> Result<ServerParts, Vec<ConfigError>> {
+    // Each setting is checked even when another failed: `weir check` reports them all.
+    let mut errors = Vec::new();
     let server_span = server.span();
     let schema::Server {
         listen,
@@ -511,52 +521,60 @@ fn compile_server(
         method_override,
         forwarded_headers,
     } = server.into_inner();
-    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls)?;
+    let tls = keep(&mut errors, super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls));
     let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
     let listen = listen.map(Spanned::into_inner).unwrap_or_default();
-    if listen.is_empty() && tls.listen_tls.is_empty() && !rls_only {
-        return Err(src.error_at(
+    if listen.is_empty() && tls.as_ref().is_some_and(|t| t.listen_tls.is_empty()) && !rls_only {
+        errors.push(src.error_at(
             &listen_span,
             "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"] (or server.listen_tls)",
         ));
     }
     let mut addrs = Vec::new();
     for addr in listen {
-        let parsed: SocketAddr = addr.get_ref().parse().map_err(|_| {
-            src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref()))
-        })?;
-        addrs.push(parsed);
+        match addr.get_ref().parse::<SocketAddr>() {
+            Ok(parsed) => addrs.push(parsed),
+            Err(_) => errors.push(
+                src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref())),
+            ),
+        }
     }
     let threads = match threads {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         Some(t) if (1..=MAX_THREADS).contains(t.get_ref()) => *t.get_ref() as usize,
         Some(t) => {
-            return Err(
-                src.error_at(&t.span(), format!("server.threads: must be 1..={MAX_THREADS}, got {}", t.get_ref()))
-            )
+            errors.push(
+                src.error_at(&t.span(), format!("server.threads: must be 1..={MAX_THREADS}, got {}", t.get_ref())),
+            );
+            1
         }
     };
-    let admin = admin
-        .map(|a| {
-            a.get_ref().parse::<SocketAddr>().map_err(|_| {
-                src.error_at(&a.span(), format!("server.admin: {:?} is not an IP:port address", a.get_ref()))
-            })
-        })
-        .transpose()?;
-    let admin_token = match secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file)? {
+    let admin_given = admin.is_some();
+    let admin = admin.and_then(|a| match a.get_ref().parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            errors.push(src.error_at(&a.span(), format!("server.admin: {:?} is not an IP:port address", a.get_ref())));
+            None
+        }
+    });
+    let token = secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file);
+    // A token given but refused is not "no token": the checks below would only repeat it.
+    let token_given = !matches!(token, Ok(None));
+    let admin_token = match keep(&mut errors, token).flatten() {
         Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
-            return Err(
-                src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces")
+            errors.push(
+                src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces"),
             );
+            None
         }
         t => t.map(|t| Secret::new(t.into_inner())),
     };
-    if admin_token.is_some() && admin.is_none() {
-        return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
+    if token_given && !admin_given {
+        errors.push(src.error("server.admin_token: set server.admin too, or remove the token"));
     }
     if let Some(addr) = admin {
-        if !addr.ip().is_loopback() && admin_token.is_none() && admin_insecure != Some(true) {
-            return Err(src.error(format!(
+        if !addr.ip().is_loopback() && !token_given && admin_insecure != Some(true) {
+            errors.push(src.error(format!(
                 "server.admin: {addr} is reachable from the network, and /reload, /limits and /metrics would be open \
                  to it: set server.admin_token, listen on 127.0.0.1, or set server.admin_insecure = true"
             )));
@@ -598,36 +616,75 @@ fn compile_server(
         Err(src.error_at(&value.span(), detail))
     }
     let slashes = [("reject", EncodedSlash::Reject), ("keep", EncodedSlash::Keep), ("decode", EncodedSlash::Decode)];
-    let encoded_slashes = choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes)?;
+    let encoded_slashes = or_keep(
+        &mut errors,
+        choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes),
+        defaults.encoded_slashes,
+    );
     let underscores = [("drop", UnderscoreHeaders::Drop), ("reject", UnderscoreHeaders::Reject)];
-    let underscores_in_headers =
-        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores)?;
+    let underscores_in_headers = or_keep(
+        &mut errors,
+        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores),
+        defaults.underscores_in_headers,
+    );
     let overrides = [
         ("strip", MethodOverride::Strip),
         ("honour", MethodOverride::Honour),
         ("honor", MethodOverride::Honour),
         ("reject", MethodOverride::Reject),
     ];
-    let method_override = choice(src, method_override, "method_override", defaults.method_override, &overrides)?;
+    let method_override = or_keep(
+        &mut errors,
+        choice(src, method_override, "method_override", defaults.method_override, &overrides),
+        defaults.method_override,
+    );
     let clients = ClientLimits {
-        header_timeout: duration(header_timeout, "header_timeout", defaults.header_timeout)?,
-        body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
-        send_timeout: duration(send_timeout, "send_timeout", defaults.send_timeout)?,
-        keepalive_timeout: duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout)?,
-        max_header_size: count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE))?
+        header_timeout: or_keep(
+            &mut errors,
+            duration(header_timeout, "header_timeout", defaults.header_timeout),
+            defaults.header_timeout,
+        ),
+        body_timeout: or_keep(
+            &mut errors,
+            duration(body_timeout, "body_timeout", defaults.body_timeout),
+            defaults.body_timeout,
+        ),
+        send_timeout: or_keep(
+            &mut errors,
+            duration(send_timeout, "send_timeout", defaults.send_timeout),
+            defaults.send_timeout,
+        ),
+        keepalive_timeout: or_keep(
+            &mut errors,
+            duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout),
+            defaults.keepalive_timeout,
+        ),
+        max_header_size: or_keep(&mut errors, count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE)), None)
             .unwrap_or(defaults.max_header_size),
-        max_connections: count(max_connections, "max_connections", (1, MAX_CONNECTIONS))?,
-        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS))?,
-        h2_max_streams: count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS))?
+        max_connections: or_keep(&mut errors, count(max_connections, "max_connections", (1, MAX_CONNECTIONS)), None),
+        max_connections_per_ip: or_keep(
+            &mut errors,
+            count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS)),
+            None,
+        ),
+        h2_max_streams: or_keep(&mut errors, count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS)), None)
             .map_or(defaults.h2_max_streams, |n| n as u32),
         encoded_slashes,
         underscores_in_headers,
         method_override,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
     };
+    let Some(tls) = tls else { return Err(errors) };
     if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {
-        return Err(src
-            .error_at(&listen_span, format!("server.listen: {dup} is in listen_tls too; give each address one role")));
+        errors.push(
+            src.error_at(
+                &listen_span,
+                format!("server.listen: {dup} is in listen_tls too; give each address one role"),
+            ),
+        );
+    }
+    if !errors.is_empty() {
+        return Err(errors);
     }
     let settings = ServerSettings {
         listen: addrs,
