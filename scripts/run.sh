@@ -4,7 +4,7 @@
 # Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
+source scripts/setup-run.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo build --release --locked --bin weir

@@ -21,6 +21,16 @@ else
   echo "test: no Docker engine here: skipped building deploy/Dockerfile (tests/deploy_files.rs checks it)"
 fi
 bash bench/run.sh --quick
+# The Debian package of the release binary bench/run.sh --quick built, installed as an operator
+# would: dpkg -i, then the installed binary and config.
+deb="$(bash deploy/debian/build-deb.sh target/release/weir target/debian)"
+if [ "$(id -u)" -eq 0 ]; then
+  dpkg -i "$deb"
+  /usr/bin/weir --version
+  /usr/bin/weir check -c /etc/weir/routes.toml
+else
+  echo "test: not root: built $deb, did not install it"
+fi
 bash bench/rls.sh --quick
 bash bench/bandwidth.sh --quick
 bash bench/soak.sh --duration 60

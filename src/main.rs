@@ -6,14 +6,48 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `weir --version`: the release and the commit it was built from (build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("WEIR_COMMIT"), ")");
+
+/// The sections of a man page, after the commands and options of `weir --help` (`-h`: short).
+const MANUAL: &str = "\
+Files:
+  /etc/weir/routes.toml   the config of the Debian package and the container image (-c FILE)
+  conf/*.toml             examples, one per feature, each passing `weir check`
+  docs/weir.schema.json   the config's JSON Schema (`weir schema`), for editors
+
+Signals:
+  SIGHUP                  reload the config: it is checked whole first; a bad file is refused,
+                          logged and counted (weir_config_reload_failures_total), and the running
+                          config keeps serving. Saving the file and POST /reload do the same.
+  SIGTERM                 stop: the listeners close at once, requests in flight get a second
+
+Environment:
+  RUST_LOG                overrides [log] level, e.g. RUST_LOG=debug
+  TMPDIR                  where Pingora writes its pid file and upgrade socket
+  ${NAME} in the config   any string value may use environment variables (docs/configuration.md)
+
+Exit status:
+  0  `weir check`: the config is good; `weir`: stopped cleanly
+  1  the config has errors (each printed as FILE:LINE: message), or the proxy could not start
+
+Examples:
+  weir check -c /etc/weir/routes.toml
+  weir -c /etc/weir/routes.toml
+  systemctl reload weir            (the Debian package's unit: SIGHUP)
+  weir top --admin 127.0.0.1:9901
+
+See also: README.md, docs/configuration.md, docs/operating.md, docs/production.md";
+
 #[derive(Parser)]
 #[command(
     name = "weir",
-    version,
+    version = VERSION,
     about = "Rate-limiting reverse proxy: nginx limit_req semantics, shared by a fleet through Redis",
     long_about = "Rate-limiting reverse proxy: nginx limit_req semantics, shared by a fleet through Redis.\n\n\
                   `weir -c conf/routes.toml` runs the proxy; `weir check -c FILE` validates a config \
-                  and exits 0 or 1, like `nginx -t`."
+                  and exits 0 or 1, like `nginx -t`.",
+    after_long_help = MANUAL
 )]
 struct Cli {
     /// The config file (TOML; see conf/routes.toml).
@@ -82,7 +116,7 @@ fn main() -> ExitCode {
         Command::ImportRls { paths, listen, merge_domains, allow_unexpressed } => {
             import_rls(&paths, weir::rls::import::Options { listen, merge_domains, allow_unexpressed })
         }
-        Command::Check => match weir::config::load(&cli.config) {
+        Command::Check => match weir::config::load_all(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {
                     eprintln!("weir: warning: {warning}");
@@ -105,8 +139,13 @@ fn main() -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("weir: {e}");
+            Err(errors) => {
+                for e in &errors {
+                    eprintln!("weir: {e}");
+                }
+                if errors.len() > 1 {
+                    eprintln!("weir: {} errors in {}", errors.len(), cli.config.display());
+                }
                 ExitCode::FAILURE
             }
         },

@@ -239,3 +239,110 @@ fn help() {
     let all = format!("{}{}", out.stdout, out.stderr);
     assert!(all.contains("-c"), "weir check --help mentions -c: {}", out.describe());
 }
+
+/// `weir check` stderr lines of the form `weir: FILE:LINE: message`, as (line, message).
+fn reported(out: &RunOutput, file: &str) -> Vec<(usize, String)> {
+    let prefix = format!("{file}:");
+    out.stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("weir: "))
+        .filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(": ").and_then(|(n, m)| Some((n.parse().ok()?, m.to_string()))))
+        .collect()
+}
+
+#[test]
+fn every_value_of_the_wrong_shape_is_reported_at_once() {
+    let mut t = good();
+    for (from, to) in [
+        ("threads = 2", "threads = \"2\""),
+        ("header = \"X-Forwarded-For\"", "headr = \"X-Forwarded-For\""),
+        ("rate = \"100r/m\"", "rate = 100"),
+        ("burst = 20, nodelay", "brst = 20, nodelay"),
+        ("dry_run = false", "dry_rn = false"),
+        ("host = \"example.com\"", "hots = \"example.com\""),
+    ] {
+        t = mutate(&t, from, 0, to);
+    }
+    let expected = [
+        (line_of(&t, "threads = \"2\""), "server.threads"),
+        (line_of(&t, "headr = "), "real_ip.headr"),
+        (line_of(&t, "rate = 100"), "limit_req_zone[2].rate"),
+        (line_of(&t, "brst = 20"), "route[1].limit_req[1].brst"),
+        (line_of(&t, "dry_rn = "), "route[1].dry_rn"),
+        (line_of(&t, "hots = "), "route[3].hots"),
+    ];
+    let out = check("shapes.toml", &t);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let got = reported(&out, "shapes.toml");
+    assert_eq!(got.len(), expected.len(), "one line per error:\n{}", out.describe());
+    for ((line, setting), (got_line, message)) in expected.iter().zip(&got) {
+        assert_eq!((line, true), (got_line, message.starts_with(setting)), "{setting}:\n{}", out.describe());
+    }
+    assert!(out.stderr.contains("weir: 6 errors in "), "{}", out.describe());
+
+    // The same six as the JSON Schema editors use (docs/weir.schema.json).
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/weir.schema.json")).expect("schema"),
+    )
+    .expect("schema JSON");
+    let instance = serde_json::to_value(toml::from_str::<toml::Value>(&t).expect("TOML")).expect("JSON");
+    let validator = jsonschema::draft7::new(&schema).expect("draft-07 schema");
+    assert_eq!(validator.iter_errors(&instance).count(), expected.len());
+}
+
+#[test]
+fn errors_in_several_sections_are_reported_at_once() {
+    let mut t = good();
+    t = mutate(&t, "threads = 2", 0, "threads = 0\nadmin = \"no-port\"");
+    t = mutate(&t, "\"10.0.0.0/8\"", 0, "\"10.0.0.0/99\"");
+    t = mutate(&t, "\"127.0.0.1:9001\"", 0, "\"nowhere\"");
+    t.push_str("\n[log]\nlevel = \"loud\"\n\n[tracing]\nendpoint = \"ftp://collector\"\n");
+    let expected = [
+        line_of(&t, "threads = 0"),
+        line_of(&t, "admin = \"no-port\""),
+        line_of(&t, "10.0.0.0/99"),
+        line_of(&t, "\"nowhere\""),
+        line_of(&t, "level = \"loud\""),
+        line_of(&t, "ftp://collector"),
+    ];
+    let out = check("sections.toml", &t);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let lines: Vec<usize> = reported(&out, "sections.toml").into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines, expected, "every error, two in [server], in line order:\n{}", out.describe());
+}
+
+#[test]
+fn an_error_in_a_value_from_a_variable_names_the_variable() {
+    let dir = ConfigDir::new();
+    let mut t = mutate(&good(), "rate = \"10r/s\"", 0, "rate = \"${ZONE_RATE}\"");
+    t.push_str("\n[log]\nlevel = \"${LOG_LEVEL}\"\n");
+    let path = dir.write("from_env.toml", &t);
+    let out = std::process::Command::new(support::weir::bin())
+        .args(["check".as_ref(), "-c".as_ref(), path.as_os_str()])
+        .env("ZONE_RATE", "10r/x")
+        .env("LOG_LEVEL", "xx")
+        .output()
+        .expect("weir check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let rate_line = format!("from_env.toml:{}: ", line_of(&t, "${ZONE_RATE}"));
+    let level_line = format!("from_env.toml:{}: ", line_of(&t, "${LOG_LEVEL}"));
+    for (line, variable) in [(rate_line, "${ZONE_RATE}"), (level_line, "${LOG_LEVEL}")] {
+        let said = stderr.lines().find(|l| l.contains(&line)).unwrap_or_else(|| panic!("no {line}:\n{stderr}"));
+        assert!(said.contains(variable), "the error names {variable}: {said}");
+    }
+    assert!(!stderr.contains("10r/x"), "the value stays hidden behind its name: {stderr}");
+}
+
+#[test]
+fn schema_has_an_id_and_what_a_schema_store_lists() {
+    let out = run(["schema"], TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let schema: serde_json::Value = serde_json::from_str(&out.stdout).expect("weir schema prints JSON");
+    assert_eq!(schema["$id"], "urn:weir:config:v1");
+    assert_eq!(schema["$schema"], "http://json-schema.org/draft-07/schema#");
+    for field in ["title", "description"] {
+        assert!(schema[field].as_str().is_some_and(|s| !s.is_empty()), "{field}");
+    }
+}

@@ -132,10 +132,12 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
     ));
     let admin = admin::addr(&w);
 
-    // Before any traffic: the gauge is set, no request was counted.
+    // Before any traffic: the gauge is set, no request was counted (the series the config
+    // implies exist, at zero).
     let before = scrape(admin);
     assert_eq!(before.must("weir_config_generation", &[]), 1.0);
     assert_eq!(before.sum("weir_requests_total", &[]), 0.0, "{}", before.text);
+    assert_eq!(before.must("weir_requests_total", &[("route", "limited"), ("outcome", "rejected")]), 0.0);
 
     // limited: 1r/m, burst 2, nodelay → 3 pass, 2 rejected; another client (X-Forwarded-For from
     // a trusted peer) has its own bucket and passes.
@@ -177,6 +179,8 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
                 (&[("route", "slow"), ("outcome", "passed")], 1.0),
                 (&[("route", "slow"), ("outcome", "delayed")], 1.0),
                 (&[("route", "slow"), ("outcome", "unlimited")], 1.0),
+                // Implied by the config, there from the start.
+                (&[("route", "slow"), ("outcome", "rejected")], 0.0),
             ],
         },
         Expect {
@@ -186,6 +190,7 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
                 (&[("zone", "per_ip"), ("status", "rejected")], 2.0),
                 (&[("zone", "per_k"), ("status", "passed")], 1.0),
                 (&[("zone", "per_k"), ("status", "delayed")], 1.0),
+                (&[("zone", "per_k"), ("status", "rejected")], 0.0),
             ],
         },
         Expect { name: "weir_limit_req_empty_key_total", series: &[(&[("zone", "per_k")], 1.0)] },
@@ -251,6 +256,182 @@ limit_req = [ { zone = "per_k", burst = 3 } ]
     }
 
     assert_eq!(up.hits(), 9, "upstream saw the 4 + 2 + 3 forwarded requests");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator metrics: process, build, series from the start, store-specific families
+// ---------------------------------------------------------------------------------------------
+
+/// `promtool check metrics` (Prometheus's own linter, Debian's `prometheus` package, installed by
+/// scripts/setup.sh) on a scrape: its complaints, empty when clean.
+fn promtool_complaints(text: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("promtool: {e} (scripts/setup.sh installs Debian's prometheus package)"));
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() && said.trim().is_empty() {
+        String::new()
+    } else {
+        format!("exit {:?}: {said}", out.status.code())
+    }
+}
+
+/// The families of a scrape whose names start with `prefix`.
+fn families_with(s: &Scrape, prefix: &str) -> BTreeSet<String> {
+    s.types.keys().filter(|n| n.starts_with(prefix)).cloned().collect()
+}
+
+const OPERATOR_ROUTES: &str = r#"
+[[limit_req_zone]]
+name = "per_ip"
+key = "ip"
+rate = "1r/m"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ { zone = "per_ip", burst = 1, nodelay = true } ]
+"#;
+
+#[test]
+fn operator_metrics_exist_from_the_start_and_pass_promtool() {
+    let up = Upstream::start();
+    let w = Weir::start(&config(&up, "", &format!("[store]\nkind = \"memory\"\n{OPERATOR_ROUTES}")));
+    let admin = admin::addr(&w);
+
+    let s = scrape(admin);
+    assert_eq!(promtool_complaints(&s.text), "", "promtool check metrics, before traffic");
+    // Process metrics of the weir process itself.
+    let pid = w.pid().expect("weir's pid");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("weir's fds").count() as f64;
+    let open = s.must("process_open_fds", &[]);
+    assert!(open >= 5.0 && (open - fds).abs() <= 10.0, "process_open_fds {open}, /proc says {fds}");
+    assert!(s.must("process_max_fds", &[]) >= open);
+    let rss = s.must("process_resident_memory_bytes", &[]);
+    assert!((1e6..4e9).contains(&rss), "resident memory {rss}");
+    assert!(s.must("process_virtual_memory_bytes", &[]) >= rss);
+    assert!(s.must("process_cpu_seconds_total", &[]) >= 0.0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs_f64();
+    let started = s.must("process_start_time_seconds", &[]);
+    assert!(started <= now + 1.0 && started >= now - 300.0, "started at {started}, now {now}");
+    for (name, kind) in [("process_cpu_seconds_total", "counter"), ("process_start_time_seconds", "gauge")] {
+        assert_eq!(s.types.get(name).map(String::as_str), Some(kind), "# TYPE of {name}");
+    }
+    // Build info: the version and commit `weir --version` shows.
+    let build = s.series("weir_build_info");
+    assert_eq!(build.len(), 1, "{build:?}");
+    let (labels, value) = build.iter().next().expect("one series");
+    assert_eq!(*value, 1.0);
+    assert_eq!(labels.get("version").map(String::as_str), Some(env!("CARGO_PKG_VERSION")));
+    let version = support::weir::run(["--version"], Duration::from_secs(10));
+    let commit = labels.get("commit").expect("commit label");
+    assert!(!commit.is_empty() && version.stdout.contains(&format!("(commit {commit})")), "{}", version.stdout);
+
+    // The series the config implies, at zero before any request.
+    for (route, outcome) in [("api", "passed"), ("api", "rejected"), ("-", "no_route")] {
+        assert_eq!(
+            s.value("weir_requests_total", &[("route", route), ("outcome", outcome)]),
+            Some(0.0),
+            "{route} {outcome}"
+        );
+    }
+    for status in ["passed", "rejected"] {
+        assert_eq!(s.value("weir_limit_req_decisions_total", &[("zone", "per_ip"), ("status", status)]), Some(0.0));
+    }
+    assert_eq!(s.value("weir_store_request_duration_seconds_count", &[("store", "memory")]), Some(0.0));
+    assert_eq!(s.value("weir_memory_zone_full_total", &[("zone", "per_ip")]), Some(0.0));
+    assert_eq!(s.value("weir_upstream_unavailable_total", &[("upstream", "app"), ("reason", "down")]), Some(0.0));
+    // Store-specific: the memory store's families, none of Redis's.
+    assert_eq!(families_with(&s, "weir_redis_"), BTreeSet::new(), "no Redis families on the memory store");
+    assert!(!s.types.contains_key("weir_store_circuit_open") && !s.types.contains_key("weir_deny_cache_hits_total"));
+    assert!(s.series("weir_store_errors_total").is_empty(), "the memory store has no store errors to count");
+
+    // The scenario: 2 pass (1 + burst 1), 2 rejected, counted in the series that were there.
+    let rs: Vec<Response> = (0..4).map(|i| http::get_logged(w.addr, &format!("/api/{i}"), &[])).collect();
+    assert_eq!(statuses(&rs), vec![200, 200, 429, 429], "{:#?}", summaries(&rs));
+    let s = scrape(admin);
+    assert_eq!(s.must("weir_requests_total", &[("route", "api"), ("outcome", "passed")]), 2.0);
+    assert_eq!(s.must("weir_requests_total", &[("route", "api"), ("outcome", "rejected")]), 2.0);
+    assert_eq!(s.must("weir_limit_req_decisions_total", &[("zone", "per_ip"), ("status", "rejected")]), 2.0);
+    assert_eq!(s.must("weir_store_request_duration_seconds_count", &[("store", "memory")]), 4.0);
+    assert_eq!(promtool_complaints(&s.text), "", "promtool check metrics, after traffic");
+}
+
+#[test]
+fn redis_store_errors_exist_at_zero_under_the_label_the_store_reports() {
+    let mut redis = support::redis_server::RedisServer::start();
+    let store = support::config::redis_store(&redis.url(), "timeout = \"200ms\"\non_error = \"allow\"");
+    let up = Upstream::start();
+    let w = Weir::start(&config(&up, "", &format!("{store}\n{OPERATOR_ROUTES}")));
+    let admin = admin::addr(&w);
+
+    let s = scrape(admin);
+    assert_eq!(promtool_complaints(&s.text), "", "promtool check metrics on the Redis store");
+    let causes = ["timeout", "redis", "reply", "circuit_open"];
+    for cause in causes {
+        assert_eq!(s.value("weir_store_errors_total", &[("store", "redis"), ("cause", cause)]), Some(0.0), "{cause}");
+    }
+    assert_eq!(s.value("weir_store_fallback_total", &[("policy", "allow")]), Some(0.0));
+    assert_eq!(s.value("weir_requests_total", &[("route", "api"), ("outcome", "fail_open")]), Some(0.0));
+    assert!(s.value("weir_redis_eviction_risk", &[]).is_some(), "Redis families are shown");
+    assert_eq!(families_with(&s, "weir_memory_"), BTreeSet::new(), "no memory-store families on Redis");
+
+    // Redis gone: the errors land in the series that were there (no second label set appears).
+    redis.stop();
+    let failed = scrape_until(admin, SETTLE, POLL, |s| {
+        let _ = http::get_logged(w.addr, "/api/x", &[]);
+        s.sum("weir_store_errors_total", &[]) >= 1.0
+    })
+    .unwrap_or_else(|s| panic!("no store error counted with Redis stopped:\n{}", s.filtered()));
+    let series = failed.series("weir_store_errors_total");
+    assert_eq!(series.len(), causes.len(), "the seeded label sets are the ones counted: {series:?}");
+    assert!(failed.must("weir_store_fallback_total", &[("policy", "allow")]) >= 1.0);
+}
+
+/// The README's quick start shows a 429 of conf/routes.toml: its status line, rate headers and
+/// body must be what Weir answers, byte for byte.
+#[test]
+fn readme_429_example_is_the_real_answer() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let shown: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| l.trim() != "curl -i localhost:8080/api/hello")
+        .skip(1)
+        .map_while(|l| l.strip_prefix("# "))
+        .collect();
+    assert!(shown.len() >= 3, "README.md shows `curl -i localhost:8080/api/hello` and its answer: {shown:?}");
+    let (status_line, rest) = shown.split_first().expect("a status line");
+    let (body, headers) = rest.split_last().expect("a body");
+
+    let up = Upstream::start();
+    let conf = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/routes.toml")).expect("conf");
+    let conf = conf
+        .replace("127.0.0.1:8080", "$LISTEN")
+        .replace("admin = \"127.0.0.1:9901\"", "admin = \"$LISTEN2\"")
+        .replace("127.0.0.1:9000", &up.addr().to_string());
+    let w = Weir::start(&conf);
+    // "200 ×6 (1 + burst 5, nodelay), then 429": the first six pass whatever the pace.
+    let first: Vec<u16> = (0..6).map(|_| http::get_logged(w.addr, "/api/hello", &[]).status).collect();
+    assert_eq!(first, [200; 6]);
+    let rejected = (0..20)
+        .map(|_| http::get_logged(w.addr, "/api/hello", &[]))
+        .find(|r| r.status == 429)
+        .expect("a 429 within 20 more requests at 2r/s");
+    assert_eq!(*status_line, format!("HTTP/1.1 {} {}", rejected.status, rejected.reason));
+    for line in headers {
+        let (name, value) = line.split_once(": ").unwrap_or_else(|| panic!("README header line {line:?}"));
+        assert_eq!(rejected.header(name).as_deref(), Some(value), "{name} in {}", rejected.summary());
+    }
+    // The body ends with a newline, as a shell transcript shows it.
+    assert_eq!(format!("{body}\n"), rejected.text(), "the README's body");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -657,6 +838,7 @@ limit_req = [ { zone = "tight", burst = 0 } ]
                 series: &[
                     (&[("route", "shadow"), ("outcome", "passed")], 1.0),
                     (&[("route", "shadow"), ("outcome", "rejected_dry_run")], 4.0),
+                    (&[("route", "-"), ("outcome", "no_route")], 0.0),
                 ],
             },
             Expect {
@@ -746,6 +928,7 @@ limit_req = [
                     (&[("route", "mixed"), ("outcome", "passed")], 1.0),
                     (&[("route", "mixed"), ("outcome", "rejected_dry_run")], 10.0),
                     (&[("route", "mixed"), ("outcome", "rejected")], 1.0),
+                    (&[("route", "-"), ("outcome", "no_route")], 0.0),
                 ],
             },
             Expect {

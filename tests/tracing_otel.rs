@@ -28,6 +28,7 @@ const PARENT_ID: &str = "00f067aa0ba902b7";
 struct Receiver {
     addr: SocketAddr,
     spans: Arc<Mutex<Vec<Span>>>,
+    resources: Arc<Mutex<Vec<HashMap<String, String>>>>,
 }
 
 impl Receiver {
@@ -35,14 +36,19 @@ impl Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let spans = Arc::new(Mutex::new(Vec::new()));
-        let kept = spans.clone();
+        let resources = Arc::new(Mutex::new(Vec::new()));
+        let (kept, kept_resources) = (spans.clone(), resources.clone());
         thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let kept = kept.clone();
-                thread::spawn(move || serve(stream, &kept));
+                let (kept, kept_resources) = (kept.clone(), kept_resources.clone());
+                thread::spawn(move || serve(stream, &kept, &kept_resources));
             }
         });
-        Receiver { addr, spans }
+        Receiver { addr, spans, resources }
+    }
+
+    fn resources(&self) -> Vec<HashMap<String, String>> {
+        self.resources.lock().expect("lock").clone()
     }
 
     fn spans(&self) -> Vec<Span> {
@@ -51,7 +57,7 @@ impl Receiver {
 }
 
 /// Requests on one connection until it closes: head, `Content-Length` body, 200.
-fn serve(stream: TcpStream, kept: &Mutex<Vec<Span>>) {
+fn serve(stream: TcpStream, kept: &Mutex<Vec<Span>>, resources: &Mutex<Vec<HashMap<String, String>>>) {
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
     let mut writer = stream;
     loop {
@@ -77,6 +83,11 @@ fn serve(stream: TcpStream, kept: &Mutex<Vec<Span>>) {
         let mut body = vec![0; length];
         reader.read_exact(&mut body).expect("body");
         let request = ExportTraceServiceRequest::decode(body.as_slice()).expect("an OTLP protobuf trace export");
+        for r in &request.resource_spans {
+            if let Some(resource) = &r.resource {
+                resources.lock().expect("lock").push(key_values(&resource.attributes));
+            }
+        }
         let spans = request.resource_spans.into_iter().flat_map(|r| r.scope_spans).flat_map(|s| s.spans);
         kept.lock().expect("lock").extend(spans);
         let _ =
@@ -90,7 +101,11 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A span's attributes as text (arrays joined with ",").
 fn attributes(span: &Span) -> HashMap<String, String> {
-    span.attributes
+    key_values(&span.attributes)
+}
+
+fn key_values(pairs: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> HashMap<String, String> {
+    pairs
         .iter()
         .map(|kv| {
             let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
@@ -163,9 +178,17 @@ fn spans_reach_an_otlp_receiver_and_the_trace_reaches_the_upstream() {
     assert_eq!((parts[0], parts[1], parts[3]), ("00", TRACE_ID, "01"), "same trace, sampled: {forwarded}");
     assert_ne!(parts[2], PARENT_ID, "Weir's span is the upstream's parent: {forwarded}");
 
-    let spans = poll(Duration::from_secs(15), Duration::from_millis(100), || receiver.spans(), |s| s.len() >= 2)
-        .unwrap_or_else(|got| panic!("the receiver got {} spans, not 2:\n{}", got.len(), weir.stderr()));
-    assert_eq!(spans.len(), 2, "{spans:#?}");
+    // Two server spans, each with its children (store decision, upstream attempt).
+    let is_server = |s: &Span| s.name == "GET all";
+    let all = poll(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || receiver.spans(),
+        |s| s.iter().filter(|s| is_server(s)).count() >= 2 && s.len() >= 5,
+    )
+    .unwrap_or_else(|got| panic!("the receiver got {} spans:\n{got:#?}\n{}", got.len(), weir.stderr()));
+    let spans: Vec<Span> = all.iter().filter(|s| is_server(s)).cloned().collect();
+    assert_eq!(spans.len(), 2, "{all:#?}");
     let passed = spans.iter().find(|s| hex(&s.trace_id) == TRACE_ID).expect("the span of the traced request");
     assert_eq!(hex(&passed.parent_span_id), PARENT_ID);
     assert_eq!(hex(&passed.span_id), parts[2], "the upstream's parent is this span");
@@ -189,6 +212,11 @@ fn spans_reach_an_otlp_receiver_and_the_trace_reaches_the_upstream() {
     assert_eq!(a["weir.zones"], "per_ip=REJECTED");
     assert_eq!(a["weir.upstream.attempts"], "0");
     assert_eq!(a["http.response.status_code"], "429");
+    let kids: Vec<&str> = children(&all, rejected).iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(kids, ["limit_req"], "a decision and no upstream attempt");
+    let kids: Vec<&str> = children(&all, passed).iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    assert!(kids.contains(&"limit_req") && kids.contains(&"GET"), "{kids:?}");
 }
 
 #[test]
@@ -264,4 +292,127 @@ fn a_rate_limit_service_call_is_one_span() {
         .collect();
     assert!(codes.contains(&("OK".into(), "per_ip=PASSED".into())), "{codes:?}");
     assert!(codes.contains(&("OVER_LIMIT".into(), "per_ip=REJECTED".into())), "{codes:?}");
+}
+
+/// The spans whose parent is `parent`.
+fn children<'a>(spans: &'a [Span], parent: &Span) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.parent_span_id == parent.span_id && s.trace_id == parent.trace_id).collect()
+}
+
+#[test]
+fn semantic_conventions_child_spans_and_the_delay() {
+    let receiver = Receiver::start();
+    let up = Upstream::start();
+    // The first server refuses connections: a request sent to it is retried on the second.
+    let (_refusing, refused) = support::weir::refusing_addr();
+    let config = format!(
+        r#"[server]
+listen = ["$LISTEN"]
+threads = 2
+
+[store]
+kind = "memory"
+
+[real_ip]
+trusted = ["127.0.0.1/32"]
+
+[tracing]
+endpoint = "http://{receiver}/v1/traces"
+sample_ratio = 1.0
+
+[[upstream]]
+name = "app"
+servers = ["{refused}", "{up}"]
+
+[[limit_req_zone]]
+name = "slow"
+key = "ip"
+rate = "2r/s"
+
+[[route]]
+name = "api"
+path_prefix = "/api/"
+upstream = "app"
+limit_req = [ {{ zone = "slow", burst = 5 }} ]
+"#,
+        receiver = receiver.addr,
+        up = up.addr()
+    );
+    let weir = Weir::start(&config);
+
+    // Two back-to-back requests of one client at 2r/s: the second waits ~500 ms. Round robin
+    // sends one of them to the refusing server first.
+    let send = |path: &str| {
+        let r = must_send(
+            weir.addr,
+            &Request::get(path)
+                .header("Host", "api.example.com:8443")
+                .header("User-Agent", "otel-test/1.0")
+                .header("X-Forwarded-For", "203.0.113.7"),
+        );
+        assert_eq!(r.status, 200, "{}", r.summary());
+    };
+    send("/api/one");
+    send("/api/two");
+
+    let spans = poll(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || receiver.spans(),
+        |s| s.iter().filter(|s| s.name == "GET api").count() >= 2 && s.len() >= 2 + 2 + 3,
+    )
+    .unwrap_or_else(|got| panic!("the receiver got {} spans:\n{got:#?}\n{}", got.len(), weir.stderr()));
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.name == "GET api").collect();
+    assert_eq!(servers.len(), 2, "{spans:#?}");
+    let mut retried = 0;
+    for server in &servers {
+        let a = attributes(server);
+        assert_eq!(a["http.route"], "/api/*");
+        assert_eq!(a["http.request.method"], "GET");
+        assert_eq!(a["url.scheme"], "http");
+        assert_eq!(a["server.address"], "api.example.com");
+        assert_eq!(a["server.port"], "8443");
+        assert_eq!(a["client.address"], "203.0.113.7", "the client as real_ip sees it");
+        assert_eq!(a["network.peer.address"], "127.0.0.1");
+        assert_eq!(a["user_agent.original"], "otel-test/1.0");
+        assert_eq!(a["http.response.status_code"], "200");
+
+        let kids = children(&spans, server);
+        let decisions: Vec<&&Span> = kids.iter().filter(|s| s.name == "limit_req").collect();
+        assert_eq!(decisions.len(), 1, "one store decision: {kids:#?}");
+        let d = decisions[0];
+        assert!(
+            d.start_time_unix_nano >= server.start_time_unix_nano && d.end_time_unix_nano <= server.end_time_unix_nano
+        );
+        assert_eq!(attributes(d)["weir.store"], "memory");
+        let attempts: Vec<&&Span> = kids.iter().filter(|s| s.name == "GET").collect();
+        assert!(!attempts.is_empty() && attempts.len() <= 2, "{kids:#?}");
+        let last = attributes(attempts.last().expect("an attempt"));
+        assert_eq!(last["server.address"], "127.0.0.1");
+        assert_eq!(last["server.port"], up.addr().port().to_string());
+        assert_eq!(last["http.response.status_code"], "200");
+        if attempts.len() == 2 {
+            retried += 1;
+            let first = attributes(attempts[0]);
+            assert_eq!(first["server.port"], refused.port().to_string(), "{first:?}");
+            assert!(first.contains_key("error.type"), "the refused attempt says why: {first:?}");
+            assert_eq!(last["http.request.resend_count"], "1");
+            assert!(attempts[0].end_time_unix_nano <= attempts[1].start_time_unix_nano);
+        }
+        let delay: f64 = a["weir.limit_req.delay_ms"].parse().expect("delay_ms is a number");
+        if a["url.path"] == "/api/two" {
+            assert!(delay >= 250.0, "the second request waited ~500 ms: {delay}");
+            assert_eq!(a["weir.limit_req"], "DELAYED");
+        } else {
+            assert_eq!(delay, 0.0);
+        }
+    }
+    assert_eq!(retried, 1, "exactly one request met the refusing server (then max_fails took it out)");
+
+    let resources = receiver.resources();
+    let resource = resources.first().expect("a resource");
+    assert_eq!(resource["service.name"], "weir");
+    assert_eq!(resource["service.version"], env!("CARGO_PKG_VERSION"));
+    let instance = &resource["service.instance.id"];
+    assert_eq!(instance.len(), 36, "a UUID: {instance}");
 }

@@ -201,9 +201,18 @@ const DEFAULT_ACCESS_FLUSH: Duration = Duration::from_secs(1);
 /// The longest `log.access_log_flush`.
 const MAX_ACCESS_FLUSH: Duration = Duration::from_secs(3600);
 
-/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value.
+/// Compiles `text` after replacing its `${NAME}`s; errors never show a secret's value. The first
+/// error of [`compile_all`].
 pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, ConfigError> {
-    let interpolated = interpolate::expand(&Source { file, text, outside })?;
+    compile_all(text, file, outside).map_err(|mut errors| errors.remove(0))
+}
+
+/// Like [`compile`], with every error it finds (never none): each section is compiled even when
+/// another failed, and every value of the wrong shape is reported (`report::schema_errors`);
+/// only what depends on a failed section (routes on their upstreams and zones) is skipped.
+pub fn compile_all(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, Vec<ConfigError>> {
+    let src = Source { file, text, outside };
+    let interpolated = interpolate::expand(&src)?;
     let mut secrets = Secrets::new(interpolated.uses.clone());
     match compile_expanded(&interpolated.text, file, outside, &mut secrets) {
         Ok(mut runtime) => {
@@ -214,11 +223,34 @@ pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime,
             runtime.secrets = secrets;
             Ok(runtime)
         }
-        Err(mut e) => {
-            e.message = secrets.redact(&interpolated.redact(&e.message));
-            Err(e)
+        Err(mut errors) => {
+            for e in &mut errors {
+                e.message = secrets.redact(&interpolated.redact(&e.message));
+                let from_env: Vec<String> = interpolated
+                    .origins
+                    .iter()
+                    .filter(|(span, _)| Some(src.line_of(span)) == e.line)
+                    .flat_map(|(_, variables)| variables.iter().cloned())
+                    .collect();
+                e.message = super::report::name_variables(&e.message, &from_env);
+            }
+            errors.dedup();
+            Err(errors)
         }
     }
+}
+
+/// The value of an `Ok`, or `fallback` with the error kept in `errors`.
+fn or_keep<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>, fallback: T) -> T {
+    result.unwrap_or_else(|e| {
+        errors.push(e);
+        fallback
+    })
+}
+
+/// `Some` of an `Ok`; an error is kept in `errors`.
+fn keep<T>(errors: &mut Vec<ConfigError>, result: Result<T, ConfigError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
 }
 
 fn compile_expanded(
@@ -226,12 +258,22 @@ fn compile_expanded(
     file: &str,
     outside: &dyn Outside,
     secrets: &mut Secrets,
-) -> Result<Runtime, ConfigError> {
+) -> Result<Runtime, Vec<ConfigError>> {
     let src = Source { file, text, outside };
-    let parsed: schema::File = toml::from_str(text).map_err(|e| match e.span() {
-        Some(span) => src.error_at(&span, e.message().trim_end()),
-        None => src.error(e.message().trim_end()),
-    })?;
+    let parsed: schema::File = match toml::from_str(text) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            // A value of the wrong shape: serde stops at the first, the schema finds them all.
+            let schema = super::report::schema_errors(&src);
+            if !schema.is_empty() {
+                return Err(schema);
+            }
+            return Err(vec![match e.span() {
+                Some(span) => src.error_at(&span, e.message().trim_end()),
+                None => src.error(e.message().trim_end()),
+            }]);
+        }
+    };
     let schema::File {
         server,
         store,
@@ -247,20 +289,30 @@ fn compile_expanded(
         rls,
     } = parsed;
 
+    let mut errors = Vec::new();
     // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
     let rls_only = rls.is_some() && route.is_empty();
     let rls_tls = rls.as_ref().is_some_and(|r| r.get_ref().listen_tls.is_some());
     let server = server.unwrap_or_else(|| Spanned::new(0..0, schema::Server::default()));
-    let (server, tls_certs, mut warnings) = compile_server(&src, server, secrets, rls_only, rls_tls)?;
-    let store = store::compile_store(&src, store, secrets)?;
-    let real_ip = real_ip.map(|r| compile_real_ip(&src, r)).transpose()?;
-    let upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings)?;
-    let zones = limit_req::compile_zones(&src, limit_req_zone)?;
-    let conn_zones = limit_conn::compile_conn_zones(&src, limit_conn_zone, &zones)?;
-    let (routes, matchers) = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, &mut warnings)?;
-    keyless_zones_only_in_rls(&src, &routes, &zones)?;
-    let rls = rls::compile_rls(&src, rls, &zones)?;
-    if let Some(open) = rls.as_ref().and_then(|r| r.listen.iter().find(|a| !a.ip().is_loopback())) {
+    let server = compile_server(&src, server, secrets, rls_only, rls_tls).map_err(|e| errors.extend(e)).ok();
+    let mut warnings = Vec::new();
+    let store = keep(&mut errors, store::compile_store(&src, store, secrets));
+    let real_ip = keep(&mut errors, real_ip.map(|r| compile_real_ip(&src, r)).transpose());
+    let upstreams = keep(&mut errors, upstream::compile_upstreams(&src, upstream, &mut warnings));
+    let zones = keep(&mut errors, limit_req::compile_zones(&src, limit_req_zone));
+    let conn_zones =
+        zones.as_ref().and_then(|z| keep(&mut errors, limit_conn::compile_conn_zones(&src, limit_conn_zone, z)));
+    let routes = match (&upstreams, &zones, &conn_zones) {
+        (Some(u), Some(z), Some(c)) => keep(&mut errors, route::compile_routes(&src, route, u, z, c, &mut warnings)),
+        _ => None,
+    };
+    if let (Some((routes, _)), Some(zones)) = (&routes, &zones) {
+        keep(&mut errors, keyless_zones_only_in_rls(&src, routes, zones));
+    }
+    let rls = zones.as_ref().and_then(|z| keep(&mut errors, rls::compile_rls(&src, rls, z)));
+    if let Some(open) =
+        rls.as_ref().and_then(|r| r.as_ref()).and_then(|r| r.listen.iter().find(|a| !a.ip().is_loopback()))
+    {
         warnings.push(format!(
             "{}: rls.listen: {open} is reachable from the network, and the rate limit service protocol has no \
              authentication: anyone who reaches it can spend (or probe) any key's budget. Listen on 127.0.0.1 behind a \
@@ -269,15 +321,41 @@ fn compile_expanded(
             src.file
         ));
     }
-    if rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty()) && tls_certs.is_empty() {
-        return Err(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
+    let no_certs = server.as_ref().is_some_and(|(_, certs, _)| certs.is_empty());
+    if rls.as_ref().is_some_and(|r| r.as_ref().is_some_and(|r| !r.listen_tls.is_empty())) && no_certs {
+        errors.push(src.error("rls.listen_tls: give the certificates as [[server.tls]] cert and key"));
     }
-    let log = compile_log(&src, log)?;
-    let jwt = super::jwt::compile_jwt(&src, jwt, &mut warnings)?;
-    super::jwt::key_parts_resolve(&src, jwt.as_ref(), &zones, &conn_zones, &routes, &matchers)?;
-    no_underscored_header_is_read(&src, &zones, &conn_zones, &routes)?;
-    let tracing = super::traces::compile_tracing(&src, tracing)?;
-    let top = super::top::compile_top(&src, top)?;
+    let log = keep(&mut errors, compile_log(&src, log));
+    let jwt = keep(&mut errors, super::jwt::compile_jwt(&src, jwt, &mut warnings));
+    if let (Some(jwt), Some(zones), Some(conn_zones), Some((routes, matchers))) = (&jwt, &zones, &conn_zones, &routes) {
+        keep(&mut errors, super::jwt::key_parts_resolve(&src, jwt.as_ref(), zones, conn_zones, routes, matchers));
+    }
+    if let (Some(zones), Some(conn_zones), Some((routes, _))) = (&zones, &conn_zones, &routes) {
+        keep(&mut errors, no_underscored_header_is_read(&src, zones, conn_zones, routes));
+    }
+    let tracing = keep(&mut errors, super::traces::compile_tracing(&src, tracing));
+    let top = keep(&mut errors, super::top::compile_top(&src, top));
+    let (
+        Some((server, tls_certs, server_warnings)),
+        Some(store),
+        Some(real_ip),
+        Some(upstreams),
+        Some(zones),
+        Some(conn_zones),
+        Some((routes, matchers)),
+        Some(rls),
+        Some(log),
+        Some(jwt),
+        Some(tracing),
+        Some(top),
+    ) = (server, store, real_ip, upstreams, zones, conn_zones, routes, rls, log, jwt, tracing, top)
+    else {
+        return Err(errors);
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut warnings: Vec<String> = server_warnings.into_iter().chain(warnings).collect();
     // Secret files anyone on the machine may read (found while reading them, above).
     warnings.append(&mut secrets.warnings);
     let meters = Meters::new(
@@ -430,7 +508,9 @@ fn compile_server(
     secrets: &mut Secrets,
     rls_only: bool,
     rls_tls: bool,
-) -> Result<ServerParts, ConfigError> {
+) -> Result<ServerParts, Vec<ConfigError>> {
+    // Each setting is checked even when another failed: `weir check` reports them all.
+    let mut errors = Vec::new();
     let server_span = server.span();
     let schema::Server {
         listen,
@@ -458,52 +538,60 @@ fn compile_server(
         method_override,
         forwarded_headers,
     } = server.into_inner();
-    let tls = super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls)?;
+    let tls = keep(&mut errors, super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls));
     let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
     let listen = listen.map(Spanned::into_inner).unwrap_or_default();
-    if listen.is_empty() && tls.listen_tls.is_empty() && !rls_only {
-        return Err(src.error_at(
+    if listen.is_empty() && tls.as_ref().is_some_and(|t| t.listen_tls.is_empty()) && !rls_only {
+        errors.push(src.error_at(
             &listen_span,
             "server.listen: give at least one address, e.g. [\"127.0.0.1:8080\"] (or server.listen_tls)",
         ));
     }
     let mut addrs = Vec::new();
     for addr in listen {
-        let parsed: SocketAddr = addr.get_ref().parse().map_err(|_| {
-            src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref()))
-        })?;
-        addrs.push(parsed);
+        match addr.get_ref().parse::<SocketAddr>() {
+            Ok(parsed) => addrs.push(parsed),
+            Err(_) => errors.push(
+                src.error_at(&addr.span(), format!("server.listen: {:?} is not an IP:port address", addr.get_ref())),
+            ),
+        }
     }
     let threads = match threads {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         Some(t) if (1..=MAX_THREADS).contains(t.get_ref()) => *t.get_ref() as usize,
         Some(t) => {
-            return Err(
-                src.error_at(&t.span(), format!("server.threads: must be 1..={MAX_THREADS}, got {}", t.get_ref()))
-            )
+            errors.push(
+                src.error_at(&t.span(), format!("server.threads: must be 1..={MAX_THREADS}, got {}", t.get_ref())),
+            );
+            1
         }
     };
-    let admin = admin
-        .map(|a| {
-            a.get_ref().parse::<SocketAddr>().map_err(|_| {
-                src.error_at(&a.span(), format!("server.admin: {:?} is not an IP:port address", a.get_ref()))
-            })
-        })
-        .transpose()?;
-    let admin_token = match secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file)? {
+    let admin_given = admin.is_some();
+    let admin = admin.and_then(|a| match a.get_ref().parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            errors.push(src.error_at(&a.span(), format!("server.admin: {:?} is not an IP:port address", a.get_ref())));
+            None
+        }
+    });
+    let token = secrets.value_or_file(src, "server.admin_token", admin_token, admin_token_file);
+    // A token given but refused is not "no token": the checks below would only repeat it.
+    let token_given = !matches!(token, Ok(None));
+    let admin_token = match keep(&mut errors, token).flatten() {
         Some(t) if t.get_ref().len() < 16 || t.get_ref().bytes().any(|b| !b.is_ascii_graphic()) => {
-            return Err(
-                src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces")
+            errors.push(
+                src.error_at(&t.span(), "server.admin_token: use at least 16 printable characters without spaces"),
             );
+            None
         }
         t => t.map(|t| Secret::new(t.into_inner())),
     };
-    if admin_token.is_some() && admin.is_none() {
-        return Err(src.error("server.admin_token: set server.admin too, or remove the token"));
+    if token_given && !admin_given {
+        errors.push(src.error("server.admin_token: set server.admin too, or remove the token"));
     }
     if let Some(addr) = admin {
-        if !addr.ip().is_loopback() && admin_token.is_none() && admin_insecure != Some(true) {
-            return Err(src.error(format!(
+        if !addr.ip().is_loopback() && !token_given && admin_insecure != Some(true) {
+            errors.push(src.error(format!(
                 "server.admin: {addr} is reachable from the network, and /reload, /limits and /metrics would be open \
                  to it: set server.admin_token, listen on 127.0.0.1, or set server.admin_insecure = true"
             )));
@@ -545,36 +633,75 @@ fn compile_server(
         Err(src.error_at(&value.span(), detail))
     }
     let slashes = [("reject", EncodedSlash::Reject), ("keep", EncodedSlash::Keep), ("decode", EncodedSlash::Decode)];
-    let encoded_slashes = choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes)?;
+    let encoded_slashes = or_keep(
+        &mut errors,
+        choice(src, encoded_slashes, "encoded_slashes", defaults.encoded_slashes, &slashes),
+        defaults.encoded_slashes,
+    );
     let underscores = [("drop", UnderscoreHeaders::Drop), ("reject", UnderscoreHeaders::Reject)];
-    let underscores_in_headers =
-        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores)?;
+    let underscores_in_headers = or_keep(
+        &mut errors,
+        choice(src, underscores_in_headers, "underscores_in_headers", defaults.underscores_in_headers, &underscores),
+        defaults.underscores_in_headers,
+    );
     let overrides = [
         ("strip", MethodOverride::Strip),
         ("honour", MethodOverride::Honour),
         ("honor", MethodOverride::Honour),
         ("reject", MethodOverride::Reject),
     ];
-    let method_override = choice(src, method_override, "method_override", defaults.method_override, &overrides)?;
+    let method_override = or_keep(
+        &mut errors,
+        choice(src, method_override, "method_override", defaults.method_override, &overrides),
+        defaults.method_override,
+    );
     let clients = ClientLimits {
-        header_timeout: duration(header_timeout, "header_timeout", defaults.header_timeout)?,
-        body_timeout: duration(body_timeout, "body_timeout", defaults.body_timeout)?,
-        send_timeout: duration(send_timeout, "send_timeout", defaults.send_timeout)?,
-        keepalive_timeout: duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout)?,
-        max_header_size: count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE))?
+        header_timeout: or_keep(
+            &mut errors,
+            duration(header_timeout, "header_timeout", defaults.header_timeout),
+            defaults.header_timeout,
+        ),
+        body_timeout: or_keep(
+            &mut errors,
+            duration(body_timeout, "body_timeout", defaults.body_timeout),
+            defaults.body_timeout,
+        ),
+        send_timeout: or_keep(
+            &mut errors,
+            duration(send_timeout, "send_timeout", defaults.send_timeout),
+            defaults.send_timeout,
+        ),
+        keepalive_timeout: or_keep(
+            &mut errors,
+            duration(keepalive_timeout, "keepalive_timeout", defaults.keepalive_timeout),
+            defaults.keepalive_timeout,
+        ),
+        max_header_size: or_keep(&mut errors, count(max_header_size, "max_header_size", (1024, MAX_HEADER_SIZE)), None)
             .unwrap_or(defaults.max_header_size),
-        max_connections: count(max_connections, "max_connections", (1, MAX_CONNECTIONS))?,
-        max_connections_per_ip: count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS))?,
-        h2_max_streams: count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS))?
+        max_connections: or_keep(&mut errors, count(max_connections, "max_connections", (1, MAX_CONNECTIONS)), None),
+        max_connections_per_ip: or_keep(
+            &mut errors,
+            count(max_connections_per_ip, "max_connections_per_ip", (1, MAX_CONNECTIONS)),
+            None,
+        ),
+        h2_max_streams: or_keep(&mut errors, count(h2_max_streams, "h2_max_streams", (1, MAX_H2_STREAMS)), None)
             .map_or(defaults.h2_max_streams, |n| n as u32),
         encoded_slashes,
         underscores_in_headers,
         method_override,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
     };
+    let Some(tls) = tls else { return Err(errors) };
     if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {
-        return Err(src
-            .error_at(&listen_span, format!("server.listen: {dup} is in listen_tls too; give each address one role")));
+        errors.push(
+            src.error_at(
+                &listen_span,
+                format!("server.listen: {dup} is in listen_tls too; give each address one role"),
+            ),
+        );
+    }
+    if !errors.is_empty() {
+        return Err(errors);
     }
     let settings = ServerSettings {
         listen: addrs,

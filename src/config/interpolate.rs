@@ -27,6 +27,9 @@ pub struct Interpolated {
     pub uses: Vec<EnvUse>,
     /// `(variable, value)` of every substitution, for [`Interpolated::redact`].
     values: Vec<(String, String)>,
+    /// Where each value that read the environment is (in the text before and after: values
+    /// keep their lines), with its variables: errors on that line name them.
+    pub origins: Vec<(Range<usize>, Vec<String>)>,
 }
 
 impl std::fmt::Debug for Interpolated {
@@ -47,8 +50,13 @@ impl Interpolated {
 /// Replaces `${NAME}` in the string values of `text` with `lookup(NAME)` (the process
 /// environment in [`expand`]). Text that is not valid TOML is returned unchanged: the parser
 /// that follows reports its error with the line.
-pub fn expand_with(src: &Source<'_>, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Interpolated, ConfigError> {
-    let mut result = Interpolated { text: src.text.to_string(), uses: Vec::new(), values: Vec::new() };
+/// Every unset variable is reported, not only the first.
+pub fn expand_with(
+    src: &Source<'_>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Interpolated, Vec<ConfigError>> {
+    let mut result =
+        Interpolated { text: src.text.to_string(), uses: Vec::new(), values: Vec::new(), origins: Vec::new() };
     if !src.text.contains('$') {
         return Ok(result);
     }
@@ -56,20 +64,30 @@ pub fn expand_with(src: &Source<'_>, lookup: &dyn Fn(&str) -> Option<String>) ->
     let mut found = Vec::new();
     strings_in_table(doc.as_table(), "", &mut found);
     let mut edits: Vec<(Range<usize>, String)> = Vec::new();
+    let mut errors = Vec::new();
     for (setting, span, value) in found {
         if !value.contains('$') {
             continue;
         }
-        let (expanded, variables) = substitute(&value, lookup, &mut result.values)
-            .map_err(|message| src.error_at(&span, format!("{setting}: {message}")))?;
+        let (expanded, variables) = match substitute(&value, lookup, &mut result.values) {
+            Ok(done) => done,
+            Err(message) => {
+                errors.push(src.error_at(&span, format!("{setting}: {message}")));
+                continue;
+            }
+        };
         if expanded == value {
             continue;
         }
         let lines = src.text[span.clone()].matches('\n').count();
-        edits.push((span, encode(&expanded, lines)));
+        edits.push((span.clone(), encode(&expanded, lines)));
         if !variables.is_empty() {
+            result.origins.push((span, variables.clone()));
             result.uses.push(EnvUse { setting, variables });
         }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
     }
     edits.sort_by_key(|(span, _)| span.start);
     let mut text = String::with_capacity(src.text.len());
@@ -85,7 +103,7 @@ pub fn expand_with(src: &Source<'_>, lookup: &dyn Fn(&str) -> Option<String>) ->
 }
 
 /// [`expand_with`] the process environment.
-pub fn expand(src: &Source<'_>) -> Result<Interpolated, ConfigError> {
+pub fn expand(src: &Source<'_>) -> Result<Interpolated, Vec<ConfigError>> {
     expand_with(src, &|name| src.outside.var(name))
 }
 
@@ -218,6 +236,10 @@ mod tests {
     }
 
     fn run(text: &str) -> Result<Interpolated, ConfigError> {
+        run_all(text).map_err(|mut errors| errors.remove(0))
+    }
+
+    fn run_all(text: &str) -> Result<Interpolated, Vec<ConfigError>> {
         expand_with(&Source { file: "t.toml", text, outside: &crate::config::Machine }, &env)
     }
 
@@ -257,6 +279,14 @@ mod tests {
         assert!(err.message.contains("closing"), "{err}");
         let err = run("a = \"${1X}\"\n").expect_err("bad name");
         assert!(err.message.contains("letters, digits"), "{err}");
+    }
+
+    #[test]
+    fn every_unset_variable_is_reported() {
+        let errors = run_all("a = \"${NOPE}\"\nb = \"${HOST}\"\nc = \"${ALSO_NOPE}\"\n").expect_err("unset");
+        let lines: Vec<Option<usize>> = errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, [Some(1), Some(3)], "{errors:?}");
+        assert!(errors[1].message.contains("ALSO_NOPE"), "{}", errors[1]);
     }
 
     #[test]

@@ -7,9 +7,15 @@ use serde_json::Value;
 
 use super::schema::File;
 
+/// The schema's `$id`.
+pub const SCHEMA_ID: &str = "urn:weir:config:v1";
+
 /// The schema as pretty-printed JSON text, ending in a newline.
 pub fn json_schema_text() -> String {
     let mut schema = SchemaSettings::draft07().into_generator().into_root_schema_for::<File>();
+    // A stable name for the schema wherever a copy lives (docs/weir.schema.json, the Debian
+    // package's /usr/share/weir, a schema store); `v1` changes only with an incompatible file.
+    schema.insert("$id".into(), SCHEMA_ID.into());
     schema.insert("title".into(), "Weir configuration".into());
     schema.insert(
         "description".into(),

@@ -14,6 +14,7 @@ mod limit_conn;
 mod limit_rate;
 mod limit_req;
 mod outside;
+mod report;
 pub mod rls;
 mod route;
 mod route_match;
@@ -58,6 +59,18 @@ pub fn load_with_text(path: &Path) -> Result<(Runtime, String), ConfigError> {
         message: format!("cannot read the config file: {e}"),
     })?;
     compile::compile(&text, &file, &Machine).map(|runtime| (runtime, text))
+}
+
+/// Like [`load`], with every error the file has (`weir check`), in the order of their lines.
+pub fn load_all(path: &Path) -> Result<Runtime, Vec<ConfigError>> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        vec![ConfigError { file: file.clone(), line: None, message: format!("cannot read the config file: {e}") }]
+    })?;
+    compile::compile_all(&text, &file, &Machine).map_err(|mut errors| {
+        errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+        errors
+    })
 }
 
 /// Compiles config text; `file` names it in error messages and is the directory relative paths

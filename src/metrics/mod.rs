@@ -2,10 +2,14 @@
 //! histograms for times. Labels are routes, zones and outcomes — never client keys, whose
 //! cardinality is unbounded.
 
+mod implied;
 mod meters;
+mod process;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::LazyLock;
 
+pub use implied::{implied, store_label, Implied, StoresInUse};
 pub use meters::{Meters, RouteMeters, ZoneMeters, OUTCOME_SLOTS};
 
 use prometheus::{
@@ -100,7 +104,16 @@ pub struct Metrics {
     /// Rate limit service descriptors no rule limits (allowed), by domain.
     pub rls_unmatched: IntCounterVec,
     pub rls_duration: HistogramVec,
+    /// 1, labelled with the version and commit built (`weir --version`).
+    pub build_info: IntGaugeVec,
+    /// Which store-specific families `render` shows: `STORES_*` bits, set by [`Metrics::seed`];
+    /// until then every family.
+    stores_in_use: AtomicU8,
 }
+
+const STORES_KNOWN: u8 = 1;
+const STORES_REDIS: u8 = 2;
+const STORES_MEMORY: u8 = 4;
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
@@ -162,7 +175,18 @@ impl Metrics {
         );
         let connections_open =
             register(&registry, IntGauge::new("weir_connections_open", "Client connections open now."));
+        let build_info = gauge(
+            &registry,
+            "weir_build_info",
+            "1, labelled with the version and the commit this binary was built from.",
+            &["version", "commit"],
+        );
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("WEIR_COMMIT")]).set(1);
+        let process = process::ProcessCollector::new().expect("static metric definition");
+        registry.register(Box::new(process)).expect("metric registered once");
         Metrics {
+            build_info,
+            stores_in_use: AtomicU8::new(0),
             connections_open,
             connections_refused: counter(
                 &registry,
@@ -392,7 +416,57 @@ impl Metrics {
         let _ = self.upstream_server_up.remove_label_values(&[upstream, server]);
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Creates at zero the series `rt` implies (`implied`), and shows only the store-specific
+    /// families of its store. Called with each config applied (at start and on reloads); series
+    /// of routes or zones a reload removed stay, as counters do.
+    pub fn seed(&self, rt: &crate::config::Runtime) {
+        let implied = implied(rt);
+        let pairs = |vec: &IntCounterVec, sets: &[[String; 2]]| {
+            for [a, b] in sets {
+                vec.with_label_values(&[a.as_str(), b.as_str()]);
+            }
+        };
+        let singles = |vec: &IntCounterVec, values: &[String]| {
+            for v in values {
+                vec.with_label_values(&[v.as_str()]);
+            }
+        };
+        pairs(&self.requests, &implied.requests);
+        pairs(&self.zone_decisions, &implied.zone_decisions);
+        pairs(&self.conn_decisions, &implied.conn_decisions);
+        pairs(&self.store_errors, &implied.store_errors);
+        pairs(&self.memory_evictions, &implied.memory_evictions);
+        pairs(&self.upstream_unavailable, &implied.upstream_unavailable);
+        pairs(&self.rls_requests, &implied.rls_requests);
+        singles(&self.store_fallbacks, &implied.store_fallbacks);
+        singles(&self.memory_zone_full, &implied.memory_zone_full);
+        singles(&self.connections_refused, &implied.connections_refused);
+        singles(&self.connections_cut, &implied.connections_cut);
+        singles(&self.client_disconnects, &implied.client_disconnects);
+        singles(&self.tls_handshakes, &implied.tls_handshakes);
+        for store in &implied.store_duration {
+            self.store_duration.with_label_values(&[store.as_str()]);
+        }
+        let mut bits = STORES_KNOWN;
+        if implied.stores.redis {
+            bits |= STORES_REDIS;
+        }
+        if implied.stores.memory {
+            bits |= STORES_MEMORY;
+        }
+        self.stores_in_use.store(bits, Ordering::Relaxed);
+    }
+
+    /// Whether `/metrics` shows the family `name`: store-specific ones only for the store in use.
+    fn shows(&self, name: &str) -> bool {
+        let bits = self.stores_in_use.load(Ordering::Relaxed);
+        if bits & STORES_KNOWN == 0 {
+            return true;
+        }
+        let in_use = StoresInUse { redis: bits & STORES_REDIS != 0, memory: bits & STORES_MEMORY != 0 };
+        implied::shown_with(name, in_use)
+    }
+
     /// The series of one counter family, as (labels, value): for `/top`'s per-route and per-zone
     /// counts, read from the same counters `/metrics` shows.
     pub fn counter_values(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
@@ -408,10 +482,12 @@ impl Metrics {
             .collect()
     }
 
+    /// The Prometheus text exposition of every metric shown (see [`Metrics::shows`]).
     pub fn render(&self) -> String {
         let mut out = Vec::new();
+        let families: Vec<_> = self.registry.gather().into_iter().filter(|f| self.shows(f.name())).collect();
         // Encoding into a Vec cannot fail for well-formed metrics.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8_lossy(&out).into_owned()
     }
 }

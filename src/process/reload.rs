@@ -111,6 +111,7 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
+        METRICS.seed(&runtime);
         let started = Startup {
             server: runtime.server.clone(),
             store: format!("{:?}", runtime.store),
@@ -188,6 +189,7 @@ impl Reloader {
         }
         let next = Arc::new(next);
         self.runtime.store(next.clone());
+        METRICS.seed(&next);
         for hook in self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             hook(&next);
         }

@@ -162,7 +162,9 @@ impl ProxyHttp for WeirProxy {
         }
 
         if !plan.zones.is_empty() {
+            let asked = trace_span::clock(ctx);
             let enforcement = limit_req::enforce(&rt, route, &plan.zones, &self.stores).await;
+            trace_span::decided(ctx, "limit_req", asked);
             // The store's own time orders the decisions; the proxy's clock when no store decided
             // (read only then: it is not needed on the usual path).
             ctx.decided_us =
@@ -196,7 +198,9 @@ impl ProxyHttp for WeirProxy {
         // limit_conn after limit_req, like nginx: a delayed request is not counted while it waits,
         // and a rejected one never takes a lease.
         if !plan.conns.is_empty() {
+            let asked = trace_span::clock(ctx);
             let conn = limit_conn::acquire(&rt, route, &plan.conns, &self.conn_stores).await;
+            trace_span::decided(ctx, "limit_conn", asked);
             ctx.leases = conn.leases;
             ctx.conn_statuses = conn.statuses;
             if let Some(reject) = conn.reject {
@@ -224,7 +228,11 @@ impl ProxyHttp for WeirProxy {
     fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
-        ctx.upstream.peer()
+        let peer = ctx.upstream.peer();
+        if peer.is_ok() {
+            trace_span::attempt_started(ctx);
+        }
+        peer
     }
 
     fn fail_to_connect(
@@ -234,6 +242,7 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
         e: Box<Error>,
     ) -> Box<Error> {
+        trace_span::attempt_failed(ctx, e.etype().as_str());
         ctx.upstream.connect_failed(e)
     }
 
@@ -246,6 +255,7 @@ impl ProxyHttp for WeirProxy {
         client_reused: bool,
     ) -> Box<Error> {
         let e = e.more_context(format!("Peer: {peer}"));
+        trace_span::attempt_failed(ctx, e.etype().as_str());
         ctx.upstream.proxy_failed(session, e, client_reused)
     }
 
@@ -323,6 +333,7 @@ impl ProxyHttp for WeirProxy {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_time = ctx.upstream_sent.map(|t| t.elapsed());
+        trace_span::attempt_answered(ctx, resp.status.as_u16());
         // Count by response: charged before the client sees the status (and before any lease is
         // released), so its next request is checked against this charge.
         if !ctx.charges.is_empty() {
