@@ -529,7 +529,7 @@ zone = "a"
         let (s, _, _) = slots(vec![descriptor(&[("free", "x")], None), descriptor(&[("free", "quiet")], None)]);
         assert_eq!(s, vec![Slot::Unlimited, Slot::Unmatched], "unlimited vs exempt");
         let (s, zones, quota) = slots(vec![descriptor(&[("svc", "s1")], None), descriptor(&[("svc", "s2")], None)]);
-        assert_eq!(zones, vec![("a", b"s*".to_vec())], "a shared threshold: one counter for both values");
+        assert_eq!(zones, vec![("a", b"\x1es*".to_vec())], "a shared threshold: one counter for both values");
         assert_eq!(s[0], s[1]);
         assert_eq!(quota, vec![true]);
     }
