@@ -2,6 +2,7 @@
 //! histograms for times. Labels are routes, zones and outcomes — never client keys, whose
 //! cardinality is unbounded.
 
+mod adaptive;
 mod meters;
 
 use std::sync::LazyLock;
@@ -99,6 +100,8 @@ pub struct Metrics {
     pub rls_requests: IntCounterVec,
     /// Rate limit service descriptors no rule limits (allowed), by domain.
     pub rls_unmatched: IntCounterVec,
+    /// Adaptive concurrency per upstream (`weir_adaptive_*`).
+    pub adaptive: adaptive::AdaptiveMetrics,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -374,6 +377,7 @@ impl Metrics {
                 "Requests refused because their zone was full and no entry could be evicted.",
                 &["zone"],
             ),
+            adaptive: adaptive::AdaptiveMetrics::new(&registry),
             registry,
         }
     }

@@ -1,0 +1,426 @@
+//! The concurrency limit learned from latency: pure, on a clock the caller passes in (µs).
+//!
+//! Each window (at least `window` long and `MIN_SAMPLES` answers) yields the median latency of
+//! the answers that ended in it. The upstream's *ideal* latency is the lowest window median of
+//! the last `BASELINE_WINDOWS` windows: as long as the limit keeps the upstream's queue short,
+//! some windows see no queue, so the baseline is measured by the traffic itself — never by
+//! pinning the limit to a floor (Envoy's minRTT probe), and a sample is one answer's own time, so
+//! requests in flight across a window boundary do not skew it.
+//!
+//! - median ≤ tolerance × ideal (healthy): the limit grows by √limit (doubling during start-up,
+//!   until the first congested window), but only when the window used at least half of it — an
+//!   idle or lightly loaded upstream does not teach a limit it never tried.
+//! - median > tolerance × ideal (queueing): the limit becomes the window's peak in flight × the
+//!   gradient tolerance × ideal / median, at most halving per window: a queue of q requests over
+//!   k the upstream serves at once multiplies latency by (k + q) / k, so the gradient removes the
+//!   queue in one step (Vegas' estimate), and every instance in a fleet cuts by the same factor
+//!   from the same signal (multiplicative decrease, additive increase: they converge to fair
+//!   shares instead of fighting).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Answers a window needs before it is judged (its median must mean something).
+pub const MIN_SAMPLES: usize = 64;
+/// Windows whose medians the baseline remembers (30 s of traffic with the default window).
+pub const BASELINE_WINDOWS: usize = 120;
+/// Latencies kept per window for its median; beyond, later answers overwrite earlier ones.
+const MAX_KEPT: usize = MIN_SAMPLES;
+/// Largest cut per window.
+const MAX_DECREASE: f64 = 0.5;
+/// Added per healthy window the limit was used in (after start-up).
+const GROWTH_STEP: f64 = 1.0;
+/// Growth per window while latency is clearly below the tolerance.
+const FAST_GROWTH: f64 = 0.1;
+/// Consecutive windows with requests refused (or nearly) before a probe: sustained overload.
+const PRESSED_BEFORE_PROBE: u32 = 4;
+/// Added back after a cut: where cut and allowance balance is the equilibrium, a little above
+/// the tolerance (`limit × (1 − gradient) = allowance`).
+const QUEUE_ALLOWANCE: f64 = 1.0;
+/// Without an answer for this long (µs), the window in progress is dropped.
+const IDLE_GAP_US: u64 = 1_000_000;
+/// While shedding, at most one probe window per this long (µs), on the clock's grid.
+const PROBE_INTERVAL_US: u64 = 10_000_000;
+/// A probe window runs at this share of the queue-free estimate.
+const PROBE_SHARE: f64 = 0.5;
+
+/// The controller's settings (from `[upstream.adaptive]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    pub min_limit: u32,
+    pub max_limit: u32,
+    pub initial_limit: u32,
+    /// How much slower than the ideal latency the median may get before the limit shrinks.
+    pub tolerance: f64,
+    pub window: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { min_limit: 2, max_limit: 1000, initial_limit: 20, tolerance: 1.25, window: Duration::from_millis(250) }
+    }
+}
+
+/// How the last judged window was read (for metrics and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Healthy,
+    Queueing,
+}
+
+#[derive(Debug, Clone)]
+pub struct Controller {
+    settings: Settings,
+    limit: f64,
+    /// Start-up: the limit doubles per healthy window until a window shows queueing.
+    slow_start: bool,
+    window_start_us: Option<u64>,
+    latencies_us: Vec<u64>,
+    seen_in_window: usize,
+    peak_in_flight: u32,
+    medians_us: VecDeque<u64>,
+    last_verdict: Option<Verdict>,
+    /// When the last probe started (µs); `None`: never, so the first overload probes at once.
+    last_probe_us: Option<u64>,
+    /// During a probe window: the limit and ideal (µs) from before it.
+    probing: Option<(f64, u64)>,
+    last_sample_us: u64,
+    /// Consecutive windows whose peak reached the limit.
+    pressed_windows: u32,
+}
+
+impl Controller {
+    pub fn new(settings: Settings) -> Self {
+        let limit = f64::from(settings.initial_limit.clamp(settings.min_limit, settings.max_limit));
+        Self {
+            settings,
+            limit,
+            slow_start: true,
+            window_start_us: None,
+            latencies_us: Vec::with_capacity(64),
+            seen_in_window: 0,
+            peak_in_flight: 0,
+            medians_us: VecDeque::with_capacity(BASELINE_WINDOWS),
+            last_verdict: None,
+            last_probe_us: None,
+            probing: None,
+            last_sample_us: 0,
+            pressed_windows: 0,
+        }
+    }
+
+    /// The current limit (whole requests).
+    pub fn limit(&self) -> u32 {
+        self.limit as u32
+    }
+
+    /// The upstream's latency without a queue, as learned; `None` before the first window.
+    pub fn ideal(&self) -> Option<Duration> {
+        self.medians_us.iter().min().map(|us| Duration::from_micros(*us))
+    }
+
+    pub fn last_verdict(&self) -> Option<Verdict> {
+        self.last_verdict
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// New settings on reload: what was learned stays, within the new bounds.
+    pub fn reconfigure(&mut self, settings: Settings) {
+        self.settings = settings;
+        self.limit = self.limit.clamp(f64::from(settings.min_limit), f64::from(settings.max_limit));
+    }
+
+    /// Requests in flight now (after a place was taken): the window's peak.
+    pub fn observe_in_flight(&mut self, in_flight: u32) {
+        self.peak_in_flight = self.peak_in_flight.max(in_flight);
+    }
+
+    /// One answer's latency, ending at `now_us`, with `in_flight` places still taken after it.
+    /// Returns the verdict when it closed a window.
+    pub fn sample(&mut self, now_us: u64, latency: Duration, in_flight: u32) -> Option<Verdict> {
+        if self.probing.is_some() && f64::from(in_flight) > self.limit {
+            // A probe measures once the queue from before it has drained.
+            self.window_start_us = None;
+            self.latencies_us.clear();
+            self.seen_in_window = 0;
+            self.last_sample_us = now_us;
+            return None;
+        }
+        let gap = now_us.saturating_sub(std::mem::replace(&mut self.last_sample_us, now_us));
+        if gap > IDLE_GAP_US {
+            // The upstream had no traffic: a window half from before the pause says nothing
+            // about now. Start a new one; what was learned stays (a probe is called off).
+            if let Some((before, _)) = self.probing.take() {
+                self.limit = before;
+            }
+            self.peak_in_flight = in_flight;
+            self.latencies_us.clear();
+            self.seen_in_window = 0;
+            self.window_start_us = None;
+        }
+        let start = *self.window_start_us.get_or_insert(now_us);
+        let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        if self.latencies_us.len() < MAX_KEPT {
+            self.latencies_us.push(us);
+        } else {
+            let slot = self.seen_in_window % MAX_KEPT;
+            self.latencies_us[slot] = us;
+        }
+        self.seen_in_window += 1;
+        let long_enough = now_us.saturating_sub(start) >= self.settings.window.as_micros() as u64;
+        if !(long_enough && self.seen_in_window >= MIN_SAMPLES) {
+            return None;
+        }
+        let verdict = self.close_window(now_us);
+        self.window_start_us = Some(now_us);
+        Some(verdict)
+    }
+
+    fn close_window(&mut self, now_us: u64) -> Verdict {
+        let mid = self.latencies_us.len() / 2;
+        let median = *self.latencies_us.select_nth_unstable(mid).1;
+        self.latencies_us.clear();
+        self.seen_in_window = 0;
+        let peak = f64::from(std::mem::take(&mut self.peak_in_flight));
+        if self.medians_us.len() == BASELINE_WINDOWS {
+            self.medians_us.pop_front();
+        }
+        self.medians_us.push_back(median.max(1));
+        let ideal = self.medians_us.iter().copied().min().unwrap_or(median).max(1) as f64;
+        let tolerated = self.settings.tolerance * ideal;
+        let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
+        if let Some((before, ideal_before)) = self.probing.take() {
+            // The probe's answer: back to the limit from before, scaled by what the baseline
+            // learned (a queue hidden in the old baseline is now removed). A probe that found
+            // one may be followed by another at once: start-up can overshoot by a lot.
+            self.limit = (before * ideal / ideal_before as f64).clamp(min, max);
+            if ideal < ideal_before as f64 * 0.9 {
+                self.last_probe_us = None;
+            }
+            self.last_verdict = Some(Verdict::Healthy);
+            return Verdict::Healthy;
+        }
+        // Requests were refused (or nearly) in this window; the limit was used (at least half).
+        let pressed = peak >= self.limit.floor();
+        let used = peak * 2.0 >= self.limit.floor();
+        let gradient = (tolerated / median as f64).clamp(MAX_DECREASE, 1.0);
+        self.pressed_windows = if pressed { self.pressed_windows + 1 } else { 0 };
+        let verdict = if gradient >= 1.0 {
+            if used {
+                // Near the tolerance, every instance adds the same step (fair shares); well
+                // below it there is no queue to fear, and a limit cut by a burst comes back fast.
+                let clear = (median as f64) < ideal * (1.0 + (self.settings.tolerance - 1.0) / 2.0);
+                let step = if self.slow_start {
+                    self.limit
+                } else if clear {
+                    (self.limit * FAST_GROWTH).max(GROWTH_STEP)
+                } else {
+                    GROWTH_STEP
+                };
+                self.limit = (self.limit + step).clamp(min, max);
+            }
+            Verdict::Healthy
+        } else {
+            self.slow_start = false;
+            // Gradient2's form: the cut is proportional to the excess latency and a step is
+            // added back, so instances whose baselines differ by noise settle at different but
+            // stable shares instead of one cutting while the other grows. A limit far above
+            // what was used falls to twice the use, then by the gradient.
+            self.limit =
+                if used { self.limit * gradient + QUEUE_ALLOWANCE } else { self.limit.min(2.0 * peak) * gradient }
+                    .clamp(min, max);
+            Verdict::Queueing
+        };
+        // Due on a grid of the clock: instances of a fleet (wall clocks within a window of each
+        // other) probe together, so together they drain the upstream's queue and each sees it.
+        let probe_due = self.last_probe_us.is_none_or(|at| now_us / PROBE_INTERVAL_US > at / PROBE_INTERVAL_US);
+        if self.pressed_windows >= PRESSED_BEFORE_PROBE && probe_due {
+            self.probe(now_us, peak, median, ideal);
+        }
+        self.last_verdict = Some(verdict);
+        verdict
+    }
+
+    /// The limit is pressed on (requests are being refused): the baseline may hide a queue (it
+    /// was first measured under load, or load never let up). One window runs at half of the
+    /// queue-free estimate (`peak × ideal / median`); if a queue was hidden, that window's median
+    /// is lower and becomes the baseline. Only while shedding anyway — never below capacity,
+    /// never at a fixed floor — and at most every `PROBE_INTERVAL_US`.
+    fn probe(&mut self, now_us: u64, peak: f64, median: u64, ideal: f64) {
+        let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
+        self.last_probe_us = Some(now_us);
+        self.probing = Some((self.limit, ideal as u64));
+        let queue_free = peak * (ideal / median as f64).min(1.0);
+        self.limit = (queue_free * PROBE_SHARE).clamp(min, max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::admission::Priority;
+    use crate::adaptive::sim::{Client, Second, Sim};
+
+    const SERVICE: Duration = Duration::from_millis(20);
+    /// Twice the simulated upstream's unloaded p99 (service time + 20 %).
+    const P99_BOUND_US: u64 = 48_000;
+
+    fn one_client(rate: f64) -> Sim {
+        Sim::new(SERVICE, vec![Client::new(Settings::default(), vec![(Priority::Normal, rate)])])
+    }
+
+    fn goodput(seconds: &[Second]) -> f64 {
+        seconds.iter().map(|s| s.good.iter().sum::<u64>() as f64).sum::<f64>() / seconds.len() as f64
+    }
+
+    fn worst_p99_us(seconds: &[Second]) -> u64 {
+        seconds.iter().map(Second::p99_us).max().unwrap_or(0)
+    }
+
+    #[test]
+    fn under_twice_its_capacity_the_upstream_is_kept_busy_without_a_queue() {
+        // 10 servers × 20 ms = 500 requests/s; 1000 offered.
+        let mut sim = one_client(1000.0);
+        let run = sim.run(30, 10);
+        let settled = &run[5..];
+        let goodput = goodput(settled);
+        assert!(goodput >= 450.0, "goodput {goodput}/s of 500");
+        let p99 = worst_p99_us(settled);
+        assert!(p99 <= P99_BOUND_US, "p99 {p99} µs against 20 ms unloaded");
+    }
+
+    #[test]
+    fn below_capacity_nothing_is_shed() {
+        for rate in [50.0, 200.0, 350.0] {
+            let mut sim = one_client(rate);
+            let run = sim.run(60, 10);
+            let shed: u64 = run.iter().map(Second::total_shed).sum();
+            assert_eq!(shed, 0, "at {rate}/s of 500: {shed} shed");
+        }
+        // At 80 % random arrivals queue at the upstream itself now and then (p99 over twice the
+        // unloaded latency): the limit reacts to those bursts, and sheds next to nothing.
+        let mut sim = one_client(400.0);
+        let run = sim.run(60, 10);
+        let shed: u64 = run.iter().map(Second::total_shed).sum();
+        assert!(shed * 1000 <= 400 * 60, "at 400/s of 500: {shed} shed");
+    }
+
+    #[test]
+    fn a_capacity_drop_and_rise_are_followed_within_five_seconds() {
+        let mut sim = one_client(1000.0);
+        let before = sim.run(20, 10);
+        let dropped = sim.run(20, 5);
+        let raised = sim.run(20, 10);
+        assert!(goodput(&before[5..]) >= 450.0);
+        let after_drop = &dropped[5..];
+        assert!(goodput(after_drop) >= 225.0, "goodput {} of 250 after the drop", goodput(after_drop));
+        assert!(worst_p99_us(after_drop) <= P99_BOUND_US, "p99 {} after the drop", worst_p99_us(after_drop));
+        let after_rise = &raised[5..];
+        assert!(goodput(after_rise) >= 450.0, "goodput {} of 500 after the rise", goodput(after_rise));
+        assert!(worst_p99_us(after_rise) <= P99_BOUND_US);
+    }
+
+    #[test]
+    fn the_limit_stays_within_its_bounds() {
+        let settings = Settings { min_limit: 5, max_limit: 12, ..Settings::default() };
+        // Far more capacity than the max: the limit stops at max.
+        let mut sim = Sim::new(SERVICE, vec![Client::new(settings, vec![(Priority::Normal, 3000.0)])]);
+        let run = sim.run(20, 100);
+        assert!(run.iter().all(|s| s.limits[0] <= 12));
+        assert_eq!(run.last().map(|s| s.limits[0]), Some(12));
+        // Far less (one server): it stays at or just above min, never below.
+        let mut sim = Sim::new(SERVICE, vec![Client::new(settings, vec![(Priority::Normal, 3000.0)])]);
+        let run = sim.run(20, 1);
+        assert!(run.iter().all(|s| s.limits[0] >= 5));
+        assert!(
+            run[10..].iter().all(|s| s.limits[0] <= 8),
+            "{:?}",
+            run.iter().map(|s| s.limits[0]).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn two_instances_sharing_one_upstream_settle_without_oscillating() {
+        let client = || Client::new(Settings::default(), vec![(Priority::Normal, 500.0)]);
+        let mut sim = Sim::new(SERVICE, vec![client(), client()]);
+        let run = sim.run(60, 10);
+        let settled = &run[10..];
+        assert!(goodput(settled) >= 450.0, "goodput {}", goodput(settled));
+        assert!(worst_p99_us(settled) <= P99_BOUND_US, "p99 {}", worst_p99_us(settled));
+        for s in settled {
+            let (a, b) = (s.limits[0], s.limits[1]);
+            let sum = a + b;
+            // Neither starves the other, and together they hold the upstream near its 10.
+            assert!(a.min(b) * 3 >= a.max(b), "limits {a} and {b}");
+            assert!((10..=20).contains(&sum), "limits sum to {sum}");
+        }
+        // No oscillation: from one second to the next, the sum moves little.
+        for pair in settled.windows(2) {
+            let (before, after) = (pair[0].limits.iter().sum::<u32>(), pair[1].limits.iter().sum::<u32>());
+            assert!(before.abs_diff(after) <= 5, "the sum jumped from {before} to {after}");
+        }
+        // Each gets a share worth having over the run.
+        let served: Vec<u64> = (0..2).map(|c| settled.iter().map(|s| s.served[c]).sum()).collect();
+        let ratio = served[0] as f64 / served[1] as f64;
+        assert!((0.5..=2.0).contains(&ratio), "served {served:?}");
+    }
+
+    #[test]
+    fn an_idle_upstream_keeps_what_was_learned() {
+        let mut sim = one_client(1000.0);
+        let busy = sim.run(20, 10);
+        let learned = busy.last().map(|s| s.limits[0]);
+        sim.clients[0].rates = vec![(Priority::Normal, 0.0)];
+        let idle = sim.run(60, 10);
+        assert!(idle.iter().all(|s| Some(s.limits[0]) == learned), "the limit moved without traffic");
+        // Traffic below capacity after the pause: nothing shed.
+        sim.clients[0].rates = vec![(Priority::Normal, 300.0)];
+        let back = sim.run(20, 10);
+        assert_eq!(back.iter().map(Second::total_shed).sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn under_overload_high_priority_keeps_its_success_rate() {
+        let rates = vec![(Priority::High, 250.0), (Priority::Low, 750.0)];
+        let mut sim = Sim::new(SERVICE, vec![Client::new(Settings::default(), rates)]);
+        let run = sim.run(40, 10);
+        let settled = &run[5..];
+        let (high_sent, high_shed) =
+            settled.iter().fold((0, 0), |(a, b), s| (a + s.by_priority[2].0, b + s.by_priority[2].1));
+        let (low_sent, low_shed) =
+            settled.iter().fold((0, 0), |(a, b), s| (a + s.by_priority[0].0, b + s.by_priority[0].1));
+        let high_ok = 1.0 - high_shed as f64 / high_sent as f64;
+        assert!(high_ok >= 0.99, "high priority: {high_shed} of {high_sent} shed");
+        assert!(low_shed as f64 >= 0.4 * low_sent as f64, "low priority absorbs: {low_shed} of {low_sent}");
+        assert!(goodput(settled) >= 450.0);
+    }
+
+    #[test]
+    fn start_up_doubles_until_the_first_queue() {
+        let mut c = Controller::new(Settings::default());
+        assert_eq!(c.limit(), 20);
+        let mut now = 0;
+        for _ in 0..MIN_SAMPLES {
+            c.observe_in_flight(15);
+            now += 20_000;
+            c.sample(now, Duration::from_millis(10), 0);
+        }
+        assert_eq!(c.limit(), 40);
+        assert_eq!(c.ideal(), Some(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn an_unused_limit_does_not_grow() {
+        let mut c = Controller::new(Settings::default());
+        let mut now = 0;
+        for _ in 0..10 * MIN_SAMPLES {
+            c.observe_in_flight(3);
+            now += 20_000;
+            c.sample(now, Duration::from_millis(10), 0);
+        }
+        assert_eq!(c.limit(), 20);
+    }
+}
