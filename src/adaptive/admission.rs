@@ -34,7 +34,7 @@ const USE_SMOOTHING: f64 = 0.02;
 /// take a place only if the places left after it cover what the priorities above it use on
 /// average plus three standard deviations of Poisson-like bursts: the higher ones keep room for
 /// their bursts while the lower ones absorb the refusals. A priority without traffic reserves
-/// nothing, so a single priority may use the whole limit.
+/// nothing, so a single priority may use the whole limit; no reserve is more than half of it.
 #[derive(Debug, Clone, Default)]
 pub struct Occupancy {
     in_use: [u32; 3],
@@ -58,9 +58,10 @@ impl Occupancy {
             .sum()
     }
 
-    /// Whether a request of `priority` may take a place under `limit` now.
+    /// Whether a request of `priority` may take a place under `limit` now. The reserve is at
+    /// most half the limit: a lower priority is refused first, never shut out.
     pub fn may_enter(&self, limit: u32, priority: Priority) -> bool {
-        self.total() + self.reserve(priority) < limit
+        self.total() + self.reserve(priority).min(limit / 2) < limit
     }
 
     pub fn enter(&mut self, priority: Priority) {
@@ -136,9 +137,19 @@ mod tests {
         let o = with(4, 5);
         assert_eq!(o.reserve(Priority::Low), 10);
         assert_eq!(o.reserve(Priority::High), 0);
-        assert!(!o.may_enter(19, Priority::Low));
         assert!(o.may_enter(20, Priority::Low));
-        assert!(o.may_enter(10, Priority::High));
+        let o = with(4, 6);
+        assert!(!o.may_enter(20, Priority::Low));
+        assert!(o.may_enter(11, Priority::High));
+    }
+
+    #[test]
+    fn no_priority_is_shut_out() {
+        // High's reserve (10) is over half of a limit of 12: low still gets half.
+        let o = with(4, 1);
+        assert!(o.may_enter(12, Priority::Low));
+        let o = with(4, 2);
+        assert!(!o.may_enter(12, Priority::Low));
     }
 
     #[test]

@@ -107,6 +107,20 @@ impl AdaptiveLimit {
         self.lock().controller.limit()
     }
 
+    /// For `GET /upstreams` and the status page: limit, places in use and waiting, the learned
+    /// latency without a queue, requests shed so far.
+    pub fn status(&self) -> serde_json::Value {
+        let state = self.lock();
+        let shed: u64 = self.gauges.shed.iter().map(|c| c.get()).sum();
+        serde_json::json!({
+            "limit": state.controller.limit(),
+            "in_flight": state.occupancy.total(),
+            "waiting": state.waiters.len(),
+            "ideal_ms": state.controller.ideal().map(|d| d.as_secs_f64() * 1000.0),
+            "shed": shed,
+        })
+    }
+
     pub fn in_flight(&self) -> u32 {
         self.lock().occupancy.total()
     }

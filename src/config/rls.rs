@@ -128,6 +128,7 @@ pub(super) fn compile_rls(
             access: Vec::new(),
             cost: Cost { default: 1, header: None, max: 1, min: 1 },
             grpc_status: None,
+            priority: Default::default(),
         };
         domains.push(Domain { name: dname, route, rules });
     }

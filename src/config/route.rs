@@ -47,6 +47,8 @@ pub struct Route {
     /// The gRPC status a rejection of an `application/grpc*` request carries (HTTP 200 +
     /// `grpc-status`); `None`: gRPC requests get the HTTP statuses like any other.
     pub grpc_status: Option<u8>,
+    /// Under the upstream's adaptive limit, lower priorities are refused first.
+    pub priority: crate::adaptive::Priority,
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -118,6 +120,7 @@ pub(super) fn compile_routes(
             deny,
             grpc_rejections,
             grpc_status,
+            priority,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -183,6 +186,12 @@ pub(super) fn compile_routes(
                 ))
             }
         };
+        let priority = match &priority {
+            None => crate::adaptive::Priority::default(),
+            Some(p) => crate::adaptive::Priority::parse(p.get_ref()).ok_or_else(|| {
+                here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
+            })?,
+        };
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -195,6 +204,7 @@ pub(super) fn compile_routes(
             access,
             cost,
             grpc_status,
+            priority,
         });
     }
     Ok((routes, matchers))
