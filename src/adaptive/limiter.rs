@@ -210,7 +210,10 @@ impl AdaptiveLimit {
 
     fn learn(&self, state: &mut State, latency: Duration) {
         let in_flight = state.occupancy.total();
-        if state.controller.sample(now_us(), latency, in_flight).is_some() {
+        if let Some(verdict) = state.controller.sample(now_us(), latency, in_flight) {
+            tracing::debug!(upstream = %self.name, ?verdict, limit = state.controller.limit(),
+                ideal_ms = state.controller.ideal().map(|d| d.as_secs_f64() * 1000.0),
+                probing = state.controller.probing(), "adaptive window");
             self.gauges.limit.set(i64::from(state.controller.limit()));
             if let Some(ideal) = state.controller.ideal() {
                 self.gauges.ideal_seconds.set(ideal.as_secs_f64());
