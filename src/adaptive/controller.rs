@@ -5,11 +5,11 @@
 //! since the last probe: as long as the limit keeps the upstream's queue short, windows without
 //! a queue keep it honest, so it is measured by the traffic itself — not by pinning the limit to
 //! a floor every window (Envoy's minRTT), and a sample is one answer's own time, so requests in
-//! flight across a window boundary do not skew it. A probe (one window at half the queue-free
+//! flight across a window boundary do not skew it. A probe (one window at ¾ of the queue-free
 //! estimate) replaces it: at start-up, and while requests are refused for a sustained time.
 //!
 //! - median ≤ tolerance × ideal (healthy): a limit the window used (at least half of it) grows:
-//!   doubling during start-up, +10 % while latency is well below the tolerance, +1 near it. An
+//!   doubling during start-up, +25 % while latency is well below the tolerance, +1 near it. An
 //!   idle or lightly loaded upstream does not teach a limit it never tried.
 //! - median > tolerance × ideal (queueing): limit × gradient + 1, the gradient tolerance × ideal
 //!   / median at least ½ (Gradient2's form). A queue of q over the k the upstream serves at once
@@ -20,15 +20,15 @@
 use std::time::Duration;
 
 /// Answers a window needs before it is judged (its median must mean something).
-pub const MIN_SAMPLES: usize = 64;
+pub const MIN_SAMPLES: usize = 32;
 /// Latencies kept per window for its median; beyond, later answers overwrite earlier ones.
-const MAX_KEPT: usize = MIN_SAMPLES;
+const MAX_KEPT: usize = 64;
 /// Largest cut per window.
 const MAX_DECREASE: f64 = 0.5;
 /// Added per healthy window the limit was used in (after start-up).
 const GROWTH_STEP: f64 = 1.0;
 /// Growth per window while latency is clearly below the tolerance.
-const FAST_GROWTH: f64 = 0.1;
+const FAST_GROWTH: f64 = 0.25;
 /// Consecutive windows with requests refused (or nearly) before a probe: sustained overload.
 const PRESSED_BEFORE_PROBE: u32 = 4;
 /// Added back after a cut: where cut and allowance balance is the equilibrium, a little above
@@ -43,7 +43,7 @@ const START_UP_SHARE: f64 = 0.25;
 /// While shedding, at most one probe window per this long (µs), on the clock's grid.
 const PROBE_INTERVAL_US: u64 = 10_000_000;
 /// A probe window runs at this share of the queue-free estimate.
-const PROBE_SHARE: f64 = 0.5;
+const PROBE_SHARE: f64 = 0.75;
 
 /// The controller's settings (from `[upstream.adaptive]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -272,7 +272,7 @@ impl Controller {
     }
 
     /// The limit is pressed on (requests are being refused): the baseline may hide a queue (it
-    /// was first measured under load, or load never let up). One window runs at half of the
+    /// was first measured under load, or load never let up). One window runs at ¾ of the
     /// queue-free estimate (`peak × ideal / median`); if a queue was hidden, that window's median
     /// is lower and becomes the baseline. Only while shedding anyway — never below capacity,
     /// never at a fixed floor — and at most every `PROBE_INTERVAL_US`.

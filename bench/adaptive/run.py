@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""Adaptive concurrency, side by side (issue 37): one upstream process per configuration whose
+capacity is known and changes during the run, behind three Weirs — no limit, a static `max_conns`
+set for the good day, and `adaptive = {}` — under the same open-loop offered load.
+
+The upstream (asyncio, standard library) processes `K` requests at once for a service time each;
+the rest wait in its FIFO queue, the shape of a thread-pool server. It records its own latency
+(arrival to answer: queue + service). The load generator sends Poisson arrivals, a quarter on a
+high-priority route and the rest on a low-priority one, with a client timeout.
+
+Phases (full; `--quick` shrinks every phase to a third):
+  good   K=16, offered 2x capacity      (goodput, upstream p50/p99, per-priority success)
+  drop   K=8,  offered the same (4x)    (time to converge after the drop)
+  rise   K=16, offered the same (2x)    (time to converge after the rise)
+  below  K=16, offered 0.6x capacity    (share of requests shed below capacity)
+
+Prints a Markdown report; `--out FILE` writes it too. Every process it starts is stopped at the end
+(also on Ctrl-C). Standard library only.
+"""
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVICE = 0.100  # seconds per request at the upstream
+GOOD_K, BAD_K = 8, 4
+SLO = 2 * SERVICE  # goodput counts 200s answered within twice the unloaded latency
+CLIENT_TIMEOUT = 2.0
+MAX_OPEN = 600  # the load generator's own cap on requests in flight per configuration
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------------
+# The upstream
+# --------------------------------------------------------------------------------------------
+
+
+class Upstream:
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.busy = 0
+        self.waiting = []  # futures, FIFO
+        self.records = []  # (done_at, latency)
+        self.port = free_port()
+
+    def set_capacity(self, k):
+        self.capacity = k
+        self._wake()
+
+    def _wake(self):
+        while self.waiting and self.busy < self.capacity:
+            fut = self.waiting.pop(0)
+            if not fut.done():
+                self.busy += 1
+                fut.set_result(None)
+
+    async def handle(self, reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head:
+                    return
+                arrived = time.monotonic()
+                if self.busy < self.capacity and not self.waiting:
+                    self.busy += 1
+                else:
+                    fut = asyncio.get_running_loop().create_future()
+                    self.waiting.append(fut)
+                    await fut
+                await asyncio.sleep(SERVICE)
+                self.busy -= 1
+                self._wake()
+                done = time.monotonic()
+                self.records.append((done, done - arrived))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", self.port, backlog=1024)
+
+
+# --------------------------------------------------------------------------------------------
+# Weir
+# --------------------------------------------------------------------------------------------
+
+CONFIGS = {
+    "no limit": "",
+    "static max_conns": f"max_conns = {GOOD_K}",
+    "adaptive": "adaptive = {}",
+}
+
+
+def weir_config(listen, admin, upstream_port, upstream_extra):
+    return f"""[server]
+listen = ["127.0.0.1:{listen}"]
+admin = "127.0.0.1:{admin}"
+threads = 1
+
+[log]
+access_log = false
+
+[[upstream]]
+name = "app"
+servers = ["127.0.0.1:{upstream_port}"]
+keepalive = 1024
+read_timeout = "30s"
+{upstream_extra}
+
+[[route]]
+name = "high"
+path_prefix = "/high"
+upstream = "app"
+priority = "high"
+
+[[route]]
+name = "low"
+path_prefix = "/"
+upstream = "app"
+priority = "low"
+"""
+
+
+def start_weir(binary, tmp, name, upstream_port, extra):
+    listen, admin = free_port(), free_port()
+    path = os.path.join(tmp, name.replace(" ", "_") + ".toml")
+    with open(path, "w") as f:
+        f.write(weir_config(listen, admin, upstream_port, extra))
+    log = open(os.path.join(tmp, name.replace(" ", "_") + ".log"), "w")
+    proc = subprocess.Popen([binary, "-c", path], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1).read()
+            return proc, listen, admin
+        except Exception:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"weir ({name}) did not become ready; see {log.name}")
+
+
+def adaptive_state(admin):
+    """(limit, ideal latency in ms) from /metrics; None when unreadable."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=1).read().decode()
+    except Exception:
+        return None
+    limit = ideal = None
+    for line in text.splitlines():
+        if line.startswith('weir_adaptive_limit{upstream="app"}'):
+            limit = float(line.split()[-1])
+        elif line.startswith('weir_adaptive_ideal_latency_seconds{upstream="app"}'):
+            ideal = float(line.split()[-1]) * 1000
+    return None if limit is None else (limit, ideal or 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Load
+# --------------------------------------------------------------------------------------------
+
+
+class Client:
+    """Open-loop requests over a pool of kept-alive connections to one Weir."""
+
+    def __init__(self, port):
+        self.port = port
+        self.idle = []
+        self.open = 0
+        self.results = []  # (sent_at, path, status, latency); status 0: timeout/error/overflow
+
+    async def one(self, path):
+        sent = time.monotonic()
+        if self.open >= MAX_OPEN:
+            self.results.append((sent, path, 0, 0.0))
+            return
+        self.open += 1
+        conn = self.idle.pop() if self.idle else None
+        try:
+            if conn is None:
+                conn = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), CLIENT_TIMEOUT)
+            reader, writer = conn
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CLIENT_TIMEOUT - (time.monotonic() - sent))
+            status = int(head.split(b" ", 2)[1])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if length:
+                await asyncio.wait_for(reader.readexactly(length), CLIENT_TIMEOUT)
+            self.results.append((sent, path, status, time.monotonic() - sent))
+            if b"connection: close" in head.lower():
+                writer.close()
+            else:
+                self.idle.append(conn)
+        except Exception:
+            self.results.append((sent, path, 0, time.monotonic() - sent))
+            if conn is not None:
+                conn[1].close()
+        finally:
+            self.open -= 1
+
+
+async def offer(clients, rate, seconds, rng):
+    """Poisson arrivals at `rate`/s to every client for `seconds`; 25 % high priority."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    next_at = loop.time()
+    tasks = set()
+    while next_at < end:
+        now = loop.time()
+        if next_at > now:
+            await asyncio.sleep(next_at - now)
+        path = "/high" if rng.random() < 0.25 else "/low"
+        for c in clients:
+            t = asyncio.ensure_future(c.one(path))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        next_at += rng.expovariate(rate)
+    return tasks
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(p * len(v) + 0.5)) - 1))]
+
+
+def phase_figures(client, upstream, start, end, capacity_rps):
+    res = [r for r in client.results if start <= r[0] < end]
+    seconds = end - start
+    good = sum(1 for r in res if r[2] == 200 and r[3] <= SLO)
+    shed = sum(1 for r in res if r[2] == 503)
+    ups = [lat for (done, lat) in upstream.records if start <= done < end]
+    by_prio = {}
+    for prio in ("/high", "/low"):
+        mine = [r for r in res if r[1] == prio]
+        ok = sum(1 for r in mine if r[2] == 200)
+        by_prio[prio] = (ok / len(mine)) if mine else float("nan")
+    return {
+        "goodput": good / seconds,
+        "goodput_share": good / seconds / capacity_rps,
+        "sent": len(res),
+        "shed_share": shed / len(res) if res else float("nan"),
+        "up_p50": pct(ups, 0.5),
+        "up_p99": pct(ups, 0.99),
+        "high_ok": by_prio["/high"],
+        "low_ok": by_prio["/low"],
+    }
+
+
+def converge_time(client, upstream, change_at, end, capacity_rps):
+    """Seconds after `change_at` until a 1-s window (sliding by 0.25 s) and every later one reach
+    >= 90 % of capacity in goodput with the upstream's p99 within 2x its unloaded latency."""
+    ok_from = None
+    t = change_at
+    while t + 1.0 <= end:
+        f = phase_figures(client, upstream, t, t + 1.0, capacity_rps)
+        ok = f["goodput_share"] >= 0.9 and f["up_p99"] <= 2 * SERVICE * 1.05
+        if ok and ok_from is None:
+            ok_from = t
+        elif not ok:
+            ok_from = None
+        t += 0.25
+    return None if ok_from is None else ok_from + 1.0 - change_at
+
+
+async def main_async(args):
+    binary = args.weir
+    scale = 1 / 3 if args.quick else 1.0
+    phases = [("good", GOOD_K, 2.0, 24 * scale), ("drop", BAD_K, None, 18 * scale),
+              ("rise", GOOD_K, None, 18 * scale), ("below", GOOD_K, 0.6, 15 * scale)]
+    good_rps = GOOD_K / SERVICE
+    upstreams = {name: Upstream(GOOD_K) for name in CONFIGS}
+    for u in upstreams.values():
+        await u.start()
+    tmp = tempfile.mkdtemp(prefix="weir-adaptive-bench-")
+    procs = {}
+    try:
+        for name, extra in CONFIGS.items():
+            procs[name] = start_weir(binary, tmp, name, upstreams[name].port, extra)
+        clients = {name: Client(procs[name][1]) for name in CONFIGS}
+        rng = random.Random(37)
+        limits = []
+        marks = []
+        t0 = time.monotonic()
+        rate = 2.0 * good_rps
+        for (phase, k, load, seconds) in phases:
+            for u in upstreams.values():
+                u.set_capacity(k)
+            if load is not None:
+                rate = load * good_rps
+            start = time.monotonic()
+            marks.append((phase, start, k, rate))
+            sampler_end = start + seconds
+
+            async def sample_limit():
+                while time.monotonic() < sampler_end:
+                    limits.append((time.monotonic() - t0, adaptive_state(procs["adaptive"][2])))
+                    await asyncio.sleep(0.5)
+
+            sampler = asyncio.ensure_future(sample_limit())
+            await offer(list(clients.values()), rate, seconds, rng)
+            await sampler
+        # Let the last requests finish (or time out).
+        await asyncio.sleep(CLIENT_TIMEOUT + 0.5)
+        end_all = time.monotonic()
+    finally:
+        for proc, _, _ in procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except Exception:
+                proc.kill()
+        for u in upstreams.values():
+            u.server.close()
+
+    # Report.
+    out = []
+    w = out.append
+    w(f"# Adaptive concurrency, side by side ({'quick' if args.quick else 'full'} run)\n")
+    w(f"Upstream: K requests at once x {SERVICE*1000:.0f} ms, the rest queued inside it; K = {GOOD_K} "
+      f"(capacity {good_rps:.0f}/s) on the good day, {BAD_K} ({BAD_K/SERVICE:.0f}/s) during `drop`. "
+      f"Offered: Poisson, 25 % high priority (`/high`), 75 % low; {2*good_rps:.0f}/s in good/drop/rise, "
+      f"{0.6*good_rps:.0f}/s in `below`. Goodput: 200s within {SLO*1000:.0f} ms (2x unloaded) per second. "
+      f"Weir: `{os.path.relpath(binary, ROOT)}`, one thread each; the three run at the same time, each with "
+      f"its own upstream.\n")
+    bounds = []
+    for i, (phase, start, k, rate) in enumerate(marks):
+        stop = marks[i + 1][1] if i + 1 < len(marks) else end_all - CLIENT_TIMEOUT - 0.5
+        bounds.append((phase, start, stop, k, rate))
+    w("| phase | config | offered/s | capacity/s | goodput/s | goodput / capacity | upstream p50 ms | upstream p99 ms | shed % | high 200 % | low 200 % |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (phase, start, stop, k, rate) in bounds:
+        cap = k / SERVICE
+        # The first 5 s of a phase are convergence (reported below), the rest steady state.
+        steady_from = start + min(5.0, (stop - start) / 2)
+        for name in CONFIGS:
+            f = phase_figures(clients[name], upstreams[name], steady_from, stop, cap)
+            w(f"| {phase} | {name} | {rate:.0f} | {cap:.0f} | {f['goodput']:.0f} | {f['goodput_share']*100:.0f} % | "
+              f"{f['up_p50']*1000:.0f} | {f['up_p99']*1000:.0f} | {f['shed_share']*100:.2f} | "
+              f"{f['high_ok']*100:.1f} | {f['low_ok']*100:.1f} |")
+    w("")
+    w("Time to converge after each capacity change (goodput >= 90 % of the new capacity and upstream p99 "
+      "<= 2x unloaded, in every 1-s window from then on; `never` within the phase):\n")
+    w("| change | " + " | ".join(CONFIGS) + " |")
+    w("|---|" + "---|" * len(CONFIGS))
+    for (phase, start, stop, k, rate) in bounds:
+        if phase not in ("drop", "rise"):
+            continue
+        cells = []
+        for name in CONFIGS:
+            t = converge_time(clients[name], upstreams[name], start, stop, k / SERVICE)
+            cells.append("never" if t is None else f"{t:.2f} s")
+        w(f"| {phase} (K -> {k}) | " + " | ".join(cells) + " |")
+    w("")
+    step = max(1, len(limits) // 40)
+    series = " ".join(f"{t:.0f}s:{s[0]:.0f}/{s[1]:.0f}ms" for t, s in limits[::step] if s is not None)
+    w(f"`weir_adaptive_limit` / learned ideal latency over the run (every {step * 0.5:.1f} s): {series}\n")
+    report = "\n".join(out)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="every phase a third as long (< 60 s in all)")
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    p.add_argument("--weir", default=os.path.join(target, "debug", "weir"),
+                   help="the weir binary (default: the debug build; behaviour, not speed, is measured)")
+    p.add_argument("--out", help="also write the report here")
+    args = p.parse_args()
+    if not os.path.exists(args.weir):
+        sys.exit(f"no weir binary at {args.weir}: cargo build first")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
