@@ -20,6 +20,7 @@ Prints a Markdown report; `--out FILE` writes it too. Every process it starts is
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import random
 import signal
@@ -51,51 +52,84 @@ def free_port():
 
 
 class Upstream:
+    """Runs in a process of its own (its timings must not wait for the load generator's loop).
+    `capacity` is shared with the parent; `records` come back through a pipe at the end."""
+
     def __init__(self, capacity):
-        self.capacity = capacity
-        self.busy = 0
-        self.waiting = []  # futures, FIFO
-        self.records = []  # (done_at, latency)
+        self.shared_capacity = multiprocessing.Value("i", capacity)
         self.port = free_port()
+        self.records = []
+        self.parent_end, self.child_end = multiprocessing.Pipe()
+        self.stop = multiprocessing.Event()
+        self.proc = multiprocessing.Process(target=self._run, daemon=True)
 
     def set_capacity(self, k):
-        self.capacity = k
-        self._wake()
+        self.shared_capacity.value = k
 
-    def _wake(self):
-        while self.waiting and self.busy < self.capacity:
-            fut = self.waiting.pop(0)
-            if not fut.done():
-                self.busy += 1
-                fut.set_result(None)
+    def start(self):
+        self.proc.start()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("the bench upstream did not start")
 
-    async def handle(self, reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                if not head:
-                    return
-                arrived = time.monotonic()
-                if self.busy < self.capacity and not self.waiting:
+    def finish(self):
+        self.stop.set()
+        self.records = self.parent_end.recv()
+        self.proc.join(timeout=10)
+
+    # In the child process:
+
+    def _run(self):
+        asyncio.run(self._serve())
+
+    async def _serve(self):
+        self.busy = 0
+        self.waiting = []
+        records = []
+        loop = asyncio.get_running_loop()
+
+        def wake():
+            while self.waiting and self.busy < self.shared_capacity.value:
+                fut = self.waiting.pop(0)
+                if not fut.done():
                     self.busy += 1
-                else:
-                    fut = asyncio.get_running_loop().create_future()
-                    self.waiting.append(fut)
-                    await fut
-                await asyncio.sleep(SERVICE)
-                self.busy -= 1
-                self._wake()
-                done = time.monotonic()
-                self.records.append((done, done - arrived))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
+                    fut.set_result(None)
 
-    async def start(self):
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", self.port, backlog=1024)
+        async def handle(reader, writer):
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    arrived = time.monotonic()
+                    if self.busy < self.shared_capacity.value and not self.waiting:
+                        self.busy += 1
+                    else:
+                        fut = loop.create_future()
+                        self.waiting.append(fut)
+                        await fut
+                    await asyncio.sleep(SERVICE)
+                    self.busy -= 1
+                    wake()
+                    done = time.monotonic()
+                    records.append((done, done - arrived))
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", self.port, backlog=1024)
+        # A raised capacity wakes the queue too.
+        while not self.stop.is_set():
+            wake()
+            await asyncio.sleep(0.01)
+        server.close()
+        self.child_end.send(records)
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +331,7 @@ async def main_async(args):
     good_rps = GOOD_K / SERVICE
     upstreams = {name: Upstream(GOOD_K) for name in CONFIGS}
     for u in upstreams.values():
-        await u.start()
+        u.start()
     tmp = tempfile.mkdtemp(prefix="weir-adaptive-bench-")
     procs = {}
     try:
@@ -337,7 +371,7 @@ async def main_async(args):
             except Exception:
                 proc.kill()
         for u in upstreams.values():
-            u.server.close()
+            u.finish()
 
     # Report.
     out = []

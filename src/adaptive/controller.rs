@@ -201,12 +201,20 @@ impl Controller {
         self.seen_in_window = 0;
         let peak = f64::from(std::mem::take(&mut self.peak_in_flight));
         let median = median.max(1);
-        // A probe's window measures the latency without a queue: it replaces the baseline, up
-        // or down (the upstream may have become slower for good). Other windows only lower it.
+        // A probe's window measures the latency without a queue: it replaces the baseline, down
+        // at once, up by half (the upstream may have become slower for good). Other windows only
+        // lower it.
         let ideal_us = match (self.probing.is_some(), self.ideal_us) {
             (false, Some(ideal)) => {
                 self.smoothed_us += SMOOTHING * (median as f64 - self.smoothed_us);
                 ideal.min(self.smoothed_us as u64)
+            }
+            // A probe raises the baseline halfway to what it measured: one window's noise must
+            // not ratchet it up probe after probe; a slower upstream is learned in a few probes.
+            (true, Some(ideal)) if median > ideal => {
+                let raised = ideal + (median - ideal) / 2;
+                self.smoothed_us = raised as f64;
+                raised
             }
             _ => {
                 self.smoothed_us = median as f64;
@@ -457,6 +465,22 @@ mod tests {
         window(&mut c, 80, 25);
         assert_eq!(c.limit(), 41);
         assert_eq!(c.last_verdict(), Some(Verdict::Queueing));
+    }
+
+    #[test]
+    fn a_slower_upstream_is_learned_through_probes() {
+        // Overloaded at 20 ms, then the service time doubles for good.
+        let mut sim = one_client(1000.0);
+        sim.run(20, 10);
+        let before = sim.clients[0].controller.ideal().unwrap_or_default();
+        assert!(before < Duration::from_millis(22), "ideal {before:?}");
+        sim.set_service(Duration::from_millis(40));
+        let run = sim.run(60, 10);
+        let after = sim.clients[0].controller.ideal().unwrap_or_default();
+        assert!(after >= Duration::from_millis(35), "ideal {after:?} for a 40 ms upstream");
+        // Capacity is now 250/s: served again once the baseline moved.
+        let served: u64 = run[40..].iter().map(Second::total_served).sum::<u64>() / 20;
+        assert!(served >= 225, "{served}/s of 250");
     }
 
     #[test]

@@ -99,6 +99,11 @@ impl Sim {
         }
     }
 
+    /// The upstream becomes faster or slower (for requests it starts from now on).
+    pub fn set_service(&mut self, service: Duration) {
+        self.service_us = service.as_micros() as u64;
+    }
+
     /// Runs `seconds` with `servers` processing at once; one record per second.
     pub fn run(&mut self, seconds: u64, servers: usize) -> Vec<Second> {
         let n = self.clients.len();
