@@ -323,46 +323,66 @@ def converge_time(client, upstream, change_at, end, capacity_rps):
     return None if ok_from is None else ok_from + 1.0 - change_at
 
 
-async def main_async(args):
+def client_main(port, schedule, start_at, seed, conn):
+    """One configuration's load generator, in a process of its own (the no-limit configuration's
+    thousands of timed-out requests must not slow the others' clocks)."""
+
+    async def run():
+        c = Client(port)
+        rng = random.Random(seed)
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        for rate, seconds in schedule:
+            await offer([c], rate, seconds, rng)
+        await asyncio.sleep(CLIENT_TIMEOUT + 0.5)
+        return c.results
+
+    conn.send(asyncio.run(run()))
+
+
+def main_run(args):
     binary = args.weir
     scale = 1 / 3 if args.quick else 1.0
     phases = [("good", GOOD_K, 2.0, 24 * scale), ("drop", BAD_K, None, 18 * scale),
               ("rise", GOOD_K, None, 18 * scale), ("below", GOOD_K, 0.6, 15 * scale)]
     good_rps = GOOD_K / SERVICE
+    schedule, rate = [], 2.0 * good_rps
+    for (_, _, load, seconds) in phases:
+        if load is not None:
+            rate = load * good_rps
+        schedule.append((rate, seconds))
     upstreams = {name: Upstream(GOOD_K) for name in CONFIGS}
     for u in upstreams.values():
         u.start()
     tmp = tempfile.mkdtemp(prefix="weir-adaptive-bench-")
     procs = {}
+    loaders = {}
+    results = {}
+    limits = []
+    marks = []
     try:
         for name, extra in CONFIGS.items():
             procs[name] = start_weir(binary, tmp, name, upstreams[name].port, extra)
-        clients = {name: Client(procs[name][1]) for name in CONFIGS}
-        rng = random.Random(37)
-        limits = []
-        marks = []
-        t0 = time.monotonic()
-        rate = 2.0 * good_rps
-        for (phase, k, load, seconds) in phases:
+        t0 = time.monotonic() + 1.0
+        for name in CONFIGS:
+            parent, child = multiprocessing.Pipe()
+            proc = multiprocessing.Process(target=client_main, args=(procs[name][1], schedule, t0, 37, child),
+                                           daemon=True)
+            proc.start()
+            loaders[name] = (proc, parent)
+        at = t0
+        for (phase, k, _, seconds), (rate, _) in zip(phases, schedule):
+            time.sleep(max(0.0, at - time.monotonic()))
             for u in upstreams.values():
                 u.set_capacity(k)
-            if load is not None:
-                rate = load * good_rps
-            start = time.monotonic()
-            marks.append((phase, start, k, rate))
-            sampler_end = start + seconds
-
-            async def sample_limit():
-                while time.monotonic() < sampler_end:
-                    limits.append((time.monotonic() - t0, adaptive_state(procs["adaptive"][2])))
-                    await asyncio.sleep(0.5)
-
-            sampler = asyncio.ensure_future(sample_limit())
-            await offer(list(clients.values()), rate, seconds, rng)
-            await sampler
-        # Let the last requests finish (or time out).
-        await asyncio.sleep(CLIENT_TIMEOUT + 0.5)
-        end_all = time.monotonic()
+            marks.append((phase, at, k, rate))
+            at += seconds
+            while time.monotonic() < at:
+                limits.append((time.monotonic() - t0, adaptive_state(procs["adaptive"][2])))
+                time.sleep(0.5)
+        end_all = at + CLIENT_TIMEOUT + 0.5
+        for name, (proc, parent) in loaders.items():
+            results[name] = parent.recv()
+            proc.join(timeout=10)
     finally:
         for proc, _, _ in procs.values():
             try:
@@ -372,6 +392,10 @@ async def main_async(args):
                 proc.kill()
         for u in upstreams.values():
             u.finish()
+    clients = {}
+    for name in CONFIGS:
+        clients[name] = Client(0)
+        clients[name].results = results.get(name, [])
 
     # Report.
     out = []
@@ -432,7 +456,7 @@ def main():
     args = p.parse_args()
     if not os.path.exists(args.weir):
         sys.exit(f"no weir binary at {args.weir}: cargo build first")
-    asyncio.run(main_async(args))
+    main_run(args)
 
 
 if __name__ == "__main__":
