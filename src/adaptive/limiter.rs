@@ -282,3 +282,73 @@ impl Drop for Permit {
         self.limit.release(self.priority, self.latency);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::controller::Settings;
+
+    /// A limit of exactly `places` (min = max) with a queue of `waiting`.
+    fn limit(name: &str, places: u32, waiting: usize) -> Arc<AdaptiveLimit> {
+        let controller =
+            Settings { min_limit: places, max_limit: places, initial_limit: places, ..Settings::default() };
+        let queue = QueueSettings { max_waiting: waiting, timeout: Duration::from_secs(5) };
+        Arc::new(AdaptiveLimit::new(name, AdaptiveSpec { controller, queue }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_queue_the_excess_is_refused_at_once() {
+        let l = limit("test-refuse", 2, 0);
+        let a = l.acquire(Priority::Normal).await;
+        let b = l.acquire(Priority::Normal).await;
+        assert!(a.is_ok() && b.is_ok());
+        assert_eq!(l.acquire(Priority::High).await.err(), Some(ShedReason::OverLimit));
+        drop(a);
+        assert!(l.acquire(Priority::Normal).await.is_ok(), "a place given back is free again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn freed_places_go_to_the_most_important_waiter_first() {
+        let l = limit("test-order", 1, 8);
+        let held = l.acquire(Priority::Normal).await.ok();
+        let (low, high) = (l.clone(), l.clone());
+        let low = tokio::spawn(async move { low.acquire(Priority::Low).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        let high = tokio::spawn(async move {
+            let permit = high.acquire(Priority::High).await;
+            // Hold the place a moment: the low waiter must still be waiting meanwhile.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            permit.map(|_| ())
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(l.lock().waiters.len(), 2);
+        drop(held);
+        assert_eq!(high.await.ok(), Some(Ok(())));
+        assert_eq!(low.await.ok(), Some(Ok(())), "the low waiter gets the place after the high one");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_displaces_its_least_important_waiter() {
+        let l = limit("test-displace", 1, 1);
+        let _held = l.acquire(Priority::Normal).await.ok();
+        let low = l.clone();
+        let low = tokio::spawn(async move { low.acquire(Priority::Low).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        // Another low one finds the queue full of equals ...
+        assert_eq!(l.acquire(Priority::Low).await.err(), Some(ShedReason::QueueFull));
+        // ... a high one takes the low one's seat.
+        let high = l.clone();
+        let _high = tokio::spawn(async move { high.acquire(Priority::High).await.map(|_| ()) });
+        assert_eq!(low.await.ok(), Some(Err(ShedReason::Displaced)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_leaves_after_queue_timeout() {
+        let l = limit("test-timeout", 1, 4);
+        let _held = l.acquire(Priority::Normal).await.ok();
+        let started = tokio::time::Instant::now();
+        assert_eq!(l.acquire(Priority::High).await.err(), Some(ShedReason::QueueTimeout));
+        assert!(started.elapsed() >= Duration::from_secs(5));
+        assert!(l.lock().waiters.is_empty(), "the timed-out waiter is gone from the queue");
+    }
+}
