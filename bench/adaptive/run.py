@@ -140,7 +140,10 @@ CONFIGS = {
     "no limit": "",
     "static max_conns": f"max_conns = {GOOD_K}",
     "adaptive": "adaptive = {}",
+    "adaptive, fleet of 2": "adaptive = {}",
 }
+# Two Weirs in front of one upstream, each given half of the requests: they must not fight.
+FLEET = {"adaptive, fleet of 2": 2}
 
 
 def weir_config(listen, admin, upstream_port, upstream_extra):
@@ -254,20 +257,22 @@ class Client:
 
 
 async def offer(clients, rate, seconds, rng):
-    """Poisson arrivals at `rate`/s to every client for `seconds`; 25 % high priority."""
+    """Poisson arrivals at `rate`/s for `seconds`, to the clients in turn; 25 % high priority."""
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     next_at = loop.time()
     tasks = set()
+    turn = 0
     while next_at < end:
         now = loop.time()
         if next_at > now:
             await asyncio.sleep(next_at - now)
         path = "/high" if rng.random() < 0.25 else "/low"
-        for c in clients:
-            t = asyncio.ensure_future(c.one(path))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
+        c = clients[turn % len(clients)]
+        turn += 1
+        t = asyncio.ensure_future(c.one(path))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
         next_at += rng.expovariate(rate)
     return tasks
 
@@ -308,33 +313,34 @@ def phase_figures(client, upstream, start, end, capacity_rps):
 
 
 def converge_time(client, upstream, change_at, end, capacity_rps):
-    """Seconds after `change_at` until a 1-s window (sliding by 0.25 s) and every later one reach
-    >= 90 % of capacity in goodput with the upstream's p99 within 2x its unloaded latency."""
-    ok_from = None
+    """After a change at `change_at`, in 1-s windows sliding by 0.25 s: (seconds until the first
+    window with goodput >= 90 % of capacity and the upstream's p99 within 2x its unloaded latency
+    (5 % slack), share of the later windows that miss it). None when never reached."""
+    windows = []
     t = change_at
     while t + 1.0 <= end:
         f = phase_figures(client, upstream, t, t + 1.0, capacity_rps)
-        ok = f["goodput_share"] >= 0.9 and f["up_p99"] <= 2 * SERVICE * 1.05
-        if ok and ok_from is None:
-            ok_from = t
-        elif not ok:
-            ok_from = None
+        windows.append((t, f["goodput_share"] >= 0.9 and f["up_p99"] <= 2 * SERVICE * 1.05))
         t += 0.25
-    return None if ok_from is None else ok_from + 1.0 - change_at
+    for i, (t, ok) in enumerate(windows):
+        if ok:
+            later = windows[i:]
+            return t + 1.0 - change_at, sum(1 for _, o in later if not o) / len(later)
+    return None
 
 
-def client_main(port, schedule, start_at, seed, conn):
+def client_main(ports, schedule, start_at, seed, conn):
     """One configuration's load generator, in a process of its own (the no-limit configuration's
     thousands of timed-out requests must not slow the others' clocks)."""
 
     async def run():
-        c = Client(port)
+        clients = [Client(port) for port in ports]
         rng = random.Random(seed)
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         for rate, seconds in schedule:
-            await offer([c], rate, seconds, rng)
+            await offer(clients, rate, seconds, rng)
         await asyncio.sleep(CLIENT_TIMEOUT + 0.5)
-        return c.results
+        return [r for c in clients for r in c.results]
 
     conn.send(asyncio.run(run()))
 
@@ -358,15 +364,17 @@ def main_run(args):
     loaders = {}
     results = {}
     limits = []
+    fleet_limits = []
     marks = []
     try:
         for name, extra in CONFIGS.items():
-            procs[name] = start_weir(binary, tmp, name, upstreams[name].port, extra)
+            procs[name] = [start_weir(binary, tmp, f"{name}-{i}", upstreams[name].port, extra)
+                           for i in range(FLEET.get(name, 1))]
         t0 = time.monotonic() + 1.0
         for name in CONFIGS:
             parent, child = multiprocessing.Pipe()
-            proc = multiprocessing.Process(target=client_main, args=(procs[name][1], schedule, t0, 37, child),
-                                           daemon=True)
+            ports = [listen for (_, listen, _) in procs[name]]
+            proc = multiprocessing.Process(target=client_main, args=(ports, schedule, t0, 37, child), daemon=True)
             proc.start()
             loaders[name] = (proc, parent)
         at = t0
@@ -377,14 +385,16 @@ def main_run(args):
             marks.append((phase, at, k, rate))
             at += seconds
             while time.monotonic() < at:
-                limits.append((time.monotonic() - t0, adaptive_state(procs["adaptive"][2])))
+                now = time.monotonic() - t0
+                limits.append((now, adaptive_state(procs["adaptive"][0][2])))
+                fleet_limits.append((now, [adaptive_state(admin) for (_, _, admin) in procs["adaptive, fleet of 2"]]))
                 time.sleep(0.5)
         end_all = at + CLIENT_TIMEOUT + 0.5
         for name, (proc, parent) in loaders.items():
             results[name] = parent.recv()
             proc.join(timeout=10)
     finally:
-        for proc, _, _ in procs.values():
+        for proc, _, _ in [p for group in procs.values() for p in group]:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=10)
@@ -405,8 +415,9 @@ def main_run(args):
       f"(capacity {good_rps:.0f}/s) on the good day, {BAD_K} ({BAD_K/SERVICE:.0f}/s) during `drop`. "
       f"Offered: Poisson, 25 % high priority (`/high`), 75 % low; {2*good_rps:.0f}/s in good/drop/rise, "
       f"{0.6*good_rps:.0f}/s in `below`. Goodput: 200s within {SLO*1000:.0f} ms (2x unloaded) per second. "
-      f"Weir: `{os.path.relpath(binary, ROOT)}`, one thread each; the three run at the same time, each with "
-      f"its own upstream.\n")
+      f"Weir: `{os.path.relpath(binary, ROOT)}`, one thread each; the configurations run at the same time, each "
+      f"with its own upstream; `adaptive, fleet of 2` is two Weirs in front of one upstream, each sent every "
+      f"other request.\n")
     bounds = []
     for i, (phase, start, k, rate) in enumerate(marks):
         stop = marks[i + 1][1] if i + 1 < len(marks) else end_all - CLIENT_TIMEOUT - 0.5
@@ -423,8 +434,9 @@ def main_run(args):
               f"{f['up_p50']*1000:.0f} | {f['up_p99']*1000:.0f} | {f['shed_share']*100:.2f} | "
               f"{f['high_ok']*100:.1f} | {f['low_ok']*100:.1f} |")
     w("")
-    w("Time to converge after each capacity change (goodput >= 90 % of the new capacity and upstream p99 "
-      "<= 2x unloaded, in every 1-s window from then on; `never` within the phase):\n")
+    w("Time to converge after each capacity change: until the first 1-s window with goodput >= 90 % of the "
+      "new capacity and the upstream's p99 <= 2x unloaded; in parentheses the share of the phase's later "
+      "windows that miss it (`never`: not within the phase):\n")
     w("| change | " + " | ".join(CONFIGS) + " |")
     w("|---|" + "---|" * len(CONFIGS))
     for (phase, start, stop, k, rate) in bounds:
@@ -432,9 +444,24 @@ def main_run(args):
             continue
         cells = []
         for name in CONFIGS:
-            t = converge_time(clients[name], upstreams[name], start, stop, k / SERVICE)
-            cells.append("never" if t is None else f"{t:.2f} s")
+            c = converge_time(clients[name], upstreams[name], start, stop, k / SERVICE)
+            cells.append("never" if c is None else f"{c[0]:.2f} s ({c[1]*100:.0f} % missed)")
         w(f"| {phase} (K -> {k}) | " + " | ".join(cells) + " |")
+    w("")
+    w("Fleet: the two Weirs' limits (`weir_adaptive_limit`) in each phase's steady part: mean, min-max, "
+      "and their sum's min-max:\n")
+    w("| phase | Weir 1 mean (min-max) | Weir 2 mean (min-max) | sum min-max |")
+    w("|---|---|---|---|")
+    for (phase, start, stop, k, rate) in bounds:
+        lo, hi = start - t0 + min(5.0, (stop - start) / 2), stop - t0
+        rows = [pair for (t, pair) in fleet_limits if lo <= t < hi and all(x is not None for x in pair)]
+        if not rows:
+            continue
+        one = [r[0][0] for r in rows]
+        two = [r[1][0] for r in rows]
+        sums = [a + b for a, b in zip(one, two)]
+        w(f"| {phase} (K={k}) | {statistics.mean(one):.1f} ({min(one):.0f}-{max(one):.0f}) | "
+          f"{statistics.mean(two):.1f} ({min(two):.0f}-{max(two):.0f}) | {min(sums):.0f}-{max(sums):.0f} |")
     w("")
     step = max(1, len(limits) // 40)
     series = " ".join(f"{t:.0f}s:{s[0]:.0f}/{s[1]:.0f}ms" for t, s in limits[::step] if s is not None)
