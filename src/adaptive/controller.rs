@@ -40,8 +40,10 @@ const IDLE_GAP_US: u64 = 1_000_000;
 const SMOOTHING: f64 = 0.3;
 /// The start-up probe's share of the initial limit.
 const START_UP_SHARE: f64 = 0.25;
-/// While shedding, at most one probe window per this long (µs), on the clock's grid.
+/// While shedding, at most one probe window per this long (µs), on the clock's grid ...
 const PROBE_INTERVAL_US: u64 = 10_000_000;
+/// ... doubled after each probe that found the baseline right, up to this.
+const MAX_PROBE_INTERVAL_US: u64 = 160_000_000;
 /// A probe window runs at this share of the queue-free estimate.
 const PROBE_SHARE: f64 = 0.75;
 
@@ -87,6 +89,10 @@ pub struct Controller {
     last_verdict: Option<Verdict>,
     /// When the last probe started (µs); `None`: never, so the first overload probes at once.
     last_probe_us: Option<u64>,
+    /// The current probe interval (µs): doubles while probes confirm the baseline.
+    probe_interval_us: u64,
+    /// Probes so far, the start-up one excluded.
+    probes: u64,
     /// During a probe window: the limit and ideal (µs) from before it.
     probing: Option<(f64, u64)>,
     last_sample_us: Option<u64>,
@@ -112,6 +118,8 @@ impl Controller {
             smoothed_us: 0.0,
             last_verdict: None,
             last_probe_us: None,
+            probe_interval_us: PROBE_INTERVAL_US,
+            probes: 0,
             probing: Some((initial, 0)),
             last_sample_us: None,
             pressed_windows: 0,
@@ -130,6 +138,11 @@ impl Controller {
 
     pub fn last_verdict(&self) -> Option<Verdict> {
         self.last_verdict
+    }
+
+    /// Probes made so far (the start-up probe excluded).
+    pub fn probes(&self) -> u64 {
+        self.probes
     }
 
     /// Whether a probe window is running (start-up included).
@@ -232,6 +245,12 @@ impl Controller {
             // goes back to the initial limit.
             let scale = if ideal_before == 0 { 1.0 } else { ideal / ideal_before as f64 };
             self.limit = (before * scale).clamp(min, max);
+            // A probe that confirmed the baseline makes the next one wait twice as long: a
+            // sustained overload pays for fewer and fewer probes (the interval is the same on
+            // every instance that saw the same, so a fleet stays on one grid).
+            let confirmed = (0.9..=1.1).contains(&scale) && ideal_before > 0;
+            self.probe_interval_us =
+                if confirmed { (self.probe_interval_us * 2).min(MAX_PROBE_INTERVAL_US) } else { PROBE_INTERVAL_US };
             if ideal_before > 0 && ideal < ideal_before as f64 * 0.9 {
                 self.last_probe_us = None;
             }
@@ -271,7 +290,8 @@ impl Controller {
         };
         // Due on a grid of the clock: instances of a fleet (wall clocks within a window of each
         // other) probe together, so together they drain the upstream's queue and each sees it.
-        let probe_due = self.last_probe_us.is_none_or(|at| now_us / PROBE_INTERVAL_US > at / PROBE_INTERVAL_US);
+        let every = self.probe_interval_us;
+        let probe_due = self.last_probe_us.is_none_or(|at| now_us / every > at / every);
         if self.pressed_windows >= PRESSED_BEFORE_PROBE && probe_due {
             self.probe(now_us, peak, median, ideal);
         }
@@ -283,10 +303,12 @@ impl Controller {
     /// was first measured under load, or load never let up). One window runs at ¾ of the
     /// queue-free estimate (`peak × ideal / median`); if a queue was hidden, that window's median
     /// is lower and becomes the baseline. Only while shedding anyway — never below capacity,
-    /// never at a fixed floor — and at most every `PROBE_INTERVAL_US`.
+    /// never at a fixed floor — and at most every `probe_interval_us` (10 s, doubling up to 160 s
+    /// while probes confirm the baseline).
     fn probe(&mut self, now_us: u64, peak: f64, median: u64, ideal: f64) {
         let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
         self.last_probe_us = Some(now_us);
+        self.probes += 1;
         self.probing = Some((self.limit, ideal as u64));
         let queue_free = peak * (ideal / median as f64).min(1.0);
         self.limit = (queue_free * PROBE_SHARE).clamp(min, max);
@@ -481,6 +503,17 @@ mod tests {
         // Capacity is now 250/s: served again once the baseline moved.
         let served: u64 = run[40..].iter().map(Second::total_served).sum::<u64>() / 20;
         assert!(served >= 225, "{served}/s of 250");
+    }
+
+    #[test]
+    fn probes_grow_rare_while_they_confirm_the_baseline() {
+        // Sustained 2x overload for 5 minutes: probes at 10, 20, 40, 80, 160 s apart at most.
+        let mut sim = one_client(1000.0);
+        let run = sim.run(300, 10);
+        let probes = sim.clients[0].controller.probes();
+        // Every 10 s would be about 30; doubling from 10 s to 160 s: 10 + 20 + 40 + 80 + 160 > 300.
+        assert!((1..=6).contains(&probes), "{probes} probes in 300 s");
+        assert!(goodput(&run[5..]) >= 450.0);
     }
 
     #[test]
