@@ -4,6 +4,7 @@
 //! `config`, and decides with the model `limit` in a `store` (memory | redis); `upstream` forwards.
 //! `process` assembles them into a Pingora server and owns what outlives a reload.
 
+pub mod adaptive;
 pub mod config;
 pub mod edge;
 pub mod engine;

@@ -210,6 +210,7 @@ pub(super) fn compile_rls(
             cost: Cost { default: 1, header: None, max: 1, min: 1 },
             grpc_status: None,
             limit_rate: None,
+            priority: Default::default(),
         };
         domains.push(Domain { name: dname, route, rules, pattern_order, limit_override });
     }

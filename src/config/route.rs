@@ -50,6 +50,8 @@ pub struct Route {
     pub grpc_status: Option<u8>,
     /// nginx's `limit_rate` on response bodies (`limit_rate.rs`); `None`: full speed.
     pub limit_rate: Option<LimitRate>,
+    /// Under the upstream's adaptive limit, lower priorities are refused first.
+    pub priority: crate::adaptive::Priority,
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -124,6 +126,7 @@ pub(super) fn compile_routes(
             limit_rate,
             limit_rate_after,
             limit_rate_override,
+            priority,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -191,6 +194,12 @@ pub(super) fn compile_routes(
         };
         let limit_rate =
             super::limit_rate::compile(limit_rate.as_ref(), limit_rate_after.as_ref(), &limit_rate_override, &here)?;
+        let priority = match &priority {
+            None => crate::adaptive::Priority::default(),
+            Some(p) => crate::adaptive::Priority::parse(p.get_ref()).ok_or_else(|| {
+                here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
+            })?,
+        };
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -204,6 +213,7 @@ pub(super) fn compile_routes(
             cost,
             grpc_status,
             limit_rate,
+            priority,
         });
     }
     Ok((routes, matchers))

@@ -312,6 +312,35 @@ pub struct Upstream {
     pub client_key: Option<Spanned<String>>,
     /// `"h1"`, `"h2"` (over TLS) or `"h2c"`.
     pub protocol: Option<Spanned<String>>,
+    /// A limit on requests in flight to this upstream that Weir learns from its latency (docs/adaptive.md).
+    pub adaptive: Option<Spanned<Adaptive>>,
+}
+
+/// `[upstream.adaptive]`: adaptive concurrency (docs/adaptive.md). `adaptive = {}` takes every default.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Adaptive {
+    /// The limit never goes below this (1-100000).
+    #[schemars(extend("default" = 2))]
+    pub min_limit: Option<Spanned<i64>>,
+    /// The limit never goes above this (1-100000).
+    #[schemars(extend("default" = 1000))]
+    pub max_limit: Option<Spanned<i64>>,
+    /// The limit at start, before anything was learned.
+    #[schemars(extend("default" = 20))]
+    pub initial_limit: Option<Spanned<i64>>,
+    /// How much slower than its latency without a queue the upstream may answer before the limit shrinks (1.05-10).
+    #[schemars(extend("default" = 1.25))]
+    pub tolerance: Option<Spanned<f64>>,
+    /// Shortest measurement window (10ms-60s); a window also needs 64 answers.
+    #[schemars(extend("default" = "250ms"))]
+    pub window: Option<Spanned<String>>,
+    /// Requests that may wait for a place, most important first (0: refuse at once; up to 100000).
+    #[schemars(extend("default" = 0))]
+    pub queue: Option<Spanned<i64>>,
+    /// Longest wait in the queue.
+    #[schemars(extend("default" = "50ms"))]
+    pub queue_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -494,6 +523,9 @@ pub struct Route {
     pub grpc_rejections: Option<bool>,
     /// The gRPC status of those rejections (default 8, RESOURCE_EXHAUSTED).
     pub grpc_status: Option<Spanned<i64>>,
+    /// Under the upstream's adaptive limit, lower priorities are refused first.
+    #[schemars(extend("enum" = ["low", "normal", "high"], "default" = "normal"))]
+    pub priority: Option<Spanned<String>>,
     /// nginx's limit_rate: each response body is sent no faster than this many bytes a second
     /// ("512k", "1m", "2g": k = 1024; or a plain number).
     #[schemars(extend("examples" = ["1m"]))]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::spanned::Spanned;
+use crate::adaptive::{AdaptiveSpec, QueueSettings, Settings as AdaptiveSettings};
 
 use super::checks::{check_name, parse_duration, unique};
 use super::error::{ConfigError, Source};
@@ -28,6 +29,7 @@ const DEFAULT_FALL: i64 = 3;
 const MAX_WEIGHT: i64 = 1000;
 const MAX_CONNS: i64 = 1_000_000;
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_millis(50);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 pub(super) fn compile_upstreams(
@@ -173,6 +175,7 @@ fn compile_one(
     let resolve_interval =
         cx.duration(&up.resolve_interval, "resolve_interval", MIN_INTERVAL, DEFAULT_RESOLVE_INTERVAL)?;
     let health_check = up.health_check.map(|h| compile_check(&cx, h)).transpose()?;
+    let adaptive = up.adaptive.map(|a| compile_adaptive(&cx, a)).transpose()?;
     Ok(UpstreamSpec {
         name: cx.name.clone(),
         servers,
@@ -184,6 +187,45 @@ fn compile_one(
         resolver,
         tls,
         protocol,
+        adaptive,
+    })
+}
+
+/// `adaptive = { ... }`: bounds, tolerance, window and queue (docs/adaptive.md).
+fn compile_adaptive(cx: &Ctx<'_, '_>, a: Spanned<schema::Adaptive>) -> Result<AdaptiveSpec, ConfigError> {
+    let span = a.span();
+    let a = a.into_inner();
+    let defaults = AdaptiveSettings::default();
+    let bound = (1, 100_000);
+    let min_limit = cx.int(&a.min_limit, "adaptive.min_limit", bound, i64::from(defaults.min_limit))? as u32;
+    let max_limit = cx.int(&a.max_limit, "adaptive.max_limit", bound, i64::from(defaults.max_limit))? as u32;
+    if min_limit > max_limit {
+        return Err(cx.err(&span, "adaptive", format!("min_limit {min_limit} is above max_limit {max_limit}")));
+    }
+    let initial = cx.int(&a.initial_limit, "adaptive.initial_limit", bound, i64::from(defaults.initial_limit))? as u32;
+    let tolerance = match &a.tolerance {
+        None => defaults.tolerance,
+        Some(t) if (1.05..=10.0).contains(t.get_ref()) => *t.get_ref(),
+        Some(t) => {
+            return Err(cx.err(&t.span(), "adaptive.tolerance", format!("must be 1.05..=10, got {}", t.get_ref())))
+        }
+    };
+    let window = cx.duration(&a.window, "adaptive.window", Duration::from_millis(10), defaults.window)?;
+    if window > Duration::from_secs(60) {
+        return Err(cx.err(&span, "adaptive.window", "must be at most 60s"));
+    }
+    let max_waiting = cx.int(&a.queue, "adaptive.queue", (0, 100_000), 0)? as usize;
+    let timeout =
+        cx.duration(&a.queue_timeout, "adaptive.queue_timeout", Duration::from_millis(1), DEFAULT_QUEUE_TIMEOUT)?;
+    Ok(AdaptiveSpec {
+        controller: AdaptiveSettings {
+            min_limit,
+            max_limit,
+            initial_limit: initial.clamp(min_limit, max_limit),
+            tolerance,
+            window,
+        },
+        queue: QueueSettings { max_waiting, timeout },
     })
 }
 

@@ -63,7 +63,7 @@ pub struct RouteMeters {
 }
 
 /// More than the proxy's outcomes (`Outcome::slot`); a larger slot is looked up each time.
-pub const OUTCOME_SLOTS: usize = 16;
+pub const OUTCOME_SLOTS: usize = 17;
 
 impl RouteMeters {
     fn new(route: &str) -> Self {

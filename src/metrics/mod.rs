@@ -2,6 +2,7 @@
 //! histograms for times. Labels are routes, zones and outcomes — never client keys, whose
 //! cardinality is unbounded.
 
+mod adaptive;
 mod implied;
 mod meters;
 mod process;
@@ -109,6 +110,8 @@ pub struct Metrics {
     /// Which store-specific families `render` shows: `STORES_*` bits, set by [`Metrics::seed`];
     /// until then every family.
     stores_in_use: AtomicU8,
+    /// Adaptive concurrency per upstream (`weir_adaptive_*`).
+    pub adaptive: adaptive::AdaptiveMetrics,
 }
 
 const STORES_KNOWN: u8 = 1;
@@ -406,6 +409,7 @@ impl Metrics {
                 "Requests refused because their zone was full and no entry could be evicted.",
                 &["zone"],
             ),
+            adaptive: adaptive::AdaptiveMetrics::new(&registry),
             registry,
         }
     }

@@ -168,6 +168,7 @@ impl AdminApp {
                         "type": match h.kind { crate::upstream::CheckKind::Tcp => "tcp", _ => "http" },
                         "interval_ms": h.interval.as_millis() as u64, "rise": h.rise, "fall": h.fall,
                     })),
+                    "adaptive": u.adaptive().map(|a| a.status()),
                 })
             })
             .collect();

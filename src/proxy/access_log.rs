@@ -57,6 +57,10 @@ fn json_fields(
     if let (Some(route), Some(resp)) = (ctx.route, session.response_written()) {
         crate::engine::after_response::response_cost_fields(&ctx.runtime, route, &resp.headers, |f, v| o.str(f, v));
     }
+    if let Some(reason) = ctx.upstream.shed() {
+        // The adaptive limit refused it, and why (docs/adaptive.md).
+        o.str("shed", reason.as_str());
+    }
     if ctx.client_left_owing {
         // Charged the most its answer could have cost (docs/charges.md): replay does the same.
         o.bool("client_left", true);
@@ -115,6 +119,7 @@ fn text_line(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: 
         zones = %zones.join(","),
         delay_ms = ctx.delay.as_millis() as u64,
         decided_us = ctx.decided_us,
+        shed = ctx.upstream.shed().map(|r| r.as_str()),
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
         upstream_addr = %ctx.upstream.addrs(),
         duration_ms = ctx.started.elapsed().as_secs_f64() * 1000.0,

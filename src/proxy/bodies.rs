@@ -35,6 +35,14 @@ pub fn upstream_busy(route: &str) -> String {
     line(json!({ "error": "upstream_busy", "route": route, "retry_after": 1 }))
 }
 
+/// The upstream's adaptive concurrency limit refused the request (`reason`: over_limit,
+/// queue_full, queue_timeout, displaced).
+pub fn upstream_overloaded(upstream: &str, route: &str, reason: &str) -> String {
+    line(
+        json!({ "error": "upstream_overloaded", "upstream": upstream, "route": route, "reason": reason, "retry_after": 1 }),
+    )
+}
+
 /// No server of the upstream is up: 502.
 pub fn no_healthy_upstream(upstream: &str, route: &str) -> String {
     line(json!({ "error": "no_healthy_upstream", "upstream": upstream, "route": route }))

@@ -212,6 +212,10 @@ impl ProxyHttp for WeirProxy {
 
         ctx.charges = ResponseCharges::new(&rt, route, &plan.zones);
         let upstream = &rt.upstreams[route.upstream];
+        if let Err(reason) = ctx.upstream.admit(upstream, route.priority).await {
+            ctx.outcome = Outcome::AdaptiveShed;
+            return upstreaming::shed(session, reason, &upstream.name, route).await;
+        }
         if let Err(why) = ctx.upstream.first(upstream) {
             ctx.outcome = match why {
                 crate::upstream::Unavailable::Busy => Outcome::UpstreamBusy,

@@ -29,6 +29,8 @@ pub enum Outcome {
     UpstreamDown,
     /// The client left while its request was delayed.
     ClientGone,
+    /// The upstream's adaptive concurrency limit refused it (src/adaptive/).
+    AdaptiveShed,
 }
 
 impl Outcome {
@@ -65,6 +67,7 @@ impl Outcome {
             Outcome::UpstreamDown => 13,
             Outcome::ClientGone => 14,
             Outcome::Unauthorized => 15,
+            Outcome::AdaptiveShed => 16,
         }
     }
 
@@ -82,6 +85,7 @@ impl Outcome {
             Outcome::UpstreamDown => "upstream_down",
             Outcome::ClientGone => "client_gone",
             Outcome::Unauthorized => "unauthorized",
+            Outcome::AdaptiveShed => "adaptive_shed",
         }
     }
 }
@@ -109,6 +113,7 @@ mod tests {
             Outcome::UpstreamDown,
             Outcome::ClientGone,
             Outcome::Unauthorized,
+            Outcome::AdaptiveShed,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|o| o.label()).collect();
         assert_eq!(labels.len(), all.len());

@@ -67,7 +67,7 @@ pub fn is_grpc(req: &RequestHeader) -> bool {
 
 /// A trailers-only gRPC response: HTTP 200, `grpc-status` and `grpc-message` in the only
 /// HEADERS frame, no body; the rate-limit fields ride along.
-async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)], message: &str) -> Result<bool> {
+pub async fn grpc(session: &mut Session, code: u8, headers: &[(&'static str, String)], message: &str) -> Result<bool> {
     let mut resp = own_response(session, 200, headers, 4)?;
     resp.insert_header("content-type", "application/grpc")?;
     resp.insert_header("grpc-status", code.to_string())?;

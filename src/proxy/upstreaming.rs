@@ -13,6 +13,7 @@ use pingora::proxy::{FailToProxy, Session};
 use pingora::{ErrorSource, RetryType};
 
 use super::{bodies, respond};
+use crate::adaptive::{Permit, Priority, ShedReason};
 use crate::metrics::METRICS;
 use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
 
@@ -27,9 +28,34 @@ pub struct Attempts {
     first_at: Option<Instant>,
     /// Set when a response status asked for the next server: the error it raised is ours.
     status_retry: bool,
+    /// The place under the upstream's adaptive limit (boxed: only upstreams with one pay).
+    permit: Option<Box<Permit>>,
+    /// Why the adaptive limit refused the request (the access log's `shed`).
+    shed: Option<ShedReason>,
 }
 
 impl Attempts {
+    /// Takes a place under the upstream's adaptive limit, if it has one (after limit_req and
+    /// limit_conn decided: they guard clients, this guards the upstream). May wait in its queue.
+    pub async fn admit(&mut self, upstream: &Upstream, priority: Priority) -> Result<(), ShedReason> {
+        let Some(limit) = upstream.adaptive() else { return Ok(()) };
+        match limit.acquire(priority).await {
+            Ok(permit) => {
+                self.permit = Some(Box::new(permit));
+                Ok(())
+            }
+            Err(reason) => {
+                self.shed = Some(reason);
+                Err(reason)
+            }
+        }
+    }
+
+    /// Why the adaptive limit refused this request, if it did.
+    pub fn shed(&self) -> Option<ShedReason> {
+        self.shed
+    }
+
     /// Picks the first server; a request that gets none is answered by [`unavailable`].
     pub fn first(&mut self, upstream: &Upstream) -> Result<(), Unavailable> {
         let pool = upstream.pool().clone();
@@ -66,9 +92,10 @@ impl Attempts {
         })
     }
 
-    /// The request is over: give the place back.
+    /// The request is over: give the places back.
     pub fn release(&mut self) {
         self.slot = None;
+        self.permit = None;
     }
 
     /// The peer of the next attempt: the server's TLS settings, protocol and timeouts.
@@ -94,13 +121,28 @@ impl Attempts {
                 return false;
             }
         }
+        // A retry keeps the request's adaptive place, but is not made while others are refused
+        // or waiting for one: retries must not pile onto an overloaded upstream.
+        if self.permit.as_ref().is_some_and(|p| !p.allows_retry()) {
+            return false;
+        }
         let Some(pool) = &self.pool else { return false };
         match pool.pick(&self.tried) {
             Ok(next) => {
                 self.slot = Some(next);
+                if let Some(permit) = &mut self.permit {
+                    permit.retried();
+                }
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    /// The upstream's response head arrived: the adaptive limit's latency sample.
+    pub fn answered(&mut self) {
+        if let Some(permit) = &mut self.permit {
+            permit.answered();
         }
     }
 
@@ -166,6 +208,9 @@ impl Attempts {
             return e;
         }
         let timeout = matches!(e.etype(), ErrorType::ReadTimedout | ErrorType::WriteTimedout);
+        if let (true, Some(permit)) = (timeout, &mut self.permit) {
+            permit.timed_out();
+        }
         let reason = if timeout { "timeout" } else { "error" };
         let Some(spec) = self.fail() else { return e };
         let allowed = if timeout { spec.retry.on_timeout } else { spec.retry.on_error };
@@ -181,6 +226,7 @@ impl Attempts {
     /// `upstream_response_filter`: a status listed in `next_upstream` sends the request to the
     /// next server when one is available; otherwise this response goes to the client (nginx).
     pub fn response_status(&mut self, session: &Session, status: u16) -> Result<()> {
+        self.answered();
         let Some(pool) = self.pool.clone() else { return Ok(()) };
         let spec = pool.spec();
         if !spec.retry.on_status.contains(&status) {
@@ -236,6 +282,22 @@ pub async fn unavailable(session: &mut Session, why: Unavailable, upstream: &str
             let body = bodies::no_healthy_upstream(upstream, route);
             respond::json(session, 502, &[], body).await
         }
+    }
+}
+
+/// The upstream's adaptive limit refused the request: the route's overload status
+/// (`limit_conn_status`, 503 by default) with `Retry-After`, or gRPC's answer on a gRPC route.
+pub async fn shed(
+    session: &mut Session,
+    reason: ShedReason,
+    upstream: &str,
+    route: &crate::config::Route,
+) -> Result<bool> {
+    let body = bodies::upstream_overloaded(upstream, &route.name, reason.as_str());
+    let headers = [("Retry-After", "1".to_string())];
+    match route.grpc_status.filter(|_| respond::is_grpc(session.req_header())) {
+        Some(code) => respond::grpc(session, code, &headers, "upstream overloaded: adaptive concurrency limit").await,
+        None => respond::json(session, route.conn_status, &headers, body).await,
     }
 }
 

@@ -42,6 +42,8 @@ pub struct UpstreamSpec {
     /// `tls = true`: HTTPS to every server, with these settings.
     pub tls: Option<UpstreamTls>,
     pub protocol: Protocol,
+    /// `adaptive`: a concurrency limit learned from latency (src/adaptive/).
+    pub adaptive: Option<crate::adaptive::AdaptiveSpec>,
 }
 
 /// One entry of `servers`: `"host:port weight=3 max_fails=2 fail_timeout=5s max_conns=10"`.
@@ -127,6 +129,7 @@ pub struct Upstream {
     pub spec: Arc<UpstreamSpec>,
     seq: u64,
     pool: OnceLock<Arc<Pool>>,
+    adaptive: OnceLock<Option<Arc<crate::adaptive::AdaptiveLimit>>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -145,7 +148,19 @@ impl std::ops::Deref for Upstream {
 
 impl Upstream {
     pub fn new(spec: UpstreamSpec) -> Self {
-        Self { spec: Arc::new(spec), seq: SEQUENCE.fetch_add(1, Ordering::Relaxed), pool: OnceLock::new() }
+        Self {
+            spec: Arc::new(spec),
+            seq: SEQUENCE.fetch_add(1, Ordering::Relaxed),
+            pool: OnceLock::new(),
+            adaptive: OnceLock::new(),
+        }
+    }
+
+    /// The upstream's adaptive limit, shared with every snapshot naming it; `None` when off.
+    pub fn adaptive(&self) -> Option<&Arc<crate::adaptive::AdaptiveLimit>> {
+        self.adaptive
+            .get_or_init(|| self.spec.adaptive.map(|spec| crate::adaptive::attach(&self.spec.name, spec)))
+            .as_ref()
     }
 
     /// The live state of this upstream, shared with every other snapshot naming it.

@@ -425,6 +425,7 @@ mod tests {
             resolver: None,
             tls: None,
             protocol: Default::default(),
+            adaptive: None,
         })
     }
 

@@ -1,0 +1,546 @@
+//! The concurrency limit learned from latency: pure, on a clock the caller passes in (µs).
+//!
+//! Each window (at least `window` long and `MIN_SAMPLES` answers) yields the median latency of
+//! the last answers that ended in it. The upstream's *ideal* latency is the lowest window median
+//! since the last probe: as long as the limit keeps the upstream's queue short, windows without
+//! a queue keep it honest, so it is measured by the traffic itself — not by pinning the limit to
+//! a floor every window (Envoy's minRTT), and a sample is one answer's own time, so requests in
+//! flight across a window boundary do not skew it. A probe (one window at ¾ of the queue-free
+//! estimate) replaces it: at start-up, and while requests are refused for a sustained time.
+//!
+//! - median ≤ tolerance × ideal (healthy): a limit the window used (at least half of it) grows:
+//!   doubling during start-up, +25 % while latency is well below the tolerance, +1 near it. An
+//!   idle or lightly loaded upstream does not teach a limit it never tried.
+//! - median > tolerance × ideal (queueing): limit × gradient + 1, the gradient tolerance × ideal
+//!   / median at least ½ (Gradient2's form). A queue of q over the k the upstream serves at once
+//!   multiplies latency by (k + q) / k, so the gradient removes it in a step or two; instances of
+//!   a fleet see the same latency and cut by the same factor, and the +1 keeps any of them from
+//!   being cut to nothing while another grows (docs/adaptive.md, "Fleet").
+
+use std::time::Duration;
+
+/// Answers a window needs before it is judged (its median must mean something).
+pub const MIN_SAMPLES: usize = 32;
+/// Latencies kept per window for its median; beyond, later answers overwrite earlier ones.
+const MAX_KEPT: usize = 64;
+/// Largest cut per window.
+const MAX_DECREASE: f64 = 0.5;
+/// Added per healthy window the limit was used in (after start-up).
+const GROWTH_STEP: f64 = 1.0;
+/// Growth per window while latency is clearly below the tolerance.
+const FAST_GROWTH: f64 = 0.25;
+/// Consecutive windows with requests refused (or nearly) before a probe: sustained overload.
+const PRESSED_BEFORE_PROBE: u32 = 4;
+/// Added back after a cut: where cut and allowance balance is the equilibrium, a little above
+/// the tolerance (`limit × (1 − gradient) = allowance`).
+const QUEUE_ALLOWANCE: f64 = 1.0;
+/// Without an answer for this long (µs), the window in progress is dropped.
+const IDLE_GAP_US: u64 = 1_000_000;
+/// Weight of a window's median in the smoothed median the baseline follows down.
+const SMOOTHING: f64 = 0.3;
+/// The start-up probe's share of the initial limit.
+const START_UP_SHARE: f64 = 0.25;
+/// While shedding, at most one probe window per this long (µs), on the clock's grid ...
+const PROBE_INTERVAL_US: u64 = 10_000_000;
+/// ... doubled after each probe that found the baseline right, up to this.
+const MAX_PROBE_INTERVAL_US: u64 = 160_000_000;
+/// A probe window runs at this share of the queue-free estimate.
+const PROBE_SHARE: f64 = 0.75;
+
+/// The controller's settings (from `[upstream.adaptive]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    pub min_limit: u32,
+    pub max_limit: u32,
+    pub initial_limit: u32,
+    /// How much slower than the ideal latency the median may get before the limit shrinks.
+    pub tolerance: f64,
+    pub window: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { min_limit: 2, max_limit: 1000, initial_limit: 20, tolerance: 1.25, window: Duration::from_millis(250) }
+    }
+}
+
+/// How the last judged window was read (for metrics and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Healthy,
+    Queueing,
+}
+
+#[derive(Debug, Clone)]
+pub struct Controller {
+    settings: Settings,
+    limit: f64,
+    /// Start-up: the limit doubles per healthy window until a window shows queueing.
+    slow_start: bool,
+    window_start_us: Option<u64>,
+    latencies_us: Vec<u64>,
+    seen_in_window: usize,
+    peak_in_flight: u32,
+    /// The lowest window median since the last probe (µs): the latency without a queue.
+    ideal_us: Option<u64>,
+    /// Window medians smoothed (µs): the baseline follows these down, not single windows, so
+    /// that noise does not drag it ever lower over hours.
+    smoothed_us: f64,
+    last_verdict: Option<Verdict>,
+    /// When the last probe started (µs); `None`: never, so the first overload probes at once.
+    last_probe_us: Option<u64>,
+    /// The current probe interval (µs): doubles while probes confirm the baseline.
+    probe_interval_us: u64,
+    /// Probes so far, the start-up one excluded.
+    probes: u64,
+    /// During a probe window: the limit and ideal (µs) from before it.
+    probing: Option<(f64, u64)>,
+    last_sample_us: Option<u64>,
+    /// Consecutive windows whose peak reached the limit.
+    pressed_windows: u32,
+}
+
+impl Controller {
+    pub fn new(settings: Settings) -> Self {
+        let (min, max) = (f64::from(settings.min_limit), f64::from(settings.max_limit));
+        let initial = f64::from(settings.initial_limit).clamp(min, max);
+        Self {
+            settings,
+            // Start-up: the first window is a probe at a quarter of the initial limit, so that
+            // the baseline is not measured in a queue that Weir's own traffic built.
+            limit: (initial * START_UP_SHARE).floor().clamp(min, max),
+            slow_start: true,
+            window_start_us: None,
+            latencies_us: Vec::with_capacity(64),
+            seen_in_window: 0,
+            peak_in_flight: 0,
+            ideal_us: None,
+            smoothed_us: 0.0,
+            last_verdict: None,
+            last_probe_us: None,
+            probe_interval_us: PROBE_INTERVAL_US,
+            probes: 0,
+            probing: Some((initial, 0)),
+            last_sample_us: None,
+            pressed_windows: 0,
+        }
+    }
+
+    /// The current limit (whole requests).
+    pub fn limit(&self) -> u32 {
+        self.limit as u32
+    }
+
+    /// The upstream's latency without a queue, as learned; `None` before the first window.
+    pub fn ideal(&self) -> Option<Duration> {
+        self.ideal_us.map(Duration::from_micros)
+    }
+
+    pub fn last_verdict(&self) -> Option<Verdict> {
+        self.last_verdict
+    }
+
+    /// Probes made so far (the start-up probe excluded).
+    pub fn probes(&self) -> u64 {
+        self.probes
+    }
+
+    /// Whether a probe window is running (start-up included).
+    pub fn probing(&self) -> bool {
+        self.probing.is_some()
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// New settings on reload: what was learned stays, within the new bounds.
+    pub fn reconfigure(&mut self, settings: Settings) {
+        self.settings = settings;
+        self.limit = self.limit.clamp(f64::from(settings.min_limit), f64::from(settings.max_limit));
+    }
+
+    /// Requests in flight now (after a place was taken): the window's peak.
+    pub fn observe_in_flight(&mut self, in_flight: u32) {
+        self.peak_in_flight = self.peak_in_flight.max(in_flight);
+    }
+
+    /// One answer's latency, ending at `now_us`, with `in_flight` places still taken after it.
+    /// Returns the verdict when it closed a window.
+    pub fn sample(&mut self, now_us: u64, latency: Duration, in_flight: u32) -> Option<Verdict> {
+        if self.probing.is_some() && f64::from(in_flight) > self.limit {
+            // A probe measures once the queue from before it has drained.
+            self.window_start_us = None;
+            self.latencies_us.clear();
+            self.seen_in_window = 0;
+            self.last_sample_us = Some(now_us);
+            return None;
+        }
+        let last = self.last_sample_us.replace(now_us);
+        let gap = last.map_or(0, |last| now_us.saturating_sub(last));
+        if gap > IDLE_GAP_US {
+            // The upstream had no traffic: a window half from before the pause says nothing
+            // about now. Start a new one; what was learned stays (a probe is called off).
+            if let Some((before, _)) = self.probing.take() {
+                self.limit = before;
+            }
+            self.peak_in_flight = in_flight;
+            self.latencies_us.clear();
+            self.seen_in_window = 0;
+            self.window_start_us = None;
+        }
+        let start = *self.window_start_us.get_or_insert(now_us);
+        let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        if self.latencies_us.len() < MAX_KEPT {
+            self.latencies_us.push(us);
+        } else {
+            let slot = self.seen_in_window % MAX_KEPT;
+            self.latencies_us[slot] = us;
+        }
+        self.seen_in_window += 1;
+        let long_enough = now_us.saturating_sub(start) >= self.settings.window.as_micros() as u64;
+        if !(long_enough && self.seen_in_window >= MIN_SAMPLES) {
+            return None;
+        }
+        let verdict = self.close_window(now_us);
+        self.window_start_us = Some(now_us);
+        Some(verdict)
+    }
+
+    fn close_window(&mut self, now_us: u64) -> Verdict {
+        let mid = self.latencies_us.len() / 2;
+        let median = *self.latencies_us.select_nth_unstable(mid).1;
+        self.latencies_us.clear();
+        self.seen_in_window = 0;
+        let peak = f64::from(std::mem::take(&mut self.peak_in_flight));
+        let median = median.max(1);
+        // A probe's window measures the latency without a queue: it replaces the baseline, down
+        // at once, up by half (the upstream may have become slower for good). Other windows only
+        // lower it.
+        let ideal_us = match (self.probing.is_some(), self.ideal_us) {
+            (false, Some(ideal)) => {
+                self.smoothed_us += SMOOTHING * (median as f64 - self.smoothed_us);
+                ideal.min(self.smoothed_us as u64)
+            }
+            // A probe raises the baseline halfway to what it measured: one window's noise must
+            // not ratchet it up probe after probe; a slower upstream is learned in a few probes.
+            (true, Some(ideal)) if median > ideal => {
+                let raised = ideal + (median - ideal) / 2;
+                self.smoothed_us = raised as f64;
+                raised
+            }
+            _ => {
+                self.smoothed_us = median as f64;
+                median
+            }
+        };
+        self.ideal_us = Some(ideal_us);
+        let ideal = ideal_us as f64;
+        let tolerated = self.settings.tolerance * ideal;
+        let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
+        if let Some((before, ideal_before)) = self.probing.take() {
+            // The probe's answer: back to the limit from before, scaled by what the baseline
+            // learned (a queue hidden in the old baseline is now removed). A probe that found
+            // one may be followed by another at once. The start-up probe (no baseline before)
+            // goes back to the initial limit.
+            let scale = if ideal_before == 0 { 1.0 } else { ideal / ideal_before as f64 };
+            self.limit = (before * scale).clamp(min, max);
+            // A probe that confirmed the baseline makes the next one wait twice as long: a
+            // sustained overload pays for fewer and fewer probes (the interval is the same on
+            // every instance that saw the same, so a fleet stays on one grid).
+            let confirmed = (0.9..=1.1).contains(&scale) && ideal_before > 0;
+            self.probe_interval_us =
+                if confirmed { (self.probe_interval_us * 2).min(MAX_PROBE_INTERVAL_US) } else { PROBE_INTERVAL_US };
+            if ideal_before > 0 && ideal < ideal_before as f64 * 0.9 {
+                self.last_probe_us = None;
+            }
+            self.last_verdict = Some(Verdict::Healthy);
+            return Verdict::Healthy;
+        }
+        // Requests were refused (or nearly) in this window; the limit was used (at least half).
+        let pressed = peak >= self.limit.floor();
+        let used = peak * 2.0 >= self.limit.floor();
+        let gradient = (tolerated / median as f64).clamp(MAX_DECREASE, 1.0);
+        self.pressed_windows = if pressed { self.pressed_windows + 1 } else { 0 };
+        let verdict = if gradient >= 1.0 {
+            if used {
+                // Near the tolerance, every instance adds the same step (fair shares); well
+                // below it there is no queue to fear, and a limit cut by a burst comes back fast.
+                let clear = (median as f64) < ideal * (1.0 + (self.settings.tolerance - 1.0) / 2.0);
+                let step = if self.slow_start {
+                    self.limit
+                } else if clear {
+                    (self.limit * FAST_GROWTH).max(GROWTH_STEP)
+                } else {
+                    GROWTH_STEP
+                };
+                self.limit = (self.limit + step).clamp(min, max);
+            }
+            Verdict::Healthy
+        } else {
+            self.slow_start = false;
+            // Gradient2's form: the cut is proportional to the excess latency and a step is
+            // added back, so instances whose baselines differ by noise settle at different but
+            // stable shares instead of one cutting while the other grows. A limit far above
+            // what was used falls to twice the use, then by the gradient.
+            self.limit =
+                if used { self.limit * gradient + QUEUE_ALLOWANCE } else { self.limit.min(2.0 * peak) * gradient }
+                    .clamp(min, max);
+            Verdict::Queueing
+        };
+        // Due on a grid of the clock: instances of a fleet (wall clocks within a window of each
+        // other) probe together, so together they drain the upstream's queue and each sees it.
+        let every = self.probe_interval_us;
+        let probe_due = self.last_probe_us.is_none_or(|at| now_us / every > at / every);
+        if self.pressed_windows >= PRESSED_BEFORE_PROBE && probe_due {
+            self.probe(now_us, peak, median, ideal);
+        }
+        self.last_verdict = Some(verdict);
+        verdict
+    }
+
+    /// The limit is pressed on (requests are being refused): the baseline may hide a queue (it
+    /// was first measured under load, or load never let up). One window runs at ¾ of the
+    /// queue-free estimate (`peak × ideal / median`); if a queue was hidden, that window's median
+    /// is lower and becomes the baseline. Only while shedding anyway — never below capacity,
+    /// never at a fixed floor — and at most every `probe_interval_us` (10 s, doubling up to 160 s
+    /// while probes confirm the baseline).
+    fn probe(&mut self, now_us: u64, peak: f64, median: u64, ideal: f64) {
+        let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
+        self.last_probe_us = Some(now_us);
+        self.probes += 1;
+        self.probing = Some((self.limit, ideal as u64));
+        let queue_free = peak * (ideal / median as f64).min(1.0);
+        self.limit = (queue_free * PROBE_SHARE).clamp(min, max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::admission::Priority;
+    use crate::adaptive::sim::{Client, Second, Sim};
+
+    const SERVICE: Duration = Duration::from_millis(20);
+    /// Twice the simulated upstream's unloaded p99 (service time + 20 %).
+    const P99_BOUND_US: u64 = 48_000;
+
+    fn one_client(rate: f64) -> Sim {
+        Sim::new(SERVICE, vec![Client::new(Settings::default(), vec![(Priority::Normal, rate)])])
+    }
+
+    fn goodput(seconds: &[Second]) -> f64 {
+        seconds.iter().map(|s| s.good.iter().sum::<u64>() as f64).sum::<f64>() / seconds.len() as f64
+    }
+
+    fn worst_p99_us(seconds: &[Second]) -> u64 {
+        seconds.iter().map(Second::p99_us).max().unwrap_or(0)
+    }
+
+    #[test]
+    fn under_twice_its_capacity_the_upstream_is_kept_busy_without_a_queue() {
+        // 10 servers × 20 ms = 500 requests/s; 1000 offered.
+        let mut sim = one_client(1000.0);
+        let run = sim.run(30, 10);
+        let settled = &run[5..];
+        let goodput = goodput(settled);
+        assert!(goodput >= 450.0, "goodput {goodput}/s of 500");
+        let p99 = worst_p99_us(settled);
+        assert!(p99 <= P99_BOUND_US, "p99 {p99} µs against 20 ms unloaded");
+    }
+
+    #[test]
+    fn below_capacity_nothing_is_shed() {
+        for rate in [50.0, 200.0, 350.0] {
+            let mut sim = one_client(rate);
+            // After the start-up window (start_up_refuses_only_during_its_first_window).
+            sim.run(1, 10);
+            let run = sim.run(60, 10);
+            let shed: u64 = run.iter().map(Second::total_shed).sum();
+            assert_eq!(shed, 0, "at {rate}/s of 500: {shed} shed");
+        }
+        // At 80 % random arrivals queue at the upstream itself now and then (p99 over twice the
+        // unloaded latency): the limit reacts to those bursts, and sheds next to nothing
+        // (measured: 45 of 24 000, 0.19 %).
+        let mut sim = one_client(400.0);
+        sim.run(1, 10);
+        let run = sim.run(60, 10);
+        let shed: u64 = run.iter().map(Second::total_shed).sum();
+        assert!(shed * 400 <= 400 * 60, "at 400/s of 500: {shed} shed");
+    }
+
+    #[test]
+    fn a_capacity_drop_and_rise_are_followed_within_five_seconds() {
+        let mut sim = one_client(1000.0);
+        let before = sim.run(20, 10);
+        let dropped = sim.run(20, 5);
+        let raised = sim.run(20, 10);
+        assert!(goodput(&before[5..]) >= 450.0);
+        let after_drop = &dropped[5..];
+        assert!(goodput(after_drop) >= 225.0, "goodput {} of 250 after the drop", goodput(after_drop));
+        assert!(worst_p99_us(after_drop) <= P99_BOUND_US, "p99 {} after the drop", worst_p99_us(after_drop));
+        let after_rise = &raised[5..];
+        assert!(goodput(after_rise) >= 450.0, "goodput {} of 500 after the rise", goodput(after_rise));
+        assert!(worst_p99_us(after_rise) <= P99_BOUND_US);
+    }
+
+    #[test]
+    fn the_limit_stays_within_its_bounds() {
+        let settings = Settings { min_limit: 5, max_limit: 12, ..Settings::default() };
+        // Far more capacity than the max: the limit stops at max.
+        let mut sim = Sim::new(SERVICE, vec![Client::new(settings, vec![(Priority::Normal, 3000.0)])]);
+        let run = sim.run(20, 100);
+        assert!(run.iter().all(|s| s.limits[0] <= 12));
+        assert_eq!(run.last().map(|s| s.limits[0]), Some(12));
+        // Far less (one server): it stays at or just above min, never below.
+        let mut sim = Sim::new(SERVICE, vec![Client::new(settings, vec![(Priority::Normal, 3000.0)])]);
+        let run = sim.run(20, 1);
+        assert!(run.iter().all(|s| s.limits[0] >= 5));
+        assert!(
+            run[10..].iter().all(|s| s.limits[0] <= 8),
+            "{:?}",
+            run.iter().map(|s| s.limits[0]).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn two_instances_sharing_one_upstream_settle_without_oscillating() {
+        let client = || Client::new(Settings::default(), vec![(Priority::Normal, 500.0)]);
+        let mut sim = Sim::new(SERVICE, vec![client(), client()]);
+        let run = sim.run(60, 10);
+        let settled = &run[10..];
+        assert!(goodput(settled) >= 450.0, "goodput {}", goodput(settled));
+        assert!(worst_p99_us(settled) <= P99_BOUND_US, "p99 {}", worst_p99_us(settled));
+        for s in settled {
+            let (a, b) = (s.limits[0], s.limits[1]);
+            let sum = a + b;
+            // Neither starves the other, and together they hold the upstream near its 10.
+            assert!(a.min(b) * 3 >= a.max(b), "limits {a} and {b}");
+            assert!((10..=20).contains(&sum), "limits sum to {sum}");
+        }
+        // No oscillation: from one second to the next, the sum moves little.
+        for pair in settled.windows(2) {
+            let (before, after) = (pair[0].limits.iter().sum::<u32>(), pair[1].limits.iter().sum::<u32>());
+            assert!(before.abs_diff(after) <= 5, "the sum jumped from {before} to {after}");
+        }
+        // Each gets a share worth having over the run.
+        let served: Vec<u64> = (0..2).map(|c| settled.iter().map(|s| s.served[c]).sum()).collect();
+        let ratio = served[0] as f64 / served[1] as f64;
+        assert!((0.5..=2.0).contains(&ratio), "served {served:?}");
+    }
+
+    #[test]
+    fn an_idle_upstream_keeps_what_was_learned() {
+        let mut sim = one_client(1000.0);
+        sim.run(20, 10);
+        sim.clients[0].rates = vec![(Priority::Normal, 0.0)];
+        let idle = sim.run(60, 10);
+        // (The requests still in flight when the traffic stopped end in its first second.)
+        let learned = idle[0].limits[0];
+        assert!(idle.iter().all(|s| s.limits[0] == learned), "the limit moved without traffic");
+        // Traffic below capacity after the pause: next to nothing shed (the limit learned under
+        // overload, 13 or so, meets Poisson bursts of a 60 % load before it grows again).
+        sim.clients[0].rates = vec![(Priority::Normal, 300.0)];
+        let back = sim.run(20, 10);
+        let shed = back.iter().map(Second::total_shed).sum::<u64>();
+        assert!(shed <= 300 * 20 / 1000, "{shed} shed");
+    }
+
+    #[test]
+    fn under_overload_high_priority_keeps_its_success_rate() {
+        let rates = vec![(Priority::High, 250.0), (Priority::Low, 750.0)];
+        let mut sim = Sim::new(SERVICE, vec![Client::new(Settings::default(), rates)]);
+        let run = sim.run(40, 10);
+        let settled = &run[5..];
+        let (high_sent, high_shed) =
+            settled.iter().fold((0, 0), |(a, b), s| (a + s.by_priority[2].0, b + s.by_priority[2].1));
+        let (low_sent, low_shed) =
+            settled.iter().fold((0, 0), |(a, b), s| (a + s.by_priority[0].0, b + s.by_priority[0].1));
+        let high_ok = 1.0 - high_shed as f64 / high_sent as f64;
+        assert!(high_ok >= 0.99, "high priority: {high_shed} of {high_sent} shed");
+        assert!(low_shed as f64 >= 0.4 * low_sent as f64, "low priority absorbs: {low_shed} of {low_sent}");
+        assert!(goodput(settled) >= 450.0);
+    }
+
+    #[test]
+    fn start_up_probes_once_then_doubles_until_the_first_queue() {
+        let mut c = Controller::new(Settings::default());
+        // The first window runs at a quarter of the initial limit and sets the baseline ...
+        assert_eq!(c.limit(), 5);
+        let mut now = 0;
+        let mut window = |c: &mut Controller, in_flight: u32, latency: u64| {
+            for _ in 0..MIN_SAMPLES {
+                c.observe_in_flight(in_flight);
+                now += 20_000;
+                c.sample(now, Duration::from_millis(latency), in_flight.saturating_sub(1));
+            }
+        };
+        window(&mut c, 5, 10);
+        assert_eq!(c.ideal(), Some(Duration::from_millis(10)));
+        // ... then the initial limit applies and doubles while latency holds.
+        assert_eq!(c.limit(), 20);
+        window(&mut c, 15, 10);
+        assert_eq!(c.limit(), 40);
+        window(&mut c, 30, 11);
+        assert_eq!(c.limit(), 80);
+        // The first queue ends the doubling: 80 × 1.25 × 10 / 25 + 1.
+        window(&mut c, 80, 25);
+        assert_eq!(c.limit(), 41);
+        assert_eq!(c.last_verdict(), Some(Verdict::Queueing));
+    }
+
+    #[test]
+    fn a_slower_upstream_is_learned_through_probes() {
+        // Overloaded at 20 ms, then the service time doubles for good.
+        let mut sim = one_client(1000.0);
+        sim.run(20, 10);
+        let before = sim.clients[0].controller.ideal().unwrap_or_default();
+        assert!(before < Duration::from_millis(22), "ideal {before:?}");
+        sim.set_service(Duration::from_millis(40));
+        let run = sim.run(60, 10);
+        let after = sim.clients[0].controller.ideal().unwrap_or_default();
+        assert!(after >= Duration::from_millis(35), "ideal {after:?} for a 40 ms upstream");
+        // Capacity is now 250/s: served again once the baseline moved.
+        let served: u64 = run[40..].iter().map(Second::total_served).sum::<u64>() / 20;
+        assert!(served >= 225, "{served}/s of 250");
+    }
+
+    #[test]
+    fn probes_grow_rare_while_they_confirm_the_baseline() {
+        // Sustained 2x overload for 5 minutes: probes at 10, 20, 40, 80, 160 s apart at most.
+        let mut sim = one_client(1000.0);
+        let run = sim.run(300, 10);
+        let probes = sim.clients[0].controller.probes();
+        // Every 10 s would be about 30; doubling from 10 s to 160 s: 10 + 20 + 40 + 80 + 160 > 300.
+        assert!((1..=6).contains(&probes), "{probes} probes in 300 s");
+        assert!(goodput(&run[5..]) >= 450.0);
+    }
+
+    #[test]
+    fn the_start_up_probe_holds_on_a_wall_clock() {
+        // The first sample's time is far from zero (µs since 1970): no "idle gap" before it.
+        let mut c = Controller::new(Settings::default());
+        c.sample(1_790_000_000_000_000, Duration::from_millis(10), 0);
+        assert_eq!(c.limit(), 5);
+    }
+
+    #[test]
+    fn start_up_refuses_only_during_its_first_window() {
+        let mut sim = one_client(250.0);
+        let run = sim.run(30, 10);
+        assert!(run[0].total_shed() > 0, "the start-up probe runs at 5 of 20 places");
+        assert_eq!(run[1..].iter().map(Second::total_shed).sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn an_unused_limit_does_not_grow() {
+        let mut c = Controller::new(Settings::default());
+        let mut now = 0;
+        for _ in 0..10 * MIN_SAMPLES {
+            c.observe_in_flight(3);
+            now += 20_000;
+            c.sample(now, Duration::from_millis(10), 0);
+        }
+        assert_eq!(c.limit(), 20);
+    }
+}

@@ -1,0 +1,365 @@
+//! Adaptive concurrency end to end (docs/adaptive.md): the real binary in front of a real
+//! upstream process whose capacity the test sets — `capacity` requests processed at once for a
+//! service time each, the rest queued inside it, the shape of a thread-pool server. Weir must
+//! learn that capacity from latency alone: refuse the excess with 503 + Retry-After while the
+//! upstream's own latency stays near its unloaded latency, shed nothing below capacity, and
+//! under overload keep high-priority traffic while low priority absorbs the refusals.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::access_log::access_lines;
+use support::admin;
+use support::config::{with_server, JSON_LOG, NO_ACCESS_LOG};
+use support::http::{KeepAlive, Request};
+use support::metrics::{scrape, scrape_until};
+use support::poll::wait_until;
+use support::weir::{check_config, Weir};
+
+// ---------------------------------------------------------------------------------------------
+// The upstream: `capacity` at once, the rest queued
+// ---------------------------------------------------------------------------------------------
+
+struct Shared {
+    capacity: AtomicUsize,
+    service: Duration,
+    busy: Mutex<usize>,
+    freed: Condvar,
+    /// (answered at, time from the request's arrival to its answer: queue + service).
+    latencies: Mutex<Vec<(Instant, Duration)>>,
+    stop: AtomicBool,
+}
+
+struct CapacityServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl CapacityServer {
+    fn start(capacity: usize, service: Duration) -> CapacityServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
+        let addr = listener.local_addr().expect("upstream address");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let shared = Arc::new(Shared {
+            capacity: AtomicUsize::new(capacity),
+            service,
+            busy: Mutex::new(0),
+            freed: Condvar::new(),
+            latencies: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let accepting = shared.clone();
+        thread::spawn(move || {
+            while !accepting.stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let shared = accepting.clone();
+                        thread::spawn(move || serve(stream, &shared));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        CapacityServer { addr, shared }
+    }
+
+    /// The upstream's own latencies (queue + service) of the answers since `since`.
+    fn latencies_since(&self, since: Instant) -> Vec<Duration> {
+        let all = self.shared.latencies.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter().filter(|(at, _)| *at >= since).map(|(_, d)| *d).collect()
+    }
+}
+
+impl Drop for CapacityServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Keep-alive HTTP/1.1 without bodies: read a head, wait for a place, hold it the service time,
+/// answer.
+fn serve(stream: TcpStream, shared: &Shared) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(mut writer) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let arrived = Instant::now();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" || line == "\n" => break,
+                Ok(_) => {}
+            }
+        }
+        {
+            let mut busy = shared.busy.lock().unwrap_or_else(|p| p.into_inner());
+            while *busy >= shared.capacity.load(Ordering::Relaxed) {
+                busy = shared
+                    .freed
+                    .wait_timeout(busy, Duration::from_millis(50))
+                    .map_or_else(|p| p.into_inner().0, |r| r.0);
+                if shared.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+            }
+            *busy += 1;
+        }
+        thread::sleep(shared.service);
+        *shared.busy.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        shared.freed.notify_one();
+        shared.latencies.lock().unwrap_or_else(|p| p.into_inner()).push((Instant::now(), arrived.elapsed()));
+        if writer.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").is_err() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load: closed-loop clients on kept-alive connections
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Answer {
+    at: Instant,
+    path: &'static str,
+    status: u16,
+    retry_after: Option<String>,
+    error: Option<String>,
+}
+
+/// `threads` clients per path, each sending its next request as soon as the last is answered,
+/// for `duration`.
+fn load(addr: SocketAddr, paths: &[(&'static str, usize)], duration: Duration) -> Vec<Answer> {
+    let end = Instant::now() + duration;
+    let handles: Vec<_> = paths
+        .iter()
+        .flat_map(|&(path, threads)| (0..threads).map(move |_| path))
+        .map(|path| {
+            thread::spawn(move || {
+                let mut out = Vec::new();
+                let mut client = KeepAlive::new(addr, Duration::from_secs(10));
+                while Instant::now() < end {
+                    let answer = match client.send(&Request::get(path)) {
+                        Ok(r) => Answer {
+                            at: Instant::now(),
+                            path,
+                            status: r.status,
+                            retry_after: r.header("retry-after"),
+                            error: (r.status != 200).then(|| r.json()["error"].as_str().unwrap_or("").to_string()),
+                        },
+                        Err(_) => {
+                            client = KeepAlive::new(addr, Duration::from_secs(10));
+                            Answer { at: Instant::now(), path, status: 0, retry_after: None, error: None }
+                        }
+                    };
+                    // A refusal comes back at once: wait a little, as a client honouring
+                    // Retry-After in part would, so the load stays about the same.
+                    if answer.status == 503 {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    out.push(answer);
+                }
+                out
+            })
+        })
+        .collect();
+    handles.into_iter().flat_map(|h| h.join().expect("client thread")).collect()
+}
+
+/// The load tests run one at a time: latency is what they measure, and two of them at once on
+/// a small machine measure each other's CPU use.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or_default()
+}
+
+fn config(upstream: SocketAddr, adaptive: &str, log: &str, routes: &str) -> String {
+    with_server(
+        admin::LISTEN,
+        &format!(
+            r#"{log}
+
+[[upstream]]
+name = "app"
+servers = ["{upstream}"]
+keepalive = 256
+adaptive = {{ {adaptive} }}
+
+{routes}"#
+        ),
+    )
+}
+
+const ONE_ROUTE: &str = r#"[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn under_overload_the_excess_is_refused_and_the_upstream_keeps_its_latency() {
+    // 4 at once × 25 ms: 160 requests/s; 16 clients offer four times its concurrency. Without a
+    // limit the upstream's own latency would be 4 × 25 = 100 ms.
+    let service = Duration::from_millis(25);
+    let up = CapacityServer::start(4, service);
+    let _one_at_a_time = exclusive();
+    let w = Weir::start(&config(up.addr, "", JSON_LOG, ONE_ROUTE));
+    let started = Instant::now();
+    let answers = load(w.addr, &[("/", 16)], Duration::from_secs(8));
+    let settled_from = started + Duration::from_secs(4);
+    let settled: Vec<&Answer> = answers.iter().filter(|a| a.at >= settled_from).collect();
+    let ok = settled.iter().filter(|a| a.status == 200).count();
+    let refused: Vec<&&Answer> = settled.iter().filter(|a| a.status == 503).collect();
+    let seconds = (Instant::now() - settled_from).as_secs_f64();
+
+    // The excess is refused at once, with the route's overload status and Retry-After.
+    let status = admin::request(admin::addr(&w), "GET", "/upstreams", None).json();
+    assert!(!refused.is_empty(), "nothing was refused under 4x overload: {status}");
+    for a in &refused {
+        assert_eq!(a.retry_after.as_deref(), Some("1"));
+        assert_eq!(a.error.as_deref(), Some("upstream_overloaded"));
+    }
+    assert!(settled.iter().all(|a| a.status == 200 || a.status == 503), "other statuses under overload");
+    // The upstream stays busy ...
+    let goodput = ok as f64 / seconds;
+    assert!(goodput >= 0.6 * 160.0, "goodput {goodput:.0}/s of the upstream's 160/s");
+    // ... without the queue that unlimited traffic would build in it.
+    let upstream_p50 = percentile(up.latencies_since(settled_from), 0.5);
+    assert!(upstream_p50 <= service * 2, "the upstream's p50 is {upstream_p50:?} for a 25 ms service time");
+
+    // What it learned, in /metrics and GET /upstreams.
+    let admin_addr = admin::addr(&w);
+    let m = scrape(admin_addr);
+    let limit = m.must("weir_adaptive_limit", &[("upstream", "app")]);
+    assert!((2.0..=16.0).contains(&limit), "limit {limit} for an upstream that serves 4 at once");
+    assert!(m.sum("weir_adaptive_shed_total", &[("upstream", "app"), ("reason", "over_limit")]) > 0.0);
+    let ideal = m.must("weir_adaptive_ideal_latency_seconds", &[("upstream", "app")]);
+    assert!((0.025..0.1).contains(&ideal), "ideal latency {ideal}s for a 25 ms service time");
+    let shed_requests = scrape_until(admin_addr, Duration::from_secs(5), Duration::from_millis(50), |m| {
+        m.value_or_zero("weir_requests_total", &[("route", "all"), ("outcome", "adaptive_shed")]) > 0.0
+    });
+    assert!(shed_requests.is_ok(), "no request counted with outcome adaptive_shed");
+    let status = admin::request(admin_addr, "GET", "/upstreams", None).json();
+    let adaptive = &status["upstreams"][0]["adaptive"];
+    assert!(adaptive["limit"].as_u64().is_some_and(|l| l >= 2), "GET /upstreams: {status}");
+    assert!(adaptive["shed"].as_u64().is_some_and(|s| s > 0), "GET /upstreams: {status}");
+
+    // The access log says why.
+    let logged = wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+        access_lines(&w).iter().any(|l| l["fields"]["shed"] == "over_limit" || l["shed"] == "over_limit")
+    });
+    assert!(logged.is_some(), "no access-log line with shed = over_limit");
+}
+
+#[test]
+fn below_capacity_nothing_is_refused() {
+    let _one_at_a_time = exclusive();
+    // 8 at once × 20 ms; 5 clients keep at most 5 in flight.
+    let up = CapacityServer::start(8, Duration::from_millis(20));
+    let w = Weir::start(&config(up.addr, "", NO_ACCESS_LOG, ONE_ROUTE));
+    let answers = load(w.addr, &[("/", 5)], Duration::from_secs(5));
+    let not_ok: Vec<u16> = answers.iter().map(|a| a.status).filter(|s| *s != 200).collect();
+    assert!(answers.len() > 500, "only {} answers", answers.len());
+    assert!(not_ok.is_empty(), "{} of {} not 200: {:?}", not_ok.len(), answers.len(), &not_ok[..not_ok.len().min(10)]);
+    let m = scrape(admin::addr(&w));
+    assert_eq!(m.sum("weir_adaptive_shed_total", &[("upstream", "app")]), 0.0);
+}
+
+#[test]
+fn under_overload_high_priority_keeps_its_success_rate() {
+    let _one_at_a_time = exclusive();
+    let up = CapacityServer::start(4, Duration::from_millis(25));
+    let routes = r#"[[route]]
+name = "checkout"
+path_prefix = "/checkout"
+upstream = "app"
+priority = "high"
+
+[[route]]
+name = "feed"
+path_prefix = "/"
+upstream = "app"
+priority = "low"
+"#;
+    let w = Weir::start(&config(up.addr, r#"queue = 32, queue_timeout = "100ms""#, NO_ACCESS_LOG, routes));
+    let started = Instant::now();
+    let answers = load(w.addr, &[("/checkout", 3), ("/feed", 13)], Duration::from_secs(8));
+    let settled: Vec<&Answer> = answers.iter().filter(|a| a.at >= started + Duration::from_secs(3)).collect();
+    let share_ok = |path: &str| {
+        let of: Vec<_> = settled.iter().filter(|a| a.path == path).collect();
+        let ok = of.iter().filter(|a| a.status == 200).count();
+        (ok, of.len())
+    };
+    let (high_ok, high) = share_ok("/checkout");
+    let (low_ok, low) = share_ok("/feed");
+    assert!(high > 100 && low > 100, "high {high}, low {low} answers");
+    assert!(high_ok * 100 >= high * 99, "high priority: {high_ok} of {high} succeeded");
+    assert!(low_ok * 10 <= low * 8, "low priority should absorb the refusals: {low_ok} of {low} succeeded");
+    let m = scrape(admin::addr(&w));
+    let low_shed = m.sum("weir_adaptive_shed_total", &[("upstream", "app"), ("priority", "low")]);
+    assert!(low_shed > 0.0);
+}
+
+#[test]
+fn check_refuses_what_cannot_work() {
+    let base = |adaptive: &str, priority: &str| {
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:9\"]\nadaptive = {{ {adaptive} }}\n\n[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n{priority}\n"
+        )
+    };
+    let cases = [
+        (base("min_limit = 10, max_limit = 5", ""), "min_limit 10 is above max_limit 5"),
+        (base("tolerance = 1.0", ""), "adaptive.tolerance: must be 1.05..=10"),
+        (base("window = \"1ms\"", ""), "adaptive.window"),
+        (base("queue = -1", ""), "adaptive.queue"),
+        (base("", "priority = \"urgent\""), "priority: expected"),
+        (base("bogus = 1", ""), "bogus"),
+    ];
+    for (text, expected) in cases {
+        let out = check_config("weir.toml", &text, Duration::from_secs(20));
+        assert_ne!(out.code, Some(0), "accepted:\n{text}");
+        let said = format!("{}{}", out.stdout, out.stderr);
+        assert!(said.contains(expected), "expected {expected:?}: {}", out.describe());
+    }
+    let ok = check_config("weir.toml", &base("", "priority = \"high\""), Duration::from_secs(20));
+    assert_eq!(ok.code, Some(0), "{}", ok.describe());
+}
+
+#[test]
+fn the_test_upstream_serves_its_capacity_at_once() {
+    let _one_at_a_time = exclusive();
+    // Its own check: 4 clients on a capacity of 4 wait for nobody; 8 wait one service time.
+    let service = Duration::from_millis(25);
+    let up = CapacityServer::start(4, service);
+    let since = Instant::now();
+    load(up.addr, &[("/", 4)], Duration::from_secs(1));
+    let alone = percentile(up.latencies_since(since), 0.5);
+    let since = Instant::now();
+    load(up.addr, &[("/", 8)], Duration::from_secs(1));
+    let doubled = percentile(up.latencies_since(since), 0.5);
+    assert!(alone < service + Duration::from_millis(10), "p50 {alone:?} with nothing queued");
+    assert!(doubled >= service * 2 - Duration::from_millis(5), "p50 {doubled:?} with half of them queued");
+}
