@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use support::access_log::access_lines;
 use support::config::{memory_with_app, with_app};
+use support::grpc_server::GrpcServer;
 use support::http::{self, Request, Response};
 use support::redis_server::RedisServer;
 use support::replay::replay_own_log;
@@ -218,36 +219,9 @@ for i in range(6):
         print(e.code().name)
 "#;
 
-/// The gRPC server of [`GRPC_SERVER`], stopped (stdin closed, then killed) when dropped.
-struct GrpcServer(std::process::Child, u16);
-
-impl GrpcServer {
-    fn start() -> GrpcServer {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("/usr/bin/python3")
-            .args(["-c", GRPC_SERVER])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("/usr/bin/python3 with grpcio (scripts/setup.sh installs python3-grpcio)");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("piped stdout");
-        std::io::BufReader::new(stdout).read_line(&mut line).expect("the gRPC server's port");
-        let port = line.trim().parse().unwrap_or_else(|_| panic!("the gRPC server printed {line:?}"));
-        GrpcServer(child, port)
-    }
-}
-
-impl Drop for GrpcServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_grpc_upstream_reports_tokens_in_its_trailers_and_the_fifth_call_is_refused() {
-    let grpc = GrpcServer::start();
+    let grpc = GrpcServer::start(GRPC_SERVER);
     let rest = format!(
         r#"[store]
 kind = "memory"
@@ -269,7 +243,7 @@ path_prefix = "/demo.Llm/"
 upstream = "llm"
 limit_req = [ {{ zone = "tokens", burst = 19999, nodelay = true }} ]
 "#,
-        port = grpc.1
+        port = grpc.port
     );
     let w = Weir::start(&support::config::with_server("h2c = true", &rest));
     let out = std::process::Command::new("/usr/bin/python3")

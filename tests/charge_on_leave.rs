@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use support::access_log::access_lines;
 use support::config::with_app;
+use support::grpc_server::GrpcServer;
 use support::http::{self, Request};
 use support::poll::wait_until;
 use support::redis_server::RedisServer;
@@ -136,34 +137,6 @@ except grpc.RpcError as e:
     print(e.code().name)
 "#;
 
-/// The gRPC server of [`GRPC_SERVER`], stopped (stdin closed, then killed) when dropped.
-struct GrpcServer(std::process::Child, u16);
-
-impl GrpcServer {
-    fn start() -> GrpcServer {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("/usr/bin/python3")
-            .args(["-c", GRPC_SERVER])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("/usr/bin/python3 with grpcio (scripts/setup.sh installs python3-grpcio)");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("piped stdout");
-        std::io::BufReader::new(stdout).read_line(&mut line).expect("the gRPC server's port");
-        let port = line.trim().parse().unwrap_or_else(|_| panic!("the gRPC server printed {line:?}"));
-        GrpcServer(child, port)
-    }
-}
-
-impl Drop for GrpcServer {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn call(w: &Weir, how: &str) -> Vec<String> {
     let out = std::process::Command::new("/usr/bin/python3")
         .args(["-c", GRPC_CLIENT, &w.addr.to_string(), how])
@@ -172,10 +145,9 @@ fn call(w: &Weir, how: &str) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
-#[test]
-fn a_client_that_leaves_before_the_trailer_is_charged_the_zones_max_and_replay_agrees() {
-    let grpc = GrpcServer::start();
-    // 100000 tokens an hour; one answer reports at most 50000 (`max`).
+/// A weir (memory store, JSON log) in front of `grpc` whose zone "tokens" holds 100000 tokens and
+/// is charged from the answers' trailers, at most `max` an answer.
+fn llm_weir(grpc: &GrpcServer, max: u64) -> Weir {
     let rest = format!(
         r#"[store]
 kind = "memory"
@@ -192,7 +164,7 @@ protocol = "h2c"
 name = "tokens"
 key = "ip"
 rate = "1r/h"
-cost_from_response = {{ header = "x-tokens-used", trailer = true, max = 50000 }}
+cost_from_response = {{ header = "x-tokens-used", trailer = true, max = {max} }}
 
 [[route]]
 name = "llm"
@@ -200,9 +172,15 @@ path_prefix = "/demo.Llm/"
 upstream = "llm"
 limit_req = [ {{ zone = "tokens", burst = 99999, nodelay = true }} ]
 "#,
-        port = grpc.1
+        port = grpc.port
     );
-    let w = Weir::start(&support::config::with_server("h2c = true", &rest));
+    Weir::start(&support::config::with_server("h2c = true", &rest))
+}
+
+#[test]
+fn a_client_that_leaves_before_the_trailer_is_charged_the_zones_max_and_replay_agrees() {
+    let grpc = GrpcServer::start(GRPC_SERVER);
+    let w = llm_weir(&grpc, 50_000);
     // Two clients read the first part and leave before the trailer (which would say 50000).
     for i in 0..2 {
         assert_eq!(call(&w, "leave"), ["first part", "left"], "{}", w.stderr());
@@ -219,31 +197,8 @@ limit_req = [ {{ zone = "tokens", burst = 99999, nodelay = true }} ]
 
 #[test]
 fn a_client_that_stays_is_charged_what_the_trailer_reports() {
-    let grpc = GrpcServer::start();
-    let rest = format!(
-        r#"[store]
-kind = "memory"
-
-[[upstream]]
-name = "llm"
-servers = ["127.0.0.1:{port}"]
-protocol = "h2c"
-
-[[limit_req_zone]]
-name = "tokens"
-key = "ip"
-rate = "1r/h"
-cost_from_response = {{ header = "x-tokens-used", trailer = true, max = 100000 }}
-
-[[route]]
-name = "llm"
-path_prefix = "/demo.Llm/"
-upstream = "llm"
-limit_req = [ {{ zone = "tokens", burst = 99999, nodelay = true }} ]
-"#,
-        port = grpc.1
-    );
-    let w = Weir::start(&support::config::with_server("h2c = true", &rest));
+    let grpc = GrpcServer::start(GRPC_SERVER);
+    let w = llm_weir(&grpc, 100_000);
     // Two whole answers cost 2 × 50000 (the trailer's count): the budget is spent exactly, so the
     // third is refused. Had a finished answer been charged `max` (the whole budget), the second
     // would have been refused.

@@ -179,26 +179,15 @@ mod wire {
     //! holding the key separator lands on its own counter, and a caller's domain is escaped and
     //! cut in log lines, text and JSON.
 
-    use std::net::SocketAddr;
     use std::time::Duration;
 
-    use tonic::transport::Channel;
     use weir::rls::proto::rate_limit_descriptor::Entry;
     use weir::rls::proto::rate_limit_response::Code;
-    use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient};
+    use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest};
 
     use super::support::poll::wait_until;
+    use super::support::rls_client::client;
     use super::support::weir::Weir;
-
-    async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .expect("uri")
-            .timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
-        RateLimitServiceClient::new(channel)
-    }
 
     fn request(domain: &str, entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitRequest {
         let entries = entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect();

@@ -10,34 +10,12 @@ use std::time::{Duration, Instant};
 
 use support::http;
 use support::redis_server::RedisServer;
+use support::rls_client::{client, code, descriptor, CALL_TIMEOUT};
 use support::upstream::Upstream;
 use support::weir::{self as weir_proc, Weir};
 use tonic::transport::Channel;
-use weir::rls::proto::rate_limit_descriptor::Entry;
 use weir::rls::proto::rate_limit_response::Code;
 use weir::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient};
-
-/// Bound on one call: a hang is an error, never a stuck test.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .timeout(CALL_TIMEOUT)
-        .connect_timeout(CALL_TIMEOUT)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
-    RateLimitServiceClient::new(channel)
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
-        limit: None,
-        hits_addend: None,
-    }
-}
 
 fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest { domain: domain.into(), descriptors, hits_addend: 0 }
@@ -45,10 +23,6 @@ fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequ
 
 async fn call(c: &mut RateLimitServiceClient<Channel>, req: RateLimitRequest) -> RateLimitResponse {
     c.should_rate_limit(req).await.unwrap_or_else(|s| panic!("ShouldRateLimit failed: {s:?}")).into_inner()
-}
-
-fn code(r: &RateLimitResponse) -> Code {
-    Code::try_from(r.overall_code).expect("a known code")
 }
 
 fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {

@@ -6,13 +6,12 @@
 mod support;
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use support::rls_client::{client, code, descriptor};
 use support::weir::{self as weir_proc, Weir};
 use tonic::transport::Channel;
-use weir::rls::proto::rate_limit_descriptor::Entry;
 use weir::rls::proto::rate_limit_response::rate_limit::Unit;
 use weir::rls::proto::rate_limit_response::Code;
 use weir::rls::proto::{
@@ -166,9 +165,6 @@ fn the_peers_corpus_imports_as_the_peer_loads_it() {
 
 // --- The imported configs served: the peer's scenarios through the real gRPC API. ---
 
-/// Bound on one call: a hang is an error, never a stuck test.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Waits, if needed, until the current minute has more than 5 s left: the scenarios count within
 /// minute (and hour) windows aligned to the epoch, and take well under a second.
 async fn away_from_a_minute_end() {
@@ -184,25 +180,6 @@ fn serve(files: &[&str], merge: bool) -> Weir {
     Weir::start(&format!("[log]\naccess_log = false\n\n{}", imported(files, merge)))
 }
 
-async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .timeout(CALL_TIMEOUT)
-        .connect_timeout(CALL_TIMEOUT)
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect to the rls at {addr}: {e}"));
-    RateLimitServiceClient::new(channel)
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
-        limit: None,
-        hits_addend: None,
-    }
-}
-
 async fn call(
     c: &mut RateLimitServiceClient<Channel>,
     domain: &str,
@@ -214,10 +191,6 @@ async fn call(
         hits_addend: 0,
     };
     c.should_rate_limit(req).await.unwrap_or_else(|s| panic!("ShouldRateLimit failed: {s:?}")).into_inner()
-}
-
-fn code(r: &RateLimitResponse) -> Code {
-    Code::try_from(r.overall_code).expect("a known code")
 }
 
 fn status_code(s: &DescriptorStatus) -> Code {
