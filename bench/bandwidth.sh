@@ -27,10 +27,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-tck=$(getconf CLK_TCK)
+source bench/lib/procs.sh
 
 up_port=$(free_port)
 taskset -c "$load_cpu" python3 - "$up_port" <<'PY' &
