@@ -188,23 +188,13 @@ fn weir_check_accepts_the_example_and_refuses_a_window_zone() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
 }
 
-/// A gRPC server (grpcio, h2c) whose calls report their tokens in the trailers (trailing
+/// Handlers of a gRPC service whose calls report their tokens in the trailers (trailing
 /// metadata), as LLM gateways do when the count is known only once the answer is streamed.
-const GRPC_SERVER: &str = r#"
-import sys, grpc
-from concurrent import futures
+const LLM_HANDLERS: &str = r#"
 def say(req, ctx):
     ctx.set_trailing_metadata((("x-tokens-used", "5000"),))
     return b"hello " + req
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("demo.Llm", {
-    "Ask": grpc.unary_unary_rpc_method_handler(say),
-}),))
-port = server.add_insecure_port("127.0.0.1:0")
-server.start()
-print(port, flush=True)
-sys.stdin.read()
-server.stop(0)
+METHODS = {"Ask": grpc.unary_unary_rpc_method_handler(say)}
 "#;
 
 /// Six sequential calls through `target`; one line per call: the reply, or the status code.
@@ -221,7 +211,7 @@ for i in range(6):
 
 #[test]
 fn a_grpc_upstream_reports_tokens_in_its_trailers_and_the_fifth_call_is_refused() {
-    let grpc = GrpcServer::start(GRPC_SERVER);
+    let grpc = GrpcServer::start("demo.Llm", LLM_HANDLERS);
     let rest = format!(
         r#"[store]
 kind = "memory"

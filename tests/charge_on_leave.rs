@@ -97,25 +97,16 @@ fn on_the_memory_store_too_and_replay_of_the_log_agrees() {
     assert_eq!(words, ["PASSED", "PASSED", "PASSED", "REJECTED"], "{decisions}");
 }
 
-/// A gRPC server (grpcio, h2c) whose streamed answers report their tokens in the trailers, at
-/// the end, after a pause a client may use to leave.
-const GRPC_SERVER: &str = r#"
-import sys, time, grpc
-from concurrent import futures
+/// Handlers of a gRPC service whose streamed answers report their tokens in the trailers, at the
+/// end, after a pause a client may use to leave.
+const LLM_HANDLERS: &str = r#"
+import time
 def answer(req, ctx):
     yield b"first part"
     time.sleep(0.5)
     ctx.set_trailing_metadata((("x-tokens-used", "50000"),))
     yield b"second part"
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("demo.Llm", {
-    "Answer": grpc.unary_stream_rpc_method_handler(answer),
-}),))
-port = server.add_insecure_port("127.0.0.1:0")
-server.start()
-print(port, flush=True)
-sys.stdin.read()
-server.stop(0)
+METHODS = {"Answer": grpc.unary_stream_rpc_method_handler(answer)}
 "#;
 
 /// One call: `leave` reads the first message and cancels; otherwise it reads to the end. Prints
@@ -179,7 +170,7 @@ limit_req = [ {{ zone = "tokens", burst = 99999, nodelay = true }} ]
 
 #[test]
 fn a_client_that_leaves_before_the_trailer_is_charged_the_zones_max_and_replay_agrees() {
-    let grpc = GrpcServer::start(GRPC_SERVER);
+    let grpc = GrpcServer::start("demo.Llm", LLM_HANDLERS);
     let w = llm_weir(&grpc, 50_000);
     // Two clients read the first part and leave before the trailer (which would say 50000).
     for i in 0..2 {
@@ -197,7 +188,7 @@ fn a_client_that_leaves_before_the_trailer_is_charged_the_zones_max_and_replay_a
 
 #[test]
 fn a_client_that_stays_is_charged_what_the_trailer_reports() {
-    let grpc = GrpcServer::start(GRPC_SERVER);
+    let grpc = GrpcServer::start("demo.Llm", LLM_HANDLERS);
     let w = llm_weir(&grpc, 100_000);
     // Two whole answers cost 2 × 50000 (the trailer's count): the budget is spent exactly, so the
     // third is refused. Had a finished answer been charged `max` (the whole budget), the second

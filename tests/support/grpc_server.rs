@@ -1,5 +1,6 @@
-//! A gRPC server for tests of gRPC upstreams: a Python grpcio script of the caller's that prints
-//! its port once it serves (h2c), stopped (stdin closed, then killed) when dropped.
+//! A gRPC server for tests of gRPC upstreams: Python grpcio (h2c) serving the caller's handlers
+//! for one service, on a free port it prints once it serves; stopped (stdin closed, then killed)
+//! when dropped.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -10,10 +11,18 @@ pub struct GrpcServer {
 }
 
 impl GrpcServer {
-    /// Runs `script` with /usr/bin/python3 and reads the port it prints.
-    pub fn start(script: &str) -> GrpcServer {
+    /// Serves `service` (e.g. `demo.Llm`) with `handlers`: Python that imports what it needs and
+    /// defines `METHODS`, a dict of method name to grpcio method handler.
+    pub fn start(service: &str, handlers: &str) -> GrpcServer {
+        let script = format!(
+            "import sys, grpc\nfrom concurrent import futures\n{handlers}\n\
+             server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))\n\
+             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler({service:?}, METHODS),))\n\
+             port = server.add_insecure_port(\"127.0.0.1:0\")\nserver.start()\nprint(port, flush=True)\n\
+             sys.stdin.read()\nserver.stop(0)\n"
+        );
         let mut child = Command::new("/usr/bin/python3")
-            .args(["-c", script])
+            .args(["-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
