@@ -594,7 +594,7 @@ fn matched_label_values(exprs: &[String]) -> BTreeSet<(String, String, String)> 
 }
 
 /// A proxy route and an RLS domain whose calls give every outcome the dashboard names: with a
-/// working store (`passed`, `rejected`, `rejected_dry_run`, `ok`, `over_limit`, `invalid`) or a
+/// working store (`passed`, `rejected`, `rejected_dry_run`, `bad_request`) or a
 /// dead one (`fail_open`, `fail_closed`, for both front doors).
 fn exercised_weir(store: &str) -> support::weir::Weir {
     let up = support::upstream::Upstream::start();
@@ -696,7 +696,7 @@ fn grafana_label_values_are_ones_a_running_weir_exports() {
         let admin = support::admin::addr(weir);
         // Metrics are recorded after the answers: wait for the last call's (invalid) to show.
         let scrape = support::metrics::scrape_until(admin, Duration::from_secs(10), Duration::from_millis(50), |s| {
-            s.sum("weir_rls_requests_total", &[("outcome", "invalid")]) >= 1.0
+            s.sum("weir_rls_requests_total", &[("outcome", "bad_request")]) >= 1.0
         })
         .unwrap_or_else(|s| panic!("no invalid call counted:\n{}", s.filtered()));
         for metric in wanted.iter().map(|(m, _, _)| m).collect::<BTreeSet<_>>() {

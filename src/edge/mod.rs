@@ -162,9 +162,9 @@ fn peer_ip(stream: &Stream) -> Option<IpAddr> {
 }
 
 /// The body of a connection refused at accept (`max_connections` / `max_connections_per_ip`).
-fn too_many_connections(cap: &str) -> String {
-    // One family with the proxy's bodies (`proxy/bodies.rs`): {"error": …, what to do}.
-    crate::engine::refusal::line(serde_json::json!({ "error": "too_many_connections", "cap": cap, "retry_after": 1 }))
+fn too_many_connections(cap: &'static str) -> String {
+    // One family with every body Weir writes (`engine/refusal.rs`).
+    crate::engine::Refusal::TooManyConnections { cap }.body()
 }
 
 /// A short HTTP/1.1 503 with `Connection: close`, best effort: the client may be gone already.

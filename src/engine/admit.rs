@@ -16,9 +16,10 @@ use http::header::{HeaderMap, HeaderName, HOST};
 use http::Method;
 
 use super::access::allowed;
-use super::limit_conn::keyed_conns;
-use super::limit_req::{keyed_zones, request_cost};
-use super::policy::{Groups, Unauthorized};
+use super::keyed::{keyed_conns, keyed_zones, request_cost, Unauthorized};
+use super::outcome::Outcome;
+use super::policy::Groups;
+use super::refusal::{Answer, Refusal};
 use crate::config::{Route, Runtime, UnderscoreHeaders};
 use crate::keys::jwt::TokenError;
 use crate::keys::{AmbiguousKey, RequestFacts};
@@ -88,6 +89,48 @@ impl BadRequest {
     }
 }
 
+impl Refused {
+    /// Weir's answer to it, for the route names of `rt` (the snapshot that decided).
+    pub fn answer<'rt>(&self, rt: &'rt Runtime) -> Answer<'rt> {
+        let name = |route: usize| rt.routes.get(route).map_or("-", |r| r.name.as_str());
+        match self {
+            Refused::BadRequest { error, detail, route } => Answer::new(
+                400,
+                Refusal::BadRequest { error: error.code(), detail: detail.clone(), route: route.map(name) },
+            ),
+            Refused::NoRoute => Answer::new(404, Refusal::NoRoute),
+            Refused::Denied { route } => Answer::new(403, Refusal::Forbidden { route: name(*route) }),
+            Refused::Unauthorized { route, zone, detail, absent } => {
+                let names = rt.zones.iter().map(|z| z.name.as_str()).chain(rt.conn_zones.iter().map(|z| z.name.as_str()));
+                let zone = names.into_iter().find(|z| z == zone).unwrap_or("-");
+                // RFC 6750 §3.1: no error code when the request carried no token at all.
+                let challenge = if *absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
+                Answer::new(401, Refusal::InvalidToken { route: name(*route), zone, detail: detail.clone() })
+                    .with_header("WWW-Authenticate", challenge)
+            }
+        }
+    }
+
+    /// Its word in the one outcome vocabulary.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Refused::BadRequest { .. } => Outcome::BadRequest,
+            Refused::NoRoute => Outcome::NoRoute,
+            Refused::Denied { .. } => Outcome::Denied,
+            Refused::Unauthorized { .. } => Outcome::Unauthorized,
+        }
+    }
+
+    /// The route it was refused on, once one matched.
+    pub fn route(&self) -> Option<usize> {
+        match self {
+            Refused::BadRequest { route, .. } => *route,
+            Refused::NoRoute => None,
+            Refused::Denied { route } | Refused::Unauthorized { route, .. } => Some(*route),
+        }
+    }
+}
+
 fn bad(error: BadRequest, detail: impl ToString, route: Option<usize>) -> Refused {
     Refused::BadRequest { error, detail: detail.to_string(), route }
 }
@@ -116,6 +159,8 @@ pub struct Plan<'rt> {
     /// `limit_rate`: the response body's rate and free head start in bytes (`pacing.rs`);
     /// `None`: full speed.
     pub pace: Option<(u64, u64)>,
+    /// Zones whose key was empty for this request (not limited; observers count them).
+    pub empty_keys: Vec<&'rt str>,
 }
 
 /// The engine's first step (see the module docs).
@@ -197,10 +242,11 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
         absent: u.bad.0 == TokenError::Absent,
         detail: u.bad.to_string(),
     };
-    let zones = keyed_zones(rt, route, &facts, cost).map_err(unauthorized)?;
-    let conns = keyed_conns(rt, route, &facts).map_err(unauthorized)?;
+    let mut empty_keys = Vec::new();
+    let zones = keyed_zones(rt, route, &facts, cost, &mut empty_keys).map_err(unauthorized)?;
+    let conns = keyed_conns(rt, route, &facts, &mut empty_keys).map_err(unauthorized)?;
     let pace = route.limit_rate.as_ref().and_then(|l| super::pacing::rate_for(l, &facts));
-    Ok(Plan { route: route_index, cost, zones, conns, forward, pace })
+    Ok(Plan { route: route_index, cost, zones, conns, forward, pace, empty_keys })
 }
 
 /// The host routes are matched on: an absolute-form target's authority wins over `Host` (RFC 9112

@@ -269,7 +269,7 @@ async fn charge_due(due: &[(&Owed, u64)], status: u16, stores: &Stores) -> usize
         }
         let started = Instant::now();
         let result = store.decide(group).await;
-        stores.duration.observe(started.elapsed().as_secs_f64());
+        stores.observer.store_call(started.elapsed());
         match result {
             Ok(v) => charged += v.admitted as usize * group.len(),
             Err(e) => tracing::warn!(error = %e, status, "count by response: the charge after the response failed"),
@@ -281,7 +281,7 @@ async fn charge_due(due: &[(&Owed, u64)], status: u16, stores: &Stores) -> usize
         }
         let started = Instant::now();
         let result = store.charge(group).await;
-        stores.duration.observe(started.elapsed().as_secs_f64());
+        stores.observer.store_call(started.elapsed());
         match result {
             Ok(v) => charged += v.admitted as usize * group.len(),
             Err(e) => tracing::warn!(error = %e, status, "charge from the response: the charge failed"),

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::debug;
 
-use crate::metrics::METRICS;
+use super::observe::Observer;
 use crate::store::{ConnStore, LeaseKey};
 
 /// Unique per process start, so lease ids of different instances never collide.
@@ -27,14 +27,15 @@ pub struct Lease {
     store: Arc<dyn ConnStore>,
     keys: Vec<LeaseKey>,
     id: String,
+    observer: Arc<dyn Observer>,
     renewer: Option<tokio::task::JoinHandle<()>>,
     released: bool,
 }
 
 impl Lease {
     /// Starts holding a lease the store has granted.
-    pub fn hold(store: Arc<dyn ConnStore>, keys: Vec<LeaseKey>, id: String) -> Lease {
-        METRICS.active_leases.inc();
+    pub fn hold(store: Arc<dyn ConnStore>, keys: Vec<LeaseKey>, id: String, observer: Arc<dyn Observer>) -> Lease {
+        observer.lease(true);
         let renewer = store.renew_every().map(|every| {
             let (store, keys, id) = (store.clone(), keys.clone(), id.clone());
             tokio::spawn(async move {
@@ -47,7 +48,7 @@ impl Lease {
                 }
             })
         });
-        Lease { store, keys, id, renewer, released: false }
+        Lease { store, keys, id, observer, renewer, released: false }
     }
 
     pub async fn release(mut self) {
@@ -63,7 +64,7 @@ impl Lease {
         }
         if !self.released {
             self.released = true;
-            METRICS.active_leases.dec();
+            self.observer.lease(false);
         }
     }
 }

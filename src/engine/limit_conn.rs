@@ -5,29 +5,12 @@
 use std::sync::Arc;
 
 use super::lease::{new_lease_id, Lease};
-use super::policy::{self, Groups, Rejection, Resolved, Unauthorized};
-use super::refusal::Refusal;
+use super::observe::Observer;
+use super::policy::{self, Groups, Resolved};
+use super::refusal::{Answer, Refusal};
 use super::status::Statuses;
 use crate::config::{FailurePolicy, Route, Runtime};
-use crate::keys::RequestFacts;
 use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
-
-/// The key step of limit_conn: the route's conn zones whose key for this request is not empty
-/// (empty keys are not limited), enforced ones first.
-pub fn keyed_conns<'a>(
-    rt: &'a Runtime,
-    route: &Route,
-    facts: &RequestFacts<'_>,
-) -> Result<Groups<KeyedConn<'a>>, Unauthorized<'a>> {
-    let mut keyed = Vec::with_capacity(route.conn_limits.len());
-    for (i, cl) in route.conn_limits.iter().enumerate() {
-        let zone = &rt.conn_zones[cl.zone];
-        if let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? {
-            keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i });
-        }
-    }
-    Ok(Groups::new(keyed))
-}
 
 pub struct ConnStores {
     pub primary: Arc<dyn ConnStore>,
@@ -35,13 +18,15 @@ pub struct ConnStores {
     pub kind: &'static str,
     /// The `local` failure policy's in-process counters.
     pub local: Arc<MemoryConnStore>,
+    /// Who is told of store failures and of leases taken and given back.
+    pub observer: Arc<dyn Observer>,
 }
 
 pub struct ConnOutcome<'a> {
     /// Leases to hold until the request ends (one per group of zones asked together).
     pub leases: Vec<Lease>,
     /// Set when the request must be rejected.
-    pub reject: Option<Rejection<'a>>,
+    pub reject: Option<Answer<'a>>,
     /// Per conn zone (by index in `Runtime::conn_zones`), and the worst of them.
     pub statuses: Statuses,
     pub fallback: Option<FailurePolicy>,
@@ -61,12 +46,21 @@ pub async fn acquire<'a>(
         }
         let lease_id = new_lease_id();
         let result = stores.primary.acquire(group, &lease_id).await;
-        let (verdict, store): (_, Arc<dyn ConnStore>) =
-            match policy::resolve(result, rt, route, stores.kind, dry_run, route.conn_status, &mut outcome.fallback) {
+        let resolved = policy::resolve(
+            result,
+            rt,
+            route,
+            stores.kind,
+            dry_run,
+            route.conn_status,
+            &mut outcome.fallback,
+            stores.observer.as_ref(),
+        );
+        let (verdict, store): (_, Arc<dyn ConnStore>) = match resolved {
                 Resolved::Decided(v) => (v, stores.primary.clone()),
                 Resolved::Skipped => continue,
-                Resolved::Denied(rejection) => {
-                    outcome.reject = Some(rejection);
+                Resolved::Denied(answer) => {
+                    outcome.reject = Some(answer);
                     return outcome;
                 }
                 Resolved::Local { fleet_size } => {
@@ -87,23 +81,19 @@ pub async fn acquire<'a>(
         }
         if verdict.admitted {
             let keys = group.iter().map(|z| LeaseKey { zone: z.zone.to_string(), key: z.key.clone() }).collect();
-            outcome.leases.push(Lease::hold(store, keys, lease_id));
+            outcome.leases.push(Lease::hold(store, keys, lease_id, stores.observer.clone()));
         }
     }
     outcome
 }
 
 /// limit_conn's answer for a full zone: `limit_conn_status`, the cap in the RateLimit fields.
-fn rejection<'a>(route: &'a Route, full: &KeyedConn<'a>) -> Rejection<'a> {
-    let headers = vec![
-        ("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", full.zone, full.max)),
-        ("RateLimit", format!("\"{}\";r=0", full.zone)),
+fn rejection<'a>(route: &'a Route, full: &KeyedConn<'a>) -> Answer<'a> {
+    let refusal = Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max };
+    Answer::new(route.conn_status, refusal)
+        .for_grpc(route.grpc_status)
+        .with_header("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", full.zone, full.max))
+        .with_header("RateLimit", format!("\"{}\";r=0", full.zone))
         // When a slot frees is unknown: ask for a short wait (the IETF draft's advice).
-        ("Retry-After", "1".to_string()),
-    ];
-    Rejection {
-        status: route.conn_status,
-        refusal: Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max },
-        headers,
-    }
+        .with_header("Retry-After", "1")
 }

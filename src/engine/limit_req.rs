@@ -8,80 +8,26 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus::Histogram;
-
 use super::after_response::charged_after_response;
 use super::headers;
-use super::policy::{self, Groups, Resolved, Unauthorized};
-use super::refusal::Refusal;
+use super::observe::{Observer, Unobserved};
+use super::policy::{self, Groups, Resolved};
+use super::refusal::{Answer, Refusal};
 use super::status::{LimitStatus, Statuses};
-use crate::config::{Cost, FailurePolicy, HeaderMode, Route, Runtime};
-use crate::keys::RequestFacts;
-use crate::limit::{DelayPolicy, Verdict, ZoneOutcome};
-use crate::metrics::METRICS;
+use crate::config::{FailurePolicy, HeaderMode, Route, Runtime};
+use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
-use crate::top::Tracker;
-
-/// The key step of limit_req: the route's zones that limit this request, each with its key,
-/// effective limit, cost and dry-run flag, enforced ones first. Empty keys are not limited
-/// (nginx's allow-list idiom), nor are keys an override exempts (`rate = "unlimited"`); a matching
-/// override replaces the rate (and burst) for this key.
-pub fn keyed_zones<'a>(
-    rt: &'a Runtime,
-    route: &Route,
-    facts: &RequestFacts<'_>,
-    cost: u64,
-) -> Result<Groups<KeyedZone<'a>>, Unauthorized<'a>> {
-    let mut keyed = Vec::with_capacity(route.limits.len());
-    for (i, zl) in route.limits.iter().enumerate() {
-        let zone = &rt.zones[zl.zone];
-        let Some(key) = policy::request_key(&zone.name, &zone.key, facts)? else { continue };
-        keyed.extend(keyed_zone(rt, route, i, key, facts, cost));
-    }
-    // Zones charged after the response last in each group (stable; `Groups::new` keeps this
-    // order), so each group splits into "charged now" and "checked now, charged after the response".
-    if !keyed.is_sorted_by_key(|z| charged_after_response(rt, route, z)) {
-        keyed.sort_by_key(|z| charged_after_response(rt, route, z));
-    }
-    Ok(Groups::new(keyed))
-}
-
-/// One of the route's zone references (`route.limits[reference]`) with its key for this request:
-/// the effective limit (a matching override's rate and burst), or `None` when an override exempts
-/// the key (`rate = "unlimited"`). The proxy and replay key a zone by its key spec
-/// ([`keyed_zones`]); the rate limit service by a descriptor's values (`rls::plan`).
-pub fn keyed_zone<'a>(
-    rt: &'a Runtime,
-    route: &Route,
-    reference: usize,
-    key: Vec<u8>,
-    facts: &RequestFacts<'_>,
-    cost: u64,
-) -> Option<KeyedZone<'a>> {
-    let zl = &route.limits[reference];
-    let zone = &rt.zones[zl.zone];
-    let mut limit = zl.limit;
-    if let Some(o) = super::overrides::override_for(zone, facts) {
-        limit.rate = o.rate?;
-        if let Some(burst) = o.burst {
-            limit.burst = burst;
-            if let DelayPolicy::After(d) = limit.delay {
-                limit.delay = DelayPolicy::After(d.min(burst));
-            }
-        }
-    }
-    Some(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference })
-}
 
 pub enum Action<'a> {
     Forward,
     Delay(Duration),
-    Reject { status: u16, refusal: Refusal<'a> },
+    Reject(Answer<'a>),
 }
 
 pub struct Enforcement<'a> {
     pub action: Action<'a>,
-    /// Rate-limit fields for the response (rejection or upstream's), per the route's header mode.
+    /// Rate-limit fields for the upstream's response, per the route's header mode (a
+    /// rejection carries its own in its answer).
     pub headers: Vec<(&'static str, String)>,
     /// The request's status and its zones' (by index in `Runtime::zones`). Zones of a rejected
     /// request that did not reject are not listed (they were not charged).
@@ -96,27 +42,39 @@ pub struct Enforcement<'a> {
     pub shadow: Option<Verdict>,
 }
 
+impl Enforcement<'_> {
+    /// Nothing decided: forward, no fields, no words.
+    pub fn nothing() -> Self {
+        Enforcement {
+            action: Action::Forward,
+            headers: Vec::new(),
+            statuses: Statuses::default(),
+            fallback: None,
+            decided_us: None,
+            enforced: None,
+            shadow: None,
+        }
+    }
+}
+
 /// The stores a decision can use: the configured one, and the in-process one of the `local`
 /// failure policy (kept across reloads like the main store).
 pub struct Stores {
     pub primary: Arc<dyn LimitStore>,
     pub local: MemoryStore,
-    /// `weir_store_duration_seconds` of `primary`, looked up once rather than per decision.
-    pub duration: Histogram,
-    /// Where decided requests are recorded for the live view (`GET /top`): the serving process's
-    /// tables; `None` (replay, tests) records nothing.
-    pub top: Option<Arc<Tracker>>,
+    /// Who is told what was decided (the serving process: metrics and the live view; replay
+    /// and tests: nobody).
+    pub observer: Arc<dyn Observer>,
 }
 
 impl Stores {
     pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
-        let duration = METRICS.store_duration.with_label_values(&[primary.kind()]);
-        Self { primary, local, duration, top: None }
+        Self { primary, local, observer: Arc::new(Unobserved) }
     }
 
-    /// Records every enforced decision into `top` (the `[top]` settings choose which).
-    pub fn recording_to(self, top: Arc<Tracker>) -> Self {
-        Self { top: Some(top), ..self }
+    /// Tells `observer` of every decision.
+    pub fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
+        Self { observer, ..self }
     }
 }
 
@@ -131,25 +89,19 @@ pub async fn enforce<'a>(
     // Both groups at once when there is a dry-run one; the usual request has none and skips the
     // join's bookkeeping.
     let (enforced_result, shadow_result) = if shadow.is_empty() {
-        (decide_group(rt, route, store, enforced, &stores.duration).await, None)
+        (decide_group(rt, route, store, enforced, stores.observer.as_ref()).await, None)
     } else {
         tokio::join!(
-            decide_group(rt, route, store, enforced, &stores.duration),
-            decide_group(rt, route, store, shadow, &stores.duration)
+            decide_group(rt, route, store, enforced, stores.observer.as_ref()),
+            decide_group(rt, route, store, shadow, stores.observer.as_ref())
         )
     };
 
-    let mut result = Enforcement {
-        action: Action::Forward,
-        headers: Vec::new(),
-        statuses: Statuses::default(),
-        fallback: None,
-        decided_us: None,
-        enforced: None,
-        shadow: None,
+    let mut result = Enforcement::nothing();
+    let observer = stores.observer.as_ref();
+    let mut resolve = |r, dry_run| {
+        policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback, observer)
     };
-    let mut resolve =
-        |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback);
     let shadow_verdict = match shadow_result.map(|r| resolve(r, true)) {
         Some(Resolved::Decided(v)) => Some(v),
         _ => None,
@@ -160,17 +112,16 @@ pub async fn enforce<'a>(
         Some(Resolved::Local { fleet_size }) => {
             Some(stores.local.decide_now(&policy::fleet_shares(enforced, fleet_size)))
         }
-        Some(Resolved::Denied(rejection)) => {
+        Some(Resolved::Denied(answer)) => {
             result.statuses.overall = Some(LimitStatus::Rejected);
-            result.headers = rejection.headers;
-            result.action = Action::Reject { status: rejection.status, refusal: rejection.refusal };
+            result.action = Action::Reject(answer);
             return result;
         }
     };
     result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
     if let Some(v) = &enforced_verdict {
         record_statuses(&mut result.statuses, route, enforced, v, false);
-        crate::top::record(stores.top.as_deref(), rt, enforced, v);
+        observer.decided(rt, enforced, v);
     }
     if let Some(v) = &shadow_verdict {
         record_statuses(&mut result.statuses, route, shadow, v, true);
@@ -188,13 +139,12 @@ pub async fn enforce<'a>(
         result.action = if !verdict.admitted {
             let zone = headers::rejecting_zone(enforced, verdict).unwrap_or("");
             let retry = verdict.retry_after_us.map(headers::retry_after_secs);
+            let mut headers = std::mem::take(&mut result.headers);
             if let Some(secs) = retry {
-                result.headers.push(("Retry-After", secs.to_string()));
+                headers.push(("Retry-After", secs.to_string()));
             }
-            Action::Reject {
-                status: route.status,
-                refusal: Refusal::RateLimited { route: &route.name, zone, retry_after: retry },
-            }
+            let refusal = Refusal::RateLimited { route: &route.name, zone, retry_after: retry };
+            Action::Reject(Answer { status: route.status, headers, refusal, grpc_status: route.grpc_status })
         } else if verdict.delay_us > 0 {
             Action::Delay(Duration::from_micros(verdict.delay_us))
         } else {
@@ -214,16 +164,16 @@ async fn decide_group(
     route: &Route,
     store: &dyn LimitStore,
     group: &[KeyedZone<'_>],
-    duration: &Histogram,
+    observer: &dyn Observer,
 ) -> Option<Result<Verdict, StoreError>> {
     let split = group.iter().position(|z| charged_after_response(rt, route, z)).unwrap_or(group.len());
     if split == group.len() {
-        return timed_decide(store, group, duration).await;
+        return timed_decide(store, group, observer).await;
     }
     let (now, later) = group.split_at(split);
     let started = Instant::now();
     let peeked = store.peek(later).await;
-    duration.observe(started.elapsed().as_secs_f64());
+    observer.store_call(started.elapsed());
     let peeked = match peeked {
         Ok(v) => v,
         Err(e) => return Some(Err(e)),
@@ -232,7 +182,7 @@ async fn decide_group(
         let not_charged = now.iter().map(|z| ZoneOutcome::not_charged(&z.limit, peeked.decided_us));
         return Some(Ok(Verdict::combine(not_charged.chain(peeked.zones).collect(), peeked.decided_us)));
     }
-    match timed_decide(store, now, duration).await {
+    match timed_decide(store, now, observer).await {
         None => Some(Ok(peeked)),
         Some(Err(e)) => Some(Err(e)),
         Some(Ok(charged)) => {
@@ -246,14 +196,14 @@ async fn decide_group(
 async fn timed_decide(
     store: &dyn LimitStore,
     group: &[KeyedZone<'_>],
-    duration: &Histogram,
+    observer: &dyn Observer,
 ) -> Option<Result<Verdict, StoreError>> {
     if group.is_empty() {
         return None;
     }
     let started = Instant::now();
     let verdict = store.decide(group).await;
-    duration.observe(started.elapsed().as_secs_f64());
+    observer.store_call(started.elapsed());
     Some(verdict)
 }
 
@@ -266,23 +216,12 @@ fn record_statuses(statuses: &mut Statuses, route: &Route, group: &[KeyedZone<'_
     statuses.record_group(verdict.admitted, dry_run, zones);
 }
 
-/// The cost of a request: the route's `cost`, or the value of its `cost_header` clamped to
-/// `min_cost`..`max_cost`. A header that is not a non-negative integer is the client's error (400).
-pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Result<u64, String> {
-    let Some(name) = &cost.header else { return Ok(cost.default) };
-    let Some(value) = headers.get(name) else { return Ok(cost.default) };
-    let text = std::str::from_utf8(value.as_bytes()).map_err(|_| format!("{name} is not a number"))?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{name} must be a non-negative integer"));
-    }
-    // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
-    Ok(text.parse::<u64>().unwrap_or(u64::MAX).clamp(cost.min, cost.max))
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::after_response::{response_cost, ResponseCharges};
+    use super::super::keyed::request_cost;
     use super::*;
+    use crate::config::Cost;
     use crate::config::ResponseCost;
 
     /// A forwarded request's response-decided zones, charged at the response head.
@@ -339,33 +278,6 @@ mod tests {
             matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
         );
-    }
-
-    #[test]
-    fn decisions_are_recorded_into_the_callers_tracker_only() {
-        let rt = crate::config::from_text(&LOGIN.replace("COUNT", ""), "t.toml").expect("valid");
-        let route = &rt.routes[0];
-        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
-        let t0 = 1_700_000_000_000_000;
-        let clock = Arc::new(crate::limit::ManualClock::new(t0));
-        let store = || Arc::new(MemoryStore::new(clock.clone()));
-        let top = Arc::new(Tracker::default());
-        let listed = || -> Vec<(String, Vec<u8>, bool)> {
-            let zones = top.local(t0, u64::MAX);
-            zones
-                .into_iter()
-                .flat_map(|z| z.rows.into_iter().map(move |r| (z.zone.clone(), r.key, r.rejected_rate > 0.0)))
-                .collect()
-        };
-        let pass_then_reject = |stores: &Stores| {
-            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
-            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
-        };
-        // Replay's stores have no tracker: deciding there leaves the serving process's view alone.
-        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));
-        assert_eq!(listed(), []);
-        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).recording_to(top.clone()));
-        assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
     }
 
     /// The memory store never waits: poll once.
@@ -450,10 +362,10 @@ mod tests {
         }
         // 21000 tokens: 1000 past the budget. The next request is refused until 1001 drain (180 ms each).
         let e = futures_now(enforce(&rt, route, &keyed, &stores));
-        assert!(matches!(e.action, Action::Reject { .. }));
-        let header = |name: &str| e.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
+        let Action::Reject(answer) = e.action else { panic!("not refused") };
+        let header = |name: &str| answer.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
         assert_eq!(header("Retry-After").as_deref(), Some("181"), "1001 tokens at 20000/h");
-        assert!(header("RateLimit").is_some_and(|v| v.contains("r=0")), "{:?}", e.headers);
+        assert!(header("RateLimit").is_some_and(|v| v.contains("r=0")), "{:?}", answer.headers);
         // The debt is capped: a huge report fills to 20000 + 5000 and no further.
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
         charge_after(&rt, route, &keyed, 200, &tokens, &stores);

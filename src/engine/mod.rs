@@ -1,33 +1,75 @@
-//! The decision engine: one pure step from a request's facts to a plan or a refusal, and one
-//! enforcement step from a plan and the stores to a verdict. Every front door — the proxy,
-//! `weir replay`, and any other — translates its input into a [`Head`] and calls these, so a
-//! rule that decides anything is written once.
+//! The decision engine: every front door — the proxy, `weir replay`, the rate limit service —
+//! turns its input into a request's facts ([`Head`], or keyed zones) and drives one [`Ticket`]
+//! per request, so a rule that decides anything is written once, here.
 //!
-//! - [`admit`]: target, host, method, headers, route, allow/deny, keys and cost → [`Plan`] or
-//!   [`Refused`] (`admit.rs`);
-//! - [`limit_req::enforce`]: the plan's rate zones through the store, the dry-run split and the
-//!   failure policy → an action (forward, delay, reject) with its `RateLimit` fields;
-//! - [`limit_conn::acquire`]: the plan's concurrency zones → leases, or a rejection.
+//! # The ticket's contract
+//!
+//! In the style of Pingora's `ProxyHttp` phases: each call, when it runs, what it returns, what
+//! the front door does before the next one, and what happens when the next one never comes.
+//!
+//! 1. [`Ticket::rule`] (`async`), once, when the request's head is in. Admits it (target, host,
+//!    method, route, allow/deny, keys, cost: `admit.rs`) and decides its `limit_req` zones, all
+//!    of them at once, all or nothing (`limit_req.rs`, the failure policy in `policy.rs`).
+//!    Returns [`Ruling::Refuse`] with the [`Answer`] to send (400, 401, 403, 404, 429, …; the
+//!    ticket is settled, go to 4) or [`Ruling::Forward`] with the rewrite to apply (the request
+//!    is forwarded exactly as decided on) and a delay. The front door waits the delay out without
+//!    blocking anything; if the client leaves meanwhile it calls [`Ticket::client_gone`] and
+//!    goes to 4 (nothing further is taken for it, as nginx drops it).
+//!    The rate limit service keys zones from descriptors and calls [`Ticket::rule_zones`]
+//!    instead (twice for envoyproxy/ratelimit's soft limits), then goes to 4.
+//! 2. [`Ticket::hold`] (`async`), once, after the delay: `limit_conn`'s leases, all or none.
+//!    `Err(answer)`: send it, go to 4. A front door's own refusals after this point (the
+//!    upstream busy or down, the adaptive limit) are recorded with [`Ticket::settle_as`].
+//! 3. Settle, as the answer arrives: [`Ticket::forwarded`] when the request goes upstream (from
+//!    here its response-decided charges are owed, whatever the client does);
+//!    [`Ticket::at_head`] (`async`) with the upstream's status and headers, before the head goes
+//!    to the client (it charges what is due at the head and returns the `RateLimit` fields to
+//!    add); [`Ticket::body_ended`] when the upstream's body ends; [`Ticket::at_trailers`]
+//!    (`async`) with its trailers. Each may never come: the upstream failed, the client left.
+//! 4. [`Ticket::finish`] (`async`), exactly once, however the request ended: charges what is
+//!    still owed (a client that left early owes the most its answer could have cost), gives the
+//!    leases back, reports the request to the [`Observer`]. A ticket dropped unfinished is still
+//!    reported and its leases still go back (their own `Drop`), but the charges it owed are lost:
+//!    every front door calls `finish`.
+//!
+//! # Rooms
+//! - `ticket.rs`: the order above; `admit.rs`: the pure step before any limit; `keyed.rs`: the
+//!   key step of both limit kinds; `limit_req.rs`, `limit_conn.rs` + `lease.rs`: the two limit
+//!   kinds through the stores; `policy.rs`: dry-run groups and the failure policy;
+//!   `after_response.rs`: charges decided by the response; `pacing.rs`: `limit_rate`.
+//! - What was decided: [`Outcome`] (one vocabulary for metrics, logs, the rate limit service,
+//!   replay and the live view), `status.rs` (nginx's `$limit_req_status` words), [`Answer`] and
+//!   [`Refusal`] (every answer Weir writes in place of the upstream's, and its body).
+//! - Who is told: [`Observer`] (`observe.rs`); `metrics/` and `top/` implement it, the engine
+//!   imports neither.
 
 pub mod access;
 pub mod admit;
 pub mod after_response;
 pub mod headers;
+pub mod keyed;
 pub mod lease;
 pub mod limit_conn;
 pub mod limit_req;
+pub mod observe;
+pub mod outcome;
 pub mod overrides;
 pub mod pacing;
 pub mod policy;
 pub mod refusal;
 pub mod status;
+pub mod ticket;
 
 use std::net::IpAddr;
 
 use http::HeaderMap;
 
 pub use admit::{admit, BadRequest, Forward, Head, Plan, Refused};
-pub use refusal::Refusal;
+pub use after_response::Ending;
+pub use observe::{Observer, Report, Unobserved};
+pub use outcome::Outcome;
+pub use refusal::{Answer, Refusal};
+pub use ticket::{Ruling, Ticket};
 
 use crate::config::Runtime;
 

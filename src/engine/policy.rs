@@ -9,42 +9,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
-use super::refusal::Refusal;
+use super::observe::Observer;
+use super::refusal::{Answer, Refusal};
 use crate::config::{FailurePolicy, Route, Runtime, StoreSettings};
-use crate::keys::{BadToken, KeySpec, RequestFacts};
 use crate::limit::{DelayPolicy, LimitReq, Rate};
-use crate::metrics::METRICS;
 use crate::store::{KeyedConn, KeyedZone, StoreError};
-
-/// A response to send instead of forwarding: status, why (the body), headers.
-pub struct Rejection<'a> {
-    pub status: u16,
-    pub refusal: Refusal<'a>,
-    pub headers: Vec<(&'static str, String)>,
-}
-
-/// The key step's one rule for both limit kinds: a zone's key for this request, `None` when it is
-/// empty (not limited, like nginx, and counted per zone); an error when the key needs a verified
-/// token the request does not have and the zone has no `bad_token_key`.
-pub fn request_key<'z>(
-    zone_name: &'z str,
-    spec: &KeySpec,
-    facts: &RequestFacts<'_>,
-) -> Result<Option<Vec<u8>>, Unauthorized<'z>> {
-    let key = spec.extract(facts).map_err(|bad| Unauthorized { zone: zone_name, bad })?;
-    if key.is_empty() {
-        METRICS.empty_keys.with_label_values(&[zone_name]).inc();
-        return Ok(None);
-    }
-    Ok(Some(key))
-}
-
-/// A zone that refuses the request (401): its key needs a claim of a verified token.
-#[derive(Debug)]
-pub struct Unauthorized<'z> {
-    pub zone: &'z str,
-    pub bad: BadToken,
-}
 
 /// A zone of one request as both limit kinds key it (`KeyedZone`, `KeyedConn`).
 pub trait Keyed: Sized {
@@ -149,7 +118,7 @@ pub enum Resolved<'a, V> {
     /// No say in this request: a failed shadow group, or `allow`.
     Skipped,
     /// `deny`: reject with the route's status for this kind of limit.
-    Denied(Rejection<'a>),
+    Denied(Answer<'a>),
     /// `local`: decide in process with `fleet_shares` of the group.
     Local { fleet_size: u64 },
 }
@@ -157,6 +126,7 @@ pub enum Resolved<'a, V> {
 /// One group's store result through the failure policy: a store error is counted and (at most
 /// once a second) logged; for an enforced group the route's policy then decides, and `fallback`
 /// records which one did. A failed shadow group only costs the report.
+#[allow(clippy::too_many_arguments)] // the decision's context, each read once
 pub fn resolve<'a, V>(
     result: Result<V, StoreError>,
     rt: &Runtime,
@@ -165,25 +135,26 @@ pub fn resolve<'a, V>(
     dry_run: bool,
     reject_status: u16,
     fallback: &mut Option<FailurePolicy>,
+    observer: &dyn Observer,
 ) -> Resolved<'a, V> {
     let error = match result {
         Ok(verdict) => return Resolved::Decided(verdict),
         Err(e) => e,
     };
-    report_store_error(store_kind, &route.name, &error);
+    report_store_error(store_kind, &route.name, &error, observer);
     if dry_run {
         return Resolved::Skipped;
     }
     let policy = failure_policy(rt, route);
-    METRICS.store_fallbacks.with_label_values(&[policy.as_str()]).inc();
+    observer.fell_back(policy);
     *fallback = Some(policy);
     match policy {
         FailurePolicy::Allow => Resolved::Skipped,
-        FailurePolicy::Deny => Resolved::Denied(Rejection {
-            status: reject_status,
-            refusal: Refusal::LimiterUnavailable { route: &route.name },
-            headers: vec![("Retry-After", "1".to_string())],
-        }),
+        FailurePolicy::Deny => Resolved::Denied(
+            Answer::new(reject_status, Refusal::LimiterUnavailable { route: &route.name })
+                .with_header("Retry-After", "1")
+                .for_grpc(route.grpc_status),
+        ),
         FailurePolicy::Local => Resolved::Local { fleet_size: fleet_size(rt) },
     }
 }
@@ -204,14 +175,14 @@ fn fleet_size(rt: &Runtime) -> u64 {
 }
 
 /// Logs store failures at most once a second: a dead Redis must not flood the log.
-fn report_store_error(store: &'static str, route: &str, error: &StoreError) {
+fn report_store_error(store: &'static str, route: &str, error: &StoreError, observer: &dyn Observer) {
     let cause = match error {
         StoreError::Timeout(_) => "timeout",
         StoreError::Redis(_) | StoreError::Connection(_) | StoreError::Server(_) => "redis",
         StoreError::Reply(_) => "reply",
         StoreError::CircuitOpen => "circuit_open",
     };
-    METRICS.store_errors.with_label_values(&[store, cause]).inc();
+    observer.store_failed(store, cause);
     static LAST_LOG_SECS: AtomicU64 = AtomicU64::new(0);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if LAST_LOG_SECS.swap(now, Ordering::Relaxed) != now {

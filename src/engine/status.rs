@@ -2,8 +2,6 @@
 //! and the one that describes the request as a whole. limit_req and limit_conn record theirs with
 //! the same functions, and the logging phase counts both with the same one.
 
-use crate::metrics::ZoneMeters;
-
 /// nginx's `$limit_req_status` words (limit_conn uses PASSED, REJECTED and REJECTED_DRY_RUN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitStatus {
@@ -97,16 +95,6 @@ impl Statuses {
         self.zones.push((zone, status));
         if self.overall.is_none_or(|s| status.severity() > s.severity()) {
             self.overall = Some(status);
-        }
-    }
-
-    /// Counts each zone's word through the zone's handles (zone indices and handles come from
-    /// the same config snapshot).
-    pub fn count<'a>(&self, meters: impl Fn(usize) -> Option<&'a ZoneMeters>) {
-        for &(zone, status) in &self.zones {
-            if let Some(m) = meters(zone) {
-                m.decision(status.slot(), status.metric_label());
-            }
         }
     }
 }

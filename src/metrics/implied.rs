@@ -166,7 +166,7 @@ pub fn implied(rt: &Runtime) -> Implied {
         }
     }
     for domain in rt.rls.iter().flat_map(|r| r.domains.iter()) {
-        for outcome in ["ok", "over_limit"] {
+        for outcome in ["passed", "rejected"] {
             out.rls_requests.push(pair(&domain.name, outcome));
         }
     }

@@ -5,6 +5,7 @@
 mod adaptive;
 mod implied;
 mod meters;
+mod observer;
 mod process;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -12,6 +13,7 @@ use std::sync::LazyLock;
 
 pub use implied::{implied, store_label, Implied, StoresInUse};
 pub use meters::{Meters, RouteMeters, ZoneMeters, OUTCOME_SLOTS};
+pub use observer::MetricsObserver;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -100,7 +102,8 @@ pub struct Metrics {
     /// Requests per `lua/limit_req.lua` call of the Redis decision lane (coalescing).
     pub redis_batch_size: prometheus::Histogram,
     /// Rate limit service calls by domain (`-`: one the config does not have) and outcome
-    /// (`ok`, `over_limit`, `delayed`, `fail_open`, `fail_closed`, `invalid`).
+    /// in the proxy's outcome words (`passed`, `delayed`, `rejected`, `unlimited`, `fail_open`,
+    /// `fail_closed`, `bad_request`, ...; `engine::Outcome`).
     pub rls_requests: IntCounterVec,
     /// Rate limit service descriptors no rule limits (allowed), by domain.
     pub rls_unmatched: IntCounterVec,

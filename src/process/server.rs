@@ -11,6 +11,8 @@ use crate::edge::budget::Budget;
 use crate::edge::{Capped, EdgeApp, TlsListeners};
 use crate::engine::limit_conn::ConnStores;
 use crate::engine::limit_req::Stores;
+use crate::engine::Observer;
+use crate::metrics::MetricsObserver;
 use crate::limit::SystemClock;
 use crate::process::admin::AdminApp;
 use crate::process::reload::Reloader;
@@ -46,13 +48,16 @@ impl Lasting {
         let (limits, conns) = primary_stores(runtime, &zone_limits)?;
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
+        // The engine reports to the metrics, then to the live view's tables.
+        let observer: Arc<dyn Observer> = Arc::new((MetricsObserver::new(kind), top.clone()));
         Ok(Lasting {
             limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone()))
-                .recording_to(top.clone()),
+                .observed_by(observer.clone()),
             conns: ConnStores {
                 primary: conns,
                 kind,
                 local: Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits)),
+                observer,
             },
             top,
         })
@@ -165,7 +170,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
             }
             _ => None,
         };
-        let stores = rls_stores(&reloader, &lasting.limits).recording_to(lasting.top.clone());
+        let stores = rls_stores(&reloader, &lasting.limits);
         let service = crate::rls::service::RlsService::new(reloader.runtime(), stores);
         let listener = crate::rls::listener::RlsListener::bind(service, reloader.runtime(), budget.rls, tls)?;
         let mut background = pingora::services::background::background_service("weir rls", listener);
@@ -221,6 +226,7 @@ fn rls_stores(reloader: &Reloader, limits: &Stores) -> Stores {
     let live = reloader.runtime();
     let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
     Stores::new(limits.primary.clone(), MemoryStore::default().with_zone_limits(zone_limits))
+        .observed_by(limits.observer.clone())
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle

@@ -11,6 +11,7 @@ use tracing::Level;
 
 use super::RequestCtx;
 use crate::engine::status::LimitStatus;
+use crate::engine::Ticket;
 use crate::logging::json::{JsonObject, JsonStr};
 use crate::logging::{self, line};
 
@@ -40,28 +41,29 @@ fn json_fields(
 ) {
     let req = session.req_header();
     o.str("route", route);
-    o.string_with("client", |s| match ctx.client_ip {
+    let ticket = &ctx.ticket;
+    o.string_with("client", |s| match ticket.client_ip() {
         Some(ip) => s.push_ip(ip),
         None => s.push_str("-"),
     });
     o.str("method", req.method.as_str());
     o.str("path", req.uri.path());
     o.u64("status", u64::from(status));
-    o.str("limit_req", ctx.limit_statuses.overall.map_or("-", LimitStatus::as_str));
-    o.str("limit_conn", ctx.conn_statuses.overall.map_or("-", LimitStatus::as_str));
-    o.string_with("zones", |s| push_zones(s, ctx));
-    o.u64("delay_ms", ctx.delay.as_millis() as u64);
-    if let Some(decided_us) = ctx.decided_us {
+    o.str("limit_req", ticket.limit_req().overall.map_or("-", LimitStatus::as_str));
+    o.str("limit_conn", ticket.limit_conn().overall.map_or("-", LimitStatus::as_str));
+    o.string_with("zones", |s| push_zones(s, ticket));
+    o.u64("delay_ms", ticket.delay().as_millis() as u64);
+    if let Some(decided_us) = ticket.decided_us() {
         o.u64("decided_us", decided_us);
     }
-    if let (Some(route), Some(resp)) = (ctx.route, session.response_written()) {
-        crate::engine::after_response::response_cost_fields(&ctx.runtime, route, &resp.headers, |f, v| o.str(f, v));
+    if let (Some(route), Some(resp)) = (ticket.route_index(), session.response_written()) {
+        crate::engine::after_response::response_cost_fields(ticket.runtime(), route, &resp.headers, |f, v| o.str(f, v));
     }
     if let Some(reason) = ctx.upstream.shed() {
         // The adaptive limit refused it, and why (docs/adaptive.md).
         o.str("shed", reason.as_str());
     }
-    if ctx.client_left_owing {
+    if ticket.client_left_owing() {
         // Charged the most its answer could have cost (docs/charges.md): replay does the same.
         o.bool("client_left", true);
     }
@@ -86,12 +88,12 @@ fn json_fields(
 }
 
 /// `zone=STATUS` per zone that had a say, comma-separated.
-fn push_zones(s: &mut JsonStr<'_>, ctx: &RequestCtx) {
-    for (i, (zone, status)) in ctx.limit_statuses.zones.iter().enumerate() {
+fn push_zones(s: &mut JsonStr<'_>, ticket: &Ticket) {
+    for (i, (zone, status)) in ticket.limit_req().zones.iter().enumerate() {
         if i > 0 {
             s.push_str(",");
         }
-        s.push_str(ctx.runtime.zones.get(*zone).map_or("?", |z| z.name.as_str()));
+        s.push_str(ticket.runtime().zones.get(*zone).map_or("?", |z| z.name.as_str()));
         s.push_str("=");
         s.push_str(status.as_str());
     }
@@ -99,26 +101,27 @@ fn push_zones(s: &mut JsonStr<'_>, ctx: &RequestCtx) {
 
 fn text_line(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: &str, status: u16) {
     let req = session.req_header();
-    let zones: Vec<String> = ctx
-        .limit_statuses
+    let ticket = &ctx.ticket;
+    let zones: Vec<String> = ticket
+        .limit_req()
         .zones
         .iter()
-        .map(|(zone, s)| format!("{}={}", ctx.runtime.zones[*zone].name, s.as_str()))
+        .map(|(zone, s)| format!("{}={}", ticket.runtime().zones[*zone].name, s.as_str()))
         .collect();
     tracing::info!(
         target: "weir::access",
         route,
-        client = %ctx.client_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
+        client = %ticket.client_ip().map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         method = %req.method,
         path = %req.uri.path(),
         status,
-        limit_req = ctx.limit_statuses.overall.map_or("-", LimitStatus::as_str),
+        limit_req = ticket.limit_req().overall.map_or("-", LimitStatus::as_str),
         // nginx's `$limit_conn_status`: REJECTED if a zone rejected, else PASSED once a zone had
         // a key (the most severe word, as for limit_req).
-        limit_conn = ctx.conn_statuses.overall.map_or("-", LimitStatus::as_str),
+        limit_conn = ticket.limit_conn().overall.map_or("-", LimitStatus::as_str),
         zones = %zones.join(","),
-        delay_ms = ctx.delay.as_millis() as u64,
-        decided_us = ctx.decided_us,
+        delay_ms = ticket.delay().as_millis() as u64,
+        decided_us = ticket.decided_us(),
         shed = ctx.upstream.shed().map(|r| r.as_str()),
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
         upstream_addr = %ctx.upstream.addrs(),

@@ -7,7 +7,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
-use super::bodies::Refusal;
+use crate::engine::Answer;
 
 /// Writes a complete JSON response. Returns `Ok(true)`: "already responded" for `request_filter`.
 pub async fn json(
@@ -41,20 +41,14 @@ fn own_response(
     Ok(resp)
 }
 
-/// A limit's rejection (limit_req, limit_conn, or the `deny` failure policy). A gRPC request
-/// (`content-type: application/grpc*`) on a route with a `grpc_status` gets a gRPC answer
-/// instead of the JSON one: gRPC libraries turn an HTTP 429 or 503 into a confusing
-/// UNAVAILABLE/UNKNOWN, while `grpc-status: 8` reads as RESOURCE_EXHAUSTED with its message.
-pub async fn rejection(
-    session: &mut Session,
-    grpc_status: Option<u8>,
-    status: u16,
-    headers: &[(&'static str, String)],
-    refusal: Refusal<'_>,
-) -> Result<bool> {
-    match grpc_status.filter(|_| is_grpc(session.req_header())) {
-        Some(code) => grpc(session, code, headers, &refusal.grpc_message()).await,
-        None => json(session, status, headers, refusal.body()).await,
+/// One of Weir's own answers. A gRPC request (`content-type: application/grpc*`) gets a gRPC
+/// answer when the answer has a gRPC status (a limit's refusal on a route with `grpc_status`):
+/// gRPC libraries turn an HTTP 429 or 503 into a confusing UNAVAILABLE/UNKNOWN, while
+/// `grpc-status: 8` reads as RESOURCE_EXHAUSTED with its message.
+pub async fn answer(session: &mut Session, answer: &Answer<'_>) -> Result<bool> {
+    match answer.grpc_status.filter(|_| is_grpc(session.req_header())) {
+        Some(code) => grpc(session, code, &answer.headers, &answer.refusal.grpc_message()).await,
+        None => json(session, answer.status, &answer.headers, answer.refusal.body()).await,
     }
 }
 

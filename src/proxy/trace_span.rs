@@ -56,13 +56,14 @@ pub(super) fn attempt_answered(ctx: &mut RequestCtx, status: u16) {
 /// Records the decision and the upstream attempts on the span and ends it.
 pub(super) fn finish(span: Option<Box<RequestSpan>>, ctx: &RequestCtx, route: &str, status: u16) {
     let Some(span) = span else { return };
-    let zones = ctx
-        .limit_statuses
+    let (ticket, rt) = (&ctx.ticket, ctx.ticket.runtime());
+    let zones = ticket
+        .limit_req()
         .zones
         .iter()
-        .map(|(zone, s)| format!("{}={}", ctx.runtime.zones.get(*zone).map_or("?", |z| z.name.as_str()), s.as_str()))
+        .map(|(zone, s)| format!("{}={}", rt.zones.get(*zone).map_or("?", |z| z.name.as_str()), s.as_str()))
         .collect();
-    let http_route = ctx.route.and_then(|i| ctx.runtime.matchers.get(i)).map(|m| match &m.path {
+    let http_route = ticket.route_index().and_then(|i| rt.matchers.get(i)).map(|m| match &m.path {
         PathMatch::Exact(path) => path.clone(),
         PathMatch::Prefix(prefix) => format!("{prefix}*"),
         PathMatch::Regex(regex) => regex.as_str().to_string(),
@@ -70,13 +71,13 @@ pub(super) fn finish(span: Option<Box<RequestSpan>>, ctx: &RequestCtx, route: &s
     span.finish(Finished {
         route,
         http_route,
-        outcome: ctx.outcome.label(),
-        limit_req: ctx.limit_statuses.overall.map_or("-", LimitStatus::as_str),
+        outcome: ticket.outcome().label(),
+        limit_req: ticket.limit_req().overall.map_or("-", LimitStatus::as_str),
         zones,
-        decided_us: ctx.decided_us,
-        store: crate::metrics::store_label(&ctx.runtime.store),
-        delay: ctx.delay,
-        client: ctx.client_ip,
+        decided_us: ticket.decided_us(),
+        store: crate::metrics::store_label(&rt.store),
+        delay: ticket.delay(),
+        client: ticket.client_ip(),
         peer: ctx.peer,
         upstream_addrs: ctx.upstream.tried().to_vec(),
         upstream_time: ctx.upstream_time,

@@ -12,7 +12,8 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{ErrorSource, RetryType};
 
-use super::{bodies, respond};
+use super::respond;
+use crate::engine::{Answer, Refusal};
 use crate::adaptive::{Permit, Priority, ShedReason};
 use crate::metrics::METRICS;
 use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
@@ -274,13 +275,12 @@ pub async fn unavailable(session: &mut Session, why: Unavailable, upstream: &str
     match why {
         Unavailable::Busy => {
             METRICS.upstream_unavailable.with_label_values(&[upstream, "busy"]).inc();
-            let body = bodies::upstream_busy(route);
-            respond::json(session, 503, &[("Retry-After", "1".to_string())], body).await
+            let answer = Answer::new(503, Refusal::UpstreamBusy { route }).with_header("Retry-After", "1");
+            respond::answer(session, &answer).await
         }
         Unavailable::Down => {
             METRICS.upstream_unavailable.with_label_values(&[upstream, "down"]).inc();
-            let body = bodies::no_healthy_upstream(upstream, route);
-            respond::json(session, 502, &[], body).await
+            respond::answer(session, &Answer::new(502, Refusal::NoHealthyUpstream { upstream, route })).await
         }
     }
 }
@@ -293,12 +293,9 @@ pub async fn shed(
     upstream: &str,
     route: &crate::config::Route,
 ) -> Result<bool> {
-    let body = bodies::upstream_overloaded(upstream, &route.name, reason.as_str());
-    let headers = [("Retry-After", "1".to_string())];
-    match route.grpc_status.filter(|_| respond::is_grpc(session.req_header())) {
-        Some(code) => respond::grpc(session, code, &headers, "upstream overloaded: adaptive concurrency limit").await,
-        None => respond::json(session, route.conn_status, &headers, body).await,
-    }
+    let refusal = Refusal::UpstreamOverloaded { upstream, route: &route.name, reason: reason.as_str() };
+    let answer = Answer::new(route.conn_status, refusal).with_header("Retry-After", "1").for_grpc(route.grpc_status);
+    respond::answer(session, &answer).await
 }
 
 /// `fail_to_proxy`: 504 when the last attempt timed out, 502 for other upstream failures, each
@@ -319,8 +316,8 @@ pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts
         _ => (500, "internal_error"),
     };
     if code > 0 && session.response_written().is_none() {
-        let body = bodies::upstream_failed(error, upstream, route, attempts.tries());
-        if let Err(write_error) = respond::json(session, code, &[], body).await {
+        let refusal = Refusal::UpstreamFailed { error, upstream, route, tries: attempts.tries() };
+        if let Err(write_error) = respond::answer(session, &Answer::new(code, refusal)).await {
             tracing::debug!(error = %write_error, "cannot send the error response");
         }
     }

@@ -102,7 +102,11 @@ pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], enforcement: &Enforcement<
         .collect();
 
     // The fields the engine wrote for the domain's `rate_limit_headers`, `Retry-After` included.
-    let response_headers = enforcement.headers.iter().map(|(name, value)| header(name, value)).collect();
+    let fields = match &enforcement.action {
+        Action::Reject(answer) => &answer.headers,
+        _ => &enforcement.headers,
+    };
+    let response_headers = fields.iter().map(|(name, value)| header(name, value)).collect();
     let mut request_headers = Vec::new();
     if let Action::Delay(wait) = enforcement.action {
         request_headers.push(header(DELAY_HEADER, &delay_ms(wait).to_string()));

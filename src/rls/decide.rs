@@ -11,9 +11,9 @@
 use super::answer::{self, ZoneAnswer};
 use super::plan::Plan;
 use crate::config::Route;
-use crate::config::Runtime;
-use crate::engine::limit_req::{self, Action, Enforcement, Stores};
+use crate::engine::limit_req::{Action, Enforcement, Stores};
 use crate::engine::policy::Groups;
+use crate::engine::Ticket;
 
 /// The plan (zones in `Groups` order), the enforcement that decided the call, and every zone's
 /// answer in the plan's order.
@@ -23,10 +23,11 @@ pub struct Decided<'a> {
     pub zones: Vec<ZoneAnswer>,
 }
 
-pub async fn decide<'a>(rt: &Runtime, route: &'a Route, plan: Plan<'a>, stores: &Stores) -> Decided<'a> {
+/// Decides the call on `ticket` (the words of the decision that counts stay on it).
+pub async fn decide<'a>(ticket: &mut Ticket, route: &'a Route, plan: Plan<'a>, stores: &Stores) -> Decided<'a> {
     let Plan { keyed, slots } = plan;
     let groups = Groups::new(keyed);
-    let first = limit_req::enforce(rt, route, &groups, stores).await;
+    let first = ticket.rule_zones(route, &groups, stores).await;
     let plan = Plan { keyed: groups.into_all(), slots };
     let mut zones = answer::zone_answers(&plan, &first);
     let Some(over) = soft_limits_over(&plan, &first) else {
@@ -35,7 +36,7 @@ pub async fn decide<'a>(rt: &Runtime, route: &'a Route, plan: Plan<'a>, stores: 
     // Again without the soft limits that were over (and without dry-run zones: decided above).
     let kept: Vec<usize> = (0..plan.keyed.len()).filter(|i| !plan.keyed[*i].dry_run && !over.contains(i)).collect();
     let retry = Groups::new(kept.iter().map(|&i| plan.keyed[i].clone()).collect());
-    let second = limit_req::enforce(rt, route, &retry, stores).await;
+    let second = ticket.rule_zones(route, &retry, stores).await;
     let retried = Plan { keyed: retry.into_all(), slots: Vec::new() };
     for (answer, &i) in answer::zone_answers(&retried, &second).into_iter().zip(&kept) {
         zones[i] = answer;

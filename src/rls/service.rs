@@ -13,8 +13,9 @@ use super::proto::rate_limit_response::Code;
 use super::proto::{RateLimitRequest, RateLimitResponse, RateLimitService};
 use super::{answer, decide};
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::limit_req::{Action, Enforcement, Stores};
+use crate::engine::limit_req::Stores;
 use crate::engine::status::LimitStatus;
+use crate::engine::{Ending, Ticket};
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
 
@@ -48,11 +49,15 @@ impl RateLimitService for RlsService {
         let req = request.into_inner();
         let domain = settings.domain(&req.domain);
         let domain_label = domain.map_or("-", |d| d.name.as_str());
+        // The call's ticket: it reports the call (`weir_rls_requests_total`, the zones' words)
+        // when it is finished, whatever happens below.
+        let mut ticket = Ticket::for_rls(rt.clone(), domain_label, self.stores.observer.clone());
         let plan = match plan::plan(&rt, domain, &req, settings.max_descriptors) {
             Ok(plan) => plan,
             Err(invalid) => {
-                METRICS.rls_requests.with_label_values(&[domain_label, "invalid"]).inc();
+                ticket.refused_before_limits();
                 finish(trace_parent, started, domain_label, &req, Vec::new(), "INVALID_ARGUMENT");
+                ticket.finish(Ending::Over, 0, &self.stores).await;
                 return Err(Status::invalid_argument(invalid.0));
             }
         };
@@ -62,18 +67,14 @@ impl RateLimitService for RlsService {
         }
         let response = match domain {
             Some(domain) if !plan.keyed.is_empty() => {
-                let decided = decide::decide(&rt, &domain.route, plan, &self.stores).await;
+                let decided = decide::decide(&mut ticket, &domain.route, plan, &self.stores).await;
                 let (plan, enforcement) = (decided.plan, decided.enforcement);
                 let response = answer::respond(&plan, &decided.zones, &enforcement);
-                enforcement.statuses.count(|z| rt.meters.zone(z));
-                let outcome = outcome(&enforcement);
-                METRICS.rls_requests.with_label_values(&[domain_label, outcome]).inc();
-                access_log(&req, &plan, Some(&enforcement), &response, &rt, started);
-                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &enforcement), code(&response));
+                access_log(&req, &plan, Some(&ticket), &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &ticket), code(&response));
                 response
             }
             _ => {
-                METRICS.rls_requests.with_label_values(&[domain_label, "ok"]).inc();
                 // Nothing to decide: every descriptor is unmatched or unlimited (or the domain unknown).
                 let response = answer::undecided(&plan);
                 access_log(&req, &plan, None, &response, &rt, started);
@@ -81,6 +82,7 @@ impl RateLimitService for RlsService {
                 response
             }
         };
+        ticket.finish(Ending::Over, 0, &self.stores).await;
         Ok(Response::new(response))
     }
 }
@@ -108,25 +110,15 @@ fn code(response: &RateLimitResponse) -> &'static str {
 }
 
 /// `zone=STATUS` of each zone decided (the access log's `zones`).
-fn zone_words(rt: &Runtime, e: &Enforcement<'_>) -> Vec<String> {
-    e.statuses.zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
-}
-
-fn outcome(e: &Enforcement<'_>) -> &'static str {
-    match (&e.action, e.fallback) {
-        (Action::Reject { .. }, Some(FailurePolicy::Deny)) => "fail_closed",
-        (_, Some(FailurePolicy::Allow)) => "fail_open",
-        (Action::Reject { .. }, _) => "over_limit",
-        (Action::Delay(_), _) => "delayed",
-        (Action::Forward, _) => "ok",
-    }
+fn zone_words(rt: &Runtime, ticket: &Ticket) -> Vec<String> {
+    ticket.limit_req().zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
 }
 
 /// One JSON (or text) line per decision, beside the proxy's request lines.
 fn access_log(
     req: &RateLimitRequest,
     plan: &Plan<'_>,
-    enforcement: Option<&Enforcement<'_>>,
+    ticket: Option<&Ticket>,
     response: &RateLimitResponse,
     rt: &Runtime,
     started: Instant,
@@ -135,13 +127,11 @@ fn access_log(
         return;
     }
     let code = if response.overall_code == i32::from(Code::OverLimit) { "OVER_LIMIT" } else { "OK" };
-    let limit_req = enforcement.and_then(|e| e.statuses.overall).map_or("-", LimitStatus::as_str);
-    let zones: Vec<String> = enforcement
-        .map(|e| e.statuses.zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect())
-        .unwrap_or_default();
+    let limit_req = ticket.and_then(|t| t.limit_req().overall).map_or("-", LimitStatus::as_str);
+    let zones = ticket.map(|t| zone_words(rt, t)).unwrap_or_default();
     let zones = if zones.is_empty() { "-".to_string() } else { zones.join(",") };
-    let fallback = enforcement.and_then(|e| e.fallback).map_or("-", FailurePolicy::as_str);
-    let decided_us = enforcement.and_then(|e| e.decided_us);
+    let fallback = ticket.and_then(Ticket::fallback).map_or("-", FailurePolicy::as_str);
+    let decided_us = ticket.and_then(Ticket::decided_us);
     let took_us = started.elapsed().as_micros() as u64;
     // The domain is the caller's: escaped and cut in every format.
     let domain = logging::caller::caller_text(&req.domain);

@@ -27,7 +27,7 @@ pub use table::{Event, Row, Table, TableSettings};
 pub use view::{InstanceView, ZoneView};
 
 /// A process's tables (one per zone, made on the zone's first recorded request). The serving
-/// process owns one (`process::server::Lasting`) and hands it to the engine (`Stores::recording_to`),
+/// process owns one (`process::server::Lasting`) and hands it to the engine as an observer (`Stores::observed_by`),
 /// the admin API and the fleet sync; replay has none, so it never feeds a live view.
 #[derive(Default)]
 pub struct Tracker {
@@ -36,14 +36,13 @@ pub struct Tracker {
     fleet: Mutex<Vec<InstanceView>>,
 }
 
-/// The hook of the decision path (`engine::limit_req::enforce`): records the zones of one decided
-/// group of a request into `tracker`, if any (the enforced group; dry-run zones are not who is
-/// being limited). Zones of a rejected request that did not reject were not charged and are
-/// skipped, like in the statuses.
-#[inline]
-pub fn record(tracker: Option<&Tracker>, rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
-    if let (Some(tracker), true) = (tracker, rt.top.enabled) {
-        tracker.record_verdict(&rt.top, zones, verdict);
+/// The live view watches the engine's decisions (`engine::Observer`): each enforced decision
+/// reaches the tables when `[top]` is enabled.
+impl crate::engine::Observer for Tracker {
+    fn decided(&self, rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
+        if rt.top.enabled {
+            self.record_verdict(&rt.top, zones, verdict);
+        }
     }
 }
 
@@ -199,4 +198,55 @@ mod tests {
         t.forget("tight", b"k");
         assert!(listed(&t).is_empty());
     }
+}
+
+#[cfg(test)]
+mod engine_observer_tests {
+    use std::sync::Arc;
+
+    use super::Tracker;
+    use crate::engine::limit_req::{enforce, Action, Stores};
+    use crate::engine::policy::Groups;
+    use crate::store::{KeyedZone, MemoryStore};
+
+    const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
+        [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
+
+    /// The memory store never waits: poll once.
+    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("the memory store waited"),
+        }
+    }
+
+    #[test]
+    fn decisions_reach_the_tables_of_the_observing_tracker_only() {
+        let rt = crate::config::from_text(&LOGIN.replace("COUNT", ""), "t.toml").expect("valid");
+        let route = &rt.routes[0];
+        let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
+        let t0 = 1_700_000_000_000_000;
+        let clock = Arc::new(crate::limit::ManualClock::new(t0));
+        let store = || Arc::new(MemoryStore::new(clock.clone()));
+        let top = Arc::new(Tracker::default());
+        let listed = || -> Vec<(String, Vec<u8>, bool)> {
+            let zones = top.local(t0, u64::MAX);
+            zones
+                .into_iter()
+                .flat_map(|z| z.rows.into_iter().map(move |r| (z.zone.clone(), r.key, r.rejected_rate > 0.0)))
+                .collect()
+        };
+        let pass_then_reject = |stores: &Stores| {
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
+            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
+        };
+        // Replay's stores have no observer: deciding there leaves the serving process's view alone.
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));
+        assert_eq!(listed(), []);
+        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).observed_by(top.clone()));
+        assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
+    }
+
 }

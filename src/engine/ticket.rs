@@ -1,0 +1,394 @@
+//! One request's life in the engine. A front door takes a [`Ticket`] when a request arrives and
+//! drives it through a few calls, acting only between them (the contract is in `engine/mod.rs`):
+//!
+//! 1. [`Ticket::rule`]: admit and limit_req → forward, forward after a delay, or refuse;
+//! 2. [`Ticket::hold`]: after any delay, limit_conn's leases → held, or refuse;
+//! 3. settle, as the answer arrives: [`Ticket::forwarded`], [`Ticket::at_head`],
+//!    [`Ticket::body_ended`], [`Ticket::at_trailers`];
+//! 4. [`Ticket::finish`]: the charges still owed, the leases given back, the report.
+//!
+//! What the engine guarantees holds whatever the client does: response-decided charges are made
+//! exactly once from the moment the request was forwarded, leases are given back exactly once,
+//! and every request is reported once. A ticket dropped without `finish` (a panic, a path that
+//! skipped it) still gives its leases back (`Lease`'s own `Drop`) and is reported; the charges
+//! it still owed are lost with it, which is why every front door calls `finish`.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::admit::{admit, Forward, Head};
+use super::after_response::{Ending, ResponseCharges};
+use super::lease::Lease;
+use super::limit_conn::{self, ConnStores};
+use super::limit_req::{self, Action, Enforcement, Stores};
+use super::observe::{Door, Observer, Report, Unobserved};
+use super::outcome::Outcome;
+use super::pacing::Pace;
+use super::policy::Groups;
+use super::refusal::Answer;
+use super::status::Statuses;
+use crate::config::{FailurePolicy, Route, Runtime};
+use crate::store::{KeyedConn, KeyedZone};
+
+/// What the front door does with a request after [`Ticket::rule`].
+pub enum Ruling<'t> {
+    /// Forward it, rewritten as decided (`Forward`), once it has waited `delay` (zero: at once).
+    /// Then [`Ticket::hold`].
+    Forward { forward: Forward, delay: Duration },
+    /// Answer it with this instead; the ticket is settled, only `finish` remains.
+    Refuse(Answer<'t>),
+}
+
+/// One request's engine state, from its head to its report.
+pub struct Ticket {
+    /// The config snapshot the request started with, kept to its end: a reload never changes a
+    /// request mid-flight.
+    rt: Arc<Runtime>,
+    observer: Arc<dyn Observer>,
+    door: Door,
+    route: Option<usize>,
+    client_ip: Option<IpAddr>,
+    outcome: Outcome,
+    limit_req: Statuses,
+    limit_conn: Statuses,
+    /// Rate-limit fields to add to the upstream's response.
+    fields: Vec<(&'static str, String)>,
+    /// When the limits were decided (µs since the epoch), for the access log and `weir replay`.
+    decided_us: Option<u64>,
+    /// The failure policy that decided limit_req, when the store could not.
+    fallback: Option<FailurePolicy>,
+    delay: Duration,
+    /// limit_conn's keyed zones, until `hold` takes their leases (after limit_req's delay).
+    conns: Vec<PendingConn>,
+    leases: Vec<Lease>,
+    charges: ResponseCharges,
+    /// The client left after the request was forwarded and before its answer was complete, with
+    /// response-decided charges owed.
+    client_left_owing: bool,
+    /// `limit_rate`: the response body's pace (boxed: rare, and the ticket moves with the request).
+    pace: Option<Box<Pace>>,
+    reported: bool,
+}
+
+/// A limit_conn zone keyed for this request, owned until its lease is taken.
+struct PendingConn {
+    reference: usize,
+    key: Vec<u8>,
+    dry_run: bool,
+}
+
+impl Ticket {
+    /// A ticket on the snapshot `rt`; `client_ip` is the address the request counts against
+    /// (`engine::client_ip`).
+    pub fn new(rt: Arc<Runtime>, client_ip: Option<IpAddr>, observer: Arc<dyn Observer>) -> Self {
+        Ticket {
+            rt,
+            observer,
+            door: Door::Proxy,
+            route: None,
+            client_ip,
+            outcome: Outcome::Unlimited,
+            limit_req: Statuses::default(),
+            limit_conn: Statuses::default(),
+            fields: Vec::new(),
+            decided_us: None,
+            fallback: None,
+            delay: Duration::ZERO,
+            conns: Vec::new(),
+            leases: Vec::new(),
+            charges: ResponseCharges::default(),
+            client_left_owing: false,
+            pace: None,
+            reported: false,
+        }
+    }
+
+    /// A ticket of the rate limit service, for one call of `domain`.
+    pub fn for_rls(rt: Arc<Runtime>, domain: &str, observer: Arc<dyn Observer>) -> Self {
+        let mut ticket = Self::new(rt, None, observer);
+        ticket.door = Door::Rls { domain: Box::new(domain.to_string()) };
+        ticket
+    }
+
+    /// A ticket nobody observes (replay, tests).
+    pub fn unobserved(rt: Arc<Runtime>, client_ip: Option<IpAddr>) -> Self {
+        Self::new(rt, client_ip, Arc::new(Unobserved))
+    }
+
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    /// The route's index in the snapshot, once one matched.
+    pub fn route_index(&self) -> Option<usize> {
+        self.route
+    }
+
+    pub fn route(&self) -> Option<&Route> {
+        self.route.and_then(|i| self.rt.routes.get(i))
+    }
+
+    /// The route's name, `-` before one matched.
+    pub fn route_name(&self) -> &str {
+        self.route().map_or("-", |r| r.name.as_str())
+    }
+
+    /// The address the request counts against, once the front door has resolved it.
+    pub fn counts_against(&mut self, client_ip: Option<IpAddr>) {
+        self.client_ip = client_ip;
+    }
+
+    pub fn client_ip(&self) -> Option<IpAddr> {
+        self.client_ip
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    pub fn limit_req(&self) -> &Statuses {
+        &self.limit_req
+    }
+
+    pub fn limit_conn(&self) -> &Statuses {
+        &self.limit_conn
+    }
+
+    pub fn decided_us(&self) -> Option<u64> {
+        self.decided_us
+    }
+
+    pub fn fallback(&self) -> Option<FailurePolicy> {
+        self.fallback
+    }
+
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// Whether the client left owing a response-decided charge (the access log says so).
+    pub fn client_left_owing(&self) -> bool {
+        self.client_left_owing
+    }
+
+    /// The response body's pace, when `limit_rate` applies.
+    pub fn pace(&mut self) -> Option<&mut Pace> {
+        self.pace.as_deref_mut()
+    }
+
+    /// A front door's own verdict on the request (the upstream was busy or down, the adaptive
+    /// limit shed it, a rewrite failed): the outcome it is reported with.
+    pub fn settle_as(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
+
+    /// Step 1: admit (route, access, keys, cost) then limit_req through the stores.
+    pub async fn rule(&mut self, head: &Head<'_>, stores: &Stores) -> Ruling<'_> {
+        let rt: &Runtime = &self.rt;
+        let plan = match admit(rt, head) {
+            Ok(plan) => plan,
+            Err(refused) => {
+                self.route = refused.route();
+                self.outcome = refused.outcome();
+                return Ruling::Refuse(refused.answer(rt));
+            }
+        };
+        self.route = Some(plan.route);
+        for zone in &plan.empty_keys {
+            self.observer.empty_key(zone);
+        }
+        let route = &rt.routes[plan.route];
+        // The pace's clock starts with the response (`at_head`); the rate is decided now.
+        self.pace = plan.pace.map(|p| Box::new(Pace::new(p, Instant::now())));
+        self.conns = plan
+            .conns
+            .into_all()
+            .into_iter()
+            .map(|c| PendingConn { reference: c.reference, key: c.key, dry_run: c.dry_run })
+            .collect();
+        let mut delay = Duration::ZERO;
+        if !plan.zones.is_empty() {
+            let enforcement = record_limit(
+                &mut Words {
+                    statuses: &mut self.limit_req,
+                    outcome: &mut self.outcome,
+                    decided_us: &mut self.decided_us,
+                    fallback: &mut self.fallback,
+                },
+                limit_req::enforce(rt, route, &plan.zones, stores).await,
+            );
+            match enforcement.action {
+                Action::Reject(answer) => {
+                    self.conns.clear();
+                    return Ruling::Refuse(answer);
+                }
+                Action::Delay(d) => delay = d,
+                Action::Forward => {}
+            }
+            self.fields = enforcement.headers;
+        }
+        self.delay = delay;
+        self.charges = ResponseCharges::new(rt, route, &plan.zones);
+        Ruling::Forward { forward: plan.forward, delay }
+    }
+
+    /// Step 1 for a front door that keys zones itself (the rate limit service keys them from
+    /// descriptors, under its domain's `route`): limit_req on `zones`. Called again for a second
+    /// decision, it replaces the first's words (the rate limit service's soft limits).
+    pub async fn rule_zones<'z>(
+        &mut self,
+        route: &'z Route,
+        zones: &Groups<KeyedZone<'z>>,
+        stores: &Stores,
+    ) -> Enforcement<'z> {
+        let enforcement = limit_req::enforce(&self.rt, route, zones, stores).await;
+        record_limit(&mut self.words(), enforcement)
+    }
+
+    /// A call refused before any limit (the rate limit service's invalid request).
+    pub fn refused_before_limits(&mut self) {
+        self.outcome = Outcome::BadRequest;
+    }
+
+    /// The client left while its request waited out limit_req's delay: nothing further is taken
+    /// for it (no lease, no upstream place), as nginx drops it.
+    pub fn client_gone(&mut self) {
+        self.outcome = Outcome::ClientGone;
+        self.conns.clear();
+    }
+
+    /// Step 2, after any delay: limit_conn's leases, all or none (nginx's order: a delayed
+    /// request is not counted while it waits; a rejected one never takes a lease).
+    pub async fn hold(&mut self, stores: &ConnStores) -> Result<(), Answer<'_>> {
+        if self.conns.is_empty() {
+            return Ok(());
+        }
+        let rt: &Runtime = &self.rt;
+        let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Ok(()) };
+        let keyed: Vec<KeyedConn<'_>> = std::mem::take(&mut self.conns)
+            .into_iter()
+            .map(|c| {
+                let limit = &route.conn_limits[c.reference];
+                let zone = &rt.conn_zones[limit.zone].name;
+                KeyedConn { zone, key: c.key, max: limit.max, dry_run: c.dry_run, reference: c.reference }
+            })
+            .collect();
+        let conn = limit_conn::acquire(rt, route, &Groups::new(keyed), stores).await;
+        self.leases = conn.leases;
+        self.limit_conn = conn.statuses;
+        match conn.reject {
+            Some(answer) => {
+                self.outcome = Outcome::of_conn_rejection(conn.fallback);
+                Err(answer)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Step 3: the request is on its way to the upstream; its response-decided charges are owed
+    /// from now on, whatever the client does.
+    pub fn forwarded(&mut self) {
+        self.charges.forwarded();
+    }
+
+    /// Step 3: the upstream's response head (`status`, its headers). Charges what is due at the
+    /// head (before the client sees the status, and before any lease is given back, so the
+    /// client's next request is checked against it), starts the body's pace, and returns the
+    /// rate-limit fields to add to the response.
+    pub async fn at_head(
+        &mut self,
+        status: u16,
+        headers: &http::HeaderMap,
+        stores: &Stores,
+    ) -> Vec<(&'static str, String)> {
+        if !self.charges.is_empty() {
+            self.charges.at_head(status, headers, stores).await;
+        }
+        if let Some(pace) = &mut self.pace {
+            // No head start for the time spent waiting on the upstream.
+            pace.restart(Instant::now());
+        }
+        std::mem::take(&mut self.fields)
+    }
+
+    /// Step 3: the upstream's body ended; what is still owed is what it reported.
+    pub fn body_ended(&mut self) {
+        self.charges.body_ended();
+    }
+
+    /// Step 3: the upstream's trailers (HTTP/2), for zones charged from a trailer.
+    pub async fn at_trailers(&mut self, trailers: &http::HeaderMap, stores: &Stores) {
+        if !self.charges.is_empty() {
+            self.charges.at_trailers(trailers, stores).await;
+        }
+    }
+
+    /// Step 4, exactly once, however the request ended: charges what is still owed (`ending`,
+    /// and `body_bytes` of the answer's body sent to the client), gives the leases back, and
+    /// reports the request. A second call does nothing.
+    pub async fn finish(&mut self, ending: Ending, body_bytes: u64, stores: &Stores) {
+        if !self.charges.is_empty() {
+            self.client_left_owing = ending == Ending::ClientLeft && self.charges.unfinished();
+            self.charges.finish(ending, body_bytes, stores).await;
+        }
+        for lease in self.leases.drain(..) {
+            lease.release().await;
+        }
+        self.report();
+    }
+
+    fn report(&mut self) {
+        if std::mem::replace(&mut self.reported, true) {
+            return;
+        }
+        let report = Report {
+            door: &self.door,
+            route: self.route,
+            outcome: self.outcome,
+            limit_req: &self.limit_req,
+            limit_conn: &self.limit_conn,
+            delay: self.delay,
+        };
+        self.observer.finished(&self.rt, &report);
+    }
+}
+
+impl Drop for Ticket {
+    /// A ticket never finished is still reported; its leases go back by their own `Drop`.
+    fn drop(&mut self) {
+        self.report();
+    }
+}
+
+/// The ticket's words of limit_req, borrowed apart from its snapshot.
+struct Words<'t> {
+    statuses: &'t mut Statuses,
+    outcome: &'t mut Outcome,
+    decided_us: &'t mut Option<u64>,
+    fallback: &'t mut Option<FailurePolicy>,
+}
+
+impl Ticket {
+    fn words(&mut self) -> Words<'_> {
+        Words {
+            statuses: &mut self.limit_req,
+            outcome: &mut self.outcome,
+            decided_us: &mut self.decided_us,
+            fallback: &mut self.fallback,
+        }
+    }
+}
+
+/// limit_req's result into the ticket's words: statuses (moved into the ticket), outcome, the
+/// failure policy that decided, when it was decided.
+fn record_limit<'z>(words: &mut Words<'_>, mut enforcement: Enforcement<'z>) -> Enforcement<'z> {
+    // The store's own time orders the decisions; the local clock when no store decided (read
+    // only then: it is not needed on the usual path).
+    *words.decided_us =
+        Some(enforcement.decided_us.unwrap_or_else(|| crate::limit::Clock::now_us(&crate::limit::SystemClock)));
+    *words.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
+    *words.fallback = enforcement.fallback;
+    *words.statuses = std::mem::take(&mut enforcement.statuses);
+    enforcement
+}
