@@ -78,7 +78,9 @@ pub fn keyed_conns<'a>(
     for (i, cl) in route.conn_limits.iter().enumerate() {
         let zone = &rt.conn_zones[cl.zone];
         match request_key(&zone.name, &zone.key, facts)? {
-            Some(key) => keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i }),
+            Some(key) => {
+                keyed.push(KeyedConn { zone: &zone.name, key, max: cl.max, dry_run: cl.dry_run, reference: i })
+            }
             None => empty.push(&zone.name),
         }
     }
@@ -116,4 +118,3 @@ pub fn request_cost(cost: &Cost, headers: &http::HeaderMap) -> std::result::Resu
     // All digits: only overflow can fail, and an overflowing cost is clamped like any large one.
     Ok(text.parse::<u64>().unwrap_or(u64::MAX).clamp(cost.min, cost.max))
 }
-

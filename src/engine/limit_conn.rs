@@ -57,16 +57,16 @@ pub async fn acquire<'a>(
             stores.observer.as_ref(),
         );
         let (verdict, store): (_, Arc<dyn ConnStore>) = match resolved {
-                Resolved::Decided(v) => (v, stores.primary.clone()),
-                Resolved::Skipped => continue,
-                Resolved::Denied(answer) => {
-                    outcome.reject = Some(answer);
-                    return outcome;
-                }
-                Resolved::Local { fleet_size } => {
-                    (stores.local.acquire_now(&policy::fleet_shares(group, fleet_size)), stores.local.clone())
-                }
-            };
+            Resolved::Decided(v) => (v, stores.primary.clone()),
+            Resolved::Skipped => continue,
+            Resolved::Denied(answer) => {
+                outcome.reject = Some(answer);
+                return outcome;
+            }
+            Resolved::Local { fleet_size } => {
+                (stores.local.acquire_now(&policy::fleet_shares(group, fleet_size)), stores.local.clone())
+            }
+        };
         let zones = group
             .iter()
             .enumerate()

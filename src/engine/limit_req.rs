@@ -99,9 +99,8 @@ pub async fn enforce<'a>(
 
     let mut result = Enforcement::nothing();
     let observer = stores.observer.as_ref();
-    let mut resolve = |r, dry_run| {
-        policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback, observer)
-    };
+    let mut resolve =
+        |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback, observer);
     let shadow_verdict = match shadow_result.map(|r| resolve(r, true)) {
         Some(Resolved::Decided(v)) => Some(v),
         _ => None,

@@ -14,6 +14,7 @@
 //! it still owed are lost with it, which is why every front door calls `finish`.
 
 use std::net::IpAddr;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,11 +41,11 @@ pub enum Ruling<'t> {
     Refuse(Answer<'t>),
 }
 
-/// One request's engine state, from its head to its report.
-pub struct Ticket {
-    /// The config snapshot the request started with, kept to its end: a reload never changes a
-    /// request mid-flight.
-    rt: Arc<Runtime>,
+/// One request's engine state, from its head to its report. `R` holds the config snapshot the
+/// request started with, kept to its end, so a reload never changes a request mid-flight: an
+/// `Arc` for the serving front doors, a borrow for replay (one snapshot for the whole log).
+pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
+    rt: R,
     observer: Arc<dyn Observer>,
     door: Door,
     route: Option<usize>,
@@ -68,7 +69,30 @@ pub struct Ticket {
     client_left_owing: bool,
     /// `limit_rate`: the response body's pace (boxed: rare, and the ticket moves with the request).
     pace: Option<Box<Pace>>,
+    /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
+    explained: Option<Box<Explained>>,
     reported: bool,
+}
+
+/// Each keyed zone of a ruled request, for a front door that reports per zone (replay).
+#[derive(Debug, Default)]
+pub struct Explained {
+    /// limit_req's zones, enforced ones first, then dry-run ones.
+    pub zones: Vec<ExplainedZone>,
+    /// limit_conn's zones (index into `Route::conn_limits`, key, cap, dry run).
+    pub conns: Vec<(usize, Vec<u8>, u32, bool)>,
+}
+
+#[derive(Debug)]
+pub struct ExplainedZone {
+    /// Index into the route's `limits`.
+    pub reference: usize,
+    pub key: Vec<u8>,
+    /// The limit applied to this key (the reference's, or an override's).
+    pub limit: crate::limit::LimitReq,
+    pub cost: u64,
+    /// This zone's own delay (none where its group was rejected).
+    pub delay_us: u64,
 }
 
 /// A limit_conn zone keyed for this request, owned until its lease is taken.
@@ -78,10 +102,10 @@ struct PendingConn {
     dry_run: bool,
 }
 
-impl Ticket {
+impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// A ticket on the snapshot `rt`; `client_ip` is the address the request counts against
     /// (`engine::client_ip`).
-    pub fn new(rt: Arc<Runtime>, client_ip: Option<IpAddr>, observer: Arc<dyn Observer>) -> Self {
+    pub fn new(rt: R, client_ip: Option<IpAddr>, observer: Arc<dyn Observer>) -> Self {
         Ticket {
             rt,
             observer,
@@ -100,23 +124,35 @@ impl Ticket {
             charges: ResponseCharges::default(),
             client_left_owing: false,
             pace: None,
+            explained: None,
             reported: false,
         }
     }
 
+    /// Keeps each keyed zone's key, limit and delay for the front door to read
+    /// ([`Self::explained`]): replay reports per zone.
+    pub fn explaining(mut self) -> Self {
+        self.explained = Some(Box::default());
+        self
+    }
+
+    pub fn explained(&self) -> Option<&Explained> {
+        self.explained.as_deref()
+    }
+
     /// A ticket of the rate limit service, for one call of `domain`.
-    pub fn for_rls(rt: Arc<Runtime>, domain: &str, observer: Arc<dyn Observer>) -> Self {
+    pub fn for_rls(rt: R, domain: &str, observer: Arc<dyn Observer>) -> Self {
         let mut ticket = Self::new(rt, None, observer);
         ticket.door = Door::Rls { domain: Box::new(domain.to_string()) };
         ticket
     }
 
     /// A ticket nobody observes (replay, tests).
-    pub fn unobserved(rt: Arc<Runtime>, client_ip: Option<IpAddr>) -> Self {
+    pub fn unobserved(rt: R, client_ip: Option<IpAddr>) -> Self {
         Self::new(rt, client_ip, Arc::new(Unobserved))
     }
 
-    pub fn runtime(&self) -> &Arc<Runtime> {
+    pub fn runtime(&self) -> &R {
         &self.rt
     }
 
@@ -195,6 +231,9 @@ impl Ticket {
             }
         };
         self.route = Some(plan.route);
+        if let Some(explained) = &mut self.explained {
+            explained.conns = plan.conns.all().iter().map(|c| (c.reference, c.key.clone(), c.max, c.dry_run)).collect();
+        }
         for zone in &plan.empty_keys {
             self.observer.empty_key(zone);
         }
@@ -218,6 +257,9 @@ impl Ticket {
                 },
                 limit_req::enforce(rt, route, &plan.zones, stores).await,
             );
+            if let Some(explained) = &mut self.explained {
+                explained.zones = explain(&plan.zones, &enforcement);
+            }
             match enforcement.action {
                 Action::Reject(answer) => {
                     self.conns.clear();
@@ -354,7 +396,7 @@ impl Ticket {
     }
 }
 
-impl Drop for Ticket {
+impl<R: Deref<Target = Runtime>> Drop for Ticket<R> {
     /// A ticket never finished is still reported; its leases go back by their own `Drop`.
     fn drop(&mut self) {
         self.report();
@@ -369,7 +411,7 @@ struct Words<'t> {
     fallback: &'t mut Option<FailurePolicy>,
 }
 
-impl Ticket {
+impl<R: Deref<Target = Runtime>> Ticket<R> {
     fn words(&mut self) -> Words<'_> {
         Words {
             statuses: &mut self.limit_req,
@@ -391,4 +433,28 @@ fn record_limit<'z>(words: &mut Words<'_>, mut enforcement: Enforcement<'z>) -> 
     *words.fallback = enforcement.fallback;
     *words.statuses = std::mem::take(&mut enforcement.statuses);
     enforcement
+}
+
+/// Each keyed zone with its own delay: the zones of a group that was refused have none.
+fn explain(zones: &Groups<KeyedZone<'_>>, enforcement: &Enforcement<'_>) -> Vec<ExplainedZone> {
+    let own_delays = |verdict: &Option<crate::limit::Verdict>, len: usize| -> Vec<u64> {
+        match verdict {
+            Some(v) if v.admitted => v.zones.iter().map(|z| z.delay_us).collect(),
+            _ => vec![0; len],
+        }
+    };
+    let mut delays = own_delays(&enforcement.enforced, zones.enforced().len());
+    delays.extend(own_delays(&enforcement.shadow, zones.shadow().len()));
+    zones
+        .all()
+        .iter()
+        .zip(delays)
+        .map(|(z, delay_us)| ExplainedZone {
+            reference: z.reference,
+            key: z.key.clone(),
+            limit: z.limit,
+            cost: z.cost,
+            delay_us,
+        })
+        .collect()
 }

@@ -119,8 +119,11 @@ impl ProxyHttp for WeirProxy {
         trace_span::decided(ctx, "limit_req", asked);
         if let Err(e) = forward_as_decided(session.req_header_mut(), &forward) {
             ctx.ticket.settle_as(Outcome::BadRequest);
-            let refusal =
-                Refusal::BadRequest { error: "bad_target", detail: e.to_string(), route: Some(ctx.ticket.route_name()) };
+            let refusal = Refusal::BadRequest {
+                error: "bad_target",
+                detail: e.to_string(),
+                route: Some(ctx.ticket.route_name()),
+            };
             return respond::answer(session, &Answer::new(400, refusal)).await;
         }
         if !delay.is_zero() {

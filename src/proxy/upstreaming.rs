@@ -13,8 +13,8 @@ use pingora::proxy::{FailToProxy, Session};
 use pingora::{ErrorSource, RetryType};
 
 use super::respond;
-use crate::engine::{Answer, Refusal};
 use crate::adaptive::{Permit, Priority, ShedReason};
+use crate::engine::{Answer, Refusal};
 use crate::metrics::METRICS;
 use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
 

@@ -2,17 +2,17 @@
 //! (routes, keys, overrides, cost, the limit model and the memory store) on a simulated clock.
 //!
 //! `input` reads files (gzip, stdin), `parse` turns lines into requests, `reorder` puts them in
-//! the order their limits were decided, `engine` decides each, `stats` counts, `report` prints
+//! the order their limits were decided, `replayer` decides each (on the engine's ticket), `stats` counts, `report` prints
 //! (table or JSON) with `text` for limits and keys, `plot` draws offered vs admitted, `suggest`
 //! searches limits that meet targets and `snippet` writes them as TOML.
 
 pub mod cli;
-pub mod engine;
 pub mod hash;
 pub mod input;
 pub mod parse;
 pub mod plot;
 pub mod reorder;
+pub mod replayer;
 pub mod report;
 pub mod snippet;
 pub mod stats;
@@ -25,9 +25,9 @@ use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use engine::Engine;
 use parse::{Format, Record};
 use reorder::{Pending, Reorder};
+use replayer::Replayer;
 use stats::Stats;
 
 use crate::config::Runtime;
@@ -106,7 +106,7 @@ pub struct Agreement {
 
 pub struct Run<'rt> {
     pub assumption: Assumption,
-    engine: Engine<'rt>,
+    replayer: Replayer<'rt>,
     pub stats: Stats,
     last_us: u64,
 }
@@ -182,7 +182,12 @@ impl<'rt> Driver<'rt> {
             if whole_second { &[Assumption::Spread, Assumption::Start] } else { &[Assumption::Exact] };
         self.runs = assumptions
             .iter()
-            .map(|&assumption| Run { assumption, engine: Engine::new(self.rt), stats: Stats::new(self.rt), last_us: 0 })
+            .map(|&assumption| Run {
+                assumption,
+                replayer: Replayer::new(self.rt),
+                stats: Stats::new(self.rt),
+                last_us: 0,
+            })
             .collect();
     }
 
@@ -205,7 +210,7 @@ impl<'rt> Driver<'rt> {
                     at
                 };
                 run.last_us = now;
-                let d = run.engine.decide(&p.rec, now);
+                let d = run.replayer.decide(&p.rec, now);
                 run.stats.record(self.rt, &d, now);
                 if run.stats.keys > self.max_keys {
                     return Err(too_many_keys(self.max_keys, &files[p.origin.0], p.origin.1));
@@ -247,7 +252,7 @@ impl<'rt> Driver<'rt> {
 /// Replays `opts.files` through `rt`.
 pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, ReplayError> {
     let started = Instant::now();
-    let wanted = engine::wanted_headers(rt);
+    let wanted = replayer::wanted_headers(rt);
     let decisions = match &opts.decisions {
         None => None,
         Some(path) => Some(DecisionsOut {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::hash::FastMap;
 
-use super::engine::{Admission, Decision};
+use super::replayer::{Admission, Decision};
 use crate::config::Runtime;
 use crate::engine::status::LimitStatus;
 

@@ -12,8 +12,8 @@
 
 use std::collections::HashMap;
 
-use super::engine::Decision;
 use super::hash::FastMap;
+use super::replayer::Decision;
 use crate::config::Runtime;
 use crate::limit::{evaluate, DelayPolicy, LimitReq, Rate, State};
 

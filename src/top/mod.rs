@@ -248,5 +248,4 @@ mod engine_observer_tests {
         pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).observed_by(top.clone()));
         assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
     }
-
 }

@@ -15,15 +15,13 @@ use http::header::{HeaderName, AUTHORIZATION, COOKIE};
 use super::hash::FastMap;
 use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
-use crate::engine::after_response::{Ending, ResponseCharges};
-use crate::engine::limit_req::{self, Stores};
-use crate::engine::policy::Groups;
+use crate::engine::limit_req::Stores;
 use crate::engine::status::LimitStatus;
-use crate::engine::{self, BadRequest, Head, Refused};
+use crate::engine::{self, BadRequest, Ending, Head, Refusal, Ruling, Ticket};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
-use crate::limit::{LimitReq, ManualClock, Verdict};
+use crate::limit::{LimitReq, ManualClock};
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
-use crate::store::{KeyedConn, KeyedZone, MemoryStore};
+use crate::store::MemoryStore;
 
 /// What happened to one request before or at the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +93,7 @@ impl Decision {
     }
 }
 
-pub struct Engine<'rt> {
+pub struct Replayer<'rt> {
     rt: &'rt Runtime,
     clock: Arc<ManualClock>,
     stores: Stores,
@@ -106,7 +104,7 @@ pub struct Engine<'rt> {
     sweep_at: usize,
 }
 
-impl<'rt> Engine<'rt> {
+impl<'rt> Replayer<'rt> {
     pub fn new(rt: &'rt Runtime) -> Self {
         let clock = Arc::new(ManualClock::new(0));
         let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::default());
@@ -138,93 +136,62 @@ impl<'rt> Engine<'rt> {
             // A token is judged at the logged time: yesterday's valid token is not expired today.
             unix_secs: Some(now_us / 1_000_000),
         };
-        let plan = match engine::admit(rt, &head) {
-            Ok(plan) => plan,
-            Err(Refused::NoRoute) => return Decision::before_limits(None, Admission::NoRoute),
-            Err(Refused::Denied { route }) => return Decision::before_limits(Some(route), Admission::Denied),
-            Err(Refused::Unauthorized { route, .. }) => {
-                return Decision::before_limits(Some(route), Admission::Unauthorized)
-            }
-            Err(Refused::BadRequest { error: BadRequest::Cost, route, .. }) => {
-                return Decision::before_limits(route, Admission::BadCost)
-            }
-            Err(Refused::BadRequest { route, .. }) => return Decision::before_limits(route, Admission::BadRequest),
-        };
-        let route = &rt.routes[plan.route];
-        let mut decision = Decision::before_limits(Some(plan.route), Admission::Limited);
-        if !plan.zones.is_empty() {
-            let response =
-                rec.response_status.map(|status| (status, logged_response_headers(rt, route, &rec.response_fields)));
-            let ending = (rec.client_left, rec.body_bytes);
-            self.decide_rates(route, plan.zones, now_us, response, ending, &mut decision);
-        }
-        // limit_conn after limit_req, like the proxy: only when the log says how long requests
-        // took, and not for a request limit_req rejected.
-        if let Some(took) = rec.duration_us {
-            if !plan.conns.is_empty() && decision.status != Some(LimitStatus::Rejected) {
-                let from = now_us + decision.delay_us;
-                let until = rec.start_us.saturating_add(took).max(from);
-                decision.conns = self.decide_conns(route, plan.conns, from, until);
-            }
-        }
-        decision
-    }
-
-    /// The `limit_req` step through the proxy's own enforcement, on the simulated clock.
-    /// Zones charged after the response are charged at once with the logged response status and
-    /// headers (the proxy charges them when the response arrives: the same order for one
-    /// client's requests).
-    fn decide_rates(
-        &self,
-        route: &Route,
-        keyed: Groups<KeyedZone<'_>>,
-        now_us: u64,
-        response: Option<(u16, http::HeaderMap)>,
-        (client_left, body_bytes): (bool, u64),
-        decision: &mut Decision,
-    ) {
+        // The proxy's own ticket, on the simulated clock: the same rule, the same charges.
         self.clock.set_us(now_us);
-        let enforcement = decided_at_once(limit_req::enforce(self.rt, route, &keyed, &self.stores));
-        if let (Some((status, headers)), false) =
-            (response, matches!(enforcement.action, limit_req::Action::Reject { .. }))
-        {
-            let mut charges = ResponseCharges::new(self.rt, route, &keyed);
-            if !charges.is_empty() {
-                charges.forwarded();
-                // Status 0: no answer was written (the client left before its head).
-                if status != 0 {
-                    decided_at_once(charges.at_head(status, &headers, &self.stores));
-                }
-                // No trailers in a log: zones charged at the end take the head's cost, or the
-                // most the answer could have cost when the client left before it was complete.
-                let ending = if client_left { Ending::ClientLeft } else { Ending::Over };
-                decided_at_once(charges.finish(ending, body_bytes, &self.stores));
+        let mut ticket = Ticket::unobserved(rt, client_ip).explaining();
+        let forwarded = match decided_at_once(ticket.rule(&head, &self.stores)) {
+            Ruling::Refuse(answer) => match refused_before_limits(&answer.refusal) {
+                Some(admission) => return Decision::before_limits(ticket.route_index(), admission),
+                None => false,
+            },
+            Ruling::Forward { .. } => true,
+        };
+        let Some(route_index) = ticket.route_index() else {
+            return Decision::before_limits(None, Admission::NoRoute);
+        };
+        let route = &rt.routes[route_index];
+        // Zones charged after the response are charged at once with the logged response status
+        // and headers (the proxy charges them when the response arrives: the same order for one
+        // client's requests).
+        if let (true, Some(status)) = (forwarded, rec.response_status) {
+            ticket.forwarded();
+            // Status 0: no answer was written (the client left before its head).
+            if status != 0 {
+                let headers = logged_response_headers(rt, route, &rec.response_fields);
+                decided_at_once(ticket.at_head(status, &headers, &self.stores));
             }
         }
-        // Per zone of `keyed.all()`: its own delay (none where its group was rejected).
-        let own_delays = |verdict: &Option<Verdict>, len: usize| -> Vec<u64> {
-            match verdict {
-                Some(v) if v.admitted => v.zones.iter().map(|z| z.delay_us).collect(),
-                _ => vec![0; len],
-            }
-        };
-        let mut delays = own_delays(&enforcement.enforced, keyed.enforced().len());
-        delays.extend(own_delays(&enforcement.shadow, keyed.shadow().len()));
-        decision.delay_us = enforcement.enforced.as_ref().filter(|v| v.admitted).map_or(0, |v| v.delay_us);
-        let statuses = enforcement.statuses;
-        decision.status = statuses.overall;
-        decision.zones = keyed
-            .into_all()
-            .into_iter()
-            .zip(delays)
-            .map(|(k, delay_us)| {
-                let zone = route.limits[k.reference].zone;
-                let status = statuses.zones.iter().find(|(z, _)| *z == zone).map(|(_, s)| *s);
-                ZoneDecision { limit: k.reference, status, delay_us, params: k.limit, cost: k.cost, key: k.key }
+        // No trailers in a log: zones charged at the end take the head's cost, or the most the
+        // answer could have cost when the client left before it was complete.
+        let ending = if rec.client_left { Ending::ClientLeft } else { Ending::Over };
+        decided_at_once(ticket.finish(ending, rec.body_bytes, &self.stores));
+
+        let mut decision = Decision::before_limits(Some(route_index), Admission::Limited);
+        decision.status = ticket.limit_req().overall;
+        decision.delay_us = ticket.delay().as_micros() as u64;
+        let explained = ticket.explained().map(|e| (&e.zones[..], &e.conns[..])).unwrap_or_default();
+        decision.zones = explained
+            .0
+            .iter()
+            .map(|z| {
+                let zone = route.limits[z.reference].zone;
+                let status = ticket.limit_req().zones.iter().find(|(i, _)| *i == zone).map(|(_, s)| *s);
+                let (limit, key, params, cost, delay_us) = (z.reference, z.key.clone(), z.limit, z.cost, z.delay_us);
+                ZoneDecision { limit, key, status, delay_us, params, cost }
             })
             .collect();
         // In the route's order, as the zones are listed (the groups put enforced ones first).
         decision.zones.sort_by_key(|z| z.limit);
+        // limit_conn after limit_req, like the proxy: only when the log says how long requests
+        // took, and not for a request limit_req rejected.
+        if let Some(took) = rec.duration_us {
+            if !explained.1.is_empty() && decision.status != Some(LimitStatus::Rejected) {
+                let from = now_us + decision.delay_us;
+                let until = rec.start_us.saturating_add(took).max(from);
+                decision.conns = self.decide_conns(route, explained.1, from, until);
+            }
+        }
+        decision
     }
 
     /// The `limit_conn` step, estimated: each group (enforced, dry run) takes a place in all its
@@ -232,24 +199,26 @@ impl<'rt> Engine<'rt> {
     fn decide_conns(
         &mut self,
         route: &Route,
-        keyed: Groups<KeyedConn<'_>>,
+        keyed: &[(usize, Vec<u8>, u32, bool)],
         from: u64,
         until: u64,
     ) -> Vec<ConnDecision> {
-        let mut out = Vec::with_capacity(keyed.all().len());
-        for (group, _) in keyed.each() {
+        let mut out = Vec::with_capacity(keyed.len());
+        // Enforced zones first, then dry-run ones: each group all or none.
+        let split = keyed.iter().take_while(|(_, _, _, dry_run)| !dry_run).count();
+        for group in [&keyed[..split], &keyed[split..]] {
             let mut full = false;
             let first = out.len();
-            for k in group {
-                let zone = route.conn_limits[k.reference].zone;
-                let ends = self.in_flight.entry((zone, k.key.clone())).or_default();
+            for (reference, key, max, _) in group {
+                let zone = route.conn_limits[*reference].zone;
+                let ends = self.in_flight.entry((zone, key.clone())).or_default();
                 while ends.peek().is_some_and(|Reverse(end)| *end <= from) {
                     ends.pop();
                 }
                 let in_flight = ends.len() as u32;
-                let rejected = in_flight >= k.max;
+                let rejected = in_flight >= *max;
                 full |= rejected;
-                out.push(ConnDecision { limit: k.reference, key: k.key.clone(), in_flight, rejected });
+                out.push(ConnDecision { limit: *reference, key: key.clone(), in_flight, rejected });
             }
             if !full {
                 for d in &out[first..] {
@@ -264,6 +233,19 @@ impl<'rt> Engine<'rt> {
         }
         out
     }
+}
+
+/// What replay calls a request refused before any limit, from the answer the proxy would have
+/// sent; `None` for a limit's own refusal (it went through the limit step).
+fn refused_before_limits(refusal: &Refusal<'_>) -> Option<Admission> {
+    Some(match refusal {
+        Refusal::NoRoute => Admission::NoRoute,
+        Refusal::Forbidden { .. } => Admission::Denied,
+        Refusal::InvalidToken { .. } => Admission::Unauthorized,
+        Refusal::BadRequest { error, .. } if *error == BadRequest::Cost.code() => Admission::BadCost,
+        Refusal::BadRequest { .. } => Admission::BadRequest,
+        _ => return None,
+    })
 }
 
 /// Polls a decision of the memory store, which never waits: it is ready at the first poll.
@@ -395,7 +377,7 @@ mod tests {
         let jwt = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
         let mut r = rec("192.0.2.1", "/x");
         r.headers.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {jwt}")).unwrap());
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         assert_eq!(e.decide(&r, T0).outcome, Admission::Limited, "valid at the logged time");
         assert_eq!(e.decide(&r, T0 + 200_000_000).outcome, Admission::Unauthorized, "expired 140 s later");
     }
@@ -406,7 +388,7 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\" } ]\n",
         );
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         let r = rec("192.0.2.1", "/");
         let words: Vec<&str> = [0, 500_000, 1_000_000].iter().map(|t| e.decide(&r, T0 + t).word()).collect();
         assert_eq!(words, ["PASSED", "REJECTED", "PASSED"]);
@@ -419,7 +401,7 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"z\", burst = 5, delay = 2 } ]\n",
         );
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         let r = rec("192.0.2.1", "/");
         let got: Vec<(&str, u64)> = (0..7).map(|_| e.decide(&r, T0)).map(|d| (d.word(), d.delay_us)).collect();
         assert_eq!(
@@ -444,7 +426,7 @@ mod tests {
         let routes = "[[route]]\nname = \"api\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n\
                       limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
         let rt = runtime(zones, routes);
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Admission::NoRoute);
         // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
         let mut exempt = rec("10.0.0.1", "/api/x");
@@ -472,7 +454,7 @@ mod tests {
             ONE_ZONE,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\ndry_run = true\nlimit_req = [ { zone = \"z\" } ]\n",
         );
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         let r = rec("192.0.2.1", "/");
         assert_eq!(e.decide(&r, T0).word(), "PASSED");
         assert_eq!(e.decide(&r, T0).word(), "REJECTED_DRY_RUN");
@@ -485,7 +467,7 @@ mod tests {
             zones,
             "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_conn = [ { zone = \"c\", max = 1 } ]\n",
         );
-        let mut e = Engine::new(&rt);
+        let mut e = Replayer::new(&rt);
         let at =
             |start: u64, took: u64| Record { start_us: T0 + start, duration_us: Some(took), ..rec("192.0.2.1", "/") };
         // [0, 1 s) holds the place; a request at 0.5 s finds it full (and holds nothing); at 1 s it is free.
