@@ -458,3 +458,6 @@ fn explain(zones: &Groups<KeyedZone<'_>>, enforcement: &Enforcement<'_>) -> Vec<
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;
