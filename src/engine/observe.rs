@@ -55,6 +55,10 @@ pub trait Observer: Send + Sync {
     /// The store decided a request's enforced zones (the live view's tables watch these).
     fn decided(&self, _rt: &Runtime, _zones: &[KeyedZone<'_>], _verdict: &Verdict) {}
 
+    /// limit_req holds a request of `route` for `delay` (reported when the wait begins: the
+    /// waits in progress are visible while they last).
+    fn delayed(&self, _rt: &Runtime, _route: usize, _delay: Duration) {}
+
     /// A request is over, however it ended.
     fn finished(&self, _rt: &Runtime, _report: &Report<'_>) {}
 }
@@ -90,6 +94,10 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
         self.0.decided(rt, zones, verdict);
         self.1.decided(rt, zones, verdict);
     }
+    fn delayed(&self, rt: &Runtime, route: usize, delay: Duration) {
+        self.0.delayed(rt, route, delay);
+        self.1.delayed(rt, route, delay);
+    }
     fn finished(&self, rt: &Runtime, report: &Report<'_>) {
         self.0.finished(rt, report);
         self.1.finished(rt, report);
@@ -114,6 +122,9 @@ impl<T: Observer + ?Sized> Observer for Arc<T> {
     }
     fn decided(&self, rt: &Runtime, zones: &[KeyedZone<'_>], verdict: &Verdict) {
         (**self).decided(rt, zones, verdict);
+    }
+    fn delayed(&self, rt: &Runtime, route: usize, delay: Duration) {
+        (**self).delayed(rt, route, delay);
     }
     fn finished(&self, rt: &Runtime, report: &Report<'_>) {
         (**self).finished(rt, report);

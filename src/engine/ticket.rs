@@ -265,7 +265,10 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
                     self.conns.clear();
                     return Ruling::Refuse(answer);
                 }
-                Action::Delay(d) => delay = d,
+                Action::Delay(d) => {
+                    delay = d;
+                    self.observer.delayed(rt, plan.route, d);
+                }
                 Action::Forward => {}
             }
             self.fields = enforcement.headers;

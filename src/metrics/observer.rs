@@ -49,14 +49,15 @@ impl Observer for MetricsObserver {
         }
     }
 
+    fn delayed(&self, rt: &Runtime, route: usize, delay: Duration) {
+        rt.meters.route(Some(route)).delay(delay.as_secs_f64());
+    }
+
     fn finished(&self, rt: &Runtime, report: &Report<'_>) {
         match report.door {
             Door::Proxy => {
                 let meters = rt.meters.route(report.route);
                 meters.request(report.outcome.slot(), report.outcome.label());
-                if !report.delay.is_zero() {
-                    meters.delay(report.delay.as_secs_f64());
-                }
             }
             Door::Rls { domain } => {
                 METRICS.rls_requests.with_label_values(&[domain.as_str(), report.outcome.label()]).inc();
