@@ -34,6 +34,7 @@ ZONE_COUNTS = (1, 3, 8)
 # Each key's state must outlive the fill: 1 request per hour (Weir); nginx's slowest rate is
 # 1r/m, and it drops states idle for 60 s (two per new request), so its fills stay under 60 s.
 SLOW_RATE_WEIR, SLOW_RATE_NGINX = "1r/h", "1r/m"
+WARM_KEYS = 1000  # keys of the warm-up before a memory curve's start point
 
 
 class Curves(Bench):
@@ -182,8 +183,7 @@ class Curves(Bench):
         target = self.weir_curve(
             "keys", dict(zones=1, rate=SLOW_RATE_WEIR, burst=10, threads=2,
                          max_keys=max(checkpoints) * 2), cpus=cpus, admin=True)
-        time.sleep(0.5)
-        http_get(target.port, xff="10.255.255.254")
+        self.warm_connections(target, cpus)
         base = self.rss_of(target)
         points = [{"keys": self.memory_keys(target), "requests": 0, "rss_kib": base}]
         sent, rate, limited = 0, 20_000.0, 0
@@ -204,6 +204,14 @@ class Curves(Bench):
         return {"points": points, "limited": limited,
                 "config": (self.confdir / "weir-keys.toml").read_text()}
 
+    def warm_connections(self, target: Target, cpus: str) -> None:
+        """One second of the fill's load on a few keys of their own (addresses from 15M up), so
+        that the start point already has wrk's connections, their buffers and the upstream pool:
+        what the points add is then the keys'."""
+        self.wrk(target.port, 1, self.conns, {"WRK_KEYS": str(WARM_KEYS),
+                                              "WRK_KEY_OFFSET": "15000000"}, cpus=cpus)
+        time.sleep(0.3)
+
     def memory_keys(self, target: Target) -> int | None:
         try:
             v = total(scrape_metrics(target.admin), "weir_memory_keys")
@@ -220,9 +228,9 @@ class Curves(Bench):
         target = self.nginx_curve("nginx_keys", "limit", rate=SLOW_RATE_NGINX, burst=10,
                                   zone_size=f"{max(checkpoints) * 400 // 1_000_000 + 8}m",
                                   cpus=self.sut_cpu)
-        http_get(target.port, xff="10.255.255.254")
+        self.warm_connections(target, cpus)
         base = self.rss_of(target)
-        points = [{"keys": 0, "rss_kib": base}]
+        points = [{"keys": WARM_KEYS, "rss_kib": base}]
         sent, rate, limited = 0, 40_000.0, 0
         t0 = time.time()
         for goal in checkpoints:

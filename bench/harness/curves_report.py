@@ -32,18 +32,23 @@ def keys_figures(k: dict) -> dict:
         if not pts:
             continue
         base = pts[0]
+        first = pts[1] if len(pts) > 1 else base
         rows = []
         prev = base
         for p in pts[1:]:
+            dk_first = (p["keys"] or 0) - (first["keys"] or 0)
             keys = (p["keys"] or p.get("requests") or 0) - (base["keys"] or 0)
             dk = (p["keys"] or 0) - (prev["keys"] or 0)
             rows.append({
                 "keys": p["keys"], "rss_mib": p["rss_kib"] / 1024,
                 "bytes_per_key": (p["rss_kib"] - base["rss_kib"]) * 1024 / keys if keys else None,
                 "slope": (p["rss_kib"] - prev["rss_kib"]) * 1024 / dk if dk else None,
+                "since_first": ((p["rss_kib"] - first["rss_kib"]) * 1024 / dk_first
+                                if dk_first else None),
                 "seconds": p.get("seconds")})
             prev = p
-        out[name] = {"base_mib": base["rss_kib"] / 1024, "rows": rows}
+        out[name] = {"base_mib": base["rss_kib"] / 1024, "base_keys": base["keys"],
+                     "rows": rows}
     zones = k.get("nginx_zone") or []
     per_state = [z["bytes_per_state"] for z in zones if z.get("bytes_per_state")]
     if per_state:
@@ -99,15 +104,17 @@ def render_keys(k: dict) -> list[str]:
            "request; Weir: memory store, 1 r/h burst 10, `max_keys` above the fill, RSS of the "
            "process and the store's `weir_memory_keys`; nginx: `limit_req` 1r/m burst 10 in a "
            "zone that never fills, RSS of its worker, which counts the zone pages it touched):",
-           "", "| proxy | keys | RSS MiB | bytes/key from start | bytes/key since previous point |"
-           " fill s |", "|---|--:|--:|--:|--:|--:|"]
+           "", "| proxy | keys | RSS MiB | bytes/key from start | bytes/key since the first point "
+           "| bytes/key since the previous point | fill s |", "|---|--:|--:|--:|--:|--:|--:|"]
     for name, label in (("weir", "Weir memory store"), ("nginx_rss", "nginx limit_req")):
         if name not in f:
             continue
-        out.append(f"| {label} | 0 | {f[name]['base_mib']:.1f} | | | |")
+        out.append(f"| {label} | {f[name]['base_keys'] or 0:,} | {f[name]['base_mib']:.1f} "
+                   "| | | | |")
         for r in f[name]["rows"]:
             out.append(f"| {label} | {r['keys']:,} | {r['rss_mib']:.1f} | "
-                       f"{fmt(r['bytes_per_key'])} | {fmt(r['slope'])} | {fmt(r['seconds'])} |")
+                       f"{fmt(r['bytes_per_key'])} | {fmt(r['since_first'])} | {fmt(r['slope'])} | "
+                       f"{fmt(r['seconds'])} |")
     out.append("")
     zones = k.get("nginx_zone") or []
     if zones:
@@ -160,14 +167,15 @@ def render_zones(z: dict) -> list[str]:
     out = ["**3. CPU per request against zones per route** (10k client addresses, every request "
            "passing; each zone keyed on the client address; Redis: one script call per request "
            "for all its zones):", "",
-           "| zones | Weir memory µs/req | Weir Redis µs/req | Redis CPU µs/req | nginx µs/req | "
-           "Weir memory req/s | Weir Redis req/s | nginx req/s |",
-           "|--:|--:|--:|--:|--:|--:|--:|--:|"]
+           "| zones | Weir memory µs/req | Weir Redis µs/req | Redis CPU µs/req | requests per "
+           "Redis call | nginx µs/req | Weir memory req/s | Weir Redis req/s | nginx req/s |",
+           "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for n in (1, 3, 8):
         mem, red, ngx = runs.get(f"mem{n}", []), runs.get(f"redis{n}", []), runs.get(f"nginx{n}", [])
         out.append(f"| {n} | {fmt(med(mem, 'proxy_cpu_us_per_req'), 1)} | "
                    f"{fmt(med(red, 'proxy_cpu_us_per_req'), 1)} | "
                    f"{fmt(med(red, 'redis_cpu_us_per_request'), 1)} | "
+                   f"{fmt(per_call(red), 1)} | "
                    f"{fmt(med(ngx, 'proxy_cpu_us_per_req'), 1)} | {fmt(med(mem, 'rps'))} | "
                    f"{fmt(med(red, 'rps'))} | {fmt(med(ngx, 'rps'))} |")
     out.append("")
@@ -184,6 +192,12 @@ def render_zones(z: dict) -> list[str]:
     if per:
         out += [f"Each zone from 1 to 8 adds (µs of CPU per request): {', '.join(per)}.", ""]
     return out
+
+
+def per_call(runs: list[dict]) -> float | None:
+    """Requests per Redis script call (the lane's batch), median over runs."""
+    return med([{"v": 1 / r["redis_evalsha_per_req"]} for r in runs
+                if r.get("redis_evalsha_per_req")], "v")
 
 
 def render_threads(t: dict) -> list[str]:
@@ -216,9 +230,10 @@ def render_cluster(c: dict) -> list[str]:
     out = ["**5. Redis decisions per second: plain Redis and Redis Cluster** (Weir threads = 2 on "
            "both cores, 1 zone, 10k addresses, all passing: one decision per request; every Redis "
            "node and wrk on CPU 1, the upstream on CPU 0; Cluster without replicas):", "",
-           "| store | masters | decisions/s | Weir cores busy | Redis CPU µs/decision | each "
-           "master's CPU % | wrk % of a core | CPU0/CPU1 busy % |",
-           "|---|--:|--:|--:|--:|--:|--:|--:|"]
+           "| store | masters | decisions/s | Weir cores busy | Redis CPU µs/decision | "
+           "decisions per script call | each master's CPU % | wrk % of a core | "
+           "CPU0/CPU1 busy % |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for name, label in (("plain", "plain Redis"), ("cluster1", "Cluster"), ("cluster3", "Cluster")):
         e = c.get(name)
         if not e:
@@ -229,10 +244,12 @@ def render_cluster(c: dict) -> list[str]:
                        "v")
         wrk = med([{"v": 100 * r["wrk_cpu_s"] / r["wall_s"]} for r in rs if r.get("wall_s")], "v")
         nodes = " / ".join(f"{n['cpu_pct']:.0f}" for n in mid.get("nodes", []))
+        batch = med([{"v": r["requests"] / sum(n["evalsha"] for n in r["nodes"])} for r in rs
+                     if sum(n["evalsha"] for n in r["nodes"])], "v")
         busy = mid.get("core_busy_pct", {})
         out.append(f"| {label} | {e['masters']} | {fmt(med(rs, 'rps'))} | "
                    f"{fmt((med(rs, 'proxy_core_util_pct') or 0) / 100, 2)} | {fmt(redis_us, 1)} | "
-                   f"{nodes} | {fmt(wrk)} | {busy.get('cpu0', '–')}/{busy.get('cpu1', '–')} |")
+                   f"{fmt(batch, 1)} | {nodes} | {fmt(wrk)} | {busy.get('cpu0', '–')}/{busy.get('cpu1', '–')} |")
     out.append("")
     return out
 
