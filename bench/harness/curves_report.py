@@ -288,6 +288,15 @@ def write_plots(res: dict, out: Path, stem: str) -> list[str]:
             top = f["weir"]["rows"][-1]["keys"]
             ax.plot([0, top / 1e6], [0, per_state * top / 2**20], "--",
                     label=f"nginx zone size needed ({per_state:.0f} B/state, measured)")
+        if "weir" in f and f["weir"]["rows"]:
+            # The memory store's zone has 64 shards (src/store/memory/limit_req.rs) once max_keys
+            # allows; hashbrown grows a table when it is 7/8 full, and evenly filled shards all
+            # grow at once: 64 × 7/8 × 2^k keys.
+            top = f["weir"]["rows"][-1]["keys"]
+            steps = [x for x in (64 * 7 / 8 * 2 ** k for k in range(10, 30)) if top / 20 <= x <= top]
+            for i, x in enumerate(steps):
+                ax.axvline(x / 1e6, color="grey", linestyle=":", linewidth=0.8,
+                           label="Weir's 64 shard tables double" if i == 0 else None)
         ax.set_xlabel("distinct keys (millions)")
         ax.set_ylabel("memory added (MiB)")
         ax.set_title("1. Memory per limit key")
