@@ -289,6 +289,17 @@ class Curves(Bench):
         for name, target in (("weir", weir), ("nginx", nginx)):
             out["h1_idle"][name] = self.idle_h1(target, sizes["idle_conns"])
             self.stop_target("conn_h1" if name == "weir" else "nginx_conn_h1")
+        # Plain Pingora (examples/pingora_passthrough, when run.sh built it): whose cost is it?
+        if self.pingora:
+            port = free_port()
+            proc = self.procs.start("pingora_conn_h1", [self.pingora, f"127.0.0.1:{port}",
+                                                        f"127.0.0.1:{self.upstream_port}", "1"],
+                                    self.sut_cpu, env={"RUST_LOG": "warn"})
+            wait_port(proc, port)
+            self.targets["pingora_conn_h1"] = Target(port, [proc])
+            out["h1_idle"]["pingora"] = self.idle_h1(self.targets["pingora_conn_h1"],
+                                                     sizes["idle_conns"])
+            self.stop_target("pingora_conn_h1")
         # HTTP/2 streams held open: the upstream never answers.
         silent = SilentUpstream()
         try:

@@ -148,6 +148,10 @@ def render_connections(c: dict) -> list[str]:
         out.append(f"| idle HTTP/1.1 keep-alive connection (after one request) | "
                    f"{fmt((h1.get('weir') or {}).get('bytes_per_connection'))} | "
                    f"{fmt((h1.get('nginx') or {}).get('bytes_per_connection'))} | {fmt(n)} |")
+    if (h1.get("pingora") or {}).get("bytes_per_connection") is not None:
+        out.append(f"| the same, plain Pingora 0.9.1 (examples/pingora_passthrough) | "
+                   f"{fmt(h1['pingora']['bytes_per_connection'])} | | "
+                   f"{fmt(h1['pingora'].get('connections'))} |")
     h2 = c.get("h2", {})
     if h2:
         w, g = h2.get("weir") or {}, h2.get("nginx") or {}
