@@ -373,13 +373,47 @@ def write_plots(res: dict, out: Path, stem: str) -> list[str]:
     return written
 
 
+PARTS = ("keys", "connections", "zones", "threads", "cluster")
+
+
+def merge(sources: list[dict]) -> dict:
+    """Several runs' results (each with some of the parts) as one: a later run's part replaces an
+    earlier one's; the meta of the run with the throughput parts (else the first), with the runs
+    listed under meta.merged_from."""
+    out: dict = {"failures": [], "warnings": [], "ok": True}
+    runs, meta = [], None
+    for d in sources:
+        parts = [p for p in PARTS if p in d]
+        for p in parts:
+            out[p] = d[p]
+        runs.append({"parts": parts, "date": d["meta"]["date"],
+                     "elapsed_s": d["meta"]["elapsed_s"]})
+        out["failures"] += d.get("failures", [])
+        out["warnings"] += d.get("warnings", [])
+        out["ok"] = out["ok"] and d.get("ok", False)
+        if meta is None or "zones" in parts:
+            meta = dict(d["meta"])
+    meta = meta or {}
+    meta["elapsed_s"] = round(sum(r["elapsed_s"] for r in runs), 1)
+    meta["merged_from"] = runs
+    out["meta"] = meta
+    return out
+
+
 if __name__ == "__main__":
     import json
     import sys
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: curves_report.py RESULTS.json")
-    src = Path(sys.argv[1])
+    args = sys.argv[1:]
+    if len(args) >= 3 and args[0] == "--merge":
+        dst = Path(args[1])
+        dst.write_text(json.dumps(merge([json.loads(Path(a).read_text()) for a in args[2:]]),
+                                  indent=2) + "\n")
+        args = [str(dst)]
+    if len(args) != 1:
+        sys.exit("usage: curves_report.py [--merge OUT.json IN.json ...] RESULTS.json\n"
+                 "(with --merge: the parts of several runs into OUT.json, then its report)")
+    src = Path(args[0])
     data = json.loads(src.read_text())
     pngs = write_plots(data, src.parent, src.stem)
     src.with_suffix(".md").write_text(render_curves(data, pngs))
