@@ -6,6 +6,7 @@ import argparse
 import signal
 
 from .bench import Bench
+from .curves import PARTS, Curves
 from .common import BENCH_DIR, BenchError
 
 DESCRIPTION = ("Weir benchmark harness (issues 4 and 12). Started by bench/run.sh; Python 3.11 "
@@ -42,11 +43,16 @@ def main() -> int:
                          "and rows 2-5 of every --variant; --rows picks among them), ~25 s a "
                          "row; with syscalls per request from a native run under strace -c. Added "
                          "to <out>/latest.{json,md}, next to what a previous run left there")
+    ap.add_argument("--curves", action="store_true",
+                    help="instead of the throughput rows: the cost curves (bench/curves.sh), "
+                         "written to <out>/curves-latest.{json,md} and PNGs (quick: curves-quick)")
+    ap.add_argument("--parts", default="",
+                    help=f"with --curves: only these curves, comma-separated ({', '.join(PARTS)})")
     ap.add_argument("--pingora", default="",
                     help="examples/pingora_passthrough binary: the plain Pingora row (run.sh)")
     args = ap.parse_args()
     try:
-        bench = Bench(args)
+        bench = Curves(args) if args.curves else Bench(args)
     except BenchError as e:
         ap.error(str(e))
 

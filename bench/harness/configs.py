@@ -15,11 +15,12 @@ def weir_toml(port: int, upstream_port: int, *, store: str = "memory", redis_por
               zones: int = 0, rate: str = f"{PASS_RATE_RPS}r/s", burst: int = PASS_BURST,
               threads: int = 1, deny_cache_size: int | None = None,
               access_log: bool | None = None, log_json: bool = False, admin_port: int = 0,
-              tls: tuple[str, str] | None = None, access_log_buffer: int = 0) -> str:
+              tls: tuple[str, str] | None = None, access_log_buffer: int = 0,
+              max_keys: int | None = None) -> str:
     """A Weir config: one catch-all route to the upstream with `zones` ip-keyed limit_req zones.
     `access_log = False` writes `[log] access_log = false` (nginx here runs with access_log off);
     `log_json` writes `format = "json"` (the access log as in production), `access_log_buffer`
-    (bytes) its buffer. `tls = (cert, key)`:
+    (bytes) its buffer. `max_keys`: each zone's memory-store size (default: Weir's). `tls = (cert, key)`:
     `port` is a TLS listener (`listen_tls`, HTTP/2 offered by ALPN) instead of a cleartext one."""
     listen = "listen_tls" if tls else "listen"
     lines = [
@@ -60,7 +61,10 @@ def weir_toml(port: int, upstream_port: int, *, store: str = "memory", redis_por
         lines += ["[real_ip]", 'trusted = ["127.0.0.1/32"]', 'header = "X-Forwarded-For"', ""]
     lines += ["[[upstream]]", 'name = "app"', f'servers = ["127.0.0.1:{upstream_port}"]', ""]
     for z in range(1, zones + 1):
-        lines += ["[[limit_req_zone]]", f'name = "z{z}"', 'key = "ip"', f'rate = "{rate}"', ""]
+        lines += ["[[limit_req_zone]]", f'name = "z{z}"', 'key = "ip"', f'rate = "{rate}"']
+        if max_keys is not None:
+            lines.append(f"max_keys = {max_keys}")
+        lines.append("")
     limits = ", ".join(
         f'{{ zone = "z{z}", burst = {burst}, nodelay = true }}' for z in range(1, zones + 1))
     lines += ["[[route]]", 'name = "all"', 'path_prefix = "/"', 'upstream = "app"']
@@ -136,6 +140,12 @@ def merge_settings(toml: str, settings: list[tuple[str, str, str]]) -> str:
     return out
 
 
+def zone_name(z: int) -> str:
+    """nginx's zone names: `z` for the first (what the fleet and throughput rows have always
+    used), `z2`, `z3`, ... for the others."""
+    return "z" if z == 1 else f"z{z}"
+
+
 NGINX_MODULES = Path("/usr/lib/nginx/modules")
 OPENRESTY_MODULE = NGINX_MODULES / "ngx_http_lua_module.so"  # row 8 (Debian's Lua module)
 
@@ -152,11 +162,13 @@ def lua_str(v: str) -> str:
 def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                rate: str = f"{PASS_RATE_RPS}r/s", burst: int = PASS_BURST, workers: int = 1,
                ssl: tuple[str, str] | None = None, lua_dir: Path | None = None,
-               lua_config: dict | None = None) -> str:
+               lua_config: dict | None = None, zones: int = 1, zone_size: str = "20m",
+               h2c: bool = False) -> str:
     """role: "upstream" (return 200), "proxy" (no limits), "limit" (limit_req, 1 zone) or
     "openresty" (a Redis decision per request in access_by_lua, `lua_dir`/weir_limit.lua configured
-    with `lua_config`). `ssl = (cert, key)`: the listener is `ssl http2`. `workers`: the
-    number of worker processes."""
+    with `lua_config`). `ssl = (cert, key)`: the listener is `ssl http2`; `h2c`: cleartext
+    `http2` (prior knowledge). `workers`: the number of worker processes. For "limit": `zones`
+    limit_req directives, each on its own zone of `zone_size` (the cost curves)."""
     limit = role in ("limit", "openresty")
     main_extra = ""
     if role == "upstream":
@@ -176,7 +188,10 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
     else:
         decide = ""
         if role == "limit":
-            decide = f"            limit_req zone=z burst={burst} nodelay;\n"
+            # nginx refuses `burst=0`: no burst is written as none.
+            burst_arg = f" burst={burst} nodelay" if burst else ""
+            decide = "".join(f"            limit_req zone={zone_name(z)}{burst_arg};\n"
+                             for z in range(1, zones + 1))
         elif role == "openresty":
             decide = "            access_by_lua_block { weir_limit.access() }\n"
         locations = (
@@ -197,8 +212,10 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                 "    real_ip_header X-Forwarded-For;\n"
             )
         if role == "limit":
+            http_extra += "".join(
+                f"    limit_req_zone $binary_remote_addr zone={zone_name(z)}:{zone_size} "
+                f"rate={rate};\n" for z in range(1, zones + 1))
             http_extra += (
-                f"    limit_req_zone $binary_remote_addr zone=z:20m rate={rate};\n"
                 "    limit_req_status 429;\n"
                 "    limit_req_log_level info;\n"
             )
@@ -225,6 +242,8 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                 "    }\n"
             )
     listen = f"127.0.0.1:{port} backlog=4096"
+    if h2c:
+        listen += " http2"
     tls = ""
     if ssl:
         listen += " ssl http2"
