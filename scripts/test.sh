@@ -33,4 +33,6 @@ else
 fi
 bash bench/rls.sh --quick
 bash bench/bandwidth.sh --quick
+# The cost curves' smoke run (~2 min on the release build above; no timing asserted).
+bash bench/curves.sh --quick
 bash bench/soak.sh --duration 60
