@@ -1,6 +1,7 @@
 //! One logged request through the engine the proxy uses (`crate::engine`): `admit` (target,
 //! host, method, route, client IP with the trusted proxies, access rules, keys, cost, overrides)
-//! and `limit_req::enforce` on the embedded memory store on a simulated clock, so every decision
+//! and `limit_req::enforce`, on the proxy's own `Ticket`) on the embedded memory store on a
+//! simulated clock, so every decision
 //! is the live one. limit_conn is estimated from the logged durations (a log has no leases).
 
 use std::cmp::Reverse;

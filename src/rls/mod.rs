@@ -4,10 +4,10 @@
 //!
 //! Each `[[rls.domain]]` is compiled into a `Route` (config/rls.rs) whose `limit_req` references
 //! are its rules' zones. A request's descriptors are matched against the rules (`rules`, pure),
-//! become that route's keyed zones through the engine's `limit_req::keyed_zone` (`plan`: overrides
-//! and exemptions are the engine's), and are decided by the engine's `limit_req::enforce`, the
-//! proxy's and replay's own step (called through `decide`, which adds the peer's soft quota
-//! limits); `answer` turns the verdict into Envoy's response. The listener is `listener`, the
+//! become that route's keyed zones through the engine's `keyed::keyed_zone` (`plan`: overrides
+//! and exemptions are the engine's), and are decided on the call's engine `Ticket`, the proxy's
+//! and replay's own (through `decide`, which adds the peer's soft quota limits); `answer` turns
+//! the verdict into Envoy's response. The listener is `listener`, the
 //! gRPC glue `service`; `import` translates envoyproxy/ratelimit YAML read by `peer_yaml` as the
 //! peer's own loader reads it.
 

@@ -1,5 +1,6 @@
 //! `ShouldRateLimit`: one call is one decision — plan the descriptors, decide through
-//! the engine's `limit_req::enforce`, answer; then count it and write its access-log line.
+//! the call's engine ticket (`Ticket::rule_zones`), answer; then write its access-log line and
+//! finish the ticket (which reports the call).
 
 use std::sync::Arc;
 use std::time::Instant;
