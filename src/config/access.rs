@@ -56,7 +56,7 @@ pub fn access_rules(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::access::allowed;
+    use crate::engine::allowed;
 
     #[test]
     fn first_matching_rule_in_file_order_wins() {

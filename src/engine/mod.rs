@@ -43,33 +43,41 @@
 //! - Who is told: [`Observer`] (`observe.rs`); `metrics/` and `top/` implement it, the engine
 //!   imports neither.
 
-pub mod access;
-pub mod admit;
-pub mod after_response;
-pub mod headers;
-pub mod keyed;
-pub mod lease;
-pub mod limit_conn;
-pub mod limit_req;
-pub mod observe;
-pub mod outcome;
-pub mod overrides;
-pub mod pacing;
-pub mod policy;
-pub mod refusal;
-pub mod status;
-pub mod ticket;
+mod access;
+mod admit;
+mod after_response;
+mod headers;
+mod keyed;
+mod lease;
+mod limit_conn;
+mod limit_req;
+mod observe;
+mod outcome;
+mod overrides;
+mod pacing;
+mod policy;
+mod refusal;
+mod status;
+mod ticket;
 
 use std::net::IpAddr;
 
 use http::HeaderMap;
 
+// The engine's public face: front doors and observers name these, never an inner module.
+pub use access::allowed;
 pub use admit::{admit, BadRequest, Forward, Head, Plan, Refused};
-pub use after_response::Ending;
-pub use observe::{Observer, Report, Unobserved};
+pub use after_response::{response_cost_fields, Ending};
+pub use headers::zone_remaining;
+pub use keyed::keyed_zone;
+pub use limit_conn::ConnStores;
+pub use limit_req::{enforce, Action, Enforcement, Stores};
+pub use observe::{Door, Observer, Report, Unobserved};
 pub use outcome::Outcome;
+pub use policy::Groups;
 pub use refusal::{Answer, Refusal};
-pub use ticket::{Ruling, Ticket};
+pub use status::{LimitStatus, Statuses};
+pub use ticket::{Explained, ExplainedZone, Ruling, Ticket};
 
 use crate::config::Runtime;
 

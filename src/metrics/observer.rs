@@ -7,8 +7,8 @@ use prometheus::Histogram;
 
 use super::METRICS;
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::observe::{Door, Observer, Report};
-use crate::engine::status::Statuses;
+use crate::engine::Statuses;
+use crate::engine::{Door, Observer, Report};
 use crate::metrics::ZoneMeters;
 
 /// Counts what the engine decides with one kind of limit store.
@@ -82,7 +82,7 @@ fn count<'a>(statuses: &Statuses, meters: impl Fn(usize) -> Option<&'a ZoneMeter
 mod tests {
     #[test]
     fn every_outcome_has_a_metric_handle() {
-        use crate::engine::outcome::Outcome;
+        use crate::engine::Outcome;
         assert!(Outcome::ALL.iter().all(|o| o.slot() < crate::metrics::OUTCOME_SLOTS));
     }
 }

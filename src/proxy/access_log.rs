@@ -10,7 +10,7 @@ use pingora::proxy::Session;
 use tracing::Level;
 
 use super::RequestCtx;
-use crate::engine::status::LimitStatus;
+use crate::engine::LimitStatus;
 use crate::engine::Ticket;
 use crate::logging::json::{JsonObject, JsonStr};
 use crate::logging::{self, line};
@@ -57,7 +57,7 @@ fn json_fields(
         o.u64("decided_us", decided_us);
     }
     if let (Some(route), Some(resp)) = (ticket.route_index(), session.response_written()) {
-        crate::engine::after_response::response_cost_fields(ticket.runtime(), route, &resp.headers, |f, v| o.str(f, v));
+        crate::engine::response_cost_fields(ticket.runtime(), route, &resp.headers, |f, v| o.str(f, v));
     }
     if let Some(reason) = ctx.upstream.shed() {
         // The adaptive limit refused it, and why (docs/adaptive.md).

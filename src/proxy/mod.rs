@@ -20,8 +20,8 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::config::Runtime;
 use crate::edge::GuardedStream;
-use crate::engine::limit_conn::ConnStores;
-use crate::engine::limit_req::Stores;
+use crate::engine::ConnStores;
+use crate::engine::Stores;
 use crate::engine::{self, Answer, Ending, Outcome, Refusal, Ruling, Ticket};
 use crate::keys;
 use crate::metrics::METRICS;

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use pingora::proxy::Session;
 
 use super::RequestCtx;
-use crate::engine::status::LimitStatus;
+use crate::engine::LimitStatus;
 use crate::routes::PathMatch;
 use crate::trace::{self, Finished, Incoming, RequestSpan};
 

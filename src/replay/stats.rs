@@ -7,7 +7,7 @@ use super::hash::FastMap;
 
 use super::replayer::{Admission, Decision};
 use crate::config::Runtime;
-use crate::engine::status::LimitStatus;
+use crate::engine::LimitStatus;
 
 /// One key of one zone reference.
 #[derive(Debug, Clone, Default)]

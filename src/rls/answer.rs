@@ -13,8 +13,8 @@ use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
 use crate::config::FailurePolicy;
-use crate::engine::headers::zone_remaining;
-use crate::engine::limit_req::{Action, Enforcement};
+use crate::engine::zone_remaining;
+use crate::engine::{Action, Enforcement};
 use crate::limit::LimitReq;
 use crate::store::KeyedZone;
 

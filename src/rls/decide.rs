@@ -11,9 +11,9 @@
 use super::answer::{self, ZoneAnswer};
 use super::plan::Plan;
 use crate::config::Route;
-use crate::engine::limit_req::{Action, Enforcement, Stores};
-use crate::engine::policy::Groups;
+use crate::engine::Groups;
 use crate::engine::Ticket;
+use crate::engine::{Action, Enforcement, Stores};
 
 /// The plan (zones in `Groups` order), the enforcement that decided the call, and every zone's
 /// answer in the plan's order.

@@ -15,7 +15,7 @@ use super::rules::{descriptor_key, find_path};
 use super::Domain;
 use super::Rule;
 use crate::config::Runtime;
-use crate::engine::keyed::keyed_zone;
+use crate::engine::keyed_zone;
 use crate::keys::{self, RequestFacts};
 use crate::limit::Rate;
 use crate::store::KeyedZone;

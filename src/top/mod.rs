@@ -205,8 +205,8 @@ mod engine_observer_tests {
     use std::sync::Arc;
 
     use super::Tracker;
-    use crate::engine::limit_req::{enforce, Action, Stores};
-    use crate::engine::policy::Groups;
+    use crate::engine::Groups;
+    use crate::engine::{enforce, Action, Stores};
     use crate::store::{KeyedZone, MemoryStore};
 
     const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
