@@ -544,3 +544,108 @@ mod tests {
         assert_eq!(c.limit(), 20);
     }
 }
+
+/// The benchmark's shape on the simulated clock (bench/adaptive/run.py): K servers × 100 ms, 2x
+/// overload with 15 % high priority, K 8 → 4 → 8; judged per second as the benchmark judges
+/// its 1-s windows (goodput ≥ 90 % of capacity, p99 within 2x the unloaded p99).
+#[cfg(test)]
+mod capacity_changes {
+    use super::*;
+    use crate::adaptive::admission::Priority;
+    use crate::adaptive::sim::{Client, Second, Sim};
+
+    const SERVICE: Duration = Duration::from_millis(100);
+    /// Twice the simulated upstream's unloaded p99 (100 ms + 20 % jitter).
+    const P99_BOUND_US: u64 = 240_000;
+
+    fn fleet(n: usize, offered: f64) -> Sim {
+        let clients = (0..n).map(|_| Client::new(Settings::default(), rates(n, offered))).collect();
+        Sim::new(SERVICE, clients)
+    }
+
+    fn rates(n: usize, offered: f64) -> Vec<(Priority, f64)> {
+        let each = offered / n as f64;
+        vec![(Priority::High, 0.15 * each), (Priority::Low, 0.85 * each)]
+    }
+
+    fn offer(sim: &mut Sim, offered: f64) {
+        let n = sim.clients.len();
+        for c in &mut sim.clients {
+            c.rates = rates(n, offered);
+        }
+    }
+
+    fn met(s: &Second, k: u64) -> bool {
+        s.good.iter().sum::<u64>() * 10 >= k * 10 * 9 && s.p99_us() <= P99_BOUND_US
+    }
+
+    /// (first second that met the target, share of the later seconds that missed it).
+    fn convergence(run: &[Second], k: u64) -> (usize, f64) {
+        let first = run.iter().position(|s| met(s, k)).unwrap_or(run.len());
+        let later = &run[first.min(run.len())..];
+        let missed = later.iter().filter(|s| !met(s, k)).count();
+        (first, missed as f64 / later.len().max(1) as f64)
+    }
+
+    fn limit_sums(run: &[Second]) -> Vec<u32> {
+        run.iter().map(|s| s.limits.iter().sum()).collect()
+    }
+
+    fn drop_and_rise(n: usize) {
+        let mut sim = fleet(n, 160.0);
+        sim.run(20, 8);
+        offer(&mut sim, 80.0);
+        let dropped = sim.run(20, 4);
+        offer(&mut sim, 160.0);
+        let raised = sim.run(20, 8);
+        for (name, run, k) in [("drop", &dropped, 4), ("rise", &raised, 8)] {
+            let (first, missed) = convergence(run, k);
+            let sums = limit_sums(run);
+            assert!(first < 5, "{n} instance(s), {name}: first met in second {first}; limits {sums:?}");
+            assert!(missed <= 0.2, "{n} instance(s), {name}: {missed:.2} of the later seconds missed; limits {sums:?}");
+            // No oscillation: once met, the limits' sum stays within a band of its median.
+            let mut settled = sums[first..].to_vec();
+            settled.sort_unstable();
+            let median = settled[settled.len() / 2];
+            let (lo, hi) = (settled[0], settled[settled.len() - 1]);
+            assert!(hi <= 2 * median && 2 * lo >= median, "{n} instance(s), {name}: limits {sums:?}");
+        }
+    }
+
+    #[test]
+    fn one_instance_follows_a_drop_and_a_rise_within_five_seconds() {
+        drop_and_rise(1);
+    }
+
+    #[test]
+    fn a_fleet_of_two_follows_a_drop_and_a_rise_within_five_seconds() {
+        drop_and_rise(2);
+    }
+
+    #[test]
+    fn under_overload_high_priority_is_served_through_the_changes() {
+        let mut sim = fleet(2, 160.0);
+        let mut runs = sim.run(20, 8);
+        offer(&mut sim, 80.0);
+        runs.extend(sim.run(20, 4));
+        offer(&mut sim, 160.0);
+        runs.extend(sim.run(20, 8));
+        let (sent, shed) = runs[2..].iter().fold((0, 0), |(a, b), s| (a + s.by_priority[2].0, b + s.by_priority[2].1));
+        assert!(shed * 100 <= sent, "high priority: {shed} of {sent} shed");
+    }
+
+    #[test]
+    fn below_capacity_after_the_changes_nothing_is_shed() {
+        let mut sim = fleet(2, 160.0);
+        sim.run(20, 8);
+        offer(&mut sim, 80.0);
+        sim.run(20, 4);
+        offer(&mut sim, 160.0);
+        sim.run(20, 8);
+        offer(&mut sim, 48.0);
+        let run = sim.run(30, 8);
+        // The first second still holds the overload's tail (its places are still taken).
+        let shed: Vec<u64> = run[1..].iter().map(Second::total_shed).collect();
+        assert_eq!(shed.iter().sum::<u64>(), 0, "shed per second at 60 % of capacity: {shed:?}");
+    }
+}
