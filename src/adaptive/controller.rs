@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// Answers a window needs before it is judged (its median must mean something).
 pub const MIN_SAMPLES: usize = 32;
+/// How much slower than the ideal latency a window's p90 may get (the objective is a p99 within
+/// twice the unloaded latency).
+const TAIL_TOLERANCE: f64 = 1.8;
 /// Latencies kept per window for its median; beyond, later answers overwrite earlier ones.
 const MAX_KEPT: usize = 64;
 /// Largest cut per window.
@@ -210,6 +213,9 @@ impl Controller {
     fn close_window(&mut self, now_us: u64) -> Verdict {
         let mid = self.latencies_us.len() / 2;
         let median = *self.latencies_us.select_nth_unstable(mid).1;
+        // The tail after the median's selection: the upper half is above `mid`, unordered.
+        let tail_at = (self.latencies_us.len() * 95 / 100).max(mid);
+        let tail = *self.latencies_us.select_nth_unstable(tail_at).1;
         self.latencies_us.clear();
         self.seen_in_window = 0;
         let peak = f64::from(std::mem::take(&mut self.peak_in_flight));
@@ -260,7 +266,10 @@ impl Controller {
         // Requests were refused (or nearly) in this window; the limit was used (at least half).
         let pressed = peak >= self.limit.floor();
         let used = peak * 2.0 >= self.limit.floor();
-        let gradient = (tolerated / median as f64).clamp(MAX_DECREASE, 1.0);
+        // The tail too: bursts (of a higher priority using its reserve) that take the places in
+        // flight up to the limit show in the p90 before the median.
+        let tail_bound = TAIL_TOLERANCE * ideal;
+        let gradient = (tolerated / median as f64).min(tail_bound / tail.max(1) as f64).clamp(MAX_DECREASE, 1.0);
         self.pressed_windows = if pressed { self.pressed_windows + 1 } else { 0 };
         let verdict = if gradient >= 1.0 {
             if used {

@@ -212,7 +212,7 @@ impl ProxyHttp for WeirProxy {
 
         ctx.charges = ResponseCharges::new(&rt, route, &plan.zones);
         let upstream = &rt.upstreams[route.upstream];
-        if let Err(reason) = ctx.upstream.admit(upstream, route.priority).await {
+        if let Err(reason) = ctx.upstream.admit(upstream, plan.priority).await {
             ctx.outcome = Outcome::AdaptiveShed;
             return upstreaming::shed(session, reason, &upstream.name, route).await;
         }
