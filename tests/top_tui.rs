@@ -21,8 +21,11 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A socket per test (the tests of this file run in parallel).
     fn new() -> Tmux {
-        Tmux { socket: format!("weir-top-test-{}", std::process::id()) }
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Tmux { socket: format!("weir-top-test-{}-{n}", std::process::id()) }
     }
 
     fn run(&self, args: &[&str]) -> String {
