@@ -423,7 +423,9 @@ priority_from = {{ claim = "tier", map = {{ gold = "high", silver = "normal" }} 
         encode(&Header::default(), &claims, &EncodingKey::from_secret(key.as_bytes())).expect("sign")
     };
     let good = |tier: &str| format!("Bearer {}", token(tier, "priority-test-secret-0123456789abcdef"));
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    // (path, request headers, the priority it must get)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         // A header may lower the route's priority, never raise it ...
         ("/header", vec![("X-Priority", "high".into())], "normal"),
         ("/header", vec![("X-Priority", "low".into())], "low"),
