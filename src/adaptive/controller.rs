@@ -542,6 +542,38 @@ mod tests {
     }
 
     #[test]
+    fn a_tail_over_the_objective_cuts_even_with_a_healthy_median() {
+        let mut c = Controller::new(Settings::default());
+        let mut now = 0;
+        // Start-up: a baseline of 10 ms, then the initial 20.
+        for _ in 0..MIN_SAMPLES {
+            c.observe_in_flight(5);
+            now += 20_000;
+            c.sample(now, Duration::from_millis(10), 4);
+        }
+        assert_eq!(c.limit(), 20);
+        // The limit is used; the median stays at the ideal, but a burst queued 4 answers of 32
+        // (12 %) to 3x: the p95 is over 1.8x, so the window is queueing and the limit shrinks.
+        let mut window = |c: &mut Controller, slow: usize, slow_ms: u64| {
+            for i in 0..MIN_SAMPLES {
+                c.observe_in_flight(20);
+                now += 20_000;
+                let ms = if i < slow { slow_ms } else { 10 };
+                c.sample(now, Duration::from_millis(ms), 19);
+            }
+        };
+        window(&mut c, 4, 30);
+        assert_eq!(c.last_verdict(), Some(Verdict::Queueing));
+        // 20 x min(1.25, 1.8 x 10 / 30 = 0.6) + 1 = 13.
+        assert_eq!(c.limit(), 13);
+        // One slow answer in 32 (3 %) is under the p95: no cut.
+        let before = c.limit();
+        window(&mut c, 1, 30);
+        assert_eq!(c.last_verdict(), Some(Verdict::Healthy));
+        assert!(c.limit() >= before);
+    }
+
+    #[test]
     fn an_unused_limit_does_not_grow() {
         let mut c = Controller::new(Settings::default());
         let mut now = 0;
