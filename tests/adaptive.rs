@@ -487,4 +487,13 @@ fn priority_from_is_checked() {
         assert_eq!(out.code, Some(1), "{text}\n{}", out.describe());
         assert!(out.stderr.contains(expected), "wanted {expected:?}:\n{}", out.describe());
     }
+    // On an upstream without an adaptive limit it does nothing: a warning, not an error.
+    let plain = base("{ header = \"X-P\" }", "").replace("adaptive = {}\n", "");
+    let out = check_config("weir.toml", &plain, Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "{plain}\n{}", out.describe());
+    assert!(
+        out.stderr.contains("priority_from has no effect: upstream \"app\" has no adaptive limit"),
+        "{}",
+        out.describe()
+    );
 }

@@ -203,6 +203,16 @@ pub(super) fn compile_routes(
                 here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
             })?,
         };
+        if let (Some(p), None) = (&priority_from, &upstreams[upstream_index].spec.adaptive) {
+            // Not an error: the upstream may be made adaptive later; but a claim costs a token
+            // verification per request for nothing meanwhile.
+            warnings.push(format!(
+                "{}:{}: route {rname:?}: priority_from has no effect: upstream {:?} has no adaptive limit",
+                src.file,
+                src.line_of(&p.span()),
+                upstreams[upstream_index].spec.name
+            ));
+        }
         let priority_from = priority_from.as_ref().map(|p| compile_priority_from(p, &here)).transpose()?;
         routes.push(Route {
             name: name.into_inner(),
