@@ -363,3 +363,137 @@ fn the_test_upstream_serves_its_capacity_at_once() {
     assert!(alone < service + Duration::from_millis(10), "p50 {alone:?} with nothing queued");
     assert!(doubled >= service * 2 - Duration::from_millis(5), "p50 {doubled:?} with half of them queued");
 }
+
+/// The priority each request was given, read from which priority's shed counter it moved: the
+/// upstream's one place is held by a slow request, so every other request is refused at once.
+#[test]
+fn priority_from_a_header_or_a_verified_claim_never_lets_a_client_promote_itself() {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let _one_at_a_time = exclusive();
+    let up = CapacityServer::start(1, Duration::from_secs(4));
+    let dir = support::weir::ConfigDir::new();
+    let secret = dir.write("secret.key", "priority-test-secret-0123456789abcdef\n");
+    let routes = format!(
+        r#"[jwt]
+key_file = "{}"
+algorithm = "HS256"
+
+[[route]]
+name = "hold"
+path_prefix = "/hold"
+upstream = "app"
+priority = "high"
+
+[[route]]
+name = "header"
+path_prefix = "/header"
+upstream = "app"
+priority = "normal"
+priority_from = {{ header = "X-Priority" }}
+
+[[route]]
+name = "trusted"
+path_prefix = "/trusted"
+upstream = "app"
+priority = "low"
+priority_from = {{ header = "X-Priority", max = "high" }}
+
+[[route]]
+name = "claim"
+path_prefix = "/claim"
+upstream = "app"
+priority = "low"
+priority_from = {{ claim = "tier", map = {{ gold = "high", silver = "normal" }} }}
+"#,
+        secret.display()
+    );
+    let w = Weir::start(&config(up.addr, "min_limit = 1, max_limit = 1, initial_limit = 1", NO_ACCESS_LOG, &routes));
+    let holder = thread::spawn({
+        let addr = w.addr;
+        move || KeepAlive::new(addr, Duration::from_secs(10)).send(&Request::get("/hold")).map(|r| r.status)
+    });
+    let admin_addr = admin::addr(&w);
+    let held = scrape_until(admin_addr, Duration::from_secs(5), Duration::from_millis(20), |m| {
+        m.value_or_zero("weir_adaptive_in_flight", &[("upstream", "app")]) >= 1.0
+    });
+    assert!(held.is_ok(), "the slow request never took the place");
+
+    let token = |tier: &str, key: &str| {
+        let claims = serde_json::json!({ "sub": "u1", "tier": tier, "exp": 4_000_000_000u64 });
+        encode(&Header::default(), &claims, &EncodingKey::from_secret(key.as_bytes())).expect("sign")
+    };
+    let good = |tier: &str| format!("Bearer {}", token(tier, "priority-test-secret-0123456789abcdef"));
+    // (path, request headers, the priority it must get)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
+        // A header may lower the route's priority, never raise it ...
+        ("/header", vec![("X-Priority", "high".into())], "normal"),
+        ("/header", vec![("X-Priority", "low".into())], "low"),
+        ("/header", vec![("X-Priority", "urgent".into())], "normal"),
+        ("/header", vec![], "normal"),
+        // ... unless the route says a layer in front sets it (max); twice is not believed.
+        ("/trusted", vec![("X-Priority", "high".into())], "high"),
+        ("/trusted", vec![("X-Priority", "high".into()), ("X-Priority", "high".into())], "low"),
+        // A claim counts only from a verified token.
+        ("/claim", vec![("Authorization", good("gold"))], "high"),
+        ("/claim", vec![("Authorization", good("silver"))], "normal"),
+        ("/claim", vec![("Authorization", good("bronze"))], "low"),
+        ("/claim", vec![("Authorization", format!("Bearer {}", token("gold", "forged-by-the-client")))], "low"),
+        ("/claim", vec![("X-Priority", "high".into())], "low"),
+    ];
+    let shed_by = |priority: &str| {
+        scrape(admin_addr).sum("weir_adaptive_shed_total", &[("upstream", "app"), ("priority", priority)])
+    };
+    let mut client = KeepAlive::new(w.addr, Duration::from_secs(5));
+    for (path, headers, want) in cases {
+        let before: Vec<f64> = ["low", "normal", "high"].iter().map(|p| shed_by(p)).collect();
+        let mut request = Request::get(path);
+        for (name, value) in &headers {
+            request = request.header(name, value);
+        }
+        let response = client.send(&request).expect("an answer");
+        assert_eq!(response.status, 503, "{path} {headers:?}: refused while the place is held");
+        let after: Vec<f64> = ["low", "normal", "high"].iter().map(|p| shed_by(p)).collect();
+        let moved: Vec<&str> = ["low", "normal", "high"]
+            .iter()
+            .zip(before.iter().zip(&after))
+            .filter(|(_, (b, a))| a > b)
+            .map(|(p, _)| *p)
+            .collect();
+        assert_eq!(moved, [want], "{path} {headers:?}");
+    }
+    assert_eq!(holder.join().expect("the holder").ok(), Some(200), "the held request is served");
+}
+
+#[test]
+fn priority_from_is_checked() {
+    let base = |from: &str, jwt: &str| {
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n{jwt}\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:9\"]\nadaptive = {{}}\n\n[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\npriority_from = {from}\n"
+        )
+    };
+    for (text, expected) in [
+        (base("{ header = \"X-P\", claim = \"tier\" }", ""), "give exactly one of header"),
+        (base("{ map = { a = \"high\" } }", ""), "give exactly one of header"),
+        (base("{ header = \"bad header\" }", ""), "priority_from.header: not a header name"),
+        (
+            base("{ header = \"X-P\", max = \"top\" }", ""),
+            "priority_from.max: expected \"low\", \"normal\" or \"high\"",
+        ),
+        (base("{ header = \"X-P\", map = { gold = \"vip\" } }", ""), "priority_from.map.gold"),
+        (base("{ claim = \"tier\" }", ""), "priority_from reads a claim, but the config has no [jwt]"),
+    ] {
+        let out = check_config("weir.toml", &text, Duration::from_secs(20));
+        assert_eq!(out.code, Some(1), "{text}\n{}", out.describe());
+        assert!(out.stderr.contains(expected), "wanted {expected:?}:\n{}", out.describe());
+    }
+    // On an upstream without an adaptive limit it does nothing: a warning, not an error.
+    let plain = base("{ header = \"X-P\" }", "").replace("adaptive = {}\n", "");
+    let out = check_config("weir.toml", &plain, Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "{plain}\n{}", out.describe());
+    assert!(
+        out.stderr.contains("priority_from has no effect: upstream \"app\" has no adaptive limit"),
+        "{}",
+        out.describe()
+    );
+}

@@ -333,3 +333,50 @@ fn at_phone_width_the_reset_button_is_in_reach() {
     assert!(found["hit"] == true, "a tap at the button's centre reaches something else: {found}");
     assert!(found["page_width"].as_f64().is_some_and(|p| p <= 390.0), "the page scrolls sideways: {found}");
 }
+
+#[test]
+fn the_status_page_shows_each_adaptive_upstreams_limit_in_flight_ideal_latency_and_shed() {
+    let up = Upstream::start();
+    let w = Weir::start(&with_app(
+        &format!("{}\nadmin_token = \"{TOKEN}\"", admin::LISTEN),
+        "[store]\nkind = \"memory\"",
+        up.addr(),
+        r#"adaptive = {}
+
+[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#,
+    ));
+    // Traffic until the first window is judged: the ideal latency is learned.
+    let mut client = KeepAlive::new(w.addr, Duration::from_secs(5));
+    let learned = poll(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || {
+            client.send(&Request::get("/")).expect("request");
+            admin::request(admin::addr(&w), "GET", "/upstreams", Some(&format!("Bearer {TOKEN}"))).json()
+        },
+        |s| !s["upstreams"][0]["adaptive"]["ideal_ms"].is_null(),
+    )
+    .unwrap_or_else(|s| panic!("no ideal latency learned: {s}"));
+    let a = &learned["upstreams"][0]["adaptive"];
+    let page = dom(&format!("http://{}/#token={TOKEN}", admin::addr(&w)), 3000);
+    assert!(page.contains("<h2>Adaptive concurrency</h2>"), "{page}");
+    let section = page.split("<h2>Adaptive concurrency</h2>").nth(1).unwrap_or_default();
+    let row = section.split("<tr>").find(|r| r.contains("<td>app</td>")).unwrap_or_else(|| panic!("{section}"));
+    let cells: Vec<&str> = row
+        .split("<td")
+        .skip(1)
+        .map(|c| c.split_once('>').map_or("", |(_, v)| v).trim_end_matches("</td></tr>"))
+        .collect();
+    let cells: Vec<String> = cells.iter().map(|c| c.split("</td>").next().unwrap_or_default().to_string()).collect();
+    // upstream, limit, in flight, waiting, ideal ms, shed.
+    assert_eq!(cells.len(), 6, "{row}");
+    assert_eq!(cells[1], a["limit"].to_string(), "{row}");
+    assert_eq!(cells[2], "0", "in flight: {row}");
+    assert_eq!(cells[3], "0", "waiting: {row}");
+    assert!(cells[4].parse::<f64>().is_ok_and(|ms| ms > 0.0), "ideal ms: {row}");
+    assert_eq!(cells[5], "0", "shed: {row}");
+}

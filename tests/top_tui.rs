@@ -21,8 +21,11 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A socket per test (the tests of this file run in parallel).
     fn new() -> Tmux {
-        Tmux { socket: format!("weir-top-test-{}", std::process::id()) }
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Tmux { socket: format!("weir-top-test-{}-{n}", std::process::id()) }
     }
 
     fn run(&self, args: &[&str]) -> String {
@@ -160,4 +163,75 @@ fn weir_top_without_the_token_says_so_and_shows_nothing() {
     let out = weir::run(["top", "--admin", &admin::addr(&w).to_string()], Duration::from_secs(10));
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(out.stderr.contains("401") && out.stderr.contains("token"), "{}", out.describe());
+}
+
+#[test]
+fn weir_top_shows_each_adaptive_upstreams_limit_in_flight_ideal_latency_and_shed() {
+    let up = Upstream::start();
+    let w = Weir::start(&support::config::with_server(
+        admin::LISTEN,
+        &format!(
+            r#"[store]
+kind = "memory"
+
+[[upstream]]
+name = "app"
+servers = ["{}"]
+adaptive = {{}}
+
+[[upstream]]
+name = "plain"
+servers = ["{}"]
+
+[[route]]
+name = "all"
+path_prefix = "/"
+upstream = "app"
+"#,
+            up.addr(),
+            up.addr()
+        ),
+    ));
+    // Traffic until the first window is judged (32 answers over at least 250 ms): the ideal
+    // latency is learned and shows.
+    let mut client = KeepAlive::new(w.addr, Duration::from_secs(5));
+    let status = || admin::request(admin::addr(&w), "GET", "/upstreams", None).json();
+    let learned = poll(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || {
+            client.send(&Request::get("/")).expect("request");
+            status()
+        },
+        |s| !s["upstreams"][0]["adaptive"]["ideal_ms"].is_null(),
+    )
+    .unwrap_or_else(|s| panic!("no ideal latency learned: {s}"));
+    let limit = learned["upstreams"][0]["adaptive"]["limit"].as_u64().expect("a limit");
+
+    let tmux = Tmux::new();
+    let command = format!("{} top --admin {}", weir::bin(), admin::addr(&w));
+    tmux.run(&["new-session", "-d", "-s", "top", "-x", "150", "-y", "40", &command]);
+    let screen = tmux.wait_for("the adaptive panel", |s| s.contains("adaptive concurrency"));
+    let header = screen.lines().find(|l| l.contains("in flight")).unwrap_or_default();
+    for column in ["upstream", "limit", "in flight", "waiting", "ideal ms", "shed"] {
+        assert!(header.contains(column), "no {column} column:\n{screen}");
+    }
+    // The row of `app`: its limit (an idle upstream keeps it), nothing in flight, a learned
+    // ideal latency in ms, nothing shed. `plain` has no adaptive limit and no row.
+    let row = screen
+        .lines()
+        .skip_while(|l| !l.contains("adaptive concurrency"))
+        .find(|l| l.contains("app"))
+        .unwrap_or_else(|| panic!("no row for app:\n{screen}"));
+    let cells: Vec<&str> = row.split(|c: char| c == '│' || c.is_whitespace()).filter(|c| !c.is_empty()).collect();
+    assert_eq!(cells.first(), Some(&"app"), "{row}");
+    assert_eq!(cells.get(1), Some(&limit.to_string().as_str()), "{row}");
+    assert_eq!(cells.get(2), Some(&"0"), "in flight: {row}");
+    assert!(cells.get(4).and_then(|c| c.parse::<f64>().ok()).is_some_and(|ms| ms > 0.0), "ideal ms: {row}");
+    assert_eq!(cells.get(5), Some(&"0"), "shed: {row}");
+    assert!(
+        !screen.lines().skip_while(|l| !l.contains("adaptive concurrency")).take(4).any(|l| l.contains("plain")),
+        "{screen}"
+    );
+    tmux.keys("q");
 }

@@ -4,11 +4,13 @@
 //! - `controller`: the learning rule, pure, on a caller-given clock (docs/adaptive.md).
 //! - `admission`: who may take a place (priorities), pure.
 //! - `limiter`: one upstream's places, queue and permits (the proxy's side).
+//! - `priority_from`: a request's priority from a header or a verified claim, pure.
 //! - `registry`: limits by upstream name, kept across reloads.
 
 mod admission;
 mod controller;
 mod limiter;
+mod priority_from;
 mod registry;
 #[cfg(test)]
 mod sim;
@@ -16,4 +18,5 @@ mod sim;
 pub use admission::{Occupancy, Priority, ShedReason};
 pub use controller::{Controller, Settings, Verdict};
 pub use limiter::{AdaptiveLimit, AdaptiveSpec, Permit, QueueSettings};
+pub use priority_from::{PriorityFrom, Source as PrioritySource};
 pub use registry::{all, attach};

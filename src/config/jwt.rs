@@ -13,6 +13,7 @@ use super::limit_req::Zone;
 use super::route::Route;
 use super::schema;
 use super::tls::{base_dir, resolve};
+use crate::adaptive::PrioritySource;
 use crate::keys::jwt::{Expect, KeySource, Verifier};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::routes::{PathMatch, RouteMatcher};
@@ -114,6 +115,15 @@ pub(super) fn key_parts_resolve(
         if jwt.is_none() && spec.reads_claims() {
             return Err(src.error(format!(
                 "{what}: its key reads a jwt: claim, but the config has no [jwt] section to verify tokens with"
+            )));
+        }
+    }
+    for route in routes {
+        let claim = route.priority_from.as_ref().is_some_and(|p| matches!(p.source, PrioritySource::Claim(_)));
+        if jwt.is_none() && claim {
+            return Err(src.error(format!(
+                "route {:?}: priority_from reads a claim, but the config has no [jwt] section to verify tokens with",
+                route.name
             )));
         }
     }

@@ -211,6 +211,7 @@ pub(super) fn compile_rls(
             grpc_status: None,
             limit_rate: None,
             priority: Default::default(),
+            priority_from: None,
         };
         domains.push(Domain { name: dname, route, rules, pattern_order, limit_override });
     }

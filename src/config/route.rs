@@ -52,6 +52,8 @@ pub struct Route {
     pub limit_rate: Option<LimitRate>,
     /// Under the upstream's adaptive limit, lower priorities are refused first.
     pub priority: crate::adaptive::Priority,
+    /// The request's own priority (a header or a verified claim), within `priority_from`'s rules.
+    pub priority_from: Option<crate::adaptive::PriorityFrom>,
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -127,6 +129,7 @@ pub(super) fn compile_routes(
             limit_rate_after,
             limit_rate_override,
             priority,
+            priority_from,
         } = route.into_inner();
         check_name(src, &name, "route.name")?;
         unique(src, &mut seen, &name, "route")?;
@@ -200,6 +203,17 @@ pub(super) fn compile_routes(
                 here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
             })?,
         };
+        if let (Some(p), None) = (&priority_from, &upstreams[upstream_index].spec.adaptive) {
+            // Not an error: the upstream may be made adaptive later; but a claim costs a token
+            // verification per request for nothing meanwhile.
+            warnings.push(format!(
+                "{}:{}: route {rname:?}: priority_from has no effect: upstream {:?} has no adaptive limit",
+                src.file,
+                src.line_of(&p.span()),
+                upstreams[upstream_index].spec.name
+            ));
+        }
+        let priority_from = priority_from.as_ref().map(|p| compile_priority_from(p, &here)).transpose()?;
         routes.push(Route {
             name: name.into_inner(),
             upstream: upstream_index,
@@ -214,9 +228,50 @@ pub(super) fn compile_routes(
             grpc_status,
             limit_rate,
             priority,
+            priority_from,
         });
     }
     Ok((routes, matchers))
+}
+
+/// The most entries a `priority_from.map` may have (each request scans it).
+const MAX_PRIORITY_VALUES: usize = 64;
+
+fn compile_priority_from(
+    spec: &Spanned<super::schema::PriorityFromSpec>,
+    here: &impl Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<crate::adaptive::PriorityFrom, ConfigError> {
+    use crate::adaptive::{Priority, PrioritySource};
+    let name = |p: &Spanned<String>, what: &str| {
+        Priority::parse(p.get_ref()).ok_or_else(|| {
+            here(&p.span(), format!("{what}: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
+        })
+    };
+    let s = spec.get_ref();
+    let source = match (&s.header, &s.claim) {
+        (Some(h), None) => PrioritySource::Header(
+            http::HeaderName::from_bytes(h.get_ref().as_bytes())
+                .map_err(|_| here(&h.span(), format!("priority_from.header: not a header name: {:?}", h.get_ref())))?,
+        ),
+        (None, Some(c)) if !c.get_ref().is_empty() => PrioritySource::Claim(c.get_ref().clone()),
+        (None, Some(c)) => return Err(here(&c.span(), "priority_from.claim: empty".into())),
+        _ => {
+            return Err(here(
+                &spec.span(),
+                "priority_from: give exactly one of header = \"NAME\" or claim = \"CLAIM\"".into(),
+            ))
+        }
+    };
+    if s.map.len() > MAX_PRIORITY_VALUES {
+        return Err(here(&spec.span(), format!("priority_from.map: at most {MAX_PRIORITY_VALUES} values")));
+    }
+    let map = s
+        .map
+        .iter()
+        .map(|(value, p)| Ok((value.as_bytes().into(), name(p, &format!("priority_from.map.{value}"))?)))
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    let max = s.max.as_ref().map(|m| name(m, "priority_from.max")).transpose()?;
+    Ok(crate::adaptive::PriorityFrom { source, map, max })
 }
 
 /// The largest burst of a byte quota (`cost_from_response = { body_bytes = true }`): 1 TiB.

@@ -526,6 +526,9 @@ pub struct Route {
     /// Under the upstream's adaptive limit, lower priorities are refused first.
     #[schemars(extend("enum" = ["low", "normal", "high"], "default" = "normal"))]
     pub priority: Option<Spanned<String>>,
+    /// The request's priority from a header (which may only lower it unless `max` is given) or a
+    /// claim of the verified bearer token; otherwise the route's `priority`.
+    pub priority_from: Option<Spanned<PriorityFromSpec>>,
     /// nginx's limit_rate: each response body is sent no faster than this many bytes a second
     /// ("512k", "1m", "2g": k = 1024; or a plain number).
     #[schemars(extend("examples" = ["1m"]))]
@@ -535,6 +538,22 @@ pub struct Route {
     /// Per-key limit_rate: the first whose match fits the request applies.
     #[serde(default)]
     pub limit_rate_override: Vec<Spanned<RateOverride>>,
+}
+
+/// `priority_from = { header = "X-Priority" }` or `{ claim = "tier", map = { gold = "high" } }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityFromSpec {
+    /// A request header whose value is the priority (set by a trusted layer in front).
+    pub header: Option<Spanned<String>>,
+    /// A claim (name or /json/pointer) of the verified bearer token; needs [jwt].
+    pub claim: Option<Spanned<String>>,
+    /// Value -> "low", "normal" or "high"; without it the values are those names.
+    #[serde(default)]
+    pub map: std::collections::BTreeMap<String, Spanned<String>>,
+    /// The most a value may give (default: the route's priority for a header, "high" for a claim).
+    #[schemars(extend("enum" = ["low", "normal", "high"]))]
+    pub max: Option<Spanned<String>>,
 }
 
 /// `limit_rate_override = [ { match = "header:X-Api-Key=partner-1", rate = "10m" } ]`.

@@ -162,6 +162,9 @@ pub struct Plan<'rt> {
     pub pace: Option<(u64, u64)>,
     /// Zones whose key was empty for this request (not limited; observers count them).
     pub empty_keys: Vec<&'rt str>,
+    /// Under the upstream's adaptive limit: the route's priority, or the request's own within the
+    /// route's `priority_from`.
+    pub priority: crate::adaptive::Priority,
 }
 
 /// The engine's first step (see the module docs).
@@ -247,7 +250,8 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     let zones = keyed_zones(rt, route, &facts, cost, &mut empty_keys).map_err(unauthorized)?;
     let conns = keyed_conns(rt, route, &facts, &mut empty_keys).map_err(unauthorized)?;
     let pace = route.limit_rate.as_ref().and_then(|l| super::pacing::rate_for(l, &facts));
-    Ok(Plan { route: route_index, cost, zones, conns, forward, pace, empty_keys })
+    let priority = route.priority_from.as_ref().map_or(route.priority, |p| p.resolve(&facts, route.priority));
+    Ok(Plan { route: route_index, cost, zones, conns, forward, pace, empty_keys, priority })
 }
 
 /// The host routes are matched on: an absolute-form target's authority wins over `Host` (RFC 9112

@@ -67,6 +67,8 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     /// The client left after the request was forwarded and before its answer was complete, with
     /// response-decided charges owed.
     client_left_owing: bool,
+    /// Under the upstream's adaptive limit (the route's, or the request's own by `priority_from`).
+    priority: crate::adaptive::Priority,
     /// `limit_rate`: the response body's pace (boxed: rare, and the ticket moves with the request).
     pace: Option<Box<Pace>>,
     /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
@@ -123,6 +125,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             leases: Vec::new(),
             charges: ResponseCharges::default(),
             client_left_owing: false,
+            priority: crate::adaptive::Priority::default(),
             pace: None,
             explained: None,
             reported: false,
@@ -208,6 +211,11 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         self.client_left_owing
     }
 
+    /// Its priority under the upstream's adaptive limit, once ruled.
+    pub fn priority(&self) -> crate::adaptive::Priority {
+        self.priority
+    }
+
     /// The response body's pace, when `limit_rate` applies.
     pub fn pace(&mut self) -> Option<&mut Pace> {
         self.pace.as_deref_mut()
@@ -231,6 +239,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             }
         };
         self.route = Some(plan.route);
+        self.priority = plan.priority;
         if let Some(explained) = &mut self.explained {
             explained.conns = plan.conns.all().iter().map(|c| (c.reference, c.key.clone(), c.max, c.dry_run)).collect();
         }

@@ -145,7 +145,7 @@ impl ProxyHttp for WeirProxy {
 
         let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };
         let upstream = &rt.upstreams[route.upstream];
-        if let Err(reason) = ctx.upstream.admit(upstream, route.priority).await {
+        if let Err(reason) = ctx.upstream.admit(upstream, ctx.ticket.priority()).await {
             ctx.ticket.settle_as(Outcome::AdaptiveShed);
             return upstreaming::shed(session, reason, &upstream.name, route).await;
         }

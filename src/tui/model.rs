@@ -18,6 +18,41 @@ pub struct Top {
     pub routes: Vec<RouteInfo>,
     #[serde(default)]
     pub zones: Vec<ZoneInfo>,
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamInfo>,
+}
+
+/// An upstream as `/top` lists it; `adaptive` only when it has an adaptive limit.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UpstreamInfo {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveInfo>,
+}
+
+/// One upstream's adaptive limit on this instance (`AdaptiveLimit::status`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct AdaptiveInfo {
+    #[serde(default)]
+    pub limit: u64,
+    #[serde(default)]
+    pub in_flight: u64,
+    #[serde(default)]
+    pub waiting: u64,
+    /// `None` until the first window was judged.
+    #[serde(default)]
+    pub ideal_ms: Option<f64>,
+    /// Requests refused so far.
+    #[serde(default)]
+    pub shed: u64,
+}
+
+impl Top {
+    /// The upstreams with an adaptive limit, in the config's order.
+    pub fn adaptive(&self) -> impl Iterator<Item = (&str, &AdaptiveInfo)> {
+        self.upstreams.iter().filter_map(|u| u.adaptive.as_ref().map(|a| (u.name.as_str(), a)))
+    }
 }
 
 /// What each count covers: "this instance" or "fleet" (`/top`'s `scope`).
@@ -181,6 +216,26 @@ mod tests {
         assert_eq!(r, Rates { requests: 31.0, passed: 10.0, delayed: 1.0, rejected: 20.0 });
         assert_eq!(rates(None, &now, 2.0), Rates::default());
         assert_eq!(rates(Some(&now), &before, 1.0).requests, 0.0, "a restart is not negative traffic");
+    }
+
+    #[test]
+    fn adaptive_upstreams_are_read_from_top() {
+        let top: Top = serde_json::from_str(
+            r#"{"upstreams": [{"name": "plain", "servers": [], "adaptive": null},
+                {"name": "app", "adaptive": {"limit": 12, "in_flight": 9, "waiting": 1, "ideal_ms": 20.5, "shed": 7}},
+                {"name": "new", "adaptive": {"limit": 5, "in_flight": 0, "waiting": 0, "ideal_ms": null, "shed": 0}}]}"#,
+        )
+        .expect("parses");
+        let adaptive: Vec<_> = top.adaptive().collect();
+        assert_eq!(adaptive.len(), 2);
+        assert_eq!(
+            adaptive[0],
+            ("app", &AdaptiveInfo { limit: 12, in_flight: 9, waiting: 1, ideal_ms: Some(20.5), shed: 7 })
+        );
+        assert_eq!(adaptive[1].1.ideal_ms, None);
+        // An older `/top` without upstreams: nothing to show.
+        let old: Top = serde_json::from_str("{}").expect("parses");
+        assert_eq!(old.adaptive().count(), 0);
     }
 
     #[test]

@@ -31,10 +31,14 @@ fn printable(text: &str) -> String {
 
 pub fn draw(frame: &mut Frame<'_>, app: &App) {
     let top = &app.top;
-    let [header, routes_area, zones_area, keys_area, footer] = Layout::vertical([
+    let adaptive = top.adaptive().count();
+    // The adaptive panel takes no room when no upstream has an adaptive limit.
+    let adaptive_height = if adaptive == 0 { 0 } else { adaptive.min(8) as u16 + 3 };
+    let [header, routes_area, zones_area, adaptive_area, keys_area, footer] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(top.routes.len().clamp(1, 8) as u16 + 3),
         Constraint::Length(top.zones.len().clamp(1, 8) as u16 + 3),
+        Constraint::Length(adaptive_height),
         Constraint::Min(5),
         Constraint::Length(1),
     ])
@@ -92,6 +96,33 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
             .block(Block::default().borders(Borders::ALL).title(format!("zones (decisions, {})", top.scope.decisions))),
         zones_area,
     );
+
+    if adaptive > 0 {
+        let rows = top.adaptive().map(|(name, a)| {
+            Row::new(vec![
+                printable(name),
+                a.limit.to_string(),
+                a.in_flight.to_string(),
+                a.waiting.to_string(),
+                a.ideal_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}")),
+                a.shed.to_string(),
+            ])
+        });
+        let widths = [
+            Constraint::Percentage(25),
+            Constraint::Length(7),
+            Constraint::Length(10),
+            Constraint::Length(8),
+            Constraint::Length(9),
+            Constraint::Length(10),
+        ];
+        frame.render_widget(
+            Table::new(rows, widths)
+                .header(Row::new(["upstream", "limit", "in flight", "waiting", "ideal ms", "shed"]).style(bold))
+                .block(Block::default().borders(Borders::ALL).title("adaptive concurrency (this instance)")),
+            adaptive_area,
+        );
+    }
 
     let keys = app.keys();
     let rows = keys.iter().map(|(zone, k)| {
