@@ -18,29 +18,11 @@ use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{self, BadRequest, Ending, Head, Refusal, Ruling, Ticket};
+use crate::engine::{self, BadRequest, Ending, Head, Outcome, Refusal, Ruling, Ticket};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::{LimitReq, ManualClock};
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::MemoryStore;
-
-/// What happened to one request before or at the limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// No route matches (404 live).
-    NoRoute,
-    /// Refused by the route's allow/deny rules (403), before any limit.
-    Denied,
-    /// A zone keyed on a JWT claim refused the request's token (401), before any limit.
-    Unauthorized,
-    /// A bad cost header (400), before any limit.
-    BadCost,
-    /// Refused with 400 before any limit for another reason (target, host, method, a key given
-    /// twice, …).
-    BadRequest,
-    /// Went through the limit step (which may have had no zone with a key).
-    Limited,
-}
 
 /// One keyed zone of a decided request.
 #[derive(Debug, Clone)]
@@ -60,7 +42,10 @@ pub struct ZoneDecision {
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub route: Option<usize>,
-    pub outcome: Admission,
+    /// What happened to it, in the one vocabulary of every front door.
+    pub outcome: Outcome,
+    /// A bad cost header refused it (400), before any limit.
+    pub bad_cost: bool,
     /// The request's `$limit_req_status`; `None` when no zone limited it.
     pub status: Option<LimitStatus>,
     /// How long the proxy would have held it (enforced zones).
@@ -84,8 +69,14 @@ pub struct ConnDecision {
 }
 
 impl Decision {
-    fn before_limits(route: Option<usize>, outcome: Admission) -> Self {
-        Decision { route, outcome, status: None, delay_us: 0, zones: Vec::new(), conns: Vec::new() }
+    fn before_limits(route: Option<usize>, outcome: Outcome, bad_cost: bool) -> Self {
+        Decision { route, outcome, bad_cost, status: None, delay_us: 0, zones: Vec::new(), conns: Vec::new() }
+    }
+
+    /// It went through the limit step (which may have had no zone with a key): not refused
+    /// before any limit (404, 403, 401, 400).
+    pub fn limited(&self) -> bool {
+        !matches!(self.outcome, Outcome::NoRoute | Outcome::Denied | Outcome::Unauthorized | Outcome::BadRequest)
     }
 
     /// The word written to `--decisions`: nginx's `$limit_req_status`, `-` when unset.
@@ -140,16 +131,14 @@ impl<'rt> Replayer<'rt> {
         // The proxy's own ticket, on the simulated clock: the same rule, the same charges.
         self.clock.set_us(now_us);
         let mut ticket = Ticket::unobserved(rt, client_ip).explaining();
-        let forwarded = match decided_at_once(ticket.rule(&head, &self.stores)) {
-            Ruling::Refuse(answer) => match refused_before_limits(&answer.refusal) {
-                Some(admission) => return Decision::before_limits(ticket.route_index(), admission),
-                None => false,
-            },
-            Ruling::Forward { .. } => true,
+        let (forwarded, bad_cost) = match decided_at_once(ticket.rule(&head, &self.stores)) {
+            Ruling::Refuse(answer) => {
+                (false, matches!(answer.refusal, Refusal::BadRequest { error, .. } if error == BadRequest::Cost.code()))
+            }
+            Ruling::Forward { .. } => (true, false),
         };
-        let Some(route_index) = ticket.route_index() else {
-            return Decision::before_limits(None, Admission::NoRoute);
-        };
+        let mut decision = Decision::before_limits(ticket.route_index(), ticket.outcome(), bad_cost);
+        let Some(route_index) = ticket.route_index().filter(|_| decision.limited()) else { return decision };
         let route = &rt.routes[route_index];
         // Zones charged after the response are charged at once with the logged response status
         // and headers (the proxy charges them when the response arrives: the same order for one
@@ -166,8 +155,8 @@ impl<'rt> Replayer<'rt> {
         // answer could have cost when the client left before it was complete.
         let ending = if rec.client_left { Ending::ClientLeft } else { Ending::Over };
         decided_at_once(ticket.finish(ending, rec.body_bytes, &self.stores));
+        decision.outcome = ticket.outcome();
 
-        let mut decision = Decision::before_limits(Some(route_index), Admission::Limited);
         decision.status = ticket.limit_req().overall;
         decision.delay_us = ticket.delay().as_micros() as u64;
         let explained = ticket.explained().map(|e| (&e.zones[..], &e.conns[..])).unwrap_or_default();
@@ -234,19 +223,6 @@ impl<'rt> Replayer<'rt> {
         }
         out
     }
-}
-
-/// What replay calls a request refused before any limit, from the answer the proxy would have
-/// sent; `None` for a limit's own refusal (it went through the limit step).
-fn refused_before_limits(refusal: &Refusal<'_>) -> Option<Admission> {
-    Some(match refusal {
-        Refusal::NoRoute => Admission::NoRoute,
-        Refusal::Forbidden { .. } => Admission::Denied,
-        Refusal::InvalidToken { .. } => Admission::Unauthorized,
-        Refusal::BadRequest { error, .. } if *error == BadRequest::Cost.code() => Admission::BadCost,
-        Refusal::BadRequest { .. } => Admission::BadRequest,
-        _ => return None,
-    })
 }
 
 /// Polls a decision of the memory store, which never waits: it is ready at the first poll.
@@ -379,8 +355,8 @@ mod tests {
         let mut r = rec("192.0.2.1", "/x");
         r.headers.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {jwt}")).unwrap());
         let mut e = Replayer::new(&rt);
-        assert_eq!(e.decide(&r, T0).outcome, Admission::Limited, "valid at the logged time");
-        assert_eq!(e.decide(&r, T0 + 200_000_000).outcome, Admission::Unauthorized, "expired 140 s later");
+        assert!(e.decide(&r, T0).limited(), "valid at the logged time");
+        assert_eq!(e.decide(&r, T0 + 200_000_000).outcome, Outcome::Unauthorized, "expired 140 s later");
     }
 
     #[test]
@@ -428,7 +404,7 @@ mod tests {
                       limit_req = [ { zone = \"ip\", burst = 1, nodelay = true }, { zone = \"k\" } ]\n";
         let rt = runtime(zones, routes);
         let mut e = Replayer::new(&rt);
-        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Admission::NoRoute);
+        assert_eq!(e.decide(&rec("192.0.2.1", "/other"), T0).outcome, Outcome::NoRoute);
         // Behind a trusted proxy, the forwarded address is the client: the override exempts it.
         let mut exempt = rec("10.0.0.1", "/api/x");
         exempt.headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.5"));

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use super::hash::FastMap;
 
-use super::replayer::{Admission, Decision};
+use super::replayer::Decision;
 use crate::config::Runtime;
 use crate::engine::LimitStatus;
+use crate::engine::Outcome;
 
 /// One key of one zone reference.
 #[derive(Debug, Clone, Default)]
@@ -101,7 +102,7 @@ impl Stats {
         self.last_us = Some(self.last_us.map_or(now_us, |l| l.max(now_us)));
         let Some(ri) = d.route else {
             match d.outcome {
-                Admission::BadRequest => self.bad_request += 1,
+                Outcome::BadRequest => self.bad_request += 1,
                 _ => self.no_route += 1,
             }
             return;
@@ -109,13 +110,13 @@ impl Stats {
         let route = &mut self.routes[ri];
         route.requests += 1;
         match d.outcome {
-            Admission::Denied => route.denied += 1,
-            Admission::BadCost => route.bad_cost += 1,
-            Admission::Unauthorized => route.unauthorized += 1,
-            Admission::BadRequest => route.bad_request += 1,
-            Admission::NoRoute | Admission::Limited => {}
+            Outcome::Denied => route.denied += 1,
+            Outcome::BadRequest if d.bad_cost => route.bad_cost += 1,
+            Outcome::Unauthorized => route.unauthorized += 1,
+            Outcome::BadRequest => route.bad_request += 1,
+            _ => {}
         }
-        if d.outcome != Admission::Limited {
+        if !d.limited() {
             return;
         }
         match d.status {
