@@ -27,14 +27,14 @@ pub struct Lease {
     store: Arc<dyn ConnStore>,
     keys: Vec<LeaseKey>,
     id: String,
-    observer: Arc<dyn Observer>,
+    observer: &'static dyn Observer,
     renewer: Option<tokio::task::JoinHandle<()>>,
     released: bool,
 }
 
 impl Lease {
     /// Starts holding a lease the store has granted.
-    pub fn hold(store: Arc<dyn ConnStore>, keys: Vec<LeaseKey>, id: String, observer: Arc<dyn Observer>) -> Lease {
+    pub fn hold(store: Arc<dyn ConnStore>, keys: Vec<LeaseKey>, id: String, observer: &'static dyn Observer) -> Lease {
         observer.lease(true);
         let renewer = store.renew_every().map(|every| {
             let (store, keys, id) = (store.clone(), keys.clone(), id.clone());

@@ -19,7 +19,7 @@ pub struct ConnStores {
     /// The `local` failure policy's in-process counters.
     pub local: Arc<MemoryConnStore>,
     /// Who is told of store failures and of leases taken and given back.
-    pub observer: Arc<dyn Observer>,
+    pub observer: &'static dyn Observer,
 }
 
 pub struct ConnOutcome<'a> {
@@ -54,7 +54,7 @@ pub async fn acquire<'a>(
             dry_run,
             route.conn_status,
             &mut outcome.fallback,
-            stores.observer.as_ref(),
+            stores.observer,
         );
         let (verdict, store): (_, Arc<dyn ConnStore>) = match resolved {
             Resolved::Decided(v) => (v, stores.primary.clone()),
@@ -81,7 +81,7 @@ pub async fn acquire<'a>(
         }
         if verdict.admitted {
             let keys = group.iter().map(|z| LeaseKey { zone: z.zone.to_string(), key: z.key.clone() }).collect();
-            outcome.leases.push(Lease::hold(store, keys, lease_id, stores.observer.clone()));
+            outcome.leases.push(Lease::hold(store, keys, lease_id, stores.observer));
         }
     }
     outcome

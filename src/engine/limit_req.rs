@@ -62,18 +62,19 @@ impl Enforcement<'_> {
 pub struct Stores {
     pub primary: Arc<dyn LimitStore>,
     pub local: MemoryStore,
-    /// Who is told what was decided (the serving process: metrics and the live view; replay
-    /// and tests: nobody).
-    pub observer: Arc<dyn Observer>,
+    /// Who is told what was decided (the serving process: metrics and the live view, made once
+    /// and kept for the process's life; replay and tests: nobody). A plain reference: no shared
+    /// counter touched per request.
+    pub observer: &'static dyn Observer,
 }
 
 impl Stores {
     pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
-        Self { primary, local, observer: Arc::new(Unobserved) }
+        Self { primary, local, observer: &Unobserved }
     }
 
     /// Tells `observer` of every decision.
-    pub fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
+    pub fn observed_by(self, observer: &'static dyn Observer) -> Self {
         Self { observer, ..self }
     }
 }
@@ -89,16 +90,16 @@ pub async fn enforce<'a>(
     // Both groups at once when there is a dry-run one; the usual request has none and skips the
     // join's bookkeeping.
     let (enforced_result, shadow_result) = if shadow.is_empty() {
-        (decide_group(rt, route, store, enforced, stores.observer.as_ref()).await, None)
+        (decide_group(rt, route, store, enforced, stores.observer).await, None)
     } else {
         tokio::join!(
-            decide_group(rt, route, store, enforced, stores.observer.as_ref()),
-            decide_group(rt, route, store, shadow, stores.observer.as_ref())
+            decide_group(rt, route, store, enforced, stores.observer),
+            decide_group(rt, route, store, shadow, stores.observer)
         )
     };
 
     let mut result = Enforcement::nothing();
-    let observer = stores.observer.as_ref();
+    let observer = stores.observer;
     let mut resolve =
         |r, dry_run| policy::resolve(r, rt, route, store.kind(), dry_run, route.status, &mut result.fallback, observer);
     let shadow_verdict = match shadow_result.map(|r| resolve(r, true)) {

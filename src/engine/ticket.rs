@@ -46,7 +46,7 @@ pub enum Ruling<'t> {
 /// `Arc` for the serving front doors, a borrow for replay (one snapshot for the whole log).
 pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     rt: R,
-    observer: Arc<dyn Observer>,
+    observer: &'static dyn Observer,
     door: Door,
     route: Option<usize>,
     client_ip: Option<IpAddr>,
@@ -107,7 +107,7 @@ struct PendingConn {
 impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// A ticket on the snapshot `rt`; `client_ip` is the address the request counts against
     /// (`engine::client_ip`).
-    pub fn new(rt: R, client_ip: Option<IpAddr>, observer: Arc<dyn Observer>) -> Self {
+    pub fn new(rt: R, client_ip: Option<IpAddr>, observer: &'static dyn Observer) -> Self {
         Ticket {
             rt,
             observer,
@@ -144,7 +144,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     }
 
     /// A ticket of the rate limit service, for one call of `domain`.
-    pub fn for_rls(rt: R, domain: &str, observer: Arc<dyn Observer>) -> Self {
+    pub fn for_rls(rt: R, domain: &str, observer: &'static dyn Observer) -> Self {
         let mut ticket = Self::new(rt, None, observer);
         ticket.door = Door::Rls { domain: Box::new(domain.to_string()) };
         ticket
@@ -152,7 +152,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
 
     /// A ticket nobody observes (replay, tests).
     pub fn unobserved(rt: R, client_ip: Option<IpAddr>) -> Self {
-        Self::new(rt, client_ip, Arc::new(Unobserved))
+        Self::new(rt, client_ip, &Unobserved)
     }
 
     pub fn runtime(&self) -> &R {

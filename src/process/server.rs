@@ -48,11 +48,12 @@ impl Lasting {
         let (limits, conns) = primary_stores(runtime, &zone_limits)?;
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
-        // The engine reports to the metrics, then to the live view's tables.
-        let observer: Arc<dyn Observer> = Arc::new((MetricsObserver::new(kind), top.clone()));
+        // The engine reports to the metrics, then to the live view's tables; made once, for the
+        // process's life (the engine holds it by plain reference).
+        let observer: &'static dyn Observer = Box::leak(Box::new((MetricsObserver::new(kind), top.clone())));
         Ok(Lasting {
             limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone()))
-                .observed_by(observer.clone()),
+                .observed_by(observer),
             conns: ConnStores {
                 primary: conns,
                 kind,
@@ -226,7 +227,7 @@ fn rls_stores(reloader: &Reloader, limits: &Stores) -> Stores {
     let live = reloader.runtime();
     let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
     Stores::new(limits.primary.clone(), MemoryStore::default().with_zone_limits(zone_limits))
-        .observed_by(limits.observer.clone())
+        .observed_by(limits.observer)
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle

@@ -62,7 +62,7 @@ impl ProxyHttp for WeirProxy {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
-            ticket: Ticket::new(self.runtime.load_full(), None, self.stores.observer.clone()),
+            ticket: Ticket::new(self.runtime.load_full(), None, self.stores.observer),
             started: Instant::now(),
             upstream_sent: None,
             upstream_time: None,
@@ -329,8 +329,10 @@ impl ProxyHttp for WeirProxy {
         let ending = if left { Ending::ClientLeft } else { Ending::Over };
         ctx.ticket.finish(ending, session.body_bytes_sent() as u64, &self.stores).await;
         ctx.upstream.release();
-        let rt = ctx.ticket.runtime().clone();
-        let route = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)).map_or("-", |r| r.name.as_str());
+        let trace = ctx.trace.take();
+        let ctx = &*ctx;
+        let rt = ctx.ticket.runtime();
+        let route = ctx.ticket.route_name();
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         if let Some(upstream_time) = ctx.upstream_time {
             rt.meters.route(ctx.ticket.route_index()).upstream_response(status, upstream_time.as_secs_f64());
@@ -338,7 +340,7 @@ impl ProxyHttp for WeirProxy {
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
         }
-        trace_span::finish(ctx.trace.take(), ctx, route, status);
+        trace_span::finish(trace, ctx, route, status);
     }
 }
 

@@ -52,7 +52,7 @@ impl RateLimitService for RlsService {
         let domain_label = domain.map_or("-", |d| d.name.as_str());
         // The call's ticket: it reports the call (`weir_rls_requests_total`, the zones' words)
         // when it is finished, whatever happens below.
-        let mut ticket = Ticket::for_rls(rt.clone(), domain_label, self.stores.observer.clone());
+        let mut ticket = Ticket::for_rls(rt.clone(), domain_label, self.stores.observer);
         let plan = match plan::plan(&rt, domain, &req, settings.max_descriptors) {
             Ok(plan) => plan,
             Err(invalid) => {

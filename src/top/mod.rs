@@ -245,7 +245,9 @@ mod engine_observer_tests {
         // Replay's stores have no observer: deciding there leaves the serving process's view alone.
         pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));
         assert_eq!(listed(), []);
-        pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())).observed_by(top.clone()));
+        pass_then_reject(
+            &Stores::new(store(), MemoryStore::new(clock.clone())).observed_by(Box::leak(Box::new(top.clone()))),
+        );
         assert_eq!(listed(), [("fails".to_string(), b"k".to_vec(), true)], "the key, with its rejection");
     }
 }

@@ -65,28 +65,29 @@ struct World {
     stores: Stores,
     conns: ConnStores,
     conn_store: Arc<MemoryConnStore>,
-    recorder: Arc<Recorder>,
+    recorder: &'static Recorder,
 }
 
 impl World {
     fn new(rt: Arc<Runtime>, primary: Option<Arc<dyn LimitStore>>) -> World {
         let clock = Arc::new(ManualClock::new(T0));
-        let recorder = Arc::new(Recorder::default());
+        // Leaked, as the process's observer lives for the process: a few bytes per test.
+        let recorder: &'static Recorder = Box::leak(Box::default());
         let primary = primary.unwrap_or_else(|| Arc::new(MemoryStore::new(clock.clone())));
-        let stores = Stores::new(primary, MemoryStore::new(clock.clone())).observed_by(recorder.clone());
+        let stores = Stores::new(primary, MemoryStore::new(clock.clone())).observed_by(recorder);
         let conn_store = Arc::new(MemoryConnStore::default());
         let conns = ConnStores {
             primary: conn_store.clone(),
             kind: "memory",
             local: Arc::new(MemoryConnStore::default()),
-            observer: recorder.clone(),
+            observer: recorder,
         };
         World { rt, clock, stores, conns, conn_store, recorder }
     }
 
     fn ticket(&self, ip: &str) -> Ticket {
         let ip: IpAddr = ip.parse().expect("ip");
-        Ticket::new(self.rt.clone(), Some(ip), self.recorder.clone())
+        Ticket::new(self.rt.clone(), Some(ip), self.recorder)
     }
 
     async fn held(&self, ip: &str) -> u32 {
