@@ -7,70 +7,37 @@
 //! when rejected, until the request would pass).
 
 use crate::config::ZoneLimit;
-use crate::limit::fields::{ceil_secs, item, item_len, policy_item};
+use crate::limit::fields::{ceil_secs, item, policy_item};
 use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::KeyedZone;
 
 /// `RateLimit-Policy: "per_ip";q=21;w=3` for the zones of a route whose references are
 /// `configured` (`Route::limits`): each zone's item as compiled, unless a key's override changed
 /// its limit.
-///
-/// Both fields are allocated to their exact length (see [`exact`]).
 pub fn policy(configured: &[ZoneLimit], zones: &[KeyedZone<'_>]) -> String {
-    let compiled = |z: &KeyedZone<'_>| configured.get(z.reference).filter(|c| c.limit == z.limit);
-    // Usually every zone is as compiled: its item's length is known before writing.
-    let len = zones.iter().try_fold(0, |len, z| compiled(z).map(|c| len + separator(len) + c.policy.len()));
-    let mut out = String::with_capacity(len.unwrap_or(32 * zones.len()));
+    let mut out = String::with_capacity(32 * zones.len());
     for z in zones {
-        match compiled(z) {
-            Some(configured) => {
+        match configured.get(z.reference) {
+            Some(configured) if configured.limit == z.limit => {
                 if !out.is_empty() {
                     out.push_str(", ");
                 }
                 out.push_str(&configured.policy);
             }
-            None => policy_item(&mut out, z.zone, &z.limit),
+            _ => policy_item(&mut out, z.zone, &z.limit),
         }
-    }
-    exact(out)
-}
-
-/// `RateLimit: "per_ip";r=17;t=1`
-pub fn remaining(zones: &[KeyedZone<'_>], verdict: &Verdict) -> String {
-    let items: SmallItems = zones
-        .iter()
-        .zip(&verdict.zones)
-        .map(|(z, out_z)| {
-            let (r, t) = zone_remaining(z, verdict.admitted, out_z);
-            (z.zone, r, t)
-        })
-        .collect();
-    let len = items.iter().fold(0, |len, (zone, r, t)| len + separator(len) + item_len(zone, ";r=", *r, ";t=", *t));
-    let mut out = String::with_capacity(len);
-    for (zone, r, t) in &items {
-        item(&mut out, zone, ";r=", *r, ";t=", *t);
     }
     out
 }
 
-/// The zones' `(name, r, t)`, on the stack for the usual few zones.
-type SmallItems<'a> = smallvec::SmallVec<[(&'a str, u64, u64); 4]>;
-
-/// ", " before every item but the first.
-fn separator(len_so_far: usize) -> usize {
-    if len_so_far == 0 {
-        0
-    } else {
-        2
+/// `RateLimit: "per_ip";r=17;t=1`
+pub fn remaining(zones: &[KeyedZone<'_>], verdict: &Verdict) -> String {
+    let mut out = String::with_capacity(32 * zones.len());
+    for (z, out_z) in zones.iter().zip(&verdict.zones) {
+        let (r, t) = zone_remaining(z, verdict.admitted, out_z);
+        item(&mut out, z.zone, ";r=", r, ";t=", t);
     }
-}
-
-/// A field value whose length is its capacity: Pingora turns the `String` into a `HeaderValue`
-/// through `Bytes`, which keeps an exactly sized buffer as it is but allocates a second block to
-/// share one with spare room. Only an override's item (rare) leaves room to give back.
-fn exact(mut value: String) -> String {
-    value.shrink_to_fit();
-    value
+    out
 }
 
 /// One zone's `r` and `t`: what could pass right now, and the whole seconds until its quota is
@@ -152,34 +119,6 @@ mod tests {
         assert_eq!(policy(&configured, &overridden), "\"per_ip\";q=5;w=1, compiled");
         let v = decide_all(&[ZoneInput { limit: &limit, state: None, cost: 1 }], T0);
         assert_eq!(remaining(&zones, &v), "\"per_ip\";r=20;t=1");
-    }
-
-    #[test]
-    fn fields_are_allocated_to_their_exact_length() {
-        let limit = LimitReq {
-            algorithm: Algorithm::LeakyBucket,
-            rate: Rate::parse("10r/s").unwrap(),
-            burst: 20,
-            delay: DelayPolicy::NoDelay,
-        };
-        let compiled = |zone| ZoneLimit { zone, limit, dry_run: false, policy: format!("\"z{zone}\";q=21;w=3") };
-        let configured = [compiled(0), compiled(1)];
-        let zones =
-            [KeyedZone::new("z0", "k", limit, 1), KeyedZone { reference: 1, ..KeyedZone::new("z1", "k", limit, 1) }];
-        let overridden = [KeyedZone::new("z0", "k", LimitReq { burst: 4, ..limit }, 1), zones[1].clone()];
-        let input = ZoneInput { limit: &limit, state: None, cost: 1 };
-        let v = decide_all(&[input.clone(), input], T0);
-        for value in [
-            policy(&configured, &zones),
-            policy(&configured, &overridden),
-            policy(&[], &zones),
-            remaining(&zones, &v),
-            remaining(&zones[..1], &v),
-        ] {
-            assert_eq!(value.capacity(), value.len(), "{value}");
-        }
-        assert_eq!(policy(&configured, &zones), "\"z0\";q=21;w=3, \"z1\";q=21;w=3");
-        assert_eq!(remaining(&zones, &v), "\"z0\";r=20;t=1, \"z1\";r=20;t=1");
     }
 
     #[test]

@@ -27,16 +27,6 @@ pub fn item(out: &mut String, zone: &str, a: &str, a_value: u64, b: &str, b_valu
     out.push_str(digits.format(b_value));
 }
 
-/// The bytes [`item`] appends, without its separator.
-pub fn item_len(zone: &str, a: &str, a_value: u64, b: &str, b_value: u64) -> usize {
-    zone.len() + 2 + a.len() + digits(a_value) + b.len() + digits(b_value)
-}
-
-/// Decimal digits of `n`.
-fn digits(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |d| d as usize + 1)
-}
-
 /// Appends the `RateLimit-Policy` item of `limit`, `"per_ip";q=21;w=3`: `q` the quota (a bucket's
 /// capacity, a window's count), `w` the seconds a window lasts or an empty bucket takes to refill,
 /// at least 1.
@@ -48,18 +38,4 @@ pub fn policy_item(out: &mut String, zone: &str, limit: &LimitReq) {
         limit.rate.time_for_us(quota as f64).ceil() as u64
     };
     item(out, zone, ";q=", quota, ";w=", ceil_secs(window_us).max(1));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn item_len_is_what_item_writes() {
-        for (zone, a, b) in [("per_ip", 0, 1), ("z", 9, 10), ("", 99, 100), ("long zone", u64::MAX, 1_000_000)] {
-            let mut out = String::new();
-            item(&mut out, zone, ";r=", a, ";t=", b);
-            assert_eq!(out.len(), item_len(zone, ";r=", a, ";t=", b), "{out}");
-        }
-    }
 }
