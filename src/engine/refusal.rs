@@ -72,6 +72,12 @@ pub enum Refusal<'a> {
 }
 
 impl Refusal<'_> {
+    /// Refused by limit_req's zones (or, for them, by the `deny` failure policy): the store was
+    /// asked.
+    pub fn by_limit_req(&self) -> bool {
+        matches!(self, Refusal::RateLimited { .. } | Refusal::LimiterUnavailable { .. })
+    }
+
     pub fn body(&self) -> String {
         line(match self {
             Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {

@@ -73,6 +73,8 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     pace: Option<Box<Pace>>,
     /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
     explained: Option<Box<Explained>>,
+    /// `hold` asked the store for leases (a zone had a key).
+    asked_conns: bool,
     reported: bool,
 }
 
@@ -128,6 +130,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             priority: crate::adaptive::Priority::default(),
             pace: None,
             explained: None,
+            asked_conns: false,
             reported: false,
         }
     }
@@ -209,6 +212,11 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// Whether the client left owing a response-decided charge (the access log says so).
     pub fn client_left_owing(&self) -> bool {
         self.client_left_owing
+    }
+
+    /// Whether `hold` asked the store for leases (a limit_conn zone had a key for it).
+    pub fn asked_conns(&self) -> bool {
+        self.asked_conns
     }
 
     /// Its priority under the upstream's adaptive limit, once ruled.
@@ -320,6 +328,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         }
         let rt: &Runtime = &self.rt;
         let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Ok(()) };
+        self.asked_conns = true;
         let keyed: Vec<KeyedConn<'_>> = std::mem::take(&mut self.conns)
             .into_iter()
             .map(|c| {

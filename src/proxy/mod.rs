@@ -113,10 +113,17 @@ impl ProxyHttp for WeirProxy {
         };
         let asked = trace_span::clock(ctx);
         let (forward, delay) = match ctx.ticket.rule(&head, &self.stores).await {
-            Ruling::Refuse(answer) => return respond::answer(session, &answer).await,
+            Ruling::Refuse(answer) => {
+                if answer.refusal.by_limit_req() {
+                    trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_req", asked);
+                }
+                return respond::answer(session, &answer).await;
+            }
             Ruling::Forward { forward, delay } => (forward, delay),
         };
-        trace_span::decided(ctx, "limit_req", asked);
+        if ctx.ticket.decided_us().is_some() {
+            trace_span::decided(ctx, "limit_req", asked);
+        }
         if let Err(e) = forward_as_decided(session.req_header_mut(), &forward) {
             ctx.ticket.settle_as(Outcome::BadRequest);
             let refusal = Refusal::BadRequest {
@@ -139,9 +146,12 @@ impl ProxyHttp for WeirProxy {
 
         let asked = trace_span::clock(ctx);
         if let Err(answer) = ctx.ticket.hold(&self.conn_stores).await {
+            trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_conn", asked);
             return respond::answer(session, &answer).await;
         }
-        trace_span::decided(ctx, "limit_conn", asked);
+        if ctx.ticket.asked_conns() {
+            trace_span::decided(ctx, "limit_conn", asked);
+        }
 
         let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };
         let upstream = &rt.upstreams[route.upstream];

@@ -32,6 +32,13 @@ pub(super) fn decided(ctx: &mut RequestCtx, name: &'static str, from: Option<Sys
     }
 }
 
+/// [`decided`], for a caller that holds a borrow of the request's ticket (an answer to send).
+pub(super) fn decided_apart(span: Option<&mut RequestSpan>, name: &'static str, from: Option<SystemTime>) {
+    if let (Some(span), Some(from)) = (span, from) {
+        span.decided(name, from);
+    }
+}
+
 /// An upstream attempt begins.
 pub(super) fn attempt_started(ctx: &mut RequestCtx) {
     if let Some(span) = ctx.trace.as_mut() {
