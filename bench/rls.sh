@@ -4,8 +4,17 @@
 # BENCH_SUT_CPU, the gRPC load generator (examples/rls_load.rs, the generated tonic client) and
 # Redis to BENCH_LOAD_CPU, like bench/run.sh's proxy rows.
 #
-#   bench/rls.sh            5 s per row, 3 repetitions; writes bench/results/rls-latest.md
-#   bench/rls.sh --quick    2 s per row, 1 repetition; writes bench/results/rls-quick.md
+#   bench/rls.sh                       5 s per row, 3 repetitions; writes bench/results/rls-latest.md
+#   bench/rls.sh --quick               2 s per row, 1 repetition; writes bench/results/rls-quick.md
+#   bench/rls.sh --limitador PATH      + Kuadrant Limitador's rows (its `limitador-server`, built
+#                                      apart; LIMITADOR_BIN=PATH does the same), in the same run
+#
+# Every row says the server's CPU per decision (the whole process) and Redis's (INFO cpu deltas
+# over the calls). With Limitador, each store's rows run side by side in every repetition:
+# Limitador's memory, redis and redis_cached (its write-behind cache) storages against Weir's
+# memory and Redis stores, one limits file equivalent to Weir's config (one limit per
+# remote_address; 1000 per 1 s window against Weir's 1000r/s, burst 1000). Then fleet accuracy:
+# one key, 100 per 60 s window, one and two instances on one Redis, how many calls were admitted.
 #
 # Then latency at a fixed rate (open loop, RLS_RATE calls/s, each call a task of its own so a
 # stalled answer never holds back the next calls), per store: p50, p90, p99, p99.9 and max against
@@ -20,7 +29,19 @@ source scripts/setup.sh >/dev/null   # redis-server, the Rust toolchain
 export PATH="$HOME/.cargo/bin:$PATH"
 
 duration=5 reps=3 out=bench/results/rls-latest.md
-if [ "${1:-}" = "--quick" ]; then duration=2 reps=1 out=bench/results/rls-quick.md; fi
+limitador=${LIMITADOR_BIN:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) duration=2 reps=1 out=bench/results/rls-quick.md ;;
+    --limitador) limitador=${2:?--limitador needs the path of limitador-server}; shift ;;
+    *) echo "rls.sh: unknown argument $1 (--quick, --limitador PATH)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -n "$limitador" ] && [ ! -x "$limitador" ]; then
+  echo "rls.sh: $limitador is not an executable limitador-server" >&2
+  exit 2
+fi
 sut_cpu=${BENCH_SUT_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
 connections=${RLS_CONNECTIONS:-4} in_flight=${RLS_IN_FLIGHT:-16} fixed_rate=${RLS_RATE:-5000}
 
@@ -50,7 +71,7 @@ taskset -c "$load_cpu" redis-server --port "$redis_port" --save '' --appendonly 
 pids+=($!)
 wait_port "$redis_port"
 
-config() {  # $1: store section, $2: port
+config() {  # $1: store section, $2: port, $3: zone (rate and algorithm lines), $4: descriptor's extra lines
   cat <<TOML
 [server]
 threads = 1
@@ -62,7 +83,7 @@ $1
 
 [[limit_req_zone]]
 name = "per_ip"
-rate = "1000r/s"
+$3
 
 [rls]
 listen = ["127.0.0.1:$2"]
@@ -73,85 +94,174 @@ name = "bench"
 [[rls.domain.descriptor]]
 key = "remote_address"
 zone = "per_ip"
-burst = 1000
-nodelay = true
+$4
 TOML
 }
+bench_zone='rate = "1000r/s"' bench_descriptor='burst = 1000
+nodelay = true'
+fleet_zone='algorithm = "fixed_window"
+rate = "100r/m"'
 
-start_weir() {  # $1: name, $2: store section → sets $port and $pid of a serving weir
+# Limitador's limits: the same descriptor, one counter per remote_address.
+limits() {  # $1: max_value, $2: seconds
+  cat <<YAML
+- namespace: bench
+  max_value: $1
+  seconds: $2
+  conditions: []
+  variables:
+    - "descriptors[0]['remote_address']"
+YAML
+}
+limits 1000 1 >"$tmp/limits-bench.yaml"
+limits 100 60 >"$tmp/limits-fleet.yaml"
+
+redis_url="redis://127.0.0.1:$redis_port"
+store_section() {  # $1: memory | redis
+  if [ "$1" = memory ]; then
+    printf '[store]\nkind = "memory"\n'
+  else
+    printf '[store]\nkind = "redis"\nurl = "%s"\ntimeout = "1s"\n' "$redis_url"
+  fi
+}
+
+# start SERVER STORE NAME [fleet] → sets $port and $pid of a serving weir or limitador.
+# SERVER: weir | limitador; STORE: memory | redis | redis_cached (Limitador only).
+start() {
+  local server=$1 store=$2 name=$3 kind=${4:-bench}
   port=$(free_port)
-  config "$2" "$port" >"$tmp/$1.toml"
-  taskset -c "$sut_cpu" "$weir" -c "$tmp/$1.toml" 2>"$tmp/$1.log" &
+  if [ "$server" = weir ]; then
+    local zone=$bench_zone descriptor=$bench_descriptor
+    if [ "$kind" = fleet ]; then zone=$fleet_zone descriptor=""; fi
+    config "$(store_section "$store")" "$port" "$zone" "$descriptor" >"$tmp/$name.toml"
+    taskset -c "$sut_cpu" "$weir" -c "$tmp/$name.toml" 2>"$tmp/$name.log" &
+  else
+    local storage=(memory)
+    if [ "$store" != memory ]; then storage=("$store" "$redis_url"); fi
+    taskset -c "$sut_cpu" "$limitador" --rls-ip 127.0.0.1 --rls-port "$port" --http-ip 127.0.0.1 \
+      --http-port "$(free_port)" "$tmp/limits-$kind.yaml" "${storage[@]}" >"$tmp/$name.log" 2>&1 &
+  fi
   pid=$!
   pids+=("$pid")
   wait_port "$port"
 }
 
-row() {  # $1: name, $2: store section → "calls/s µs-per-decision"
+stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
+redis_cpu() { redis-cli -p "$redis_port" info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
+
+row() {  # $1: server, $2: store → "calls/s µs-per-decision redis-µs-per-decision calls"
   local port pid
-  start_weir "$1" "$2"
+  start "$1" "$2" "$1-$2"
   taskset -c "$load_cpu" "$load" "127.0.0.1:$port" 1 "$connections" "$in_flight" >/dev/null   # warm-up
-  local before; before=$(cpu_ticks "$pid")
+  local before redis_before; before=$(cpu_ticks "$pid") redis_before=$(redis_cpu)
   local result; result=$(taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$duration" "$connections" "$in_flight")
-  local after; after=$(cpu_ticks "$pid")
-  kill "$pid"; wait "$pid" 2>/dev/null || true
-  python3 - "$result" "$before" "$after" "$tck" <<'PY'
+  local after redis_after; after=$(cpu_ticks "$pid") redis_after=$(redis_cpu)
+  stop "$pid"
+  python3 - "$result" "$before" "$after" "$tck" "$redis_before" "$redis_after" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1]); before, after, tck = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+redis_s = float(sys.argv[6]) - float(sys.argv[5])
 if r["errors"] or not r["calls"]:
     sys.exit(f"rls bench: {r['errors']} errors of {r['calls']} calls")
 cpu_s = (after - before) / tck
-print(f"{r['calls_per_sec']:.0f} {cpu_s * 1e6 / r['calls']:.1f} {r['calls']}")
+print(f"{r['calls_per_sec']:.0f} {cpu_s * 1e6 / r['calls']:.1f} {redis_s * 1e6 / r['calls']:.1f} {r['calls']}")
 PY
 }
 
-declare -A rows=([memory]='[store]
-kind = "memory"' [redis]="[store]
-kind = \"redis\"
-url = \"redis://127.0.0.1:$redis_port\"
-timeout = \"1s\"")
+servers=("weir memory" "weir redis")
+if [ -n "$limitador" ]; then
+  servers=("weir memory" "limitador memory" "weir redis" "limitador redis" "limitador redis_cached")
+fi
 {
   echo "# Rate limit service (gRPC) — $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
-  echo "Weir (1 thread, release) on CPU $sut_cpu; examples/rls_load ($profile build, $connections connections × $in_flight calls in flight) and Redis on CPU $load_cpu; ${duration}s per row, $reps repetition(s). One descriptor per call."
+  echo "Servers (1 thread for Weir, release; Limitador's own release build) on CPU $sut_cpu; examples/rls_load ($profile build, $connections connections × $in_flight calls in flight, 10k keys) and Redis on CPU $load_cpu; ${duration}s per row, $reps repetition(s), the servers' rows side by side in each. One descriptor per call. CPU per decision: the whole server process (user + system); Redis: its own INFO cpu over the same calls (0 on the memory store)."
+  [ -n "$limitador" ] && echo "Limitador: \`$("$limitador" --version 2>&1 | head -1)\`."
+  echo "Machine: load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (2 cores; other engineers build on it)."
   echo
-  echo "| store | rep | decisions/s | µs Weir CPU per decision | calls |"
-  echo "|---|---|---|---|---|"
+  echo "| server | store | rep | decisions/s | µs server CPU per decision | µs Redis CPU per decision | calls |"
+  echo "|---|---|---|---|---|---|---|"
 } >"$out"
 for rep in $(seq "$reps"); do
-  for store in memory redis; do
-    read -r rate us calls < <(row "$store-$rep" "${rows[$store]}")
-    echo "| $store | $rep | $rate | $us | $calls |" | tee -a "$out" >&2
+  for s in "${servers[@]}"; do
+    read -r server store <<<"$s"
+    read -r rate us redis_us calls < <(row "$server" "$store")
+    echo "| $server | $store | $rep | $rate | $us | $redis_us | $calls |" | tee -a "$out" >&2
   done
 done
 
-latency_row() {  # $1: name, $2: store section → the load generator's JSON line
+latency_row() {  # $1: server, $2: store → the load generator's JSON line and Redis µs per call
   local port pid
-  start_weir "$1" "$2"
+  start "$1" "$2" "lat-$1-$2"
   taskset -c "$load_cpu" "$load" "127.0.0.1:$port" 1 "$connections" --rate "$fixed_rate" >/dev/null   # warm-up
-  taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$duration" "$connections" --rate "$fixed_rate"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  local before redis_before; before=$(cpu_ticks "$pid") redis_before=$(redis_cpu)
+  local result; result=$(taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$duration" "$connections" --rate "$fixed_rate")
+  local after redis_after; after=$(cpu_ticks "$pid") redis_after=$(redis_cpu)
+  stop "$pid"
+  echo "$result $before $after $redis_before $redis_after"
 }
 {
   echo
   echo "## Latency at a fixed rate"
   echo
-  echo "Open loop at $fixed_rate calls/s over $connections connections, ${duration}s per row; latency of each call from its start (µs), each call a task of its own; \"late p99\": how late the generator started calls against the schedule. Targets (issue 40): p99 ≤ 1000, p99.9 ≤ 3000, max ≤ 10000."
+  echo "Open loop at $fixed_rate calls/s over $connections connections, ${duration}s per row; latency of each call from its start (µs), each call a task of its own; \"late p99\": how late the generator started calls against the schedule. Targets (issue 40): p99 ≤ 1000, p99.9 ≤ 3000, max ≤ 10000. CPU per decision at this rate: the server's and Redis's."
   echo
-  echo "| store | rep | calls/s | p50 | p90 | p99 | p99.9 | max | late p99 | errors | targets |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| server | store | rep | calls/s | p50 | p90 | p99 | p99.9 | max | late p99 | errors | µs server CPU | µs Redis CPU | targets |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$out"
 for rep in $(seq "$reps"); do
-  for store in memory redis; do
-    result=$(latency_row "lat-$store-$rep" "${rows[$store]}")
-    python3 - "$result" "$store" "$rep" <<'PY' | tee -a "$out" >&2
+  for s in "${servers[@]}"; do
+    read -r server store <<<"$s"
+    read -r result before after redis_before redis_after < <(latency_row "$server" "$store")
+    python3 - "$result" "$server" "$store" "$rep" "$before" "$after" "$tck" "$redis_before" "$redis_after" <<'PY' | tee -a "$out" >&2
 import json, sys
-r, store, rep = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+r, server, store, rep = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+cpu_s = (int(sys.argv[6]) - int(sys.argv[5])) / int(sys.argv[7])
+redis_s = float(sys.argv[9]) - float(sys.argv[8])
+n = max(r["calls"], 1)
 met = r["p99_us"] <= 1000 and r["p999_us"] <= 3000 and r["max_us"] <= 10000
-print(f"| {store} | {rep} | {r['calls_per_sec']:.0f} | {r['p50_us']} | {r['p90_us']} | {r['p99_us']} | {r['p999_us']} | {r['max_us']} | {r['late_p99_us']} | {r['errors']} | {'met' if met else 'MISSED'} |")
+print(f"| {server} | {store} | {rep} | {r['calls_per_sec']:.0f} | {r['p50_us']} | {r['p90_us']} | {r['p99_us']} | {r['p999_us']} | {r['max_us']} | {r['late_p99_us']} | {r['errors']} | {cpu_s * 1e6 / n:.1f} | {redis_s * 1e6 / n:.1f} | {'met' if met else 'MISSED'} |")
 if r["errors"] or not r["calls"]:
     sys.exit(f"rls bench: {r['errors']} errors of {r['calls']} calls")
 PY
+  done
+done
+
+# Fleet accuracy: one key (KEYS = 1), 100 calls per 60 s window, a fresh Redis database per trial,
+# 1 s of closed-loop load on each instance at once; every admitted call counted.
+fleet_trial() {  # $1: server, $2: store, $3: instances → calls admitted
+  redis-cli -p "$redis_port" flushall >/dev/null
+  local ports=() started=() i
+  for i in $(seq "$3"); do
+    start "$1" "$2" "fleet-$1-$2-$i" fleet
+    ports+=("$port") started+=("$pid")
+  done
+  local loads=() files=()
+  for p in "${ports[@]}"; do
+    taskset -c "$load_cpu" "$load" "127.0.0.1:$p" 1 2 8 1 >"$tmp/fleet-$p.json" &
+    loads+=("$!") files+=("$tmp/fleet-$p.json")
+  done
+  for l in "${loads[@]}"; do wait "$l"; done
+  for p in "${started[@]}"; do stop "$p"; done
+  python3 -c 'import json, sys; print(sum(json.load(open(f))["ok"] for f in sys.argv[1:]))' "${files[@]}"
+}
+{
+  echo
+  echo "## Fleet accuracy"
+  echo
+  echo "One key, a limit of 100 per 60 s window, on one Redis; 1 s of load (2 connections × 8 calls in flight) on every instance at once, a fresh Redis database per trial. Calls admitted (exact: 100)."
+  echo
+  echo "| server | store | instances | admitted per trial |"
+  echo "|---|---|---|---|"
+} >>"$out"
+fleet_servers=("weir redis")
+if [ -n "$limitador" ]; then fleet_servers+=("limitador redis" "limitador redis_cached"); fi
+for s in "${fleet_servers[@]}"; do
+  read -r server store <<<"$s"
+  for instances in 1 2; do
+    admitted=()
+    for _ in $(seq "$reps"); do admitted+=("$(fleet_trial "$server" "$store" "$instances")"); done
+    echo "| $server | $store | $instances | ${admitted[*]} |" | tee -a "$out" >&2
   done
 done
 echo "bench: wrote $out" >&2

@@ -205,6 +205,35 @@ local function leaky_values(raw, count, period_us, burst, delay, cost)
   return admitted, excess, delay_us, retry_us, remaining, reset_us, anchor_us + reset_us, level, anchor_us
 end
 
+-- A lone request of one leaky-bucket zone with the compact reply, in the single-call layout: the
+-- lane's call when there is nothing to batch (a steady, moderate rate). Decided here, before the
+-- leaky path below builds its parameter, result and reply arrays and its closure: the same
+-- `leaky_values`, then what the leaky path stores and replies for one zone (Redis instructions
+-- per call, bench/lua_cost.py --single: see bench/results/rls-2026-11-27.md). Anything else, or
+-- anything malformed, goes on to the leaky path.
+if #KEYS == 1 and #ARGV == HEAD_ARGS + ZONE_ARGS and ARGV[2] == '0' and ARGV[3] == '0' then
+  local now_text = ARGV[1]
+  local now_arg = tonumber(now_text)
+  local count, period_us = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local burst, delay, cost = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+  if (now_arg or now_text == '') and count and count >= 1 and period_us and period_us >= 1
+    and burst and delay and cost then
+    now = now_arg or time_now()
+    local key = KEYS[1]
+    local raw = redis.pcall('GET', key)
+    if type(raw) ~= 'string' then
+      raw = nil
+    end
+    local admitted, _, delay_us, retry_us, remaining, reset_us, expires_us, level, anchor_us =
+      leaky_values(raw, count, period_us, burst, delay, cost)
+    if not admitted then
+      return { 0, 0, retry_us, now, remaining, reset_us }
+    end
+    redis.call('SET', key, fmt(level) .. ' ' .. int(anchor_us), 'PX', int(ceil((expires_us - now) / 1000) + 1))
+    return { 1, delay_us, -1, now, remaining, reset_us }
+  end
+end
+
 -- The leaky-bucket path: a call whose every zone is a leaky bucket, with the compact ("0") or
 -- full ("1") reply, no undo, no evaluate-only, and in batch mode every request after the first
 -- saying "=" (the usual call: nginx's algorithm, one server, a lane's batch). It decides exactly

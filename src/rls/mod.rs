@@ -12,6 +12,7 @@
 //! peer's own loader reads it.
 
 pub mod answer;
+pub mod coalesce;
 pub mod decide;
 pub mod import;
 pub mod listener;
