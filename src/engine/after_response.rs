@@ -335,6 +335,7 @@ mod tests {
 
     use super::*;
     use crate::limit::{ManualClock, State};
+    use crate::store::decided_at_once;
     use crate::store::MemoryStore;
 
     /// A route with a zone counted by 401s and a zone charged from a trailer (`max` 500).
@@ -365,20 +366,11 @@ mod tests {
         let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
         let mut charges = ResponseCharges::new(&rt, route, &keyed);
         steps(&mut charges, &stores);
-        let level = |zone: &str| match now(stores.primary.inspect(zone, b"k")).expect("memory") {
+        let level = |zone: &str| match decided_at_once(stores.primary.inspect(zone, b"k")).expect("memory") {
             Some(State::Bucket(b)) => b.level,
             _ => 0.0,
         };
         (level("fails"), level("tokens"))
-    }
-
-    /// The memory store never waits: poll once.
-    fn now<F: std::future::Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("the memory store waited"),
-        }
     }
 
     fn tokens(n: &'static str) -> http::HeaderMap {
@@ -389,11 +381,11 @@ mod tests {
 
     #[test]
     fn nothing_is_owed_until_the_request_is_forwarded_nor_when_the_upstream_never_answers() {
-        let never_sent = levels(|c, s| assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0));
+        let never_sent = levels(|c, s| assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 0));
         assert_eq!(never_sent, (0.0, 0.0));
         let no_answer = levels(|c, s| {
             c.forwarded();
-            assert_eq!(now(c.finish(Ending::Over, 0, s)), 0);
+            assert_eq!(decided_at_once(c.finish(Ending::Over, 0, s)), 0);
         });
         assert_eq!(no_answer, (0.0, 0.0));
     }
@@ -403,8 +395,8 @@ mod tests {
         let left = levels(|c, s| {
             c.forwarded();
             assert!(c.unfinished());
-            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 2);
-            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0, "charged once");
+            assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 2);
+            assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 0, "charged once");
         });
         assert_eq!(left, (1.0, 500.0), "counted as a 401; tokens at max");
     }
@@ -413,24 +405,28 @@ mod tests {
     fn leaving_before_the_trailer_costs_max_and_after_the_body_the_heads_cost() {
         let mid_body = levels(|c, s| {
             c.forwarded();
-            assert_eq!(now(c.at_head(200, &tokens("7"), s)), 0, "200 is not counted; tokens wait for the end");
+            assert_eq!(
+                decided_at_once(c.at_head(200, &tokens("7"), s)),
+                0,
+                "200 is not counted; tokens wait for the end"
+            );
             assert!(c.unfinished());
-            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 1);
+            assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 1);
         });
         assert_eq!(mid_body, (0.0, 500.0));
         let after_body = levels(|c, s| {
             c.forwarded();
-            now(c.at_head(200, &tokens("7"), s));
+            decided_at_once(c.at_head(200, &tokens("7"), s));
             c.body_ended();
             assert!(!c.unfinished(), "the upstream's answer is complete");
-            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 1);
+            assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 1);
         });
         assert_eq!(after_body, (0.0, 7.0));
         let trailer = levels(|c, s| {
             c.forwarded();
-            now(c.at_head(401, &tokens("7"), s));
-            assert_eq!(now(c.at_trailers(&tokens("42"), s)), 1);
-            assert_eq!(now(c.finish(Ending::ClientLeft, 0, s)), 0, "nothing left to charge");
+            decided_at_once(c.at_head(401, &tokens("7"), s));
+            assert_eq!(decided_at_once(c.at_trailers(&tokens("42"), s)), 1);
+            assert_eq!(decided_at_once(c.finish(Ending::ClientLeft, 0, s)), 0, "nothing left to charge");
         });
         assert_eq!(trailer, (1.0, 42.0));
     }

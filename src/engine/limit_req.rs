@@ -223,6 +223,7 @@ mod tests {
     use super::*;
     use crate::config::Cost;
     use crate::config::ResponseCost;
+    use crate::store::decided_at_once;
 
     /// A forwarded request's response-decided zones, charged at the response head.
     fn charge_after(
@@ -235,7 +236,7 @@ mod tests {
     ) -> usize {
         let mut charges = ResponseCharges::new(rt, route, keyed);
         charges.forwarded();
-        futures_now(charges.at_head(status, headers, stores))
+        decided_at_once(charges.at_head(status, headers, stores))
     }
 
     const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
@@ -264,7 +265,7 @@ mod tests {
         let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
         for _ in 0..3 {
             assert!(
-                matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
+                matches!(decided_at_once(enforce(&rt, route, &keyed, &stores)).action, Action::Forward),
                 "never charged"
             );
             assert_eq!(
@@ -275,18 +276,9 @@ mod tests {
         }
         assert_eq!(charge_after(&rt, route, &keyed, 401, &http::HeaderMap::new(), &stores), 1);
         assert!(
-            matches!(futures_now(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
+            matches!(decided_at_once(enforce(&rt, route, &keyed, &stores)).action, Action::Reject { .. }),
             "burst 0: one 401"
         );
-    }
-
-    /// The memory store never waits: poll once.
-    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("the memory store waited"),
-        }
     }
 
     #[test]
@@ -356,12 +348,12 @@ mod tests {
         let mut tokens = http::HeaderMap::new();
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("7000"));
         for _ in 0..3 {
-            let e = futures_now(enforce(&rt, route, &keyed, &stores));
+            let e = decided_at_once(enforce(&rt, route, &keyed, &stores));
             assert!(matches!(e.action, Action::Forward), "checked, not charged");
             assert_eq!(charge_after(&rt, route, &keyed, 200, &tokens, &stores), 1);
         }
         // 21000 tokens: 1000 past the budget. The next request is refused until 1001 drain (180 ms each).
-        let e = futures_now(enforce(&rt, route, &keyed, &stores));
+        let e = decided_at_once(enforce(&rt, route, &keyed, &stores));
         let Action::Reject(answer) = e.action else { panic!("not refused") };
         let header = |name: &str| answer.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
         assert_eq!(header("Retry-After").as_deref(), Some("181"), "1001 tokens at 20000/h");
@@ -369,7 +361,7 @@ mod tests {
         // The debt is capped: a huge report fills to 20000 + 5000 and no further.
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
         charge_after(&rt, route, &keyed, 200, &tokens, &stores);
-        let state = futures_now(stores.primary.inspect("fails", b"k")).expect("memory");
+        let state = decided_at_once(stores.primary.inspect("fails", b"k")).expect("memory");
         assert!(matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0), "{state:?}");
     }
 

@@ -6,10 +6,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use http::header::{HeaderName, AUTHORIZATION, COOKIE};
 
@@ -22,6 +19,7 @@ use crate::engine::{self, BadRequest, Ending, Head, Outcome, Refusal, Ruling, Ti
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::{LimitReq, ManualClock};
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
+use crate::store::decided_at_once;
 use crate::store::MemoryStore;
 
 /// One keyed zone of a decided request.
@@ -222,14 +220,6 @@ impl<'rt> Replayer<'rt> {
             self.sweep_at = (self.in_flight.len() * 2).max(1024);
         }
         out
-    }
-}
-
-/// Polls a decision of the memory store, which never waits: it is ready at the first poll.
-fn decided_at_once<F: Future>(decision: F) -> F::Output {
-    match pin!(decision).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(done) => done,
-        Poll::Pending => unreachable!("the memory store decides without waiting"),
     }
 }
 

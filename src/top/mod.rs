@@ -207,20 +207,12 @@ mod engine_observer_tests {
     use super::Tracker;
     use crate::engine::Groups;
     use crate::engine::{enforce, Action, Stores};
+    use crate::store::decided_at_once;
     use crate::store::{KeyedZone, MemoryStore};
 
     const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
         [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
         [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
-
-    /// The memory store never waits: poll once.
-    fn futures_now<F: std::future::Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("the memory store waited"),
-        }
-    }
 
     #[test]
     fn decisions_reach_the_tables_of_the_observing_tracker_only() {
@@ -239,8 +231,8 @@ mod engine_observer_tests {
                 .collect()
         };
         let pass_then_reject = |stores: &Stores| {
-            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
-            assert!(matches!(futures_now(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
+            assert!(matches!(decided_at_once(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
+            assert!(matches!(decided_at_once(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
         };
         // Replay's stores have no observer: deciding there leaves the serving process's view alone.
         pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));

@@ -9,6 +9,15 @@ mod limit_req;
 
 pub use limit_conn::MemoryConnStore;
 pub use limit_req::MemoryStore;
+
+/// The result of a call to an in-process store, which never waits: ready at its first poll
+/// (replay decides a whole log this way, on its simulated clock; so do the unit tests).
+pub fn decided_at_once<F: std::future::Future>(decision: F) -> F::Output {
+    match std::pin::pin!(decision).poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(done) => done,
+        std::task::Poll::Pending => unreachable!("the memory store decides without waiting"),
+    }
+}
 use std::sync::Arc;
 
 use prometheus::{IntCounter, IntGauge};
