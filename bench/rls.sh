@@ -237,6 +237,11 @@ fleet_trial() {  # $1: server, $2: store, $3: instances → calls admitted
     ports+=("$port") started+=("$pid")
   done
   local loads=() files=()
+  # The 60 s windows are aligned to the clock's minutes: a trial that straddled a minute's edge
+  # would rightly admit 100 in each window (200). Start the load early enough in a minute.
+  local second
+  second=$(date +%-S)
+  if [ "$second" -ge 55 ]; then sleep $((61 - second)); fi
   for p in "${ports[@]}"; do
     taskset -c "$load_cpu" "$load" "127.0.0.1:$p" 1 2 8 1 >"$tmp/fleet-$p.json" &
     loads+=("$!") files+=("$tmp/fleet-$p.json")
