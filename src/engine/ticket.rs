@@ -365,9 +365,27 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         headers: &http::HeaderMap,
         stores: &Stores,
     ) -> Vec<(&'static str, String)> {
-        if !self.charges.is_empty() {
-            self.charges.at_head(status, headers, stores).await;
+        if self.owes() {
+            self.charge_at_head(status, headers, stores).await;
         }
+        self.head_fields()
+    }
+
+    /// Whether charges decided by the response are still owed. The proxy's hot path asks first
+    /// and takes the synchronous steps when nothing is: an `async` step's future is moved into
+    /// the phase's state even when it has nothing to do (~1 % of a request's instructions for
+    /// `hold`, `at_head` and `finish` together).
+    pub fn owes(&self) -> bool {
+        !self.charges.is_empty()
+    }
+
+    /// [`Self::at_head`]'s charges alone.
+    pub async fn charge_at_head(&mut self, status: u16, headers: &http::HeaderMap, stores: &Stores) {
+        self.charges.at_head(status, headers, stores).await;
+    }
+
+    /// [`Self::at_head`]'s synchronous part: the body's pace starts, the fields to add.
+    pub fn head_fields(&mut self) -> Vec<(&'static str, String)> {
         if let Some(pace) = &mut self.pace {
             // No head start for the time spent waiting on the upstream.
             pace.restart(Instant::now());
@@ -391,6 +409,9 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// and `body_bytes` of the answer's body sent to the client), gives the leases back, and
     /// reports the request. A second call does nothing.
     pub async fn finish(&mut self, ending: Ending, body_bytes: u64, stores: &Stores) {
+        if self.finish_settled() {
+            return;
+        }
         if !self.charges.is_empty() {
             self.client_left_owing = ending == Ending::ClientLeft && self.charges.unfinished();
             self.charges.finish(ending, body_bytes, stores).await;
@@ -399,6 +420,21 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             lease.release().await;
         }
         self.report();
+    }
+
+    /// [`Self::finish`] without awaiting when nothing is owed and no lease is held: reports the
+    /// request and returns true; false when `finish` has work to do.
+    pub fn finish_settled(&mut self) -> bool {
+        if !self.charges.is_empty() || !self.leases.is_empty() {
+            return false;
+        }
+        self.report();
+        true
+    }
+
+    /// Whether `hold` has leases to ask for (a limit_conn zone had a key).
+    pub fn wants_leases(&self) -> bool {
+        !self.conns.is_empty()
     }
 
     fn report(&mut self) {

@@ -144,13 +144,15 @@ impl ProxyHttp for WeirProxy {
             }
         }
 
-        let asked = trace_span::clock(ctx);
-        if let Err(answer) = ctx.ticket.hold(&self.conn_stores).await {
-            trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_conn", asked);
-            return respond::answer(session, &answer).await;
-        }
-        if ctx.ticket.asked_conns() {
-            trace_span::decided(ctx, "limit_conn", asked);
+        if ctx.ticket.wants_leases() {
+            let asked = trace_span::clock(ctx);
+            if let Err(answer) = ctx.ticket.hold(&self.conn_stores).await {
+                trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_conn", asked);
+                return respond::answer(session, &answer).await;
+            }
+            if ctx.ticket.asked_conns() {
+                trace_span::decided(ctx, "limit_conn", asked);
+            }
         }
 
         let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };
@@ -281,7 +283,10 @@ impl ProxyHttp for WeirProxy {
         trace_span::attempt_answered(ctx, resp.status.as_u16());
         // Count by response: charged before the client sees the status (and before any lease is
         // released), so its next request is checked against this charge.
-        for (name, value) in ctx.ticket.at_head(resp.status.as_u16(), &resp.headers, &self.stores).await {
+        if ctx.ticket.owes() {
+            ctx.ticket.charge_at_head(resp.status.as_u16(), &resp.headers, &self.stores).await;
+        }
+        for (name, value) in ctx.ticket.head_fields() {
             resp.insert_header(name, value)?;
         }
         Ok(())
@@ -309,7 +314,9 @@ impl ProxyHttp for WeirProxy {
         trailers: &mut http::HeaderMap,
         ctx: &mut RequestCtx,
     ) -> Result<Option<bytes::Bytes>> {
-        ctx.ticket.at_trailers(trailers, &self.stores).await;
+        if ctx.ticket.owes() {
+            ctx.ticket.at_trailers(trailers, &self.stores).await;
+        }
         Ok(None)
     }
 
@@ -337,7 +344,9 @@ impl ProxyHttp for WeirProxy {
         // answer for it; the upstream's own failures are not the client leaving.
         let left = error.is_some_and(|e| *e.esource() == pingora::ErrorSource::Downstream);
         let ending = if left { Ending::ClientLeft } else { Ending::Over };
-        ctx.ticket.finish(ending, session.body_bytes_sent() as u64, &self.stores).await;
+        if !ctx.ticket.finish_settled() {
+            ctx.ticket.finish(ending, session.body_bytes_sent() as u64, &self.stores).await;
+        }
         ctx.upstream.release();
         let trace = ctx.trace.take();
         let ctx = &*ctx;
