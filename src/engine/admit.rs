@@ -101,13 +101,13 @@ impl Refused {
             Refused::NoRoute => Answer::new(404, Refusal::NoRoute),
             Refused::Denied { route } => Answer::new(403, Refusal::Forbidden { route: name(*route) }),
             Refused::Unauthorized { route, zone, detail, absent } => {
-                let names =
-                    rt.zones.iter().map(|z| z.name.as_str()).chain(rt.conn_zones.iter().map(|z| z.name.as_str()));
-                let zone = names.into_iter().find(|z| z == zone).unwrap_or("-");
                 // RFC 6750 §3.1: no error code when the request carried no token at all.
                 let challenge = if *absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
-                Answer::new(401, Refusal::InvalidToken { route: name(*route), zone, detail: detail.clone() })
-                    .with_header("WWW-Authenticate", challenge)
+                Answer::new(
+                    401,
+                    Refusal::InvalidToken { route: name(*route), zone: zone.clone(), detail: detail.clone() },
+                )
+                .with_header("WWW-Authenticate", challenge)
             }
         }
     }

@@ -57,7 +57,7 @@ pub enum Refusal<'a> {
     /// 403: `allow`/`deny` refused the client address.
     Forbidden { route: &'a str },
     /// 401: a zone keyed on a verified JWT claim, and the request's token is absent or refused.
-    InvalidToken { route: &'a str, zone: &'a str, detail: String },
+    InvalidToken { route: &'a str, zone: String, detail: String },
     /// 503: every upstream server is at `max_conns`.
     UpstreamBusy { route: &'a str },
     /// The upstream's adaptive concurrency limit refused the request (`reason`: over_limit,
@@ -154,7 +154,7 @@ mod tests {
             Refusal::Forbidden { route: "api" },
             Refusal::BadRequest { error: "bad_path", detail: "a \"quoted\" detail".into(), route: None },
             Refusal::BadRequest { error: "bad_cost", detail: "x".into(), route: Some("api") },
-            Refusal::InvalidToken { route: "api", zone: "z", detail: "expired".into() },
+            Refusal::InvalidToken { route: "api", zone: "z".into(), detail: "expired".into() },
             Refusal::UpstreamBusy { route: "api" },
             Refusal::UpstreamOverloaded { upstream: "app", route: "api", reason: "over_limit" },
             Refusal::NoHealthyUpstream { upstream: "app", route: "api" },

@@ -73,8 +73,6 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     pace: Option<Box<Pace>>,
     /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
     explained: Option<Box<Explained>>,
-    /// `hold` asked the store for leases (a zone had a key).
-    asked_conns: bool,
     reported: bool,
 }
 
@@ -83,8 +81,6 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
 pub struct Explained {
     /// limit_req's zones, enforced ones first, then dry-run ones.
     pub zones: Vec<ExplainedZone>,
-    /// limit_conn's zones (index into `Route::conn_limits`, key, cap, dry run).
-    pub conns: Vec<(usize, Vec<u8>, u32, bool)>,
 }
 
 #[derive(Debug)]
@@ -100,10 +96,20 @@ pub struct ExplainedZone {
 }
 
 /// A limit_conn zone keyed for this request, owned until its lease is taken.
+#[derive(Clone)]
 struct PendingConn {
     reference: usize,
     key: Vec<u8>,
     dry_run: bool,
+}
+
+impl PendingConn {
+    /// The zone as the stores take it, named and capped by `route`'s reference in `rt`.
+    fn keyed<'r>(self, rt: &'r Runtime, route: &Route) -> KeyedConn<'r> {
+        let limit = &route.conn_limits[self.reference];
+        let zone = &rt.conn_zones[limit.zone].name;
+        KeyedConn { zone, key: self.key, max: limit.max, dry_run: self.dry_run, reference: self.reference }
+    }
 }
 
 impl<R: Deref<Target = Runtime>> Ticket<R> {
@@ -130,7 +136,6 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             priority: crate::adaptive::Priority::default(),
             pace: None,
             explained: None,
-            asked_conns: false,
             reported: false,
         }
     }
@@ -214,11 +219,6 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         self.client_left_owing
     }
 
-    /// Whether `hold` asked the store for leases (a limit_conn zone had a key for it).
-    pub fn asked_conns(&self) -> bool {
-        self.asked_conns
-    }
-
     /// Its priority under the upstream's adaptive limit, once ruled.
     pub fn priority(&self) -> crate::adaptive::Priority {
         self.priority
@@ -248,9 +248,6 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         };
         self.route = Some(plan.route);
         self.priority = plan.priority;
-        if let Some(explained) = &mut self.explained {
-            explained.conns = plan.conns.all().iter().map(|c| (c.reference, c.key.clone(), c.max, c.dry_run)).collect();
-        }
         for zone in &plan.empty_keys {
             self.observer.empty_key(zone);
         }
@@ -308,11 +305,6 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         record_limit(&mut self.words(), enforcement)
     }
 
-    /// A call refused before any limit (the rate limit service's invalid request).
-    pub fn refused_before_limits(&mut self) {
-        self.outcome = Outcome::BadRequest;
-    }
-
     /// The client left while its request waited out limit_req's delay: nothing further is taken
     /// for it (no lease, no upstream place), as nginx drops it.
     pub fn client_gone(&mut self) {
@@ -328,15 +320,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         }
         let rt: &Runtime = &self.rt;
         let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Ok(()) };
-        self.asked_conns = true;
-        let keyed: Vec<KeyedConn<'_>> = std::mem::take(&mut self.conns)
-            .into_iter()
-            .map(|c| {
-                let limit = &route.conn_limits[c.reference];
-                let zone = &rt.conn_zones[limit.zone].name;
-                KeyedConn { zone, key: c.key, max: limit.max, dry_run: c.dry_run, reference: c.reference }
-            })
-            .collect();
+        let keyed = std::mem::take(&mut self.conns).into_iter().map(|c| c.keyed(rt, route)).collect();
         let conn = limit_conn::acquire(rt, route, &Groups::new(keyed), stores).await;
         self.leases = conn.leases;
         self.limit_conn = conn.statuses;
@@ -430,6 +414,14 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         }
         self.report();
         true
+    }
+
+    /// limit_conn's zones keyed for this request and not held (yet), enforced ones first: what
+    /// `hold` would ask for, for a front door that estimates concurrency itself (replay).
+    pub fn pending_conns(&self) -> Groups<KeyedConn<'_>> {
+        let rt: &Runtime = &self.rt;
+        let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Groups::new(Vec::new()) };
+        Groups::new(self.conns.iter().map(|c| c.clone().keyed(rt, route)).collect())
     }
 
     /// Whether `hold` has leases to ask for (a limit_conn zone had a key).

@@ -115,14 +115,14 @@ impl ProxyHttp for WeirProxy {
         let (forward, delay) = match ctx.ticket.rule(&head, &self.stores).await {
             Ruling::Refuse(answer) => {
                 if answer.refusal.by_limit_req() {
-                    trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_req", asked);
+                    trace_span::decided(ctx.trace.as_deref_mut(), "limit_req", asked);
                 }
                 return respond::answer(session, &answer).await;
             }
             Ruling::Forward { forward, delay } => (forward, delay),
         };
         if ctx.ticket.decided_us().is_some() {
-            trace_span::decided(ctx, "limit_req", asked);
+            trace_span::decided(ctx.trace.as_deref_mut(), "limit_req", asked);
         }
         if let Err(e) = forward_as_decided(session.req_header_mut(), &forward) {
             ctx.ticket.settle_as(Outcome::BadRequest);
@@ -147,12 +147,10 @@ impl ProxyHttp for WeirProxy {
         if ctx.ticket.wants_leases() {
             let asked = trace_span::clock(ctx);
             if let Err(answer) = ctx.ticket.hold(&self.conn_stores).await {
-                trace_span::decided_apart(ctx.trace.as_deref_mut(), "limit_conn", asked);
+                trace_span::decided(ctx.trace.as_deref_mut(), "limit_conn", asked);
                 return respond::answer(session, &answer).await;
             }
-            if ctx.ticket.asked_conns() {
-                trace_span::decided(ctx, "limit_conn", asked);
-            }
+            trace_span::decided(ctx.trace.as_deref_mut(), "limit_conn", asked);
         }
 
         let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };

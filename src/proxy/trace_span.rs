@@ -25,15 +25,9 @@ pub(super) fn clock(ctx: &RequestCtx) -> Option<SystemTime> {
     ctx.trace.as_ref().map(|_| SystemTime::now())
 }
 
-/// The store decision `name` that began at `from` (from [`clock`]) is over.
-pub(super) fn decided(ctx: &mut RequestCtx, name: &'static str, from: Option<SystemTime>) {
-    if let (Some(span), Some(from)) = (ctx.trace.as_mut(), from) {
-        span.decided(name, from);
-    }
-}
-
-/// [`decided`], for a caller that holds a borrow of the request's ticket (an answer to send).
-pub(super) fn decided_apart(span: Option<&mut RequestSpan>, name: &'static str, from: Option<SystemTime>) {
+/// The store decision `name` that began at `from` (from [`clock`]) is over. Takes the span
+/// alone, so a caller holding a borrow of the request's ticket (an answer to send) can record it.
+pub(super) fn decided(span: Option<&mut RequestSpan>, name: &'static str, from: Option<SystemTime>) {
     if let (Some(span), Some(from)) = (span, from) {
         span.decided(name, from);
     }

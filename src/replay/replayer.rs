@@ -15,12 +15,12 @@ use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{self, BadRequest, Ending, Head, Outcome, Refusal, Ruling, Ticket};
+use crate::engine::{self, BadRequest, Ending, Groups, Head, Outcome, Refusal, Ruling, Ticket};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::{LimitReq, ManualClock};
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::decided_at_once;
-use crate::store::MemoryStore;
+use crate::store::{KeyedConn, MemoryStore};
 
 /// One keyed zone of a decided request.
 #[derive(Debug, Clone)]
@@ -157,9 +157,8 @@ impl<'rt> Replayer<'rt> {
 
         decision.status = ticket.limit_req().overall;
         decision.delay_us = ticket.delay().as_micros() as u64;
-        let explained = ticket.explained().map(|e| (&e.zones[..], &e.conns[..])).unwrap_or_default();
+        let explained = ticket.explained().map_or(&[][..], |e| &e.zones[..]);
         decision.zones = explained
-            .0
             .iter()
             .map(|z| {
                 let zone = route.limits[z.reference].zone;
@@ -173,10 +172,11 @@ impl<'rt> Replayer<'rt> {
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
         if let Some(took) = rec.duration_us {
-            if !explained.1.is_empty() && decision.status != Some(LimitStatus::Rejected) {
+            let conns = ticket.pending_conns();
+            if !conns.is_empty() && decision.status != Some(LimitStatus::Rejected) {
                 let from = now_us + decision.delay_us;
                 let until = rec.start_us.saturating_add(took).max(from);
-                decision.conns = self.decide_conns(route, explained.1, from, until);
+                decision.conns = self.decide_conns(route, &conns, from, until);
             }
         }
         decision
@@ -187,26 +187,24 @@ impl<'rt> Replayer<'rt> {
     fn decide_conns(
         &mut self,
         route: &Route,
-        keyed: &[(usize, Vec<u8>, u32, bool)],
+        keyed: &Groups<KeyedConn<'_>>,
         from: u64,
         until: u64,
     ) -> Vec<ConnDecision> {
-        let mut out = Vec::with_capacity(keyed.len());
-        // Enforced zones first, then dry-run ones: each group all or none.
-        let split = keyed.iter().take_while(|(_, _, _, dry_run)| !dry_run).count();
-        for group in [&keyed[..split], &keyed[split..]] {
+        let mut out = Vec::with_capacity(keyed.all().len());
+        for (group, _) in keyed.each() {
             let mut full = false;
             let first = out.len();
-            for (reference, key, max, _) in group {
-                let zone = route.conn_limits[*reference].zone;
-                let ends = self.in_flight.entry((zone, key.clone())).or_default();
+            for k in group {
+                let zone = route.conn_limits[k.reference].zone;
+                let ends = self.in_flight.entry((zone, k.key.clone())).or_default();
                 while ends.peek().is_some_and(|Reverse(end)| *end <= from) {
                     ends.pop();
                 }
                 let in_flight = ends.len() as u32;
-                let rejected = in_flight >= *max;
+                let rejected = in_flight >= k.max;
                 full |= rejected;
-                out.push(ConnDecision { limit: *reference, key: key.clone(), in_flight, rejected });
+                out.push(ConnDecision { limit: k.reference, key: k.key.clone(), in_flight, rejected });
             }
             if !full {
                 for d in &out[first..] {

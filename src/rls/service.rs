@@ -16,7 +16,7 @@ use super::{answer, decide};
 use crate::config::{FailurePolicy, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{Ending, Ticket};
+use crate::engine::{Ending, Outcome, Ticket};
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
 
@@ -56,7 +56,7 @@ impl RateLimitService for RlsService {
         let plan = match plan::plan(&rt, domain, &req, settings.max_descriptors) {
             Ok(plan) => plan,
             Err(invalid) => {
-                ticket.refused_before_limits();
+                ticket.settle_as(Outcome::BadRequest);
                 finish(trace_parent, started, domain_label, &req, Vec::new(), "INVALID_ARGUMENT");
                 ticket.finish(Ending::Over, 0, &self.stores).await;
                 return Err(Status::invalid_argument(invalid.0));
