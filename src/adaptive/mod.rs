@@ -5,13 +5,13 @@
 //! - `admission`: who may take a place (priorities), pure.
 //! - `limiter`: one upstream's places, queue and permits (the proxy's side).
 //! - `priority_from`: a request's priority from a header or a verified claim, pure.
-//! - `registry`: limits by upstream name, kept across reloads.
+//!
+//! Each upstream's limit is kept across reloads with its pool (`upstream::Registry`).
 
 mod admission;
 mod controller;
 mod limiter;
 mod priority_from;
-mod registry;
 #[cfg(test)]
 mod sim;
 
@@ -19,4 +19,3 @@ pub use admission::{Occupancy, Priority, ShedReason};
 pub use controller::{Controller, Settings, Verdict};
 pub use limiter::{AdaptiveLimit, AdaptiveSpec, Permit, QueueSettings};
 pub use priority_from::{PriorityFrom, Source as PrioritySource};
-pub use registry::{all, attach};

@@ -1,15 +1,22 @@
-//! A held concurrency lease: renewed in the background while its request runs, released when the
-//! request ends — in the logging phase normally, and by `Drop` on any path that skips it, so a
-//! slot is never leaked by an early return, a client abort or a panic.
+//! A held concurrency lease, released when its request ends — in the ticket's `finish` normally,
+//! and by `Drop` on any path that skips it, so a slot is never leaked by an early return, a client
+//! abort or a panic.
+//!
+//! Leases on a store where they expire (Redis: `lease_ttl`) are kept alive by the process's one
+//! [`LeaseKeeper`], which renews every held lease together and gives back those dropped without
+//! a release. The engine starts no task: the process runs [`LeaseKeeper::run`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tracing::debug;
 
 use super::observe::Observer;
-use crate::store::{ConnStore, LeaseKey};
+use crate::store::{ready_now, ConnStore, LeaseKey};
 
 /// Unique per process start, so lease ids of different instances never collide.
 static INSTANCE: LazyLock<String> = LazyLock::new(|| {
@@ -23,32 +30,145 @@ pub fn new_lease_id() -> String {
     format!("{}:{}", *INSTANCE, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Store calls in flight at once while renewing or giving back (one Redis pipeline's worth).
+const IN_FLIGHT: usize = 64;
+
+/// One lease as the keeper knows it.
+struct Kept {
+    keys: Vec<LeaseKey>,
+    id: String,
+}
+
+/// The leases held on one store whose leases expire: renewed every `renew_every` while held,
+/// given back when their `Lease` was dropped unreleased.
+pub struct LeaseKeeper {
+    store: Arc<dyn ConnStore>,
+    held: Mutex<HashMap<u64, Kept>>,
+    /// Dropped without a release: given back by the next turn of [`LeaseKeeper::run`].
+    orphans: Mutex<Vec<Kept>>,
+    orphaned: Notify,
+    next: AtomicU64,
+}
+
+impl LeaseKeeper {
+    pub fn new(store: Arc<dyn ConnStore>) -> Arc<Self> {
+        Arc::new(LeaseKeeper {
+            store,
+            held: Mutex::default(),
+            orphans: Mutex::default(),
+            orphaned: Notify::new(),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// Leases held now (the tests, the status page).
+    pub fn held(&self) -> usize {
+        lock(&self.held).len()
+    }
+
+    /// Renews the held leases every `renew_every` and gives back orphans as they come; for the
+    /// process's life. A store whose leases never expire needs only the second.
+    pub async fn run(&self) {
+        let every = self.store.renew_every();
+        let mut due = every.map(|every| tokio::time::Instant::now() + every);
+        loop {
+            let renewal = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = renewal => {
+                    self.renew_all().await;
+                    due = every.map(|every| tokio::time::Instant::now() + every);
+                }
+                () = self.orphaned.notified() => self.release_orphans().await,
+            }
+        }
+    }
+
+    async fn renew_all(&self) {
+        let leases: Vec<(Vec<LeaseKey>, String)> =
+            lock(&self.held).values().map(|k| (k.keys.clone(), k.id.clone())).collect();
+        let mut calls = JoinSet::new();
+        for (keys, id) in leases {
+            while calls.len() >= IN_FLIGHT {
+                calls.join_next().await;
+            }
+            let store = self.store.clone();
+            calls.spawn(async move {
+                if let Err(e) = store.renew(&keys, &id).await {
+                    // The next renewal may succeed; the lease's TTL covers two more attempts.
+                    debug!(lease = %id, error = %e, "lease renewal failed");
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
+    }
+
+    async fn release_orphans(&self) {
+        let orphans = std::mem::take(&mut *lock(&self.orphans));
+        let mut calls = JoinSet::new();
+        for kept in orphans {
+            while calls.len() >= IN_FLIGHT {
+                calls.join_next().await;
+            }
+            let store = self.store.clone();
+            calls.spawn(async move {
+                if let Err(e) = store.release(&kept.keys, &kept.id).await {
+                    debug!(lease = %kept.id, error = %e, "lease release failed; it expires by itself");
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
+    }
+
+    fn keep(&self, keys: &[LeaseKey], id: &str) -> u64 {
+        let serial = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.held).insert(serial, Kept { keys: keys.to_vec(), id: id.to_string() });
+        serial
+    }
+
+    fn forget(&self, serial: u64) -> Option<Kept> {
+        lock(&self.held).remove(&serial)
+    }
+
+    fn orphan(&self, kept: Kept) {
+        lock(&self.orphans).push(kept);
+        self.orphaned.notify_one();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub struct Lease {
     store: Arc<dyn ConnStore>,
     keys: Vec<LeaseKey>,
     id: String,
     observer: &'static dyn Observer,
-    renewer: Option<tokio::task::JoinHandle<()>>,
+    /// Where the lease is kept alive (`None` on a store where leases never expire) and its
+    /// number there.
+    keeper: Option<(Arc<LeaseKeeper>, u64)>,
     released: bool,
 }
 
 impl Lease {
-    /// Starts holding a lease the store has granted.
-    pub fn hold(store: Arc<dyn ConnStore>, keys: Vec<LeaseKey>, id: String, observer: &'static dyn Observer) -> Lease {
+    /// Starts holding a lease `store` has granted; `keeper` keeps it alive when `store` is its
+    /// store and its leases expire.
+    pub fn hold(
+        store: Arc<dyn ConnStore>,
+        keys: Vec<LeaseKey>,
+        id: String,
+        observer: &'static dyn Observer,
+        keeper: &Arc<LeaseKeeper>,
+    ) -> Lease {
         observer.lease(true);
-        let renewer = store.renew_every().map(|every| {
-            let (store, keys, id) = (store.clone(), keys.clone(), id.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    if let Err(e) = store.renew(&keys, &id).await {
-                        // The next renewal may succeed; the lease's TTL covers two more attempts.
-                        debug!(lease = %id, error = %e, "lease renewal failed");
-                    }
-                }
-            })
-        });
-        Lease { store, keys, id, observer, renewer, released: false }
+        let kept = Arc::ptr_eq(&store, &keeper.store) && store.renew_every().is_some();
+        let keeper = kept.then(|| (keeper.clone(), keeper.keep(&keys, &id)));
+        Lease { store, keys, id, observer, keeper, released: false }
     }
 
     pub async fn release(mut self) {
@@ -59,8 +179,8 @@ impl Lease {
     }
 
     fn stop(&mut self) {
-        if let Some(renewer) = self.renewer.take() {
-            renewer.abort();
+        if let Some((keeper, serial)) = self.keeper.take() {
+            keeper.forget(serial);
         }
         if !self.released {
             self.released = true;
@@ -74,16 +194,122 @@ impl Drop for Lease {
         if self.released {
             return;
         }
+        let keeper = self.keeper.clone();
         self.stop();
-        let (store, keys, id) = (self.store.clone(), std::mem::take(&mut self.keys), std::mem::take(&mut self.id));
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    let _ = store.release(&keys, &id).await;
-                });
+        let (keys, id) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.id));
+        match keeper {
+            // Given back by the keeper's task, which the process runs.
+            Some((keeper, _)) => keeper.orphan(Kept { keys, id }),
+            // An in-process store answers at once.
+            None => {
+                if ready_now(self.store.release(&keys, &id)).is_none() {
+                    debug!(lease = %id, "lease release did not finish at once; it expires by itself");
+                }
             }
-            // No runtime (process exit): the lease expires by its TTL.
-            Err(_) => debug!(lease = %id, "lease dropped outside a runtime; it expires by itself"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::engine::Unobserved;
+    use crate::store::{ConnVerdict, KeyedConn, MemoryConnStore, StoreError};
+
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// The memory store, with leases that expire unless renewed every [`EVERY`] (as on Redis),
+    /// counting the renewals of each lease.
+    #[derive(Default)]
+    struct Expiring {
+        counts: MemoryConnStore,
+        renewals: Mutex<HashMap<String, u32>>,
+    }
+
+    impl Expiring {
+        fn renewals(&self, id: &str) -> u32 {
+            lock(&self.renewals).get(id).copied().unwrap_or(0)
+        }
+    }
+
+    #[async_trait]
+    impl ConnStore for Expiring {
+        async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
+            self.counts.acquire(zones, lease).await
+        }
+        async fn renew(&self, _keys: &[LeaseKey], lease: &str) -> Result<(), StoreError> {
+            *lock(&self.renewals).entry(lease.to_string()).or_default() += 1;
+            Ok(())
+        }
+        async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError> {
+            self.counts.release(keys, lease).await
+        }
+        fn renew_every(&self) -> Option<Duration> {
+            Some(EVERY)
+        }
+        async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+            self.counts.held(zone, key).await
+        }
+    }
+
+    /// One keeper renews every held lease on the store's schedule, stops at a release, and gives
+    /// back a lease dropped unreleased; on tokio's paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn one_keeper_renews_held_leases_and_gives_back_dropped_ones() {
+        let expiring = Arc::new(Expiring::default());
+        let store: Arc<dyn ConnStore> = expiring.clone();
+        let keeper = LeaseKeeper::new(store.clone());
+        let running = tokio::spawn({
+            let keeper = keeper.clone();
+            async move { keeper.run().await }
+        });
+        let zone = [KeyedConn::new("conn", "a", 5)];
+        let keys = vec![LeaseKey { zone: "conn".into(), key: b"a".to_vec() }];
+        let mut leases = Vec::new();
+        for id in ["1", "2"] {
+            assert!(store.acquire(&zone, id).await.unwrap().admitted);
+            leases.push(Lease::hold(store.clone(), keys.clone(), id.into(), &Unobserved, &keeper));
+        }
+        assert_eq!(keeper.held(), 2);
+
+        tokio::time::sleep(EVERY * 3 + Duration::from_millis(1)).await;
+        assert_eq!((expiring.renewals("1"), expiring.renewals("2")), (3, 3));
+
+        let second = leases.pop().unwrap();
+        leases.pop().unwrap().release().await;
+        tokio::time::sleep(EVERY).await;
+        assert_eq!((expiring.renewals("1"), expiring.renewals("2")), (3, 4), "a released lease is not renewed");
+        assert_eq!(store.held("conn", b"a").await.unwrap(), 1);
+
+        drop(second);
+        assert_eq!(keeper.held(), 0);
+        // The keeper's task gives it back at its next turn; no time needs to pass.
+        for _ in 0..100 {
+            if store.held("conn", b"a").await.unwrap() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.held("conn", b"a").await.unwrap(), 0);
+        running.abort();
+    }
+
+    /// On a store where leases never expire nothing is kept, and a dropped lease goes back at
+    /// once, without any task.
+    #[tokio::test]
+    async fn in_process_leases_need_no_keeper() {
+        let store: Arc<dyn ConnStore> = Arc::new(MemoryConnStore::default());
+        let keeper = LeaseKeeper::new(store.clone());
+        let zone = [KeyedConn::new("conn", "a", 5)];
+        assert!(store.acquire(&zone, "1").await.unwrap().admitted);
+        let keys = vec![LeaseKey { zone: "conn".into(), key: b"a".to_vec() }];
+        let lease = Lease::hold(store.clone(), keys, "1".into(), &Unobserved, &keeper);
+        assert_eq!(keeper.held(), 0);
+        drop(lease);
+        assert_eq!(store.held("conn", b"a").await.unwrap(), 0);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::lease::{new_lease_id, Lease};
+use super::lease::{new_lease_id, Lease, LeaseKeeper};
 use super::observe::Observer;
 use super::policy::{self, Groups, Resolved};
 use super::refusal::{Answer, Refusal};
@@ -20,6 +20,21 @@ pub struct ConnStores {
     pub local: Arc<MemoryConnStore>,
     /// Who is told of store failures and of leases taken and given back.
     pub observer: &'static dyn Observer,
+    /// Keeps the primary store's leases alive (the process runs it).
+    pub keeper: Arc<LeaseKeeper>,
+}
+
+impl ConnStores {
+    /// `primary` with its keeper, `local` for the `local` failure policy.
+    pub fn new(
+        primary: Arc<dyn ConnStore>,
+        kind: &'static str,
+        local: Arc<MemoryConnStore>,
+        observer: &'static dyn Observer,
+    ) -> Self {
+        let keeper = LeaseKeeper::new(primary.clone());
+        ConnStores { primary, kind, local, observer, keeper }
+    }
 }
 
 pub struct ConnOutcome<'a> {
@@ -81,7 +96,7 @@ pub async fn acquire<'a>(
         }
         if verdict.admitted {
             let keys = group.iter().map(|z| LeaseKey { zone: z.zone.to_string(), key: z.key.clone() }).collect();
-            outcome.leases.push(Lease::hold(store, keys, lease_id, stores.observer));
+            outcome.leases.push(Lease::hold(store, keys, lease_id, stores.observer, &stores.keeper));
         }
     }
     outcome

@@ -75,6 +75,7 @@ pub use admit::{admit, BadRequest, Forward, Head, Plan, Refused};
 pub use after_response::{response_cost_fields, Ending};
 pub use headers::zone_remaining;
 pub use keyed::keyed_zone;
+pub use lease::LeaseKeeper;
 pub use limit_conn::ConnStores;
 pub use limit_req::{enforce, Action, Enforcement, Stores};
 pub use observe::{Door, Observer, Report, Unobserved};

@@ -25,9 +25,11 @@ use serde_json::{json, Value};
 
 use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
+use crate::process::lasting::Lasting;
 use crate::process::reload::{ReloadOutcome, Reloader};
 use crate::store::LimitStore;
 use crate::top::Tracker;
+use crate::upstream::Registry;
 
 use super::admin_guard::{self as guard, path_decode, query_param, Provenance};
 
@@ -38,6 +40,8 @@ pub struct AdminApp {
     instance: String,
     /// The tables the engine records into (`GET /top`, resets).
     top: Arc<Tracker>,
+    /// Every upstream's pool and adaptive limit (`GET /upstreams`).
+    upstreams: Arc<Registry>,
 }
 
 enum Body {
@@ -56,8 +60,15 @@ fn page_policy() -> &'static str {
 }
 
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>, instance: String, top: Arc<Tracker>) -> Self {
-        Self { reloader, store, instance, top }
+    /// The admin API over the process's lasting state.
+    pub fn new(reloader: Arc<Reloader>, lasting: &Lasting) -> Self {
+        Self {
+            reloader,
+            store: lasting.limits.primary.clone(),
+            instance: lasting.instance.clone(),
+            top: lasting.top.clone(),
+            upstreams: lasting.upstreams.clone(),
+        }
     }
 
     async fn handle(
@@ -159,7 +170,8 @@ impl AdminApp {
             .upstreams
             .iter()
             .map(|u| {
-                let pool = u.pool();
+                let kept = self.upstreams.of(u);
+                let pool = &kept.pool;
                 let spec = pool.spec();
                 json!({
                     "name": u.name,
@@ -168,7 +180,7 @@ impl AdminApp {
                         "type": match h.kind { crate::upstream::CheckKind::Tcp => "tcp", _ => "http" },
                         "interval_ms": h.interval.as_millis() as u64, "rise": h.rise, "fall": h.fall,
                     })),
-                    "adaptive": u.adaptive().map(|a| a.status()),
+                    "adaptive": kept.adaptive.as_ref().map(|a| a.status()),
                 })
             })
             .collect();

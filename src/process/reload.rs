@@ -73,7 +73,9 @@ pub struct Reloader {
     /// What the process really runs with for settings read once at start-up: later files are
     /// compared with this, not with the previous file, to report what awaits a restart.
     started: Startup,
-    /// Called with every config applied after the first (the TLS certificates follow it).
+    /// Called with every config applied after the first, just before it is published (what
+    /// requests on it will look up must be there) and just after (the TLS certificates follow it).
+    on_prepare: Mutex<Vec<ApplyHook>>,
     on_apply: Mutex<Vec<ApplyHook>>,
 }
 
@@ -124,11 +126,17 @@ impl Reloader {
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             status: Mutex::new(status),
             started,
+            on_prepare: Mutex::new(Vec::new()),
             on_apply: Mutex::new(Vec::new()),
         }
     }
 
-    /// Runs `hook` with each config a reload applies.
+    /// Runs `hook` with each config a reload applies, before requests can see it.
+    pub fn on_prepare(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
+        self.on_prepare.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+    }
+
+    /// Runs `hook` with each config a reload applies, once requests see it.
     pub fn on_apply(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
         self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
     }
@@ -188,6 +196,9 @@ impl Reloader {
             warn!(trigger, "{warning}");
         }
         let next = Arc::new(next);
+        for hook in self.on_prepare.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            hook(&next);
+        }
         self.runtime.store(next.clone());
         METRICS.seed(&next);
         for hook in self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).iter() {

@@ -5,112 +5,24 @@ use std::sync::Arc;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 
-use crate::config::Runtime;
-use crate::config::StoreSettings;
 use crate::edge::budget::Budget;
 use crate::edge::{Capped, EdgeApp, TlsListeners};
-use crate::engine::ConnStores;
-use crate::engine::Observer;
-use crate::engine::Stores;
-use crate::limit::SystemClock;
-use crate::metrics::MetricsObserver;
 use crate::process::admin::AdminApp;
+use crate::process::lasting::Lasting;
 use crate::process::reload::Reloader;
 use crate::proxy::WeirProxy;
-use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
-use crate::tls::{self, CertResolver, CertWatcher};
-use crate::top::Tracker;
-use arc_swap::ArcSwap;
+use crate::tls;
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
 const GRACE_SECONDS: u64 = 1;
-/// How often an open circuit breaker pings the store to see whether it is back.
-const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// What outlives every reload, made once at start and handed to the proxy, the admin API and
-/// the engine: the stores of rate limits and concurrency leases (on Redis both share one
-/// connection, one circuit breaker and the deny cache), with the in-process stores of the `local`
-/// failure policy. Upstream pools live in `upstream::REGISTRY`, whose health and DNS task
-/// `run` starts; certificates in the `CertWatcher` that reload feeds.
-pub struct Lasting {
-    pub limits: Stores,
-    pub conns: ConnStores,
-    /// This process's top-keys tables: the engine records into them (through `limits`), the admin
-    /// API and the fleet sync read them.
-    pub top: Arc<Tracker>,
-}
-
-impl Lasting {
-    pub fn build(runtime: &Arc<ArcSwap<Runtime>>) -> Result<Lasting, String> {
-        // Each zone's capacity follows the running config (`max_keys`), reloads included.
-        let live = runtime.clone();
-        let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let (limits, conns) = primary_stores(runtime, &zone_limits)?;
-        let kind = limits.kind();
-        let top = Arc::new(Tracker::default());
-        // The engine reports to the metrics, then to the live view's tables; made once, for the
-        // process's life (the engine holds it by plain reference).
-        let observer: &'static dyn Observer = Box::leak(Box::new((MetricsObserver::new(kind), top.clone())));
-        Ok(Lasting {
-            limits: Stores::new(limits, MemoryStore::default().with_zone_limits(zone_limits.clone()))
-                .observed_by(observer),
-            conns: ConnStores {
-                primary: conns,
-                kind,
-                local: Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits)),
-                observer,
-            },
-            top,
-        })
-    }
-}
-
-type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>);
-
-/// The configured store, for rates and for concurrency leases.
-fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
-    let settings = &runtime.load().store;
-    Ok(match settings {
-        StoreSettings::Memory => (
-            Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone())),
-            Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
-        ),
-        StoreSettings::Redis(cfg, resilience) => {
-            let redis = Arc::new(
-                RedisStore::new(cfg.clone(), Arc::new(SystemClock))
-                    .map_err(|e| format!("store: {e}"))?
-                    .with_lease_ttl(resilience.lease_ttl)
-                    .with_coalescing(resilience.coalesce),
-            );
-            redis.watch_eviction_policy()?;
-            let guarded = Arc::new(
-                GuardedStore::new(
-                    redis.clone(),
-                    Arc::new(SystemClock),
-                    resilience.breaker_failures,
-                    resilience.deny_cache_size,
-                    PROBE_INTERVAL,
-                )
-                .with_conn(redis),
-            );
-            (guarded.clone(), guarded)
-        }
-    })
-}
 
 /// Runs the proxy until a signal stops the process. Never returns on success.
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     let runtime = reloader.runtime().load_full();
-    // The stores (and the Redis connection) are made once and outlive every reload.
-    let lasting = Lasting::build(&reloader.runtime())?;
-    let live = reloader.runtime();
-    crate::upstream::REGISTRY.watch(move || live.load_full(), |rt: &crate::config::Runtime| &rt.upstreams);
-    // Fleet-wide top keys and resets (a no-op on the memory store, which has no fleet).
-    let instance = crate::top::fleet::instance_id();
-    if matches!(runtime.store, StoreSettings::Redis(..)) {
-        let store = lasting.limits.primary.clone();
-        crate::top::fleet::start(store, reloader.runtime(), instance.clone(), lasting.top.clone())?;
-    }
+    // The stores (and the Redis connection), upstream pools and certificates are made once and
+    // outlive every reload.
+    let lasting = Lasting::build(&reloader)?;
+    lasting.start(&reloader.runtime())?;
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
     for warning in &runtime.warnings {
@@ -150,19 +62,10 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let admin_store = lasting.limits.primary.clone();
-    let admin_top = lasting.top.clone();
     // One certificate resolver (and watcher) for every TLS listener, the proxy's and the RLS's.
     let rls = runtime.rls.as_ref();
-    let needs_tls = !listen_tls.is_empty() || rls.is_some_and(|r| !r.listen_tls.is_empty());
-    let resolver = if needs_tls {
-        let resolver = Arc::new(CertResolver::new(runtime.tls_certs.clone()));
-        let watcher = CertWatcher::start(resolver.clone())?;
-        reloader.on_apply(move |next| watcher.apply_config(next.tls_certs.clone()));
-        Some(resolver)
-    } else {
-        None
-    };
+    let resolver = lasting.certs.clone();
+    let admin_app = AdminApp::new(reloader.clone(), &lasting);
     if let Some(rls) = rls {
         let tls = match (&resolver, rls.listen_tls.is_empty()) {
             // gRPC needs HTTP/2: ALPN offers h2 on these listeners whatever server.http2 says.
@@ -171,8 +74,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
             }
             _ => None,
         };
-        let stores = rls_stores(&reloader, &lasting.limits);
-        let service = crate::rls::service::RlsService::new(reloader.runtime(), stores);
+        let service = crate::rls::service::RlsService::new(reloader.runtime(), lasting.rls_limits);
         let listener = crate::rls::listener::RlsListener::bind(service, reloader.runtime(), budget.rls, tls)?;
         let mut background = pingora::services::background::background_service("weir rls", listener);
         background.threads = Some(runtime.server.threads);
@@ -181,7 +83,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     }
     // Without HTTP listeners the process is the rate limit service alone.
     if !listen.is_empty() || !listen_tls.is_empty() {
-        let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns);
+        let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns, lasting.upstreams.clone());
         let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
         proxy.server_options = Some(http_options(&runtime.server));
         // The edge serves h2 connections with these options read per connection (edge/streams.rs);
@@ -202,11 +104,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     if let Some(admin) = runtime.server.admin {
         let mut admin_service = pingora::services::listening::Service::new(
             "weir admin".to_string(),
-            Capped::new(
-                AdminApp::new(reloader.clone(), admin_store, instance, admin_top),
-                budget.admin,
-                "admin_max_connections",
-            ),
+            Capped::new(admin_app, budget.admin, "admin_max_connections"),
         );
         admin_service.threads = Some(1);
         admin_service.add_tcp(&admin.to_string());
@@ -218,16 +116,6 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     // which runs no destructor.
     crate::logging::buffer::flush_all();
     std::process::exit(0)
-}
-
-/// The rate limit service's stores: the process's store (one Redis connection, breaker and deny
-/// cache for both front doors) and its own in-process one for the `local` failure policy. Its
-/// decisions go to the same top-keys tables as the proxy's.
-fn rls_stores(reloader: &Reloader, limits: &Stores) -> Stores {
-    let live = reloader.runtime();
-    let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-    Stores::new(limits.primary.clone(), MemoryStore::default().with_zone_limits(zone_limits))
-        .observed_by(limits.observer)
 }
 
 /// Pingora's per-connection HTTP options: h2c on the cleartext listeners when enabled, and idle

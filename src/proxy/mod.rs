@@ -26,17 +26,25 @@ use crate::engine::{self, Answer, Ending, Outcome, Refusal, Ruling, Ticket};
 use crate::keys;
 use crate::metrics::METRICS;
 use crate::request::{forwarded, hygiene};
+use crate::upstream::Registry;
 
 pub struct WeirProxy {
     runtime: Arc<ArcSwap<Runtime>>,
     stores: Stores,
     conn_stores: ConnStores,
+    upstreams: Arc<Registry>,
 }
 
 impl WeirProxy {
-    /// The proxy decides with stores that outlive every reload (the process makes them once).
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, stores: Stores, conn_stores: ConnStores) -> Self {
-        Self { runtime, stores, conn_stores }
+    /// The proxy decides with stores and upstream state that outlive every reload (the process
+    /// makes them once).
+    pub fn new(
+        runtime: Arc<ArcSwap<Runtime>>,
+        stores: Stores,
+        conn_stores: ConnStores,
+        upstreams: Arc<Registry>,
+    ) -> Self {
+        Self { runtime, stores, conn_stores, upstreams }
     }
 }
 
@@ -155,11 +163,12 @@ impl ProxyHttp for WeirProxy {
 
         let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };
         let upstream = &rt.upstreams[route.upstream];
-        if let Err(reason) = ctx.upstream.admit(upstream, ctx.ticket.priority()).await {
+        ctx.upstream.found(self.upstreams.of(upstream));
+        if let Err(reason) = ctx.upstream.admit(ctx.ticket.priority()).await {
             ctx.ticket.settle_as(Outcome::AdaptiveShed);
             return upstreaming::shed(session, reason, &upstream.name, route).await;
         }
-        if let Err(why) = ctx.upstream.first(upstream) {
+        if let Err(why) = ctx.upstream.first() {
             ctx.ticket.settle_as(match why {
                 crate::upstream::Unavailable::Busy => Outcome::UpstreamBusy,
                 crate::upstream::Unavailable::Down => Outcome::UpstreamDown,

@@ -16,12 +16,13 @@ use super::respond;
 use crate::adaptive::{Permit, Priority, ShedReason};
 use crate::engine::{Answer, Refusal};
 use crate::metrics::METRICS;
-use crate::upstream::{Pool, ServerSlot, Unavailable, Upstream, UpstreamSpec, MAX_TRIES};
+use crate::upstream::{Kept, Pool, ServerSlot, Unavailable, UpstreamSpec, MAX_TRIES};
 
 /// The upstream part of the request context.
 #[derive(Default)]
 pub struct Attempts {
-    pool: Option<Arc<Pool>>,
+    /// The upstream's lasting state (pool, adaptive limit), found once per request.
+    kept: Option<Arc<Kept>>,
     /// The server of the current (or next) attempt, holding its `max_conns` place.
     slot: Option<ServerSlot>,
     /// Servers this request was sent to, in order.
@@ -36,10 +37,15 @@ pub struct Attempts {
 }
 
 impl Attempts {
+    /// The request goes to the upstream whose lasting state is `kept`.
+    pub fn found(&mut self, kept: Arc<Kept>) {
+        self.kept = Some(kept);
+    }
+
     /// Takes a place under the upstream's adaptive limit, if it has one (after limit_req and
     /// limit_conn decided: they guard clients, this guards the upstream). May wait in its queue.
-    pub async fn admit(&mut self, upstream: &Upstream, priority: Priority) -> Result<(), ShedReason> {
-        let Some(limit) = upstream.adaptive() else { return Ok(()) };
+    pub async fn admit(&mut self, priority: Priority) -> Result<(), ShedReason> {
+        let Some(limit) = self.kept.as_ref().and_then(|k| k.adaptive.clone()) else { return Ok(()) };
         match limit.acquire(priority).await {
             Ok(permit) => {
                 self.permit = Some(Box::new(permit));
@@ -58,12 +64,14 @@ impl Attempts {
     }
 
     /// Picks the first server; a request that gets none is answered by [`unavailable`].
-    pub fn first(&mut self, upstream: &Upstream) -> Result<(), Unavailable> {
-        let pool = upstream.pool().clone();
-        let picked = pool.pick(&[]);
-        self.pool = Some(pool);
-        self.slot = Some(picked?);
+    pub fn first(&mut self) -> Result<(), Unavailable> {
+        let Some(kept) = &self.kept else { return Err(Unavailable::Down) };
+        self.slot = Some(kept.pool.pick(&[])?);
         Ok(())
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        self.kept.as_ref().map(|k| &k.pool)
     }
 
     pub fn tries(&self) -> usize {
@@ -87,7 +95,7 @@ impl Attempts {
     /// idle timeout alone does not stop reuse: Pingora's pool checks it with a coarse timer, and
     /// a request that comes within a few milliseconds takes the connection.)
     pub fn close_after(&self) -> bool {
-        self.pool.as_ref().is_some_and(|p| {
+        self.pool().is_some_and(|p| {
             let spec = p.spec();
             !spec.keepalive && spec.protocol == crate::upstream::Protocol::H1
         })
@@ -127,7 +135,7 @@ impl Attempts {
         if self.permit.as_ref().is_some_and(|p| !p.allows_retry()) {
             return false;
         }
-        let Some(pool) = &self.pool else { return false };
+        let Some(pool) = self.pool() else { return false };
         match pool.pick(&self.tried) {
             Ok(next) => {
                 self.slot = Some(next);
@@ -149,7 +157,7 @@ impl Attempts {
 
     /// The current attempt failed: count it against the server and give its place back.
     fn fail(&mut self) -> Option<Arc<UpstreamSpec>> {
-        let pool = self.pool.clone()?;
+        let pool = self.pool()?.clone();
         let slot = self.slot.take()?;
         pool.record_failure(slot.addr());
         drop(slot);
@@ -157,14 +165,14 @@ impl Attempts {
     }
 
     fn retry_counted(&self, reason: &str) {
-        if let Some(pool) = &self.pool {
+        if let Some(pool) = self.pool() {
             METRICS.upstream_retries.with_label_values(&[&pool.name, reason]).inc();
         }
     }
 
     /// `fail_to_connect`: nothing was sent, so any method may go to the next server (nginx).
     pub fn connect_failed(&mut self, mut e: Box<Error>) -> Box<Error> {
-        if let (Some(pool), Some(slot)) = (&self.pool, &self.slot) {
+        if let (Some(pool), Some(slot)) = (self.pool(), &self.slot) {
             METRICS.upstream_connect_errors.with_label_values(&[&pool.name, &slot.addr().to_string()]).inc();
             if is_tls_failure(&e) {
                 // A configuration problem an operator must see (wrong CA, name, client cert):
@@ -228,7 +236,7 @@ impl Attempts {
     /// next server when one is available; otherwise this response goes to the client (nginx).
     pub fn response_status(&mut self, session: &Session, status: u16) -> Result<()> {
         self.answered();
-        let Some(pool) = self.pool.clone() else { return Ok(()) };
+        let Some(pool) = self.pool().cloned() else { return Ok(()) };
         let spec = pool.spec();
         if !spec.retry.on_status.contains(&status) {
             return Ok(());
@@ -301,7 +309,7 @@ pub async fn shed(
 /// `fail_to_proxy`: 504 when the last attempt timed out, 502 for other upstream failures, each
 /// with a JSON body naming the upstream; client-side errors as Pingora does them.
 pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts, route: &str) -> FailToProxy {
-    let upstream = attempts.pool.as_ref().map_or("-", |p| p.name.as_str());
+    let upstream = attempts.pool().map_or("-", |p| p.name.as_str());
     let (code, error) = match (e.etype(), e.esource()) {
         (ErrorType::HTTPStatus(code), _) => (*code, "upstream_error"),
         (ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout, ErrorSource::Upstream) => {

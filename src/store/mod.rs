@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use crate::limit::{LimitReq, State, Verdict};
 
 pub use self::guard::GuardedStore;
-pub use self::memory::{decided_at_once, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
+pub use self::memory::{decided_at_once, ready_now, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
 pub use self::redis::{
     key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
     RedisTls, RedisTopology,

@@ -27,7 +27,7 @@ pub use table::{Event, Row, Table, TableSettings};
 pub use view::{InstanceView, ZoneView};
 
 /// A process's tables (one per zone, made on the zone's first recorded request). The serving
-/// process owns one (`process::server::Lasting`) and hands it to the engine as an observer (`Stores::observed_by`),
+/// process owns one (`process::lasting::Lasting`) and hands it to the engine as an observer (`Stores::observed_by`),
 /// the admin API and the fleet sync; replay has none, so it never feeds a live view.
 #[derive(Default)]
 pub struct Tracker {

@@ -1,11 +1,11 @@
 //! Upstreams: what `[[upstream]]` compiles to ([`UpstreamSpec`], immutable, part of the config
 //! snapshot) and the state that must outlive a reload ([`Pool`]: round-robin position, requests in
-//! flight, active and passive health, last good DNS answers), kept by name in the [`REGISTRY`].
+//! flight, active and passive health, last good DNS answers), kept by name in a [`Registry`] the process owns.
 //!
 //! - `pool`: server selection (Pingora's weighted round robin), `max_conns`, passive failures.
 //! - `health`: active TCP / HTTP checks (Pingora's `TcpHealthCheck` / `HttpHealthCheck`).
 //! - `resolve`: re-resolution of host names every `resolve_interval`.
-//! - `registry`: the pools by upstream name, and the background task that runs checks and DNS.
+//! - `registry`: the pools and adaptive limits by upstream name, and the task that runs checks and DNS.
 //! - `tls`: HTTPS (CA, SNI, client certificates) and HTTP/2 to the servers: the peer templates.
 
 mod health;
@@ -16,12 +16,11 @@ mod server_state;
 pub mod tls;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use pool::{Pick, Pool, ServerSlot, ServerStatus, Unavailable};
-pub use registry::{Registry, REGISTRY};
+pub use registry::{Kept, Registry};
 pub use resolve::resolve_now;
 pub use tls::{Protocol, UpstreamTls};
 
@@ -120,16 +119,10 @@ impl RetryPolicy {
 /// Largest `tries`: Pingora makes at most 16 attempts per request.
 pub const MAX_TRIES: u32 = 16;
 
-static SEQUENCE: AtomicU64 = AtomicU64::new(1);
-
-/// A compiled upstream in the config snapshot. Its [`Pool`] is looked up by name in the
-/// [`REGISTRY`] the first time it is needed, and the snapshot's order number makes sure an older
-/// snapshot never overwrites the settings of a newer one.
+/// A compiled upstream in the config snapshot: settings only. What outlives a reload (its
+/// [`Pool`], its adaptive limit) is kept by name in the process's [`Registry`].
 pub struct Upstream {
     pub spec: Arc<UpstreamSpec>,
-    seq: u64,
-    pool: OnceLock<Arc<Pool>>,
-    adaptive: OnceLock<Option<Arc<crate::adaptive::AdaptiveLimit>>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -148,23 +141,6 @@ impl std::ops::Deref for Upstream {
 
 impl Upstream {
     pub fn new(spec: UpstreamSpec) -> Self {
-        Self {
-            spec: Arc::new(spec),
-            seq: SEQUENCE.fetch_add(1, Ordering::Relaxed),
-            pool: OnceLock::new(),
-            adaptive: OnceLock::new(),
-        }
-    }
-
-    /// The upstream's adaptive limit, shared with every snapshot naming it; `None` when off.
-    pub fn adaptive(&self) -> Option<&Arc<crate::adaptive::AdaptiveLimit>> {
-        self.adaptive
-            .get_or_init(|| self.spec.adaptive.map(|spec| crate::adaptive::attach(&self.spec.name, spec)))
-            .as_ref()
-    }
-
-    /// The live state of this upstream, shared with every other snapshot naming it.
-    pub fn pool(&self) -> &Arc<Pool> {
-        self.pool.get_or_init(|| REGISTRY.attach(&self.spec, self.seq))
+        Self { spec: Arc::new(spec) }
     }
 }

@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -95,8 +95,6 @@ struct Shape {
 pub struct Pool {
     pub name: String,
     shape: ArcSwap<Shape>,
-    /// The config snapshot order number of the spec in use (see `Upstream::seq`).
-    seq: AtomicU64,
     discovery: Arc<Members>,
     /// Per address, kept while the address is a member.
     states: States,
@@ -121,7 +119,7 @@ pub struct ServerStatus {
 }
 
 impl Pool {
-    pub(super) fn new(spec: &Arc<UpstreamSpec>, seq: u64) -> Self {
+    pub(super) fn new(spec: &Arc<UpstreamSpec>) -> Self {
         let discovery = Arc::new(Members::default());
         let states = States::default();
         let lb = new_lb(spec, &discovery, &states);
@@ -133,7 +131,6 @@ impl Pool {
                 members: Vec::new(),
                 by_addr: HashMap::new(),
             }),
-            seq: AtomicU64::new(seq),
             discovery,
             states,
             resolved: Mutex::new(HashMap::new()),
@@ -151,11 +148,8 @@ impl Pool {
         self.shape.load().lb.clone()
     }
 
-    /// Applies the spec of a newer config snapshot; older snapshots change nothing.
-    pub(super) fn configure(&self, spec: &Arc<UpstreamSpec>, seq: u64) {
-        if self.seq.fetch_max(seq, Ordering::AcqRel) > seq {
-            return;
-        }
+    /// Applies the spec of a newer config snapshot (the registry applies them in order).
+    pub(super) fn configure(&self, spec: &Arc<UpstreamSpec>) {
         let current = self.spec();
         if *current == **spec {
             return;
@@ -438,7 +432,7 @@ mod tests {
 
     #[test]
     fn weighted_round_robin() {
-        let pool = Pool::new(&spec(&[(A, 3), (B, 1)], None), 1);
+        let pool = Pool::new(&spec(&[(A, 3), (B, 1)], None));
         let mut counts = HashMap::new();
         for _ in 0..400 {
             *counts.entry(addr(pool.pick(&[])).unwrap()).or_insert(0) += 1;
@@ -449,7 +443,7 @@ mod tests {
 
     #[test]
     fn max_conns_skips_full_servers_and_frees_slots_on_drop() {
-        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], Some(1)), 1);
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], Some(1)));
         let first = pool.pick(&[]).unwrap();
         let second = pool.pick(&[]).unwrap();
         assert_ne!(first.addr(), second.addr());
@@ -460,19 +454,16 @@ mod tests {
 
     #[test]
     fn in_flight_survives_a_new_spec() {
-        let pool = Pool::new(&spec(&[(A, 1)], Some(2)), 1);
+        let pool = Pool::new(&spec(&[(A, 1)], Some(2)));
         let _held = [pool.pick(&[]).unwrap(), pool.pick(&[]).unwrap()];
         // A reload with other settings, same server: the places taken still count.
-        pool.configure(&spec(&[(A, 2)], Some(2)), 2);
+        pool.configure(&spec(&[(A, 2)], Some(2)));
         assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Busy);
-        // An older snapshot cannot undo the newer one.
-        pool.configure(&spec(&[(A, 1), (B, 1)], Some(2)), 1);
-        assert_eq!(pool.status().len(), 1);
     }
 
     #[test]
     fn passive_failures_skip_a_server_until_fail_timeout() {
-        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None), 1);
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None));
         let a: SocketAddr = A.parse().unwrap();
         let b: SocketAddr = B.parse().unwrap();
         pool.record_failure(a);
@@ -484,14 +475,14 @@ mod tests {
         assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Down, "nginx: no live upstreams");
 
         // A single server is never taken out by passive health (nginx).
-        let single = Pool::new(&spec(&[(A, 1)], None), 1);
+        let single = Pool::new(&spec(&[(A, 1)], None));
         single.record_failure(a);
         assert_eq!(addr(single.pick(&[])), Some(a));
     }
 
     #[test]
     fn tried_servers_are_skipped() {
-        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None), 1);
+        let pool = Pool::new(&spec(&[(A, 1), (B, 1)], None));
         let a: SocketAddr = A.parse().unwrap();
         let b: SocketAddr = B.parse().unwrap();
         for _ in 0..5 {

@@ -1,68 +1,116 @@
-//! The pools of every upstream by name, outside the config snapshots so that a reload keeps
-//! their state, and the background task that runs active health checks and DNS re-resolution.
+//! What Weir keeps of every upstream across reloads, by name: its [`Pool`] and its adaptive
+//! limit. The process owns one [`Registry`] (`process::lasting::Lasting`) and brings it up to
+//! date before each config snapshot is published; requests find their upstream's state here,
+//! never inside the snapshot. Also the background task that runs active health checks and DNS
+//! re-resolution.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{resolve, Pool, Upstream, UpstreamSpec};
+use arc_swap::ArcSwap;
 
-/// How often the background task looks at the config, the checks due and the health gauges.
+use super::server_state::lock;
+use super::{resolve, Pool, Upstream};
+use crate::adaptive::AdaptiveLimit;
+
+/// How often the background task looks at the checks due and the health gauges.
 const TICK: Duration = Duration::from_millis(50);
 
-pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
+/// One upstream's state that outlives a reload.
+pub struct Kept {
+    pub pool: Arc<Pool>,
+    /// `None` when the upstream has no adaptive limit.
+    pub adaptive: Option<Arc<AdaptiveLimit>>,
+}
+
+impl Kept {
+    fn new(upstream: &Upstream) -> Self {
+        Kept {
+            pool: Arc::new(Pool::new(&upstream.spec)),
+            adaptive: upstream.adaptive.map(|spec| Arc::new(AdaptiveLimit::new(&upstream.name, spec))),
+        }
+    }
+
+    /// The same state under `upstream`'s newer settings: what was learned is kept.
+    fn reconfigured(&self, upstream: &Upstream) -> Self {
+        self.pool.configure(&upstream.spec);
+        let adaptive = match (upstream.adaptive, &self.adaptive) {
+            (Some(spec), Some(limit)) => {
+                limit.reconfigure(spec);
+                Some(limit.clone())
+            }
+            (Some(spec), None) => Some(Arc::new(AdaptiveLimit::new(&upstream.name, spec))),
+            (None, _) => None,
+        };
+        Kept { pool: self.pool.clone(), adaptive }
+    }
+}
 
 #[derive(Default)]
 pub struct Registry {
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
-    watching: OnceLock<()>,
+    /// Read by every request without a lock; replaced whole by [`Registry::prepare`].
+    kept: ArcSwap<HashMap<String, Arc<Kept>>>,
+    /// Serialises the writers (reloads, on one thread anyway, and the first start).
+    change: Mutex<()>,
+    checking: OnceLock<()>,
 }
 
 impl Registry {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Pool>>> {
-        self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    /// A registry holding the state of `upstreams` (the first config's).
+    pub fn new(upstreams: &[Upstream]) -> Self {
+        let registry = Registry::default();
+        registry.prepare(upstreams);
+        registry
     }
 
-    /// The pool named like `spec`, created on first use; a spec from a newer config snapshot
-    /// (higher `seq`) updates it.
-    pub fn attach(&self, spec: &Arc<UpstreamSpec>, seq: u64) -> Arc<Pool> {
-        let mut pools = self.lock();
-        match pools.get(&spec.name) {
-            Some(pool) => {
-                pool.configure(spec, seq);
-                pool.clone()
-            }
-            None => {
-                let pool = Arc::new(Pool::new(spec, seq));
-                pools.insert(spec.name.clone(), pool.clone());
-                pool
-            }
+    /// Before a snapshot naming `upstreams` is published: new upstreams get their state, the
+    /// others their new settings. Requests still on the old snapshot keep finding theirs.
+    pub fn prepare(&self, upstreams: &[Upstream]) {
+        let _writer = lock(&self.change);
+        let mut next = HashMap::clone(&self.kept.load());
+        for upstream in upstreams {
+            let kept = match next.get(&upstream.name) {
+                Some(kept) => kept.reconfigured(upstream),
+                None => Kept::new(upstream),
+            };
+            next.insert(upstream.name.clone(), Arc::new(kept));
+        }
+        self.kept.store(Arc::new(next));
+    }
+
+    /// After the snapshot naming `upstreams` is published: the state of upstreams it no longer
+    /// names is dropped (requests in flight hold their own reference until they end).
+    pub fn retain(&self, upstreams: &[Upstream]) {
+        let _writer = lock(&self.change);
+        let mut next = HashMap::clone(&self.kept.load());
+        next.retain(|name, _| upstreams.iter().any(|u| &u.name == name));
+        self.kept.store(Arc::new(next));
+    }
+
+    /// The state of `upstream`. A request that began on a snapshot older than the reload that
+    /// removed its upstream gets a fresh state of its own, kept nowhere.
+    pub fn of(&self, upstream: &Upstream) -> Arc<Kept> {
+        match self.kept.load().get(&upstream.name) {
+            Some(kept) => kept.clone(),
+            None => Arc::new(Kept::new(upstream)),
         }
     }
 
-    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
-        self.lock().get(name).cloned()
+    fn pools(&self) -> Vec<Arc<Pool>> {
+        self.kept.load().values().map(|k| k.pool.clone()).collect()
     }
 
-    fn all(&self) -> Vec<Arc<Pool>> {
-        self.lock().values().cloned().collect()
-    }
-
-    /// Follows the live config: `snapshot` gives the current one (a new `Arc` when it changes),
-    /// `upstreams` its upstreams. They get pools at once (health checks start without waiting
-    /// for traffic), pools of removed upstreams are dropped. Starts, once per process, a thread
-    /// with its own small runtime for the checks and DNS lookups.
-    pub fn watch<S: Send + Sync + 'static>(
-        &'static self,
-        snapshot: impl Fn() -> Arc<S> + Send + 'static,
-        upstreams: fn(&S) -> &[Upstream],
-    ) {
-        if self.watching.set(()).is_err() {
+    /// Starts, once, a thread with its own small runtime for the active health checks and the
+    /// DNS lookups of every kept upstream (checks start without waiting for traffic).
+    pub fn start_checks(self: &Arc<Self>) {
+        if self.checking.set(()).is_err() {
             return;
         }
+        let registry = self.clone();
         let spawned = std::thread::Builder::new().name("weir-upstreams".into()).spawn(move || {
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(self.run(snapshot, upstreams)),
+                Ok(rt) => rt.block_on(registry.run_checks()),
                 Err(e) => tracing::error!(error = %e, "cannot start the upstream health checker"),
             }
         });
@@ -71,27 +119,19 @@ impl Registry {
         }
     }
 
-    async fn run<S>(&self, snapshot: impl Fn() -> Arc<S>, upstreams: fn(&S) -> &[Upstream]) {
-        let mut seen: Option<Arc<S>> = None;
+    async fn run_checks(&self) {
         let mut due_check: HashMap<String, Instant> = HashMap::new();
         let mut due_resolve: HashMap<String, Instant> = HashMap::new();
         let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         let mut resolving: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
-            let current = snapshot();
-            if !seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current)) {
-                for upstream in upstreams(&current) {
-                    upstream.pool();
-                }
-                seen = Some(current);
-            }
-            if let Some(current) = &seen {
-                // Also drops a pool an old snapshot's late first request brought back.
-                let live = upstreams(current);
-                self.lock().retain(|name, _| live.iter().any(|u| &u.name == name));
-            }
+            let pools = self.pools();
+            // Upstreams a reload removed start afresh if they come back.
+            let kept = |name: &String| pools.iter().any(|p| &p.name == name);
+            due_check.retain(|name, _| kept(name));
+            due_resolve.retain(|name, _| kept(name));
             let now = Instant::now();
-            for pool in self.all() {
+            for pool in &pools {
                 let spec = pool.spec();
                 if let Some(check) = &spec.health_check {
                     let idle = running.get(&spec.name).is_none_or(|task| task.is_finished());
@@ -114,5 +154,58 @@ impl Registry {
             }
             tokio::time::sleep(TICK).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{from_text, Runtime};
+
+    fn config(upstreams: &str) -> Runtime {
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:8080\"]\n{upstreams}\n[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"api\"\n"
+        );
+        from_text(&text, "test.toml").unwrap()
+    }
+
+    const API: &str = "[[upstream]]\nname = \"api\"\nservers = [\"127.0.0.1:1\"]\nmax_conns = 1\n";
+    const API_ADAPTIVE: &str =
+        "[[upstream]]\nname = \"api\"\nservers = [\"127.0.0.1:1\"]\nmax_conns = 1\nadaptive = {}\n";
+    const OTHER: &str = "[[upstream]]\nname = \"other\"\nservers = [\"127.0.0.1:2\"]\n";
+
+    /// A reload keeps what the upstream learned and holds; only what it no longer names goes.
+    #[test]
+    fn reloads_keep_state_by_name_and_drop_removed_upstreams() {
+        let first = config(API_ADAPTIVE);
+        let registry = Registry::new(&first.upstreams);
+        let kept = registry.of(&first.upstreams[0]);
+        let _held = kept.pool.pick(&[]).unwrap();
+        assert!(kept.adaptive.is_some());
+
+        // Same upstream, new settings: the place taken still counts, the limit is the same one.
+        let second = config(&format!("{API_ADAPTIVE}{OTHER}"));
+        registry.prepare(&second.upstreams);
+        registry.retain(&second.upstreams);
+        let again = registry.of(&second.upstreams[0]);
+        assert!(Arc::ptr_eq(&kept.pool, &again.pool));
+        assert!(Arc::ptr_eq(kept.adaptive.as_ref().unwrap(), again.adaptive.as_ref().unwrap()));
+        assert_eq!(again.pool.pick(&[]).unwrap_err(), super::super::Unavailable::Busy);
+
+        // The adaptive limit turned off: the pool stays, the limit goes.
+        let third = config(&format!("{API}{OTHER}"));
+        registry.prepare(&third.upstreams);
+        assert!(registry.of(&third.upstreams[0]).adaptive.is_none());
+
+        // "other" removed: its state is dropped once the snapshot is out; a request still on the
+        // old snapshot gets a fresh state kept nowhere.
+        let other = registry.of(&third.upstreams[1]);
+        let fourth = config(API);
+        registry.prepare(&fourth.upstreams);
+        assert!(Arc::ptr_eq(&registry.of(&third.upstreams[1]).pool, &other.pool), "kept until published");
+        registry.retain(&fourth.upstreams);
+        let late = registry.of(&third.upstreams[1]);
+        assert!(!Arc::ptr_eq(&late.pool, &other.pool));
+        assert_eq!(registry.pools().len(), 1);
     }
 }

@@ -76,12 +76,7 @@ impl World {
         let primary = primary.unwrap_or_else(|| Arc::new(MemoryStore::new(clock.clone())));
         let stores = Stores::new(primary, MemoryStore::new(clock.clone())).observed_by(recorder);
         let conn_store = Arc::new(MemoryConnStore::default());
-        let conns = ConnStores {
-            primary: conn_store.clone(),
-            kind: "memory",
-            local: Arc::new(MemoryConnStore::default()),
-            observer: recorder,
-        };
+        let conns = ConnStores::new(conn_store.clone(), "memory", Arc::new(MemoryConnStore::default()), recorder);
         World { rt, clock, stores, conns, conn_store, recorder }
     }
 

@@ -13,9 +13,14 @@ pub use limit_req::MemoryStore;
 /// The result of a call to an in-process store, which never waits: ready at its first poll
 /// (replay decides a whole log this way, on its simulated clock; so do the unit tests).
 pub fn decided_at_once<F: std::future::Future>(decision: F) -> F::Output {
-    match std::pin::pin!(decision).poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-        std::task::Poll::Ready(done) => done,
-        std::task::Poll::Pending => unreachable!("the memory store decides without waiting"),
+    ready_now(decision).expect("the memory store decides without waiting")
+}
+
+/// The result of `call` if it is ready at its first poll; `None` (and `call` dropped) if not.
+pub fn ready_now<F: std::future::Future>(call: F) -> Option<F::Output> {
+    match std::pin::pin!(call).poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(done) => Some(done),
+        std::task::Poll::Pending => None,
     }
 }
 use std::sync::Arc;

@@ -1,0 +1,145 @@
+//! The one owner of what outlives a reload. Made once at start from the first config, it follows
+//! every reload through the reloader's hooks and is handed, piece by piece, to the front doors and
+//! the engine: nothing of it is global, and nothing of it hangs off a config snapshot.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Runtime, StoreSettings};
+use crate::engine::{ConnStores, Observer, Stores};
+use crate::limit::SystemClock;
+use crate::metrics::MetricsObserver;
+use crate::process::reload::Reloader;
+use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
+use crate::tls::{CertResolver, CertWatcher};
+use crate::top::Tracker;
+use crate::upstream;
+
+/// How often an open circuit breaker pings the store to see whether it is back.
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+pub struct Lasting {
+    /// The stores of rate limits: the configured one (on Redis one connection, one circuit
+    /// breaker and the deny cache, shared by every front door) and the proxy's in-process one
+    /// for the `local` failure policy.
+    pub limits: Stores,
+    /// The stores of concurrency leases, likewise.
+    pub conns: ConnStores,
+    /// The rate limit service's stores: the same configured store, its own `local` one.
+    pub rls_limits: Stores,
+    /// Every upstream's pool and adaptive limit, by name.
+    pub upstreams: Arc<upstream::Registry>,
+    /// This process's top-keys tables: the engine records into them (through its observer),
+    /// the admin API and the fleet sync read them.
+    pub top: Arc<Tracker>,
+    /// This instance's name in the fleet (top keys, resets).
+    pub instance: String,
+    /// The certificates of every TLS listener, proxy's and rate limit service's; `None` without.
+    pub certs: Option<Arc<CertResolver>>,
+}
+
+impl Lasting {
+    /// Builds everything from the first config and hooks it to `reloader`'s reloads. Starts no
+    /// task: [`Lasting::start`] does, once the process is ready to serve.
+    pub fn build(reloader: &Reloader) -> Result<Lasting, String> {
+        let runtime = reloader.runtime();
+        let first = runtime.load_full();
+        // Each zone's capacity follows the running config (`max_keys`), reloads included.
+        let live = runtime.clone();
+        let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
+        let (limits, conns) = primary_stores(&runtime, &zone_limits)?;
+        let kind = limits.kind();
+        let top = Arc::new(Tracker::default());
+        // The engine reports to the metrics, then to the live view's tables; made once, for the
+        // process's life (the engine holds it by plain reference).
+        let observer: &'static dyn Observer = Box::leak(Box::new((MetricsObserver::new(kind), top.clone())));
+        let local = || MemoryStore::default().with_zone_limits(zone_limits.clone());
+
+        let upstreams = Arc::new(upstream::Registry::new(&first.upstreams));
+        let before = upstreams.clone();
+        reloader.on_prepare(move |next| before.prepare(&next.upstreams));
+        let after = upstreams.clone();
+        reloader.on_apply(move |next| after.retain(&next.upstreams));
+
+        let needs_tls =
+            !first.server.listen_tls.is_empty() || first.rls.as_ref().is_some_and(|r| !r.listen_tls.is_empty());
+        let certs = if needs_tls {
+            let resolver = Arc::new(CertResolver::new(first.tls_certs.clone()));
+            let watcher = CertWatcher::start(resolver.clone())?;
+            reloader.on_apply(move |next| watcher.apply_config(next.tls_certs.clone()));
+            Some(resolver)
+        } else {
+            None
+        };
+
+        Ok(Lasting {
+            limits: Stores::new(limits.clone(), local()).observed_by(observer),
+            rls_limits: Stores::new(limits, local()).observed_by(observer),
+            conns: ConnStores::new(
+                conns,
+                kind,
+                Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
+                observer,
+            ),
+            upstreams,
+            top,
+            instance: crate::top::fleet::instance_id(),
+            certs,
+        })
+    }
+
+    /// Starts the tasks that keep the lasting state: the lease keeper, upstream health checks
+    /// and DNS, and on a shared store the fleet's top keys and resets (the memory store has no
+    /// fleet).
+    pub fn start(&self, runtime: &Arc<ArcSwap<Runtime>>) -> Result<(), String> {
+        let keeper = self.conns.keeper.clone();
+        let threaded = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the lease keeper's runtime: {e}"))?;
+        std::thread::Builder::new()
+            .name("weir-leases".into())
+            .spawn(move || threaded.block_on(keeper.run()))
+            .map_err(|e| format!("cannot start the lease keeper: {e}"))?;
+        self.upstreams.start_checks();
+        if matches!(runtime.load().store, StoreSettings::Redis(..)) {
+            let store = self.limits.primary.clone();
+            crate::top::fleet::start(store, runtime.clone(), self.instance.clone(), self.top.clone())?;
+        }
+        Ok(())
+    }
+}
+
+type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>);
+
+/// The configured store, for rates and for concurrency leases.
+fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
+    let settings = &runtime.load().store;
+    Ok(match settings {
+        StoreSettings::Memory => (
+            Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone())),
+            Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
+        ),
+        StoreSettings::Redis(cfg, resilience) => {
+            let redis = Arc::new(
+                RedisStore::new(cfg.clone(), Arc::new(SystemClock))
+                    .map_err(|e| format!("store: {e}"))?
+                    .with_lease_ttl(resilience.lease_ttl)
+                    .with_coalescing(resilience.coalesce),
+            );
+            redis.watch_eviction_policy()?;
+            let guarded = Arc::new(
+                GuardedStore::new(
+                    redis.clone(),
+                    Arc::new(SystemClock),
+                    resilience.breaker_failures,
+                    resilience.deny_cache_size,
+                    PROBE_INTERVAL,
+                )
+                .with_conn(redis),
+            );
+            (guarded.clone(), guarded)
+        }
+    })
+}
