@@ -4,15 +4,16 @@
 //!
 //! Leases on a store where they expire (Redis: `lease_ttl`) are kept alive by the process's one
 //! [`LeaseKeeper`], which renews every held lease together and gives back those dropped without
-//! a release. The engine starts no task: the process runs [`LeaseKeeper::run`].
+//! a release. The engine starts no task: the process runs [`LeaseKeeper::run`], which makes its
+//! store calls concurrently within that one task.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use futures_util::stream::{self, StreamExt};
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
 use tracing::debug;
 
 use super::observe::Observer;
@@ -91,37 +92,31 @@ impl LeaseKeeper {
     async fn renew_all(&self) {
         let leases: Vec<(Vec<LeaseKey>, String)> =
             lock(&self.held).values().map(|k| (k.keys.clone(), k.id.clone())).collect();
-        let mut calls = JoinSet::new();
-        for (keys, id) in leases {
-            while calls.len() >= IN_FLIGHT {
-                calls.join_next().await;
-            }
+        let calls = leases.into_iter().map(|(keys, id)| {
             let store = self.store.clone();
-            calls.spawn(async move {
+            async move {
                 if let Err(e) = store.renew(&keys, &id).await {
                     // The next renewal may succeed; the lease's TTL covers two more attempts.
                     debug!(lease = %id, error = %e, "lease renewal failed");
                 }
-            });
-        }
-        while calls.join_next().await.is_some() {}
+            }
+        });
+        let mut running = stream::iter(calls).buffer_unordered(IN_FLIGHT);
+        while running.next().await.is_some() {}
     }
 
     async fn release_orphans(&self) {
         let orphans = std::mem::take(&mut *lock(&self.orphans));
-        let mut calls = JoinSet::new();
-        for kept in orphans {
-            while calls.len() >= IN_FLIGHT {
-                calls.join_next().await;
-            }
+        let calls = orphans.into_iter().map(|kept| {
             let store = self.store.clone();
-            calls.spawn(async move {
+            async move {
                 if let Err(e) = store.release(&kept.keys, &kept.id).await {
                     debug!(lease = %kept.id, error = %e, "lease release failed; it expires by itself");
                 }
-            });
-        }
-        while calls.join_next().await.is_some() {}
+            }
+        });
+        let mut running = stream::iter(calls).buffer_unordered(IN_FLIGHT);
+        while running.next().await.is_some() {}
     }
 
     fn keep(&self, keys: &[LeaseKey], id: &str) -> u64 {
