@@ -47,18 +47,13 @@ pub struct Head<'a> {
     pub unix_secs: Option<u64>,
 }
 
-/// Why a request is answered before any limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
-    /// 400: `error` names the check (the body's `error`), `detail` what was wrong.
-    BadRequest { error: BadRequest, detail: String, route: Option<usize> },
-    /// 404: no route matches.
-    NoRoute,
-    /// 403: the route's allow/deny refused the client.
-    Denied { route: usize },
-    /// 401: a zone keyed on a verified JWT claim, without `bad_token_key`, and the request has no
-    /// valid token (or its token lacks the claim). `absent`: no bearer token was sent at all.
-    Unauthorized { route: usize, zone: String, detail: String, absent: bool },
+/// A request answered before any limit: the route it matched (once one did), its word in the
+/// one outcome vocabulary, and Weir's answer.
+#[derive(Debug)]
+pub struct Refused<'rt> {
+    pub route: Option<usize>,
+    pub outcome: Outcome,
+    pub answer: Answer<'rt>,
 }
 
 /// The checks that answer 400, each with the code written in the body and the log.
@@ -89,51 +84,25 @@ impl BadRequest {
     }
 }
 
-impl Refused {
-    /// Weir's answer to it, for the route names of `rt` (the snapshot that decided).
-    pub fn answer<'rt>(&self, rt: &'rt Runtime) -> Answer<'rt> {
-        let name = |route: usize| rt.routes.get(route).map_or("-", |r| r.name.as_str());
-        match self {
-            Refused::BadRequest { error, detail, route } => Answer::new(
-                400,
-                Refusal::BadRequest { error: error.code(), detail: detail.clone(), route: route.map(name) },
-            ),
-            Refused::NoRoute => Answer::new(404, Refusal::NoRoute),
-            Refused::Denied { route } => Answer::new(403, Refusal::Forbidden { route: name(*route) }),
-            Refused::Unauthorized { route, zone, detail, absent } => {
-                // RFC 6750 §3.1: no error code when the request carried no token at all.
-                let challenge = if *absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
-                Answer::new(
-                    401,
-                    Refusal::InvalidToken { route: name(*route), zone: zone.clone(), detail: detail.clone() },
-                )
-                .with_header("WWW-Authenticate", challenge)
-            }
-        }
-    }
-
-    /// Its word in the one outcome vocabulary.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Refused::BadRequest { .. } => Outcome::BadRequest,
-            Refused::NoRoute => Outcome::NoRoute,
-            Refused::Denied { .. } => Outcome::Denied,
-            Refused::Unauthorized { .. } => Outcome::Unauthorized,
-        }
-    }
-
-    /// The route it was refused on, once one matched.
-    pub fn route(&self) -> Option<usize> {
-        match self {
-            Refused::BadRequest { route, .. } => *route,
-            Refused::NoRoute => None,
-            Refused::Denied { route } | Refused::Unauthorized { route, .. } => Some(*route),
-        }
-    }
+/// 400: `error` names the check (the body's `error`), `detail` what was wrong.
+fn bad<'rt>(rt: &'rt Runtime, error: BadRequest, detail: impl ToString, route: Option<usize>) -> Refused<'rt> {
+    let refusal =
+        Refusal::BadRequest { error: error.code(), detail: detail.to_string(), route: route.map(|r| name(rt, r)) };
+    Refused { route, outcome: Outcome::BadRequest, answer: Answer::new(400, refusal) }
 }
 
-fn bad(error: BadRequest, detail: impl ToString, route: Option<usize>) -> Refused {
-    Refused::BadRequest { error, detail: detail.to_string(), route }
+fn name(rt: &Runtime, route: usize) -> &str {
+    rt.routes.get(route).map_or("-", |r| r.name.as_str())
+}
+
+/// 401: a zone keyed on a verified JWT claim, without `bad_token_key`, and the request has no
+/// valid token (or its token lacks the claim).
+fn unauthorized<'rt>(rt: &'rt Runtime, route: usize, u: Unauthorized<'_>) -> Refused<'rt> {
+    // RFC 6750 §3.1: no error code when the request carried no token at all.
+    let challenge = if u.bad.0 == TokenError::Absent { "Bearer" } else { "Bearer error=\"invalid_token\"" };
+    let refusal = Refusal::InvalidToken { route: name(rt, route), zone: u.zone.to_string(), detail: u.bad.to_string() };
+    let answer = Answer::new(401, refusal).with_header("WWW-Authenticate", challenge);
+    Refused { route: Some(route), outcome: Outcome::Unauthorized, answer }
 }
 
 /// What the request forwarded upstream must say instead of what was sent, so that the upstream
@@ -151,7 +120,6 @@ pub struct Forward {
 /// What a request is limited by, and how it is forwarded.
 pub struct Plan<'rt> {
     pub route: usize,
-    pub cost: u64,
     /// limit_req's zones with their keys, enforced ones first.
     pub zones: Groups<KeyedZone<'rt>>,
     /// limit_conn's zones with their keys, enforced ones first.
@@ -168,13 +136,13 @@ pub struct Plan<'rt> {
 }
 
 /// The engine's first step (see the module docs).
-pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refused> {
+pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refused<'rt>> {
     let clients = &rt.server.clients;
     let mut forward = Forward::default();
 
-    let target = target::parse(head.target).map_err(|e| bad(BadRequest::Target, e, None))?;
+    let target = target::parse(head.target).map_err(|e| bad(rt, BadRequest::Target, e, None))?;
     let path = normalize_path(target.path, clients.encoded_slashes).map_err(|e: PathError| {
-        bad(if e == PathError::NotAbsolute { BadRequest::Target } else { BadRequest::Path }, e, None)
+        bad(rt, if e == PathError::NotAbsolute { BadRequest::Target } else { BadRequest::Path }, e, None)
     })?;
     if !target.origin_form || matches!(path, Cow::Owned(_)) {
         forward.target = Some(match target.query {
@@ -183,7 +151,7 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
         });
     }
 
-    let host = decided_host(head, target.authority, &mut forward).map_err(|e| bad(BadRequest::Host, e, None))?;
+    let host = decided_host(head, target.authority, &mut forward).map_err(|e| bad(rt, BadRequest::Host, e, None))?;
 
     // One pass over the header names: underscores, and whether any method override is present.
     let mut overrides = false;
@@ -193,7 +161,7 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
                 UnderscoreHeaders::Drop => forward.strip.push(name.clone()),
                 UnderscoreHeaders::Reject => {
                     let detail = format!("header names with an underscore are refused: {name}");
-                    return Err(bad(BadRequest::UnderscoreHeader, detail, None));
+                    return Err(bad(rt, BadRequest::UnderscoreHeader, detail, None));
                 }
             }
         } else {
@@ -202,12 +170,12 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     }
 
     if !method::is_valid(head.method) {
-        return Err(bad(BadRequest::Method, MethodError::Invalid, None));
+        return Err(bad(rt, BadRequest::Method, MethodError::Invalid, None));
     }
     let overridden = match overrides {
         false => method::Override::default(),
         true => method::resolve(clients.method_override, head.method, head.headers)
-            .map_err(|e| bad(BadRequest::MethodOverride, e, None))?,
+            .map_err(|e| bad(rt, BadRequest::MethodOverride, e, None))?,
     };
     if overridden.strip {
         forward.strip.extend(method::OVERRIDE_HEADERS.iter().filter(|n| head.headers.contains_key(*n)).cloned());
@@ -216,15 +184,16 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
 
     let route_index = match head.route {
         Some(known) => known,
-        None => {
-            routes::find(&rt.matchers, host.as_ref().map(|h| h.name.as_ref()), method, &path).ok_or(Refused::NoRoute)?
-        }
+        None => routes::find(&rt.matchers, host.as_ref().map(|h| h.name.as_ref()), method, &path).ok_or_else(|| {
+            Refused { route: None, outcome: Outcome::NoRoute, answer: Answer::new(404, Refusal::NoRoute) }
+        })?,
     };
     let route = &rt.routes[route_index];
     // Like nginx's allow/deny, on the real client address; before any key, so refused clients
     // never touch limit state.
     if head.client_ip.is_some_and(|ip| !allowed(&route.access, ip)) {
-        return Err(Refused::Denied { route: route_index });
+        let answer = Answer::new(403, Refusal::Forbidden { route: name(rt, route_index) });
+        return Err(Refused { route: Some(route_index), outcome: Outcome::Denied, answer });
     }
 
     let mut facts = RequestFacts::new(head.client_ip, head.headers, target.query);
@@ -237,21 +206,16 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     facts.jwt = rt.jwt.as_ref();
     facts.now_secs = head.unix_secs;
     if let Some(ambiguous) = ambiguous_key(rt, route, &facts) {
-        return Err(bad(BadRequest::AmbiguousKey, ambiguous, Some(route_index)));
+        return Err(bad(rt, BadRequest::AmbiguousKey, ambiguous, Some(route_index)));
     }
-    let cost = request_cost(&route.cost, head.headers).map_err(|e| bad(BadRequest::Cost, e, Some(route_index)))?;
-    let unauthorized = |u: Unauthorized<'_>| Refused::Unauthorized {
-        route: route_index,
-        zone: u.zone.to_string(),
-        absent: u.bad.0 == TokenError::Absent,
-        detail: u.bad.to_string(),
-    };
+    let cost = request_cost(&route.cost, head.headers).map_err(|e| bad(rt, BadRequest::Cost, e, Some(route_index)))?;
+    let unauthorized = |u: Unauthorized<'_>| unauthorized(rt, route_index, u);
     let mut empty_keys = Vec::new();
     let zones = keyed_zones(rt, route, &facts, cost, &mut empty_keys).map_err(unauthorized)?;
     let conns = keyed_conns(rt, route, &facts, &mut empty_keys).map_err(unauthorized)?;
     let pace = route.limit_rate.as_ref().and_then(|l| super::pacing::rate_for(l, &facts));
     let priority = route.priority_from.as_ref().map_or(route.priority, |p| p.resolve(&facts, route.priority));
-    Ok(Plan { route: route_index, cost, zones, conns, forward, pace, empty_keys, priority })
+    Ok(Plan { route: route_index, zones, conns, forward, pace, empty_keys, priority })
 }
 
 /// The host routes are matched on: an absolute-form target's authority wins over `Host` (RFC 9112
@@ -325,8 +289,8 @@ mod tests {
                 let strip: Vec<&str> = f.strip.iter().map(|h| h.as_str()).collect();
                 format!("{} {:?} {:?} {strip:?}", rt.routes[plan.route].name, f.target, f.host)
             }
-            Err(Refused::BadRequest { error, .. }) => error.code().to_string(),
-            Err(other) => format!("{other:?}"),
+            Err(Refused { answer: Answer { refusal: Refusal::BadRequest { error, .. }, .. }, .. }) => error.to_string(),
+            Err(other) => format!("{:?}", other.answer.refusal),
         }
     }
 

@@ -71,7 +71,7 @@ use http::HeaderMap;
 
 // The engine's public face: front doors and observers name these, never an inner module.
 pub use access::allowed;
-pub use admit::{admit, BadRequest, Forward, Head, Plan, Refused};
+pub use admit::{BadRequest, Forward, Head};
 pub use after_response::{response_cost_fields, Ending};
 pub use headers::zone_remaining;
 pub use keyed::keyed_zone;
@@ -83,7 +83,7 @@ pub use outcome::Outcome;
 pub use policy::Groups;
 pub use refusal::{Answer, Refusal};
 pub use status::{LimitStatus, Statuses};
-pub use ticket::{Explained, ExplainedZone, Ruling, Ticket};
+pub use ticket::{ExplainedZone, Ruling, Ticket};
 
 use crate::config::Runtime;
 

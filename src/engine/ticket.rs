@@ -28,7 +28,7 @@ use super::outcome::Outcome;
 use super::pacing::Pace;
 use super::policy::Groups;
 use super::refusal::Answer;
-use super::status::Statuses;
+use super::status::{LimitStatus, Statuses};
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::store::{KeyedConn, KeyedZone};
 
@@ -72,18 +72,16 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     /// `limit_rate`: the response body's pace (boxed: rare, and the ticket moves with the request).
     pace: Option<Box<Pace>>,
     /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
-    explained: Option<Box<Explained>>,
+    /// limit_req's zones, enforced ones first, then dry-run ones (when asked for). Boxed: one
+    /// word in every ticket, for a list only replay asks for.
+    #[allow(clippy::box_collection)]
+    explained: Option<Box<Vec<ExplainedZone>>>,
     reported: bool,
 }
 
-/// Each keyed zone of a ruled request, for a front door that reports per zone (replay).
-#[derive(Debug, Default)]
-pub struct Explained {
-    /// limit_req's zones, enforced ones first, then dry-run ones.
-    pub zones: Vec<ExplainedZone>,
-}
-
-#[derive(Debug)]
+/// One keyed limit_req zone of a ruled request and what it said, for a front door that reports
+/// per zone (replay).
+#[derive(Debug, Clone)]
 pub struct ExplainedZone {
     /// Index into the route's `limits`.
     pub reference: usize,
@@ -91,6 +89,8 @@ pub struct ExplainedZone {
     /// The limit applied to this key (the reference's, or an override's).
     pub limit: crate::limit::LimitReq,
     pub cost: u64,
+    /// `None`: another zone rejected the request, this one was not charged.
+    pub status: Option<LimitStatus>,
     /// This zone's own delay (none where its group was rejected).
     pub delay_us: u64,
 }
@@ -147,8 +147,10 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         self
     }
 
-    pub fn explained(&self) -> Option<&Explained> {
-        self.explained.as_deref()
+    /// limit_req's keyed zones, enforced ones first, then dry-run ones; empty when none had a
+    /// key or the ticket was not made [`Self::explaining`].
+    pub fn explained(&self) -> &[ExplainedZone] {
+        self.explained.as_deref().map_or(&[], |zones| &zones[..])
     }
 
     /// A ticket of the rate limit service, for one call of `domain`.
@@ -241,9 +243,9 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         let plan = match admit(rt, head) {
             Ok(plan) => plan,
             Err(refused) => {
-                self.route = refused.route();
-                self.outcome = refused.outcome();
-                return Ruling::Refuse(refused.answer(rt));
+                self.route = refused.route;
+                self.outcome = refused.outcome;
+                return Ruling::Refuse(refused.answer);
             }
         };
         self.route = Some(plan.route);
@@ -272,7 +274,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
                 limit_req::enforce(rt, route, &plan.zones, stores).await,
             );
             if let Some(explained) = &mut self.explained {
-                explained.zones = explain(&plan.zones, &enforcement);
+                **explained = explain(route, &plan.zones, &enforcement, &self.limit_req);
             }
             match enforcement.action {
                 Action::Reject(answer) => {
@@ -484,8 +486,13 @@ fn record_limit<'z>(words: &mut Words<'_>, mut enforcement: Enforcement<'z>) -> 
     enforcement
 }
 
-/// Each keyed zone with its own delay: the zones of a group that was refused have none.
-fn explain(zones: &Groups<KeyedZone<'_>>, enforcement: &Enforcement<'_>) -> Vec<ExplainedZone> {
+/// Each keyed zone with its status and own delay: the zones of a group that was refused have none.
+fn explain(
+    route: &Route,
+    zones: &Groups<KeyedZone<'_>>,
+    enforcement: &Enforcement<'_>,
+    statuses: &Statuses,
+) -> Vec<ExplainedZone> {
     let own_delays = |verdict: &Option<crate::limit::Verdict>, len: usize| -> Vec<u64> {
         match verdict {
             Some(v) if v.admitted => v.zones.iter().map(|z| z.delay_us).collect(),
@@ -498,12 +505,16 @@ fn explain(zones: &Groups<KeyedZone<'_>>, enforcement: &Enforcement<'_>) -> Vec<
         .all()
         .iter()
         .zip(delays)
-        .map(|(z, delay_us)| ExplainedZone {
-            reference: z.reference,
-            key: z.key.clone(),
-            limit: z.limit,
-            cost: z.cost,
-            delay_us,
+        .map(|(z, delay_us)| {
+            let zone = route.limits[z.reference].zone;
+            ExplainedZone {
+                reference: z.reference,
+                key: z.key.clone(),
+                limit: z.limit,
+                cost: z.cost,
+                status: statuses.zones.iter().find(|(i, _)| *i == zone).map(|(_, s)| *s),
+                delay_us,
+            }
         })
         .collect()
 }

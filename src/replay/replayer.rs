@@ -15,27 +15,12 @@ use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{self, BadRequest, Ending, Groups, Head, Outcome, Refusal, Ruling, Ticket};
+use crate::engine::{self, BadRequest, Ending, ExplainedZone, Groups, Head, Outcome, Refusal, Ruling, Ticket};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
-use crate::limit::{LimitReq, ManualClock};
+use crate::limit::ManualClock;
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::decided_at_once;
 use crate::store::{KeyedConn, MemoryStore};
-
-/// One keyed zone of a decided request.
-#[derive(Debug, Clone)]
-pub struct ZoneDecision {
-    /// Index into the route's `limits`.
-    pub limit: usize,
-    pub key: Vec<u8>,
-    /// `None`: another zone rejected the request, this one was not charged.
-    pub status: Option<LimitStatus>,
-    /// This zone's own delay.
-    pub delay_us: u64,
-    /// The limit applied to this key (the reference's, or an override's) and the request's cost.
-    pub params: LimitReq,
-    pub cost: u64,
-}
 
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -48,7 +33,8 @@ pub struct Decision {
     pub status: Option<LimitStatus>,
     /// How long the proxy would have held it (enforced zones).
     pub delay_us: u64,
-    pub zones: Vec<ZoneDecision>,
+    /// Each keyed limit_req zone, in the route's order.
+    pub zones: Vec<ExplainedZone>,
     /// `limit_conn`, estimated from the logged durations; empty when the log has none.
     pub conns: Vec<ConnDecision>,
 }
@@ -157,18 +143,9 @@ impl<'rt> Replayer<'rt> {
 
         decision.status = ticket.limit_req().overall;
         decision.delay_us = ticket.delay().as_micros() as u64;
-        let explained = ticket.explained().map_or(&[][..], |e| &e.zones[..]);
-        decision.zones = explained
-            .iter()
-            .map(|z| {
-                let zone = route.limits[z.reference].zone;
-                let status = ticket.limit_req().zones.iter().find(|(i, _)| *i == zone).map(|(_, s)| *s);
-                let (limit, key, params, cost, delay_us) = (z.reference, z.key.clone(), z.limit, z.cost, z.delay_us);
-                ZoneDecision { limit, key, status, delay_us, params, cost }
-            })
-            .collect();
+        decision.zones = ticket.explained().to_vec();
         // In the route's order, as the zones are listed (the groups put enforced ones first).
-        decision.zones.sort_by_key(|z| z.limit);
+        decision.zones.sort_by_key(|z| z.reference);
         // limit_conn after limit_req, like the proxy: only when the log says how long requests
         // took, and not for a request limit_req rejected.
         if let Some(took) = rec.duration_us {

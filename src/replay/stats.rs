@@ -141,7 +141,7 @@ impl Stats {
         }
         let second = now_us / 1_000_000;
         for z in &d.zones {
-            let s = &mut route.limits[z.limit];
+            let s = &mut route.limits[z.reference];
             s.requests += 1;
             let rejected = matches!(z.status, Some(LimitStatus::Rejected | LimitStatus::RejectedDryRun));
             match z.status {
@@ -169,7 +169,7 @@ impl Stats {
             key.in_second += 1;
             key.peak = key.peak.max(key.in_second);
             let admitted = !rejected && z.status.is_some();
-            let point = self.series[rt.routes[ri].limits[z.limit].zone].entry(second).or_default();
+            let point = self.series[rt.routes[ri].limits[z.reference].zone].entry(second).or_default();
             point.0 += 1;
             point.1 += u64::from(admitted);
         }

@@ -78,10 +78,10 @@ impl Collector {
     pub fn observe(&mut self, d: &Decision, now_us: u64) {
         let Some(route) = d.route else { return };
         for z in &d.zones {
-            let trace = &mut self.traces[route][z.limit];
+            let trace = &mut self.traces[route][z.reference];
             let next = trace.keys.len() as u32;
             let key = *trace.keys.entry(z.key.clone()).or_insert(next);
-            let fixed = (z.params != self.base[route][z.limit]).then_some(z.params);
+            let fixed = (z.limit != self.base[route][z.reference]).then_some(z.limit);
             trace.events.push(Event { at_us: now_us, key, cost: z.cost, fixed });
         }
     }

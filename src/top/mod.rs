@@ -20,10 +20,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 
 use crate::config::{Runtime, TopSettings};
+use crate::engine::LimitStatus;
 use crate::limit::Verdict;
 use crate::store::KeyedZone;
 
-pub use table::{Event, Row, Table, TableSettings};
+pub use table::{Row, Table, TableSettings};
 pub use view::{InstanceView, ZoneView};
 
 /// A process's tables (one per zone, made on the zone's first recorded request). The serving
@@ -60,21 +61,21 @@ impl Tracker {
     pub fn record_verdict(&self, settings: &TopSettings, zones: &[KeyedZone<'_>], verdict: &Verdict) {
         for (zone, outcome) in zones.iter().zip(&verdict.zones) {
             let event = match (verdict.admitted, outcome.admitted, outcome.delay_us) {
-                (false, false, _) => Event::Rejected,
+                (false, false, _) => LimitStatus::Rejected,
                 (false, true, _) => continue,
-                (true, _, 0) => Event::Passed,
-                (true, _, _) => Event::Delayed,
+                (true, _, 0) => LimitStatus::Passed,
+                (true, _, _) => LimitStatus::Delayed,
             };
             let capacity = zone.limit.capacity().max(1);
             let fill = 1.0 - outcome.remaining.min(capacity) as f64 / capacity as f64;
-            if event == Event::Passed && fill < settings.near {
+            if event == LimitStatus::Passed && fill < settings.near {
                 continue;
             }
             self.record(settings, zone.zone, &zone.key, event, fill, verdict.decided_us);
         }
     }
 
-    pub fn record(&self, settings: &TopSettings, zone: &str, key: &[u8], event: Event, fill: f64, now_us: u64) {
+    pub fn record(&self, settings: &TopSettings, zone: &str, key: &[u8], event: LimitStatus, fill: f64, now_us: u64) {
         let wanted = table_settings(settings);
         {
             let zones = self.zones.read().unwrap_or_else(|p| p.into_inner());

@@ -24,14 +24,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use super::sketch::Sketch;
-
-/// What a zone said to one request of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
-    Passed,
-    Delayed,
-    Rejected,
-}
+use crate::engine::LimitStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TableSettings {
@@ -172,7 +165,7 @@ impl Table {
     }
 
     /// Records one request of `key` (`fill`: how full its limit was, 0..=1).
-    pub fn record(&mut self, key: &[u8], event: Event, fill: f64, now_us: u64) {
+    pub fn record(&mut self, key: &[u8], event: LimitStatus, fill: f64, now_us: u64) {
         let w = self.weight(now_us);
         let slot = match self.index.get(key) {
             Some(&i) => i,
@@ -184,9 +177,9 @@ impl Table {
         let e = &mut self.entries[slot];
         e.hits += w;
         match event {
-            Event::Rejected => e.rejected += w,
-            Event::Delayed => e.delayed += w,
-            Event::Passed => {}
+            LimitStatus::Rejected | LimitStatus::RejectedDryRun => e.rejected += w,
+            LimitStatus::Delayed | LimitStatus::DelayedDryRun => e.delayed += w,
+            LimitStatus::Passed => {}
         }
         e.fill = fill.clamp(0.0, 1.0);
         e.last_us = now_us.max(e.last_us);
@@ -285,8 +278,8 @@ mod tests {
     fn counts_rates_and_decays() {
         let mut t = Table::new(settings(), 0);
         for i in 0..100 {
-            t.record(b"a", Event::Rejected, 1.0, i * S / 10); // 10/s for 10 s
-            t.record(b"b", if i % 2 == 0 { Event::Delayed } else { Event::Passed }, 0.5, i * S / 10);
+            t.record(b"a", LimitStatus::Rejected, 1.0, i * S / 10); // 10/s for 10 s
+            t.record(b"b", if i % 2 == 0 { LimitStatus::Delayed } else { LimitStatus::Passed }, 0.5, i * S / 10);
         }
         let rows = t.rows(10 * S, 60 * S);
         let a = rows.iter().find(|r| r.key == b"a").unwrap();
@@ -306,7 +299,7 @@ mod tests {
     fn landmark_moves_without_losing_counts() {
         let mut t = Table::new(TableSettings { half_life_us: S, ..settings() }, 0);
         for i in 0..1000 {
-            t.record(b"k", Event::Passed, 1.0, i * S);
+            t.record(b"k", LimitStatus::Passed, 1.0, i * S);
         }
         let rows = t.rows(999 * S, S);
         // Steady 1/s: about 1/s (the decayed sum over its mean age).
@@ -317,10 +310,10 @@ mod tests {
     fn removed_keys_are_gone_and_the_index_stays_right() {
         let mut t = Table::new(settings(), 0);
         for k in [&b"a"[..], b"b", b"c"] {
-            t.record(k, Event::Rejected, 1.0, 0);
+            t.record(k, LimitStatus::Rejected, 1.0, 0);
         }
         t.remove(b"a");
-        t.record(b"c", Event::Rejected, 1.0, 0);
+        t.record(b"c", LimitStatus::Rejected, 1.0, 0);
         let mut keys: Vec<_> = t.rows(0, S).into_iter().map(|r| r.key).collect();
         keys.sort();
         assert_eq!(keys, vec![b"b".to_vec(), b"c".to_vec()]);
@@ -340,14 +333,14 @@ mod tests {
         for tick in 0..(20 * S / step) {
             let now = tick * step;
             flood += 1;
-            t.record(format!("flood-{flood}").as_bytes(), Event::Passed, 1.0, now);
+            t.record(format!("flood-{flood}").as_bytes(), LimitStatus::Passed, 1.0, now);
             if now.is_multiple_of(S / 1000) {
                 // Each steady client once a second: 1,000 over the second.
                 let client = (now / (S / 1000)) % 1000;
-                t.record(format!("client-{client}").as_bytes(), Event::Passed, 1.0, now);
+                t.record(format!("client-{client}").as_bytes(), LimitStatus::Passed, 1.0, now);
             }
             if now >= 10 * S && now.is_multiple_of(S / 10) {
-                t.record(b"attacker", Event::Rejected, 1.0, now);
+                t.record(b"attacker", LimitStatus::Rejected, 1.0, now);
             }
             if tick % 100_000 == 0 {
                 peak = peak.max(t.bytes());
