@@ -26,14 +26,14 @@ use serde_json::{json, Value};
 use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
 use crate::process::reload::{ReloadOutcome, Reloader};
-use crate::store::LimitStore;
+use crate::store::StoreAdmin;
 use crate::top::Tracker;
 
 use super::admin_guard::{self as guard, path_decode, query_param, Provenance};
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
-    store: Arc<dyn LimitStore>,
+    store: Arc<dyn StoreAdmin>,
     /// This instance's name in the fleet's top-keys views.
     instance: String,
     /// The tables the engine records into (`GET /top`, resets).
@@ -56,7 +56,7 @@ fn page_policy() -> &'static str {
 }
 
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn LimitStore>, instance: String, top: Arc<Tracker>) -> Self {
+    pub fn new(reloader: Arc<Reloader>, store: Arc<dyn StoreAdmin>, instance: String, top: Arc<Tracker>) -> Self {
         Self { reloader, store, instance, top }
     }
 

@@ -17,7 +17,9 @@ use crate::metrics::MetricsObserver;
 use crate::process::admin::AdminApp;
 use crate::process::reload::Reloader;
 use crate::proxy::WeirProxy;
-use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
+use crate::store::{
+    ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, StoreAdmin, ZoneLimits,
+};
 use crate::tls::{self, CertResolver, CertWatcher};
 use crate::top::Tracker;
 use arc_swap::ArcSwap;
@@ -35,6 +37,9 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250
 pub struct Lasting {
     pub limits: Stores,
     pub conns: ConnStores,
+    /// The primary store's operator side (the same object): the admin API, `/readyz` and the fleet
+    /// sync hold this, never the engine's traits.
+    pub admin: Arc<dyn StoreAdmin>,
     /// This process's top-keys tables: the engine records into them (through `limits`), the admin
     /// API and the fleet sync read them.
     pub top: Arc<Tracker>,
@@ -45,7 +50,7 @@ impl Lasting {
         // Each zone's capacity follows the running config (`max_keys`), reloads included.
         let live = runtime.clone();
         let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let (limits, conns) = primary_stores(runtime, &zone_limits)?;
+        let (limits, conns, admin) = primary_stores(runtime, &zone_limits)?;
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
         // The engine reports to the metrics, then to the live view's tables; made once, for the
@@ -60,21 +65,22 @@ impl Lasting {
                 local: Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits)),
                 observer,
             },
+            admin,
             top,
         })
     }
 }
 
-type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>);
+type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>);
 
-/// The configured store, for rates and for concurrency leases.
+/// The configured store, for rates and for concurrency leases, and its operator side.
 fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
     let settings = &runtime.load().store;
     Ok(match settings {
-        StoreSettings::Memory => (
-            Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone())),
-            Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
-        ),
+        StoreSettings::Memory => {
+            let limits = Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone()));
+            (limits.clone(), Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())), limits)
+        }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
                 RedisStore::new(cfg.clone(), Arc::new(SystemClock))
@@ -93,7 +99,7 @@ fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> 
                 )
                 .with_conn(redis),
             );
-            (guarded.clone(), guarded)
+            (guarded.clone(), guarded.clone(), guarded)
         }
     })
 }
@@ -108,8 +114,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     // Fleet-wide top keys and resets (a no-op on the memory store, which has no fleet).
     let instance = crate::top::fleet::instance_id();
     if matches!(runtime.store, StoreSettings::Redis(..)) {
-        let store = lasting.limits.primary.clone();
-        crate::top::fleet::start(store, reloader.runtime(), instance.clone(), lasting.top.clone())?;
+        crate::top::fleet::start(lasting.admin.clone(), reloader.runtime(), instance.clone(), lasting.top.clone())?;
     }
     let listen = runtime.server.listen.clone();
     let listen_tls = runtime.server.listen_tls.clone();
@@ -150,7 +155,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
 
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let admin_store = lasting.limits.primary.clone();
+    let admin_store = lasting.admin.clone();
     let admin_top = lasting.top.clone();
     // One certificate resolver (and watcher) for every TLS listener, the proxy's and the RLS's.
     let rls = runtime.rls.as_ref();

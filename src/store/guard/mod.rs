@@ -18,11 +18,13 @@ use self::deny_cache::{DenyCache, DenyKey};
 use crate::limit::{Clock, State, Verdict, ZoneOutcome};
 use crate::metrics::METRICS;
 use crate::store::{
-    ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth,
+    ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreAdmin, StoreError, StoreHealth,
 };
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,
+    /// The same store's operator side: the breaker's probe pings it, the admin's calls pass to it.
+    admin: Arc<dyn StoreAdmin>,
     /// The same store's concurrency leases, behind the same breaker.
     conn: Option<Arc<dyn ConnStore>>,
     breaker: Arc<Breaker>,
@@ -34,15 +36,16 @@ pub struct GuardedStore {
 }
 
 impl GuardedStore {
-    pub fn new(
-        inner: Arc<dyn LimitStore>,
+    pub fn new<S: LimitStore + StoreAdmin + 'static>(
+        store: Arc<S>,
         clock: Arc<dyn Clock>,
         breaker_failures: u32,
         deny_cache_size: usize,
         probe_interval: Duration,
     ) -> Self {
         Self {
-            inner,
+            inner: store.clone(),
+            admin: store,
             conn: None,
             breaker: Arc::new(Breaker::new(breaker_failures)),
             deny_cache: DenyCache::new(deny_cache_size),
@@ -60,6 +63,20 @@ impl GuardedStore {
 
     fn conn(&self) -> Result<&Arc<dyn ConnStore>, StoreError> {
         self.conn.as_ref().ok_or_else(|| StoreError::Reply("this store keeps no concurrency leases".into()))
+    }
+
+    /// Makes the call unless the circuit is open (then fails at once, calling nothing), and counts
+    /// its outcome for the breaker.
+    async fn through_breaker<T, F>(&self, call: impl FnOnce() -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let result = call().await;
+        self.observe(&result);
+        result
     }
 
     /// Counts the outcome of a call for the breaker, starting the probe when it opens.
@@ -84,7 +101,7 @@ impl GuardedStore {
     /// then closes the circuit. Runs on the caller's runtime (the proxy's), like the store's own
     /// connection.
     fn start_probe(&self) {
-        let (inner, breaker, interval) = (self.inner.clone(), self.breaker.clone(), self.probe_interval);
+        let (inner, breaker, interval) = (self.admin.clone(), self.breaker.clone(), self.probe_interval);
         let last_error = self.last_error.clone();
         METRICS.store_circuit_open.set(1);
         METRICS.store_circuit_opens.inc();
@@ -130,64 +147,60 @@ impl LimitStore for GuardedStore {
                 return Ok(cached_rejection(zones, &denied, now_us));
             }
         }
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let result = self.inner.decide(zones).await;
-        self.observe(&result);
-        match result {
-            Ok(verdict) => {
-                if !verdict.admitted {
-                    for (check, zone) in zones.iter().zip(&verdict.zones) {
-                        if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
-                            // `now_us` was read before the store's own clock: the entry expires
-                            // slightly early, never late.
-                            self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
-                        }
-                    }
+        let verdict = self.through_breaker(|| self.inner.decide(zones)).await?;
+        if !verdict.admitted {
+            for (check, zone) in zones.iter().zip(&verdict.zones) {
+                if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
+                    // `now_us` was read before the store's own clock: the entry expires slightly
+                    // early, never late.
+                    self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
                 }
-                Ok(verdict)
             }
-            Err(e) => Err(e),
         }
+        Ok(verdict)
     }
 
     /// Through the breaker, not the deny cache: a check writes nothing to remember.
     async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let result = self.inner.peek(zones).await;
-        self.observe(&result);
-        result
+        self.through_breaker(|| self.inner.peek(zones)).await
     }
 
     /// Through the breaker, not the deny cache: a charge is never refused.
     async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let result = self.inner.charge(zones).await;
-        self.observe(&result);
-        result
+        self.through_breaker(|| self.inner.charge(zones)).await
     }
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+}
+
+/// The operator's calls pass to the store as they are, not through the breaker (an inspection or a
+/// reset is worth trying while the probe waits; each is bounded by the store's timeout), except the
+/// fleet sync, which fails with `CircuitOpen` while it is open; the guard adds its own state: a
+/// reset reaches the deny cache, and an open circuit makes the store unready.
+#[async_trait]
+impl StoreAdmin for GuardedStore {
+    fn kind(&self) -> &'static str {
+        self.admin.kind()
+    }
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
-        self.inner.inspect(zone, key).await
+        self.admin.inspect(zone, key).await
+    }
+
+    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+        self.admin.held(zone, key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.inner.ping().await
+        self.admin.ping().await
     }
 
     /// Resets the key in the store, then here: this instance's deny cache lets it through at once;
     /// the others' forget it when they read the reset (`sync_fleet`).
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
-        let result = self.inner.reset(zone, key).await;
+        let result = self.admin.reset(zone, key).await;
         self.deny_cache.forget(zone, key);
         result
     }
@@ -202,7 +215,7 @@ impl LimitStore for GuardedStore {
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let sync = self.inner.sync_fleet(instance, view, forget).await?;
+        let sync = self.admin.sync_fleet(instance, view, forget).await?;
         for (zone, key) in sync.iter().flat_map(|s| s.resets.iter()) {
             self.deny_cache.forget(zone, key);
         }
@@ -212,7 +225,7 @@ impl LimitStore for GuardedStore {
     /// Not ready while the circuit is open (every decision goes to the failure policy), with the
     /// error that opened it or the probe's latest.
     async fn health(&self) -> StoreHealth {
-        let mut health = self.inner.health().await;
+        let mut health = self.admin.health().await;
         if self.breaker.is_open() {
             let error = self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
             health.ready = false;
@@ -225,12 +238,8 @@ impl LimitStore for GuardedStore {
 #[async_trait]
 impl ConnStore for GuardedStore {
     async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let result = self.conn()?.acquire(zones, lease).await;
-        self.observe(&result);
-        result
+        let conn = self.conn()?;
+        self.through_breaker(|| conn.acquire(zones, lease)).await
     }
 
     // Renewals and releases are attempted even while the circuit is open: a lease given back late
@@ -245,10 +254,6 @@ impl ConnStore for GuardedStore {
 
     fn renew_every(&self) -> Option<Duration> {
         self.conn.as_ref().and_then(|c| c.renew_every())
-    }
-
-    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
-        self.conn()?.held(zone, key).await
     }
 }
 
@@ -295,8 +300,19 @@ mod tests {
         fn kind(&self) -> &'static str {
             "counting"
         }
-        async fn inspect(&self, _: &str, _: &[u8]) -> Result<Option<State>, StoreError> {
-            Ok(None)
+    }
+
+    /// The admin's calls go to the memory store, which keeps the state; the probe sees `failing`.
+    #[async_trait]
+    impl StoreAdmin for Counting {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
+            self.inner.inspect(zone, key).await
+        }
+        async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+            self.inner.reset(zone, key).await
         }
         async fn ping(&self) -> Result<(), StoreError> {
             if self.failing.load(Ordering::SeqCst) {
@@ -382,5 +398,37 @@ mod tests {
         }
         assert!(!guarded.circuit_open());
         assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+    }
+
+    #[tokio::test]
+    async fn a_reset_through_the_guard_reaches_the_store_and_the_deny_cache() {
+        let (_, counting, guarded) = setup(100);
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+        assert!(!guarded.decide(&[check(b"k")]).await.unwrap().admitted, "now in the deny cache");
+        assert!(guarded.inspect("z", b"k").await.unwrap().is_some());
+        guarded.reset("z", b"k").await.unwrap();
+        assert_eq!(guarded.inspect("z", b"k").await.unwrap(), None, "forgotten in the store");
+        let calls = counting.calls.load(Ordering::SeqCst);
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted, "and in the deny cache");
+        assert_eq!(counting.calls.load(Ordering::SeqCst), calls + 1, "decided by the store, not the cache");
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_fails_the_fleet_sync_and_makes_the_store_unready() {
+        let (_, counting, guarded) = setup(0);
+        assert!(guarded.health().await.ready);
+        assert!(matches!(guarded.sync_fleet("me", None, &[]).await, Ok(None)), "memory: no fleet");
+        counting.failing.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert!(guarded.decide(&[check(b"k")]).await.is_err());
+        }
+        assert!(guarded.circuit_open());
+        assert!(matches!(guarded.sync_fleet("me", None, &[]).await, Err(StoreError::CircuitOpen)));
+        let health = guarded.health().await;
+        assert!(!health.ready);
+        let reason = health.reason.unwrap_or_default();
+        assert!(reason.starts_with("circuit open") && reason.contains("down"), "{reason}");
+        // An inspection still asks the store: it may answer before the probe does.
+        assert_eq!(guarded.inspect("z", b"k").await.unwrap(), None);
     }
 }

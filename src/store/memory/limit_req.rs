@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
 use crate::limit::{charge_all, decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
 use crate::store::bounded::{Bounded, Expiring};
-use crate::store::{KeyedZone, LimitStore, StoreError};
+use crate::store::{KeyedZone, LimitStore, StoreAdmin, StoreError};
 
 /// Per-request scratch lists, one item per zone of the request: on the stack for the usual few.
 type PerZone<T> = SmallVec<[T; 4]>;
@@ -294,6 +294,14 @@ impl LimitStore for MemoryStore {
         Ok(self.charge_now(zones))
     }
 
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+/// No fleet and nothing to ping: the trait's defaults answer those.
+#[async_trait]
+impl StoreAdmin for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
