@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::limit::{LimitReq, State, Verdict};
+use crate::limit::{LimitReq, State, Verdict, ZoneOutcome};
 
 pub use self::guard::GuardedStore;
 pub use self::memory::{decided_at_once, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
@@ -51,6 +51,25 @@ impl<'a> KeyedZone<'a> {
     pub fn new(zone: &'a str, key: impl Into<Vec<u8>>, limit: LimitReq, cost: u64) -> Self {
         KeyedZone { zone, key: key.into(), limit, cost, dry_run: false, reference: 0 }
     }
+}
+
+/// A refusal decided before the store's state is read (a deny-cache hit, a full memory zone): the
+/// zones `retry_us` gives a retry time reject for it, the others are reported as not charged
+/// (nothing was written, and their state is not known here); the request's retry is the longest.
+pub(crate) fn refused_unread(zones: &[KeyedZone<'_>], retry_us: impl Fn(usize) -> Option<u64>, now_us: u64) -> Verdict {
+    let mut longest = None;
+    let results = zones
+        .iter()
+        .enumerate()
+        .map(|(n, check)| match retry_us(n) {
+            Some(retry) => {
+                longest = longest.max(Some(retry));
+                ZoneOutcome::rejected_for(&check.limit, check.cost, retry, now_us)
+            }
+            None => ZoneOutcome::not_charged(&check.limit, now_us),
+        })
+        .collect();
+    Verdict { admitted: false, delay_us: 0, retry_after_us: longest, zones: results, decided_us: now_us }
 }
 
 /// What `/readyz` says about the store.

@@ -15,10 +15,11 @@ use tracing::{info, warn};
 
 use self::breaker::{Breaker, Transition};
 use self::deny_cache::{DenyCache, DenyKey};
-use crate::limit::{Clock, State, Verdict, ZoneOutcome};
+use crate::limit::{Clock, State, Verdict};
 use crate::metrics::METRICS;
 use crate::store::{
-    ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreAdmin, StoreError, StoreHealth,
+    refused_unread, ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreAdmin,
+    StoreError, StoreHealth,
 };
 
 pub struct GuardedStore {
@@ -144,7 +145,9 @@ impl LimitStore for GuardedStore {
                 zones.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
             if denied.iter().any(Option::is_some) {
                 METRICS.deny_cache_hits.inc();
-                return Ok(cached_rejection(zones, &denied, now_us));
+                // The cached zones reject until their time.
+                let retry = |n: usize| denied[n].map(|until| until.saturating_sub(now_us));
+                return Ok(refused_unread(zones, retry, now_us));
             }
         }
         let verdict = self.through_breaker(|| self.inner.decide(zones)).await?;
@@ -255,21 +258,6 @@ impl ConnStore for GuardedStore {
     fn renew_every(&self) -> Option<Duration> {
         self.conn.as_ref().and_then(|c| c.renew_every())
     }
-}
-
-/// The verdict for a request the deny cache rejects: the cached zones reject until their time; the
-/// others are reported as not charged (their state is not known here).
-fn cached_rejection(zones: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
-    let results: Vec<ZoneOutcome> = zones
-        .iter()
-        .zip(denied)
-        .map(|(check, until)| match until {
-            Some(until) => ZoneOutcome::rejected_for(&check.limit, check.cost, until - now_us, now_us),
-            None => ZoneOutcome::not_charged(&check.limit, now_us),
-        })
-        .collect();
-    let retry = denied.iter().flatten().max().map(|until| until - now_us);
-    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones: results, decided_us: now_us }
 }
 
 #[cfg(test)]
