@@ -66,23 +66,18 @@ impl GuardedStore {
         self.conn.as_ref().ok_or_else(|| StoreError::Reply("this store keeps no concurrency leases".into()))
     }
 
-    /// Makes the call unless the circuit is open (then fails at once, calling nothing), and counts
-    /// its outcome for the breaker.
-    async fn through_breaker<T, F>(&self, call: impl FnOnce() -> F) -> Result<T, StoreError>
-    where
-        F: std::future::Future<Output = Result<T, StoreError>>,
-    {
+    /// Fails at once while the circuit is open: the store is not called. Plain functions around
+    /// the call (not an `async` wrapper), so the guard's futures hold nothing more than the call's.
+    fn closed(&self) -> Result<(), StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let result = call().await;
-        self.observe(&result);
-        result
+        Ok(())
     }
 
-    /// Counts the outcome of a call for the breaker, starting the probe when it opens.
-    fn observe<T>(&self, result: &Result<T, StoreError>) {
-        match result {
+    /// Counts the outcome of a call for the breaker, starting the probe when it opens; hands it on.
+    fn observed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match &result {
             Ok(_) => self.breaker.record_success(),
             Err(e) => {
                 *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
@@ -91,6 +86,7 @@ impl GuardedStore {
                 }
             }
         }
+        result
     }
 
     pub fn circuit_open(&self) -> bool {
@@ -150,7 +146,11 @@ impl LimitStore for GuardedStore {
                 return Ok(refused_unread(zones, retry, now_us));
             }
         }
-        let verdict = self.through_breaker(|| self.inner.decide(zones)).await?;
+        self.closed()?;
+        // The result is bound before `observed` is called: as its argument, the call's `self` would
+        // be held across the await, a word more in every decision's future.
+        let result = self.inner.decide(zones).await;
+        let verdict = self.observed(result)?;
         if !verdict.admitted {
             for (check, zone) in zones.iter().zip(&verdict.zones) {
                 if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
@@ -165,12 +165,16 @@ impl LimitStore for GuardedStore {
 
     /// Through the breaker, not the deny cache: a check writes nothing to remember.
     async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        self.through_breaker(|| self.inner.peek(zones)).await
+        self.closed()?;
+        let result = self.inner.peek(zones).await;
+        self.observed(result)
     }
 
     /// Through the breaker, not the deny cache: a charge is never refused.
     async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        self.through_breaker(|| self.inner.charge(zones)).await
+        self.closed()?;
+        let result = self.inner.charge(zones).await;
+        self.observed(result)
     }
 
     fn kind(&self) -> &'static str {
@@ -215,9 +219,7 @@ impl StoreAdmin for GuardedStore {
         view: Option<Vec<u8>>,
         forget: &[String],
     ) -> Result<Option<FleetSync>, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        self.closed()?;
         let sync = self.admin.sync_fleet(instance, view, forget).await?;
         for (zone, key) in sync.iter().flat_map(|s| s.resets.iter()) {
             self.deny_cache.forget(zone, key);
@@ -241,8 +243,9 @@ impl StoreAdmin for GuardedStore {
 #[async_trait]
 impl ConnStore for GuardedStore {
     async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
-        let conn = self.conn()?;
-        self.through_breaker(|| conn.acquire(zones, lease)).await
+        self.closed()?;
+        let result = self.conn()?.acquire(zones, lease).await;
+        self.observed(result)
     }
 
     // Renewals and releases are attempted even while the circuit is open: a lease given back late
