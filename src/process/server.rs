@@ -18,7 +18,7 @@ use crate::process::admin::AdminApp;
 use crate::process::reload::Reloader;
 use crate::proxy::WeirProxy;
 use crate::store::{
-    ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, StoreAdmin, ZoneLimits,
+    ConnStore, GuardedStore, LimitStore, MemoryAdmin, MemoryConnStore, MemoryStore, RedisStore, StoreAdmin, ZoneLimits,
 };
 use crate::tls::{self, CertResolver, CertWatcher};
 use crate::top::Tracker;
@@ -37,8 +37,9 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250
 pub struct Lasting {
     pub limits: Stores,
     pub conns: ConnStores,
-    /// The primary store's operator side (the same object): the admin API, `/readyz` and the fleet
-    /// sync hold this, never the engine's traits.
+    /// The primary stores' operator side, made from the same `Arc`s (on Redis the guarded store
+    /// itself; in memory `MemoryAdmin` over both): the admin API, `/readyz` and the fleet sync hold
+    /// this, never the engine's traits.
     pub admin: Arc<dyn StoreAdmin>,
     /// This process's top-keys tables: the engine records into them (through `limits`), the admin
     /// API and the fleet sync read them.
@@ -79,7 +80,8 @@ fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> 
     Ok(match settings {
         StoreSettings::Memory => {
             let limits = Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone()));
-            (limits.clone(), Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())), limits)
+            let conns = Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone()));
+            (limits.clone(), conns.clone(), Arc::new(MemoryAdmin { limits, conns }))
         }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use crate::limit::{LimitReq, State, Verdict, ZoneOutcome};
 
 pub use self::guard::GuardedStore;
-pub use self::memory::{decided_at_once, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
+pub use self::memory::{decided_at_once, MemoryAdmin, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
 pub use self::redis::{
     key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
     RedisTls, RedisTopology,
@@ -144,9 +144,10 @@ pub trait LimitStore: Send + Sync {
 
 /// What the operator's side asks of a store, off the request path: the admin API (inspect,
 /// reset), `/readyz` (ping, health), the live view's fleet sync, and tests (held). Named for its
-/// callers: the engine never holds one, and the admin API holds nothing else. The same object as
-/// the store it tends (`process::server::Lasting::admin`), so a reset reaches the state the
-/// engine decides on, and the guard's deny cache.
+/// callers: the engine never holds one, and the admin API holds nothing else. Made from the same
+/// `Arc`s as the stores it tends (`process::server::Lasting::admin`: the guarded Redis store
+/// itself, or `MemoryAdmin` over both memory stores), so a reset reaches the state the engine
+/// decides on, and the guard's deny cache.
 #[async_trait]
 pub trait StoreAdmin: Send + Sync {
     /// "memory" or "redis", for the admin's answers (the same as the store's `LimitStore::kind`).
