@@ -106,7 +106,7 @@ fn lua_charge_matches_the_model() {
             let got = got.unwrap_or_else(|e| panic!("{ctx}: redis failed: {e}"));
             assert_eq!(got, expected, "{ctx}: charge {is_charge} of {cost} at {now} from {state:?}");
             let _: () = redis::cmd("PERSIST").arg(&key).query(&mut inspect).unwrap();
-            let stored = rt.block_on(store.inspect(&zone, b"k")).unwrap();
+            let stored = rt.block_on(store.raw_state(&zone, b"k")).unwrap();
             if expected.admitted {
                 state = Some(expected.zones[0].next.clone());
             }

@@ -363,10 +363,11 @@ mod tests {
                 .collect(),
         );
         let clock = Arc::new(ManualClock::new(1_700_000_000_000_000));
-        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        let primary = Arc::new(MemoryStore::new(clock.clone()));
+        let stores = Stores::new(primary.clone(), MemoryStore::new(clock));
         let mut charges = ResponseCharges::new(&rt, route, &keyed);
         steps(&mut charges, &stores);
-        let level = |zone: &str| match decided_at_once(stores.primary.inspect(zone, b"k")).expect("memory") {
+        let level = |zone: &str| match primary.state(zone, b"k") {
             Some(State::Bucket(b)) => b.level,
             _ => 0.0,
         };

@@ -213,7 +213,7 @@ mod tests {
 
     use super::*;
     use crate::engine::Unobserved;
-    use crate::store::{ConnVerdict, KeyedConn, MemoryConnStore, StoreError};
+    use crate::store::{ConnVerdict, KeyedConn, MemoryConnStore, StoreAdmin, StoreError};
 
     const EVERY: Duration = Duration::from_secs(10);
 
@@ -228,6 +228,10 @@ mod tests {
     impl Expiring {
         fn renewals(&self, id: &str) -> u32 {
             lock(&self.renewals).get(id).copied().unwrap_or(0)
+        }
+
+        async fn held(&self) -> u32 {
+            self.counts.held("conn", b"a").await.unwrap()
         }
     }
 
@@ -245,9 +249,6 @@ mod tests {
         }
         fn renew_every(&self) -> Option<Duration> {
             Some(EVERY)
-        }
-        async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
-            self.counts.held(zone, key).await
         }
     }
 
@@ -278,18 +279,18 @@ mod tests {
         leases.pop().unwrap().release().await;
         tokio::time::sleep(EVERY).await;
         assert_eq!((expiring.renewals("1"), expiring.renewals("2")), (3, 4), "a released lease is not renewed");
-        assert_eq!(store.held("conn", b"a").await.unwrap(), 1);
+        assert_eq!(expiring.held().await, 1);
 
         drop(second);
         assert_eq!(keeper.held(), 0);
         // The keeper's task gives it back at its next turn; no time needs to pass.
         for _ in 0..100 {
-            if store.held("conn", b"a").await.unwrap() == 0 {
+            if expiring.held().await == 0 {
                 break;
             }
             tokio::task::yield_now().await;
         }
-        assert_eq!(store.held("conn", b"a").await.unwrap(), 0);
+        assert_eq!(expiring.held().await, 0);
         running.abort();
     }
 
@@ -297,7 +298,8 @@ mod tests {
     /// once, without any task.
     #[tokio::test]
     async fn in_process_leases_need_no_keeper() {
-        let store: Arc<dyn ConnStore> = Arc::new(MemoryConnStore::default());
+        let memory = Arc::new(MemoryConnStore::default());
+        let store: Arc<dyn ConnStore> = memory.clone();
         let keeper = LeaseKeeper::new(store.clone());
         let zone = [KeyedConn::new("conn", "a", 5)];
         assert!(store.acquire(&zone, "1").await.unwrap().admitted);
@@ -305,6 +307,6 @@ mod tests {
         let lease = Lease::hold(store.clone(), keys, "1".into(), &Unobserved, &keeper);
         assert_eq!(keeper.held(), 0);
         drop(lease);
-        assert_eq!(store.held("conn", b"a").await.unwrap(), 0);
+        assert_eq!(memory.held("conn", b"a").await.unwrap(), 0);
     }
 }

@@ -344,7 +344,8 @@ mod tests {
         let route = &rt.routes[0];
         let keyed = Groups::new(vec![KeyedZone::new("fails", b"k".to_vec(), route.limits[0].limit, 1)]);
         let clock = Arc::new(crate::limit::ManualClock::new(1_700_000_000_000_000));
-        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::new(clock));
+        let primary = Arc::new(MemoryStore::new(clock.clone()));
+        let stores = Stores::new(primary.clone(), MemoryStore::new(clock));
         let mut tokens = http::HeaderMap::new();
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("7000"));
         for _ in 0..3 {
@@ -361,7 +362,7 @@ mod tests {
         // The debt is capped: a huge report fills to 20000 + 5000 and no further.
         tokens.insert("x-tokens-used", http::HeaderValue::from_static("999999"));
         charge_after(&rt, route, &keyed, 200, &tokens, &stores);
-        let state = decided_at_once(stores.primary.inspect("fails", b"k")).expect("memory");
+        let state = primary.state("fails", b"k");
         assert!(matches!(state, Some(crate::limit::State::Bucket(b)) if b.level == 25_000.0), "{state:?}");
     }
 

@@ -27,7 +27,7 @@ use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
 use crate::process::lasting::Lasting;
 use crate::process::reload::{ReloadOutcome, Reloader};
-use crate::store::LimitStore;
+use crate::store::StoreAdmin;
 use crate::top::Tracker;
 use crate::upstream::Registry;
 
@@ -35,7 +35,7 @@ use super::admin_guard::{self as guard, path_decode, query_param, Provenance};
 
 pub struct AdminApp {
     reloader: Arc<Reloader>,
-    store: Arc<dyn LimitStore>,
+    store: Arc<dyn StoreAdmin>,
     /// This instance's name in the fleet's top-keys views.
     instance: String,
     /// The tables the engine records into (`GET /top`, resets).
@@ -64,7 +64,7 @@ impl AdminApp {
     pub fn new(reloader: Arc<Reloader>, lasting: &Lasting) -> Self {
         Self {
             reloader,
-            store: lasting.limits.primary.clone(),
+            store: lasting.admin.clone(),
             instance: lasting.instance.clone(),
             top: lasting.top.clone(),
             upstreams: lasting.upstreams.clone(),

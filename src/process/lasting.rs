@@ -11,7 +11,9 @@ use crate::engine::{ConnStores, Observer, Stores};
 use crate::limit::SystemClock;
 use crate::metrics::MetricsObserver;
 use crate::process::reload::Reloader;
-use crate::store::{ConnStore, GuardedStore, LimitStore, MemoryConnStore, MemoryStore, RedisStore, ZoneLimits};
+use crate::store::{
+    ConnStore, GuardedStore, LimitStore, MemoryAdmin, MemoryConnStore, MemoryStore, RedisStore, StoreAdmin, ZoneLimits,
+};
 use crate::tls::{CertResolver, CertWatcher};
 use crate::top::Tracker;
 use crate::upstream;
@@ -26,6 +28,10 @@ pub struct Lasting {
     pub limits: Stores,
     /// The stores of concurrency leases, likewise.
     pub conns: ConnStores,
+    /// The primary stores' operator side, made from the same `Arc`s (on Redis the guarded store
+    /// itself; in memory `MemoryAdmin` over both): the admin API, `/readyz` and the fleet sync hold
+    /// this, never the engine's traits.
+    pub admin: Arc<dyn StoreAdmin>,
     /// The rate limit service's stores: the same configured store, its own `local` one.
     pub rls_limits: Stores,
     /// Every upstream's pool and adaptive limit, by name.
@@ -48,7 +54,7 @@ impl Lasting {
         // Each zone's capacity follows the running config (`max_keys`), reloads included.
         let live = runtime.clone();
         let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let (limits, conns) = primary_stores(&runtime, &zone_limits)?;
+        let (limits, conns, admin) = primary_stores(&runtime, &zone_limits)?;
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
         // The engine reports to the metrics, then to the live view's tables; made once, for the
@@ -82,6 +88,7 @@ impl Lasting {
                 Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
                 observer,
             ),
+            admin,
             upstreams,
             top,
             instance: crate::top::fleet::instance_id(),
@@ -104,23 +111,24 @@ impl Lasting {
             .map_err(|e| format!("cannot start the lease keeper: {e}"))?;
         self.upstreams.start_checks();
         if matches!(runtime.load().store, StoreSettings::Redis(..)) {
-            let store = self.limits.primary.clone();
+            let store = self.admin.clone();
             crate::top::fleet::start(store, runtime.clone(), self.instance.clone(), self.top.clone())?;
         }
         Ok(())
     }
 }
 
-type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>);
+type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>);
 
-/// The configured store, for rates and for concurrency leases.
+/// The configured store, for rates and for concurrency leases, and its operator side.
 fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
     let settings = &runtime.load().store;
     Ok(match settings {
-        StoreSettings::Memory => (
-            Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone())),
-            Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone())),
-        ),
+        StoreSettings::Memory => {
+            let limits = Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone()));
+            let conns = Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone()));
+            (limits.clone(), conns.clone(), Arc::new(MemoryAdmin { limits, conns }))
+        }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
                 RedisStore::new(cfg.clone(), Arc::new(SystemClock))
@@ -139,7 +147,7 @@ fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> 
                 )
                 .with_conn(redis),
             );
-            (guarded.clone(), guarded)
+            (guarded.clone(), guarded.clone(), guarded)
         }
     })
 }

@@ -2,9 +2,12 @@
 //! after how long?" — for all `limit_req` zones of a request at once, all-or-nothing; and takes
 //! concurrency leases (nginx `limit_conn`) in all conn zones of a request, all or none.
 //!
-//! The two traits are here; `memory/` is the in-process twin (the model itself), `redis/` the
-//! fleet-wide store (Lua scripts in `lua/`), `guard/` what stands in front of Redis (circuit
-//! breaker, deny cache), `bounded` the size-capped map both in-process caches share.
+//! The traits are here: the request's (`LimitStore`, `ConnStore`) and the operator's
+//! (`StoreAdmin`: inspect, reset, readiness, fleet sync), which every store implements apart so
+//! the engine's trait objects carry only the hot path. `memory/` is the in-process twin (the
+//! model itself), `redis/` the fleet-wide store (Lua scripts in `lua/`), `guard/` what stands in
+//! front of Redis (circuit breaker, deny cache), `bounded` the size-capped map both in-process
+//! caches share.
 
 mod bounded;
 mod guard;
@@ -15,10 +18,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::limit::{LimitReq, State, Verdict};
+use crate::limit::{LimitReq, State, Verdict, ZoneOutcome};
 
 pub use self::guard::GuardedStore;
-pub use self::memory::{decided_at_once, ready_now, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS};
+pub use self::memory::{
+    decided_at_once, ready_now, MemoryAdmin, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS,
+};
 pub use self::redis::{
     key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
     RedisTls, RedisTopology,
@@ -50,6 +55,25 @@ impl<'a> KeyedZone<'a> {
     }
 }
 
+/// A refusal decided before the store's state is read (a deny-cache hit, a full memory zone): the
+/// zones `retry_us` gives a retry time reject for it, the others are reported as not charged
+/// (nothing was written, and their state is not known here); the request's retry is the longest.
+pub(crate) fn refused_unread(zones: &[KeyedZone<'_>], retry_us: impl Fn(usize) -> Option<u64>, now_us: u64) -> Verdict {
+    let mut longest = None;
+    let results = zones
+        .iter()
+        .enumerate()
+        .map(|(n, check)| match retry_us(n) {
+            Some(retry) => {
+                longest = longest.max(Some(retry));
+                ZoneOutcome::rejected_for(&check.limit, check.cost, retry, now_us)
+            }
+            None => ZoneOutcome::not_charged(&check.limit, now_us),
+        })
+        .collect();
+    Verdict { admitted: false, delay_us: 0, retry_after_us: longest, zones: results, decided_us: now_us }
+}
+
 /// What `/readyz` says about the store.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct StoreHealth {
@@ -64,6 +88,16 @@ pub struct StoreHealth {
     /// Redis's eviction settings, once read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis: Option<EvictionStatus>,
+}
+
+impl StoreHealth {
+    /// Ready when the probe answered; otherwise not, with its error as the reason.
+    pub fn from_ping(ping: Result<(), StoreError>) -> Self {
+        match ping {
+            Ok(()) => StoreHealth { ready: true, ..StoreHealth::default() },
+            Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +118,9 @@ pub enum StoreError {
     CircuitOpen,
 }
 
+/// What a request asks of the rate-limit store: deciding, peeking and charging. Nothing else is
+/// here, so the engine's trait object carries only these (admin, readiness and fleet-sync calls are
+/// on [`StoreAdmin`]).
 #[async_trait]
 pub trait LimitStore: Send + Sync {
     /// Decides every zone of one request atomically: charges all of them or none.
@@ -105,9 +142,34 @@ pub trait LimitStore: Send + Sync {
 
     /// "memory" or "redis", for logs and metrics.
     fn kind(&self) -> &'static str;
+}
+
+/// What the operator's side asks of a store, off the request path: the admin API (inspect,
+/// reset), `/readyz` (ping, health), the live view's fleet sync, and tests (held). Named for its
+/// callers: the engine never holds one, and the admin API holds nothing else. Made from the same
+/// `Arc`s as the stores it tends (`process::server::Lasting::admin`: the guarded Redis store
+/// itself, or `MemoryAdmin` over both memory stores), so a reset reaches the state the engine
+/// decides on, and the guard's deny cache.
+#[async_trait]
+pub trait StoreAdmin: Send + Sync {
+    /// "memory" or "redis", for the admin's answers (the same as the store's `LimitStore::kind`).
+    fn kind(&self) -> &'static str;
 
     /// The stored state of one key (for the admin API); `None` when absent, i.e. fully drained.
-    async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError>;
+    async fn inspect(&self, _zone: &str, _key: &[u8]) -> Result<Option<State>, StoreError> {
+        Err(StoreError::Reply(format!("the {} store keeps no rate-limit state to inspect", self.kind())))
+    }
+
+    /// Leases held for one key (admin API, tests).
+    async fn held(&self, _zone: &str, _key: &[u8]) -> Result<u32, StoreError> {
+        Err(StoreError::Reply(format!("the {} store keeps no concurrency leases", self.kind())))
+    }
+
+    /// Forgets one key's state in a zone (admin reset): fleet-wide where the store is shared, and
+    /// announced to the other instances (see [`StoreAdmin::sync_fleet`]).
+    async fn reset(&self, _zone: &str, _key: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Reply(format!("the {} store cannot reset keys", self.kind())))
+    }
 
     /// Whether the store answers now, writes included (the breaker's probe).
     async fn ping(&self) -> Result<(), StoreError> {
@@ -116,16 +178,7 @@ pub trait LimitStore: Send + Sync {
 
     /// Readiness and warnings, for `/readyz`.
     async fn health(&self) -> StoreHealth {
-        match self.ping().await {
-            Ok(()) => StoreHealth { ready: true, ..StoreHealth::default() },
-            Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
-        }
-    }
-
-    /// Forgets one key's state in a zone (admin reset): fleet-wide where the store is shared, and
-    /// announced to the other instances (see [`LimitStore::sync_fleet`]).
-    async fn reset(&self, _zone: &str, _key: &[u8]) -> Result<(), StoreError> {
-        Err(StoreError::Reply(format!("the {} store cannot reset keys", self.kind())))
+        StoreHealth::from_ping(self.ping().await)
     }
 
     /// Shares this instance's top-keys view (`src/top/fleet.rs`) and reads the fleet's: publishes
@@ -142,7 +195,7 @@ pub trait LimitStore: Send + Sync {
     }
 }
 
-/// What [`LimitStore::sync_fleet`] read.
+/// What [`StoreAdmin::sync_fleet`] read.
 #[derive(Debug, Default)]
 pub struct FleetSync {
     /// Every instance's latest view, this one's included.
@@ -187,6 +240,8 @@ pub struct ConnVerdict {
     pub held: Vec<u32>,
 }
 
+/// What a request asks of the concurrency store: acquiring, renewing and releasing its leases
+/// (counting them is [`StoreAdmin::held`]).
 #[async_trait]
 pub trait ConnStore: Send + Sync {
     /// Takes `lease` in every zone if each holds fewer than its max; otherwise takes nothing.
@@ -196,6 +251,4 @@ pub trait ConnStore: Send + Sync {
     async fn release(&self, keys: &[LeaseKey], lease: &str) -> Result<(), StoreError>;
     /// How often a held lease must be renewed; `None` when leases never expire (in-process).
     fn renew_every(&self) -> Option<Duration>;
-    /// Leases held for one key (admin API, tests).
-    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError>;
 }

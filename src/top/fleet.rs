@@ -1,5 +1,5 @@
 //! Fleet-wide top keys on the Redis store: every [`SYNC_EVERY`], each instance publishes its view
-//! (its tables' rows) and reads the others' and the resets announced since (`LimitStore::sync_fleet`,
+//! (its tables' rows) and reads the others' and the resets announced since (`StoreAdmin::sync_fleet`,
 //! `store/redis/fleet.rs`); `/top` on any instance then sums them.
 //!
 //! Why views rather than counting in Redis: counting there would cost a Redis write per limited
@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 
 use super::{InstanceView, Tracker};
 use crate::config::Runtime;
-use crate::store::LimitStore;
+use crate::store::StoreAdmin;
 
 pub const SYNC_EVERY: Duration = Duration::from_millis(500);
 /// A view older than this is dropped (its instance stopped or lost Redis).
@@ -38,7 +38,7 @@ pub fn instance_id() -> String {
 
 /// Starts the sync on its own thread (and runtime) when the store is shared; returns at once.
 pub fn start(
-    store: Arc<dyn LimitStore>,
+    store: Arc<dyn StoreAdmin>,
     runtime: Arc<ArcSwap<Runtime>>,
     instance: String,
     top: Arc<Tracker>,
@@ -54,7 +54,7 @@ pub fn start(
     Ok(())
 }
 
-async fn run(store: Arc<dyn LimitStore>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
+async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stale: Vec<String> = Vec::new();

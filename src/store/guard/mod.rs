@@ -15,14 +15,17 @@ use tracing::{info, warn};
 
 use self::breaker::{Breaker, Transition};
 use self::deny_cache::{DenyCache, DenyKey};
-use crate::limit::{Clock, State, Verdict, ZoneOutcome};
+use crate::limit::{Clock, State, Verdict};
 use crate::metrics::METRICS;
 use crate::store::{
-    ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreError, StoreHealth,
+    refused_unread, ConnStore, ConnVerdict, FleetSync, KeyedConn, KeyedZone, LeaseKey, LimitStore, StoreAdmin,
+    StoreError, StoreHealth,
 };
 
 pub struct GuardedStore {
     inner: Arc<dyn LimitStore>,
+    /// The same store's operator side: the breaker's probe pings it, the admin's calls pass to it.
+    admin: Arc<dyn StoreAdmin>,
     /// The same store's concurrency leases, behind the same breaker.
     conn: Option<Arc<dyn ConnStore>>,
     breaker: Arc<Breaker>,
@@ -34,15 +37,16 @@ pub struct GuardedStore {
 }
 
 impl GuardedStore {
-    pub fn new(
-        inner: Arc<dyn LimitStore>,
+    pub fn new<S: LimitStore + StoreAdmin + 'static>(
+        store: Arc<S>,
         clock: Arc<dyn Clock>,
         breaker_failures: u32,
         deny_cache_size: usize,
         probe_interval: Duration,
     ) -> Self {
         Self {
-            inner,
+            inner: store.clone(),
+            admin: store,
             conn: None,
             breaker: Arc::new(Breaker::new(breaker_failures)),
             deny_cache: DenyCache::new(deny_cache_size),
@@ -62,9 +66,18 @@ impl GuardedStore {
         self.conn.as_ref().ok_or_else(|| StoreError::Reply("this store keeps no concurrency leases".into()))
     }
 
-    /// Counts the outcome of a call for the breaker, starting the probe when it opens.
-    fn observe<T>(&self, result: &Result<T, StoreError>) {
-        match result {
+    /// Fails at once while the circuit is open: the store is not called. Plain functions around
+    /// the call (not an `async` wrapper), so the guard's futures hold nothing more than the call's.
+    fn closed(&self) -> Result<(), StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        Ok(())
+    }
+
+    /// Counts the outcome of a call for the breaker, starting the probe when it opens; hands it on.
+    fn observed<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match &result {
             Ok(_) => self.breaker.record_success(),
             Err(e) => {
                 *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
@@ -73,6 +86,7 @@ impl GuardedStore {
                 }
             }
         }
+        result
     }
 
     pub fn circuit_open(&self) -> bool {
@@ -84,7 +98,7 @@ impl GuardedStore {
     /// then closes the circuit. Runs on the caller's runtime (the proxy's), like the store's own
     /// connection.
     fn start_probe(&self) {
-        let (inner, breaker, interval) = (self.inner.clone(), self.breaker.clone(), self.probe_interval);
+        let (inner, breaker, interval) = (self.admin.clone(), self.breaker.clone(), self.probe_interval);
         let last_error = self.last_error.clone();
         METRICS.store_circuit_open.set(1);
         METRICS.store_circuit_opens.inc();
@@ -127,67 +141,73 @@ impl LimitStore for GuardedStore {
                 zones.iter().map(|c| self.deny_cache.denied_until(&Self::deny_key(c), now_us)).collect();
             if denied.iter().any(Option::is_some) {
                 METRICS.deny_cache_hits.inc();
-                return Ok(cached_rejection(zones, &denied, now_us));
+                // The cached zones reject until their time.
+                let retry = |n: usize| denied[n].map(|until| until.saturating_sub(now_us));
+                return Ok(refused_unread(zones, retry, now_us));
             }
         }
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        self.closed()?;
+        // The result is bound before `observed` is called: as its argument, the call's `self` would
+        // be held across the await, a word more in every decision's future.
         let result = self.inner.decide(zones).await;
-        self.observe(&result);
-        match result {
-            Ok(verdict) => {
-                if !verdict.admitted {
-                    for (check, zone) in zones.iter().zip(&verdict.zones) {
-                        if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
-                            // `now_us` was read before the store's own clock: the entry expires
-                            // slightly early, never late.
-                            self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
-                        }
-                    }
+        let verdict = self.observed(result)?;
+        if !verdict.admitted {
+            for (check, zone) in zones.iter().zip(&verdict.zones) {
+                if let (false, Some(retry)) = (zone.admitted, zone.retry_after_us) {
+                    // `now_us` was read before the store's own clock: the entry expires slightly
+                    // early, never late.
+                    self.deny_cache.insert(Self::deny_key(check), now_us + retry, now_us);
                 }
-                Ok(verdict)
             }
-            Err(e) => Err(e),
         }
+        Ok(verdict)
     }
 
     /// Through the breaker, not the deny cache: a check writes nothing to remember.
     async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        self.closed()?;
         let result = self.inner.peek(zones).await;
-        self.observe(&result);
-        result
+        self.observed(result)
     }
 
     /// Through the breaker, not the deny cache: a charge is never refused.
     async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        self.closed()?;
         let result = self.inner.charge(zones).await;
-        self.observe(&result);
-        result
+        self.observed(result)
     }
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+}
+
+/// The operator's calls pass to the store as they are, not through the breaker (an inspection or a
+/// reset is worth trying while the probe waits; each is bounded by the store's timeout), except the
+/// fleet sync, which fails with `CircuitOpen` while it is open; the guard adds its own state: a
+/// reset reaches the deny cache, and an open circuit makes the store unready.
+#[async_trait]
+impl StoreAdmin for GuardedStore {
+    fn kind(&self) -> &'static str {
+        self.admin.kind()
+    }
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
-        self.inner.inspect(zone, key).await
+        self.admin.inspect(zone, key).await
+    }
+
+    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+        self.admin.held(zone, key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.inner.ping().await
+        self.admin.ping().await
     }
 
     /// Resets the key in the store, then here: this instance's deny cache lets it through at once;
     /// the others' forget it when they read the reset (`sync_fleet`).
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
-        let result = self.inner.reset(zone, key).await;
+        let result = self.admin.reset(zone, key).await;
         self.deny_cache.forget(zone, key);
         result
     }
@@ -199,10 +219,8 @@ impl LimitStore for GuardedStore {
         view: Option<Vec<u8>>,
         forget: &[String],
     ) -> Result<Option<FleetSync>, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
-        let sync = self.inner.sync_fleet(instance, view, forget).await?;
+        self.closed()?;
+        let sync = self.admin.sync_fleet(instance, view, forget).await?;
         for (zone, key) in sync.iter().flat_map(|s| s.resets.iter()) {
             self.deny_cache.forget(zone, key);
         }
@@ -212,7 +230,7 @@ impl LimitStore for GuardedStore {
     /// Not ready while the circuit is open (every decision goes to the failure policy), with the
     /// error that opened it or the probe's latest.
     async fn health(&self) -> StoreHealth {
-        let mut health = self.inner.health().await;
+        let mut health = self.admin.health().await;
         if self.breaker.is_open() {
             let error = self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
             health.ready = false;
@@ -225,12 +243,9 @@ impl LimitStore for GuardedStore {
 #[async_trait]
 impl ConnStore for GuardedStore {
     async fn acquire(&self, zones: &[KeyedConn<'_>], lease: &str) -> Result<ConnVerdict, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        self.closed()?;
         let result = self.conn()?.acquire(zones, lease).await;
-        self.observe(&result);
-        result
+        self.observed(result)
     }
 
     // Renewals and releases are attempted even while the circuit is open: a lease given back late
@@ -246,25 +261,6 @@ impl ConnStore for GuardedStore {
     fn renew_every(&self) -> Option<Duration> {
         self.conn.as_ref().and_then(|c| c.renew_every())
     }
-
-    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
-        self.conn()?.held(zone, key).await
-    }
-}
-
-/// The verdict for a request the deny cache rejects: the cached zones reject until their time; the
-/// others are reported as not charged (their state is not known here).
-fn cached_rejection(zones: &[KeyedZone<'_>], denied: &[Option<u64>], now_us: u64) -> Verdict {
-    let results: Vec<ZoneOutcome> = zones
-        .iter()
-        .zip(denied)
-        .map(|(check, until)| match until {
-            Some(until) => ZoneOutcome::rejected_for(&check.limit, check.cost, until - now_us, now_us),
-            None => ZoneOutcome::not_charged(&check.limit, now_us),
-        })
-        .collect();
-    let retry = denied.iter().flatten().max().map(|until| until - now_us);
-    Verdict { admitted: false, delay_us: 0, retry_after_us: retry, zones: results, decided_us: now_us }
 }
 
 #[cfg(test)]
@@ -295,8 +291,19 @@ mod tests {
         fn kind(&self) -> &'static str {
             "counting"
         }
-        async fn inspect(&self, _: &str, _: &[u8]) -> Result<Option<State>, StoreError> {
-            Ok(None)
+    }
+
+    /// The admin's calls go to the memory store, which keeps the state; the probe sees `failing`.
+    #[async_trait]
+    impl StoreAdmin for Counting {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
+            self.inner.inspect(zone, key).await
+        }
+        async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+            self.inner.reset(zone, key).await
         }
         async fn ping(&self) -> Result<(), StoreError> {
             if self.failing.load(Ordering::SeqCst) {
@@ -382,5 +389,37 @@ mod tests {
         }
         assert!(!guarded.circuit_open());
         assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+    }
+
+    #[tokio::test]
+    async fn a_reset_through_the_guard_reaches_the_store_and_the_deny_cache() {
+        let (_, counting, guarded) = setup(100);
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+        assert!(!guarded.decide(&[check(b"k")]).await.unwrap().admitted, "now in the deny cache");
+        assert!(guarded.inspect("z", b"k").await.unwrap().is_some());
+        guarded.reset("z", b"k").await.unwrap();
+        assert_eq!(guarded.inspect("z", b"k").await.unwrap(), None, "forgotten in the store");
+        let calls = counting.calls.load(Ordering::SeqCst);
+        assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted, "and in the deny cache");
+        assert_eq!(counting.calls.load(Ordering::SeqCst), calls + 1, "decided by the store, not the cache");
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_fails_the_fleet_sync_and_makes_the_store_unready() {
+        let (_, counting, guarded) = setup(0);
+        assert!(guarded.health().await.ready);
+        assert!(matches!(guarded.sync_fleet("me", None, &[]).await, Ok(None)), "memory: no fleet");
+        counting.failing.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert!(guarded.decide(&[check(b"k")]).await.is_err());
+        }
+        assert!(guarded.circuit_open());
+        assert!(matches!(guarded.sync_fleet("me", None, &[]).await, Err(StoreError::CircuitOpen)));
+        let health = guarded.health().await;
+        assert!(!health.ready);
+        let reason = health.reason.unwrap_or_default();
+        assert!(reason.starts_with("circuit open") && reason.contains("down"), "{reason}");
+        // An inspection still asks the store: it may answer before the probe does.
+        assert_eq!(guarded.inspect("z", b"k").await.unwrap(), None);
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
-use crate::store::{ConnStore, ConnVerdict, KeyedConn, LeaseKey, StoreError};
+use crate::store::{ConnStore, ConnVerdict, KeyedConn, LeaseKey, StoreAdmin, StoreError};
 
 /// In-process counters: exact for one instance; a lease is a count released by its request.
 ///
@@ -126,6 +126,14 @@ impl ConnStore for MemoryConnStore {
 
     fn renew_every(&self) -> Option<Duration> {
         None
+    }
+}
+
+/// Counts leases only: the rate-limit side's calls are `MemoryStore`'s.
+#[async_trait]
+impl StoreAdmin for MemoryConnStore {
+    fn kind(&self) -> &'static str {
+        "memory"
     }
 
     async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {

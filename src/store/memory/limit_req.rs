@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use smallvec::SmallVec;
 
 use super::{ZoneLimits, ZoneMetrics, DEFAULT_MAX_KEYS};
-use crate::limit::{charge_all, decide_all, Clock, State, SystemClock, Verdict, ZoneInput, ZoneOutcome};
+use crate::limit::{charge_all, decide_all, Clock, State, SystemClock, Verdict, ZoneInput};
 use crate::store::bounded::{Bounded, Expiring};
-use crate::store::{KeyedZone, LimitStore, StoreError};
+use crate::store::{refused_unread, KeyedZone, LimitStore, StoreAdmin, StoreError};
 
 /// Per-request scratch lists, one item per zone of the request: on the stack for the usual few.
 type PerZone<T> = SmallVec<[T; 4]>;
@@ -189,7 +189,8 @@ impl MemoryStore {
             match full {
                 Some(n) => {
                     tables[n].metrics.full.inc();
-                    verdict = zone_full(zones, n, now_us);
+                    // That zone rejects with a short retry; nothing was written.
+                    verdict = refused_unread(zones, |i| (i == n).then_some(FULL_RETRY_US), now_us);
                 }
                 None => {
                     for ((zone, &g), &hash) in verdict.zones.iter().zip(&at).zip(&hashes) {
@@ -258,23 +259,6 @@ impl MemoryStore {
     }
 }
 
-/// The verdict for a request whose zone `full` had no room for its key: that zone rejects with a
-/// short retry; the others are reported as admitted but not charged (nothing was written).
-fn zone_full(zones: &[KeyedZone<'_>], full: usize, now_us: u64) -> Verdict {
-    let results = zones
-        .iter()
-        .enumerate()
-        .map(|(n, check)| {
-            if n == full {
-                ZoneOutcome::rejected_for(&check.limit, check.cost, FULL_RETRY_US, now_us)
-            } else {
-                ZoneOutcome::not_charged(&check.limit, now_us)
-            }
-        })
-        .collect();
-    Verdict { admitted: false, delay_us: 0, retry_after_us: Some(FULL_RETRY_US), zones: results, decided_us: now_us }
-}
-
 /// A poisoned shard only means another request panicked mid-update of plain numbers: keep serving.
 fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
     shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -294,6 +278,14 @@ impl LimitStore for MemoryStore {
         Ok(self.charge_now(zones))
     }
 
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+/// No fleet and nothing to ping: the trait's defaults answer those.
+#[async_trait]
+impl StoreAdmin for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }

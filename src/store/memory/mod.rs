@@ -1,12 +1,14 @@
 //! The embedded store: the limit model over in-process maps, one per zone, like nginx's
 //! `limit_req_zone` shared memory. Exact for one instance while a zone has room. `limit_req.rs`
-//! holds rate-limit state (`MemoryStore`), `limit_conn.rs` concurrency counts (`MemoryConnStore`);
-//! this file is what they share: zone capacities and metrics. Both bound each zone by its
-//! `max_keys`.
+//! holds rate-limit state (`MemoryStore`), `limit_conn.rs` concurrency counts (`MemoryConnStore`),
+//! `admin.rs` the operator's side of both (`MemoryAdmin`); this file is what they share: zone
+//! capacities and metrics. Both bound each zone by its `max_keys`.
 
+mod admin;
 mod limit_conn;
 mod limit_req;
 
+pub use admin::MemoryAdmin;
 pub use limit_conn::MemoryConnStore;
 pub use limit_req::MemoryStore;
 

@@ -136,6 +136,24 @@ impl RedisStore {
             }
         }
     }
+
+    /// Leases held for one key (`StoreAdmin::held`, in `mod.rs`).
+    pub(super) async fn held_leases(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+        let redis_key = self.conn_key(zone, key);
+        // Only unexpired leases count; for an inspection the local clock is close enough.
+        let now_ms = self.clock().now_us() / 1000;
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            let n: u32 = ::redis::cmd("ZCOUNT")
+                .arg(&redis_key)
+                .arg(format!("({now_ms}"))
+                .arg("+inf")
+                .query_async(&mut conn)
+                .await?;
+            Ok(n)
+        })
+        .await
+    }
 }
 
 /// An "acquire" reply of `zones` zones: admitted, the 0-based rejecting zone, the counts held.
@@ -188,22 +206,5 @@ impl ConnStore for RedisStore {
 
     fn renew_every(&self) -> Option<Duration> {
         Some(self.lease_ttl / 3)
-    }
-
-    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
-        let redis_key = self.conn_key(zone, key);
-        // Only unexpired leases count; for an inspection the local clock is close enough.
-        let now_ms = self.clock().now_us() / 1000;
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            let n: u32 = ::redis::cmd("ZCOUNT")
-                .arg(&redis_key)
-                .arg(format!("({now_ms}"))
-                .arg("+inf")
-                .query_async(&mut conn)
-                .await?;
-            Ok(n)
-        })
-        .await
     }
 }

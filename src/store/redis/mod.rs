@@ -34,7 +34,7 @@ use self::eviction::Latest;
 use self::lane::Lanes;
 use self::slot_owners::SlotOwners;
 use crate::limit::{Clock, State, Verdict};
-use crate::store::{KeyedZone, LimitStore, StoreError, StoreHealth};
+use crate::store::{KeyedZone, LimitStore, StoreAdmin, StoreError, StoreHealth};
 
 /// Whose clock decides: Redis `TIME` (one clock for the fleet) or the proxy's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,22 +240,24 @@ impl LimitStore for RedisStore {
     fn kind(&self) -> &'static str {
         "redis"
     }
+}
 
-    async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
-        self.bounded(self.reset_key(zone, key)).await
-    }
-
-    async fn sync_fleet(
-        &self,
-        instance: &str,
-        view: Option<Vec<u8>>,
-        forget: &[String],
-    ) -> Result<Option<crate::store::FleetSync>, StoreError> {
-        self.bounded(self.exchange_views(instance, view, forget)).await.map(Some)
+#[async_trait]
+impl StoreAdmin for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
     }
 
     async fn inspect(&self, zone: &str, key: &[u8]) -> Result<Option<State>, StoreError> {
         self.raw_state(zone, key).await
+    }
+
+    async fn held(&self, zone: &str, key: &[u8]) -> Result<u32, StoreError> {
+        self.held_leases(zone, key).await
+    }
+
+    async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
+        self.bounded(self.reset_key(zone, key)).await
     }
 
     /// A write, not only a PING: a Redis that answers PING but refuses writes (`OOM command not
@@ -265,17 +267,24 @@ impl LimitStore for RedisStore {
         self.bounded(self.conns.ping(probe_key.as_bytes())).await
     }
 
+    /// The probe's answer, with the eviction policy's warnings once read.
     async fn health(&self) -> StoreHealth {
-        let mut health = match self.ping().await {
-            Ok(()) => StoreHealth { ready: true, ..StoreHealth::default() },
-            Err(e) => StoreHealth { ready: false, reason: Some(e.to_string()), ..StoreHealth::default() },
-        };
+        let mut health = StoreHealth::from_ping(self.ping().await);
         let latest = self.eviction.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(Ok(status)) = latest {
             health.warnings.extend(status.warning());
             health.redis = Some(status);
         }
         health
+    }
+
+    async fn sync_fleet(
+        &self,
+        instance: &str,
+        view: Option<Vec<u8>>,
+        forget: &[String],
+    ) -> Result<Option<crate::store::FleetSync>, StoreError> {
+        self.bounded(self.exchange_views(instance, view, forget)).await.map(Some)
     }
 }
 
