@@ -72,6 +72,15 @@ fn servers(w: &Weir) -> Vec<(String, bool, u64)> {
         .collect()
 }
 
+/// `GET /upstreams`: whether the active check (alone, passive health aside) has `addr` up.
+fn actively_healthy(w: &Weir, addr: SocketAddr) -> Option<bool> {
+    let r = admin::request(admin::addr(w), "GET", "/upstreams", None);
+    let v = r.json();
+    let app = v["upstreams"].as_array()?.iter().find(|u| u["name"] == "app")?.clone();
+    let server = app["servers"].as_array()?.iter().find(|s| s["address"] == addr.to_string())?.clone();
+    server["healthy"].as_bool()
+}
+
 fn is_up(w: &Weir, addr: SocketAddr) -> Option<bool> {
     servers(w).into_iter().find(|(a, _, _)| *a == addr.to_string()).map(|(_, up, _)| up)
 }
@@ -202,9 +211,13 @@ fall = 1"#,
     b.kill();
     let detected = killed + wait_health(&w, b_addr, false, Duration::from_secs(5));
     println!("killed b; reported down {:?} after the kill", detected - killed);
-    // The load meets the pool without b (what the "no errors after detection" assertion is
-    // about). b comes back well within its fail_timeout (10 s by default): the active check
-    // bringing it back also clears its passive failures.
+    // The first failed request takes b out (passive health, at once); the active check sees it
+    // down too within an interval (fall = 1). Only a check that saw it down can bring it back
+    // before its fail_timeout (10 s by default): coming back clears its passive failures.
+    must_hold_within(Duration::from_secs(5), "the active check reports b down", || {
+        actively_healthy(&w, b_addr) == Some(false)
+    });
+    // The load meets the pool without b (what the "no errors after detection" assertion is about).
     must_hold_within(Duration::from_secs(10), "a serves 200 requests after b was reported down", || {
         served_by("a", detected) >= 200
     });
