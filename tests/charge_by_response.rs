@@ -10,9 +10,9 @@ mod support;
 use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::access_log::access_lines;
+use support::access_log::wait_for_access_lines;
 use support::config::{memory_with_app, with_app};
 use support::http::{self, Request};
 use support::redis_server::RedisServer;
@@ -100,11 +100,7 @@ fn the_memory_store_locks_out_after_exactly_n_401s_and_replay_agrees() {
     assert_eq!(wrong, expected_lockout());
 
     let total = 2 * 3 * N;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while access_lines(&w).len() < total && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    let lines = access_lines(&w);
+    let lines = wait_for_access_lines(&w, total);
     assert_eq!(lines.len(), total, "one access line per request");
     let live: Vec<&str> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?")).collect();
     assert_eq!(live.iter().filter(|w| **w == "REJECTED").count(), total - 2 * N, "{live:?}");

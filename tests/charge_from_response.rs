@@ -9,10 +9,9 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::access_log::access_lines;
+use support::access_log::wait_for_access_lines;
 use support::config::{memory_with_app, with_app};
 use support::grpc_server::GrpcServer;
 use support::http::{self, Request, Response};
@@ -122,11 +121,7 @@ fn past_its_delay_the_5th_request_waits_for_the_tokens_to_drain_and_replay_agree
     assert!(waited < Duration::from_secs(15), "the 5th waited {waited:?}");
 
     let total = 5;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while access_lines(&w).len() < total && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
-    let lines = access_lines(&w);
+    let lines = wait_for_access_lines(&w, total);
     assert_eq!(lines.len(), total, "one access line per request");
     let live: Vec<&str> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?")).collect();
     assert_eq!(live, ["PASSED", "PASSED", "PASSED", "PASSED", "DELAYED"]);
@@ -165,10 +160,7 @@ fn bad_negative_and_huge_reports_cost_the_default_or_the_cap_and_the_client_sets
     }
     assert_eq!(remaining(&ask(w.addr)), 10_000 - 1 - spent);
     let total = reports.len() + 1;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while access_lines(&w).len() < total && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_access_lines(&w, total);
     replay_own_log(&w, total);
 }
 

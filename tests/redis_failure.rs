@@ -7,7 +7,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -137,17 +137,23 @@ fn reply_of(r: &Response) -> Reply {
 struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<Vec<Sample>>>,
+    /// (target, sent) of each answered request so far: what the test waits on instead of a time.
+    answered: Arc<Mutex<Vec<(usize, Instant)>>>,
 }
+
+/// How long the load may take to produce the requests a phase of a test asks for.
+const LOAD_BOUND: Duration = Duration::from_secs(15);
 
 impl Load {
     /// `threads` client threads, each cycling over `targets` (starting at a different one) on its
     /// own keep-alive connections, sleeping `pace` between requests.
     fn start(targets: &[Target], threads: usize, pace: Duration) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
+        let answered: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::default();
         let targets = Arc::new(targets.to_vec());
         let threads = (0..threads)
             .map(|t| {
-                let (stop, targets) = (stop.clone(), targets.clone());
+                let (stop, targets, answered) = (stop.clone(), targets.clone(), answered.clone());
                 thread::spawn(move || {
                     let mut conns: Vec<KeepAlive> =
                         targets.iter().map(|t| KeepAlive::new(t.addr, REQUEST_TIMEOUT)).collect();
@@ -165,13 +171,25 @@ impl Load {
                             Err(e) => Err(format!("{:?}: {e}", e.kind())),
                         };
                         samples.push(Sample { target: k, sent, done, reply });
+                        answered.lock().unwrap_or_else(|p| p.into_inner()).push((k, sent));
                         thread::sleep(pace);
                     }
                     samples
                 })
             })
             .collect();
-        Load { stop, threads }
+        Load { stop, threads, answered }
+    }
+
+    /// Answered requests so far that `counts` (target, sent) accepts.
+    fn count(&self, counts: impl Fn(usize, Instant) -> bool) -> usize {
+        self.answered.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|&&(k, sent)| counts(k, sent)).count()
+    }
+
+    /// Waits (bounded by [`LOAD_BOUND`]) until `n` answered requests are accepted by `counts`.
+    fn wait_for(&self, what: &str, n: usize, counts: impl Fn(usize, Instant) -> bool) {
+        let seen = wait_until(LOAD_BOUND, POLL, || self.count(&counts) >= n);
+        assert!(seen.is_some(), "{what}: {} of {n} requests answered within {LOAD_BOUND:?}", self.count(&counts));
     }
 
     /// Stops the threads and returns every sample, in order of sending.
@@ -280,12 +298,20 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let hits_before = up.hits();
     let t0 = Instant::now();
     let load = Load::start(&targets, 4, Duration::from_millis(2));
-    thread::sleep(Duration::from_millis(700));
+    // Each target answered 20 times while Redis decides.
+    for target in 0..targets.len() {
+        load.wait_for(&format!("target {target} with Redis up"), 20, |k, _| k == target);
+    }
     assert!(redis_exists(&redis, "weir:loose:{127.0.0.1}"), "Redis decided while it was up");
     let before_kill = Instant::now();
     redis.stop();
     let killed = Instant::now();
-    thread::sleep(Duration::from_millis(2000));
+    // Each target answered 60 times with Redis dead, and the breaker said so meanwhile.
+    let opened = wait_until(LOAD_BOUND, POLL, || scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 1.0);
+    assert!(opened.is_some(), "weir_store_circuit_open never 1 within {LOAD_BOUND:?} of Redis dying");
+    for target in 0..targets.len() {
+        load.wait_for(&format!("target {target} with Redis dead"), 60, |k, sent| k == target && sent >= killed);
+    }
     let circuit_while_down = scrape(&w).value_or_zero("weir_store_circuit_open", &[]);
     let samples = load.finish();
 
@@ -403,7 +429,7 @@ limit_req = [ {{ zone = "tight", burst = {burst}, nodelay = true }} ]
     // deny cache, see the last test): the local limit admits exactly burst + 1 = 3, then rejects
     // with the usual rate-limit response.
     let load = Load::start(&[Target::new(whole.addr, "/api/x").header("X-Client", "b")], 4, Duration::from_millis(2));
-    thread::sleep(Duration::from_millis(1500));
+    load.wait_for("the local policy's load", 100, |_, _| true);
     let samples = load.finish();
     let all: Vec<&Sample> = samples.iter().collect();
     println!("local policy, redis dead: {} requests, latency {}", samples.len(), latency_report(&all));
@@ -495,7 +521,7 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let key = "weir:loose:{127.0.0.1}";
     let t0 = Instant::now();
     let load = Load::start(&[Target::new(w.addr, "/api/x")], 4, Duration::from_millis(1));
-    thread::sleep(Duration::from_millis(500));
+    load.wait_for("load with Redis up", 50, |_, _| true);
     assert!(redis_exists(&redis, key));
     let killing = Instant::now();
     redis.stop();
@@ -504,7 +530,8 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let opened =
         wait_until(Duration::from_secs(5), POLL, || scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 1.0)
             .expect("the circuit opens within 5 s of Redis dying");
-    thread::sleep(Duration::from_millis(1500));
+    // Load against the open circuit (what `dead` below asserts on).
+    load.wait_for("load with the circuit open", 200, |_, sent| sent >= killed + opened);
 
     redis.restart();
     let restarted = Instant::now();
@@ -513,7 +540,7 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
         scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 0.0 && redis_exists(&redis, key)
     });
     let back = Instant::now();
-    thread::sleep(Duration::from_millis(300));
+    load.wait_for("load after the recovery", 20, |_, sent| sent >= back);
     let samples = load.finish();
 
     let all: Vec<&Sample> = samples.iter().collect();
@@ -633,26 +660,33 @@ limit_req = [ { zone = "loose", burst = 1000000, nodelay = true } ]
     let _ = warm_up(&w, "/api/x");
     let t0 = Instant::now();
     let load = Load::start(&[Target::new(w.addr, "/api/x")], 3, Duration::from_millis(2));
-    thread::sleep(Duration::from_millis(400));
+    load.wait_for("load with Redis serving", 30, |_, _| true);
     // On a connection of its own: Redis stops serving every client for 3 s.
     let mut control = redis.connection();
     let pause_sent = Instant::now();
     let () = redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL").query(&mut control).unwrap();
     let paused = Instant::now();
     let pause_ends = pause_sent + Duration::from_millis(3000);
-    thread::sleep(Duration::from_millis(2500));
-    let circuit_during_pause = scrape(&w).value_or_zero("weir_store_circuit_open", &[]);
+    // The breaker opens while Redis is paused (3 timeouts of 250 ms), and 100 requests meet it.
+    let circuit_during_pause = metrics::scrape_until(admin::addr(&w), Duration::from_millis(2500), POLL, |m| {
+        m.value_or_zero("weir_store_circuit_open", &[]) == 1.0
+    })
+    .unwrap_or_else(|last| last)
+    .value_or_zero("weir_store_circuit_open", &[]);
+    let surely_paused = pause_ends - Duration::from_millis(500);
+    load.wait_for("load during the pause", 100, |_, sent| sent >= paused && sent < surely_paused);
+    // The pause is over when Redis answers this client again (it is paused too).
+    let _: String = redis::cmd("PING").query(&mut control).expect("PING once the pause is over");
     let recovered =
         wait_until(Duration::from_secs(8), POLL, || scrape(&w).value_or_zero("weir_store_circuit_open", &[]) == 0.0);
     let back = Instant::now();
-    thread::sleep(Duration::from_millis(300));
+    load.wait_for("load after the pause", 20, |_, sent| sent >= back);
     let samples = load.finish();
 
     let all: Vec<&Sample> = samples.iter().collect();
     let before: Vec<&Sample> = samples.iter().filter(|s| s.done < pause_sent).collect();
     // Sent while Redis was surely paused, with 0.5 s to spare before it resumed.
-    let during: Vec<&Sample> =
-        samples.iter().filter(|s| s.sent >= paused && s.sent < pause_ends - Duration::from_millis(500)).collect();
+    let during: Vec<&Sample> = samples.iter().filter(|s| s.sent >= paused && s.sent < surely_paused).collect();
     let after: Vec<&Sample> = samples.iter().filter(|s| s.sent >= back).collect();
     let closed_after_pause = back.saturating_duration_since(pause_ends);
     println!(

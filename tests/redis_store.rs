@@ -366,6 +366,8 @@ async fn key_expires_when_its_state_can_be_forgotten(limit: LimitReq, costs: &[u
             "{zone}: the state is forgettable when its key expires"
         );
     }
+    // Redis expires a key on its own clock: time must pass, until just after the expiry (2 ms,
+    // Redis' own rounding) and no longer.
     let redis_now_us = block_in_place(|| redis_time(&mut conn));
     tokio::time::sleep(Duration::from_micros((expire_us + 2000).saturating_sub(redis_now_us))).await;
     let exists: i64 = block_in_place(|| redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap());
@@ -550,6 +552,7 @@ async fn memory_usage_of_one_key() {
         for cost in costs {
             let check = KeyedZone::new("per_ip", client.as_bytes(), limit, cost);
             store.decide(&[check]).await.unwrap();
+            // Time passes so that the state is partly drained: its longest (fractional) form.
             tokio::time::sleep(Duration::from_millis(77)).await;
         }
         let bytes = measure(&mut conn, &format!("weir:per_ip:{{{client}}}"));

@@ -22,8 +22,9 @@ use support::poll::poll;
 use support::upstream::Upstream;
 use support::weir::Weir;
 
-/// The writer's pause between pieces: far longer than the watcher's debounce (200 ms) and
-/// content-stability wait (300 ms), so that the old watcher applied each piece.
+/// The writer's pause after the second piece: far longer than the watcher's debounce (200 ms)
+/// and content-stability wait (300 ms), so that the old watcher applied it. Time must pass here:
+/// a pause is what such a writer does, and what the watcher must sit through.
 const PAUSE: Duration = Duration::from_secs(1);
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(25);
@@ -43,6 +44,23 @@ fn watch_for(weir: &Weir, how_long: Duration) -> Vec<(u64, u64)> {
         seen.push((s["generation"].as_u64().unwrap_or(0), s["reload_failures"].as_u64().unwrap_or(0)));
         std::thread::sleep(POLL);
     }
+    seen
+}
+
+/// What the watcher logs when it has found the file stable but still open by its writer: it
+/// looked at the partial file and chose to wait.
+const STILL_OPEN: &str = "config file written but still open";
+
+/// `GET /config` every [`POLL`] until the watcher has logged [`STILL_OPEN`] (bounded): every
+/// generation and failure count seen meanwhile.
+fn watch_until_still_open(weir: &Weir) -> Vec<(u64, u64)> {
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    while !weir.stderr().contains(STILL_OPEN) {
+        assert!(t0.elapsed() < RELOAD_TIMEOUT, "the watcher never found the file still open:\n{}", weir.stderr());
+        seen.extend(watch_for(weir, POLL));
+    }
+    seen.extend(watch_for(weir, POLL));
     seen
 }
 
@@ -97,10 +115,12 @@ rate = "1r/m"
     before_writing(&weir.config_path);
     let mut file = OpenOptions::new().write(true).truncate(true).open(&weir.config_path).expect("open the config");
     let mut seen = Vec::new();
-    for piece in &pieces[..2] {
+    for (i, piece) in pieces[..2].iter().enumerate() {
         file.write_all(piece.as_bytes()).expect("write a piece");
         file.flush().expect("flush");
-        seen.extend(watch_for(&weir, PAUSE));
+        // After the first piece, until the watcher says it waits for the writer (the positive
+        // sign that it looked at the partial file); after the second, a pause.
+        seen.extend(if i == 0 { watch_until_still_open(&weir) } else { watch_for(&weir, PAUSE) });
         // While the file is incomplete the old config serves (its route "old" is not in the new file).
         let old = http::get(weir.addr, "/old/x").status;
         assert_eq!(old, 200, "a partial file was applied: (generation, failures) seen {seen:?}\n{}", weir.stderr());

@@ -437,8 +437,7 @@ fn svg_plot_and_stdin() {
 
 #[test]
 fn weir_json_log_of_a_live_run_replays_to_the_same_decisions() {
-    use std::time::{Duration, Instant};
-    use support::access_log::access_lines;
+    use std::time::Duration;
     use support::http;
     use support::upstream::Upstream;
     use support::weir::Weir;
@@ -477,11 +476,10 @@ fn weir_json_log_of_a_live_run_replays_to_the_same_decisions() {
         t.join().unwrap();
     }
     assert_eq!(http::get(w.addr, "/open").status, 200);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while access_lines(&w).len() < n + 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let live: Vec<String> = access_lines(&w).iter().map(|l| l["limit_req"].as_str().unwrap().to_string()).collect();
+    let live: Vec<String> = support::access_log::wait_for_access_lines(&w, n + 1)
+        .iter()
+        .map(|l| l["limit_req"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(live.len(), n + 1, "one access line per request");
     for word in ["PASSED", "DELAYED", "REJECTED"] {
         assert!(live.iter().any(|l| l == word), "the run exercises {word}: {live:?}");

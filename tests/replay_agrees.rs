@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::access_log::access_lines;
+use support::access_log::wait_for_access_lines;
 use support::config::with_app;
 use support::http;
 use support::upstream::Upstream;
@@ -136,20 +136,12 @@ fn replay_decides_every_hostile_request_as_the_live_proxy_did() {
         statuses.push(resp.status);
         // A line is written as its request ends, after the response: wait for it, so the log's
         // order is the order sent.
-        let logged = Instant::now() + Duration::from_secs(10);
-        while access_lines(&w).len() <= i && Instant::now() < logged {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(access_lines(&w).len(), i + 1, "request {i} was logged");
+        assert_eq!(wait_for_access_lines(&w, i + 1).len(), i + 1, "request {i} was logged");
     }
     // 1r/m with no burst: the whole run must fit in the minute for the live words to be the
     // model's, as the replay's timestamps are.
     assert!(started.elapsed() < Duration::from_secs(50), "the live run took {:?}", started.elapsed());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while access_lines(&w).len() < REQUESTS.len() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let lines = access_lines(&w);
+    let lines = wait_for_access_lines(&w, REQUESTS.len());
     assert_eq!(lines.len(), REQUESTS.len(), "one access line per request: {lines:?}");
     let live: Vec<String> = lines.iter().map(|l| l["limit_req"].as_str().unwrap_or("?").to_string()).collect();
     // The run exercises what it claims to: every spelling of /login after the first is limited,

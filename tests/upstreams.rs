@@ -14,7 +14,7 @@ use support::admin;
 use support::config::with_server;
 use support::http::{self, KeepAlive, Request};
 use support::metrics::scrape;
-use support::poll::{poll, wait_until};
+use support::poll::{must_hold_within, poll, wait_until};
 use support::upstream::Upstream;
 use support::weir::{run, Weir};
 
@@ -70,6 +70,15 @@ fn servers(w: &Weir) -> Vec<(String, bool, u64)> {
             (s["address"].as_str().unwrap_or("").to_string(), up, s["in_flight"].as_u64().unwrap_or(0))
         })
         .collect()
+}
+
+/// `GET /upstreams`: whether the active check (alone, passive health aside) has `addr` up.
+fn actively_healthy(w: &Weir, addr: SocketAddr) -> Option<bool> {
+    let r = admin::request(admin::addr(w), "GET", "/upstreams", None);
+    let v = r.json();
+    let app = v["upstreams"].as_array()?.iter().find(|u| u["name"] == "app")?.clone();
+    let server = app["servers"].as_array()?.iter().find(|s| s["address"] == addr.to_string())?.clone();
+    server["healthy"].as_bool()
 }
 
 fn is_up(w: &Weir, addr: SocketAddr) -> Option<bool> {
@@ -192,20 +201,35 @@ fall = 1"#,
         })
         .collect();
 
-    thread::sleep(Duration::from_millis(300));
+    // b serves some of the load before it is killed (so "b back" below means back, not first).
+    let served_by = |who: &str, since: Instant| {
+        log.lock().unwrap().iter().filter(|(t, s, w)| *t >= since && *s == 200 && w == who).count()
+    };
+    let t_load = Instant::now();
+    must_hold_within(Duration::from_secs(10), "b serves 20 requests of the load", || served_by("b", t_load) >= 20);
     let killed = Instant::now();
     b.kill();
     let detected = killed + wait_health(&w, b_addr, false, Duration::from_secs(5));
     println!("killed b; reported down {:?} after the kill", detected - killed);
-    // Load goes on for a while. b comes back well within its fail_timeout (10 s by default): the
-    // active check bringing it back also clears its passive failures.
-    thread::sleep(Duration::from_millis(1000));
+    // The first failed request takes b out (passive health, at once); the active check sees it
+    // down too within an interval (fall = 1). Only a check that saw it down can bring it back
+    // before its fail_timeout (10 s by default): coming back clears its passive failures.
+    must_hold_within(Duration::from_secs(5), "the active check reports b down", || {
+        actively_healthy(&w, b_addr) == Some(false)
+    });
+    // The load meets the pool without b (what the "no errors after detection" assertion is about).
+    must_hold_within(Duration::from_secs(10), "a serves 200 requests after b was reported down", || {
+        served_by("a", detected) >= 200
+    });
     let restarted = Instant::now();
     let b2 = Upstream::restart_at("b", b_addr);
     b2.set_health(200);
     let back = wait_until(Duration::from_secs(5), Duration::from_millis(5), || b2.hits() > 0)
         .unwrap_or_else(|| panic!("b never got traffic back: {:?}", servers(&w)));
-    thread::sleep(Duration::from_millis(200));
+    // The clients see b answer again (its answers are in the log, not only in its hit count).
+    must_hold_within(Duration::from_secs(5), "a client is answered by b after its restart", || {
+        served_by("b", restarted) > 0
+    });
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.join().expect("client");
@@ -267,7 +291,11 @@ fn max_conns_holds_across_50_reloads() {
         std::fs::write(&w.config_path, file).expect("write config");
         let r = admin::request(admin_addr, "POST", "/reload", None);
         assert_eq!(r.status, 200, "reload {n}: {}", r.summary());
-        thread::sleep(Duration::from_millis(60));
+        // Each generation meets traffic before the next: a request answered after this reload.
+        let seen = statuses.lock().unwrap().len();
+        must_hold_within(Duration::from_secs(10), &format!("a request answered after reload {n}"), || {
+            statuses.lock().unwrap().len() > seen
+        });
     }
     stop.store(true, Ordering::SeqCst);
     for s in senders {

@@ -471,3 +471,107 @@ fn fingerprint_bytes(bytes: &[u8]) -> String {
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests {
+    //! In process, no clock: a reload is decided by the text alone, so nothing here waits.
+
+    use super::*;
+
+    const GOOD: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
+        [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"per_ip\"\nkey = \"ip\"\nrate = \"10r/s\"\n\
+        [[route]]\nname = \"ROUTE\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"per_ip\" } ]\n";
+
+    fn text(route: &str) -> String {
+        GOOD.replace("ROUTE", route)
+    }
+
+    /// A reloader of `text("first")`, its file in a directory of its own.
+    fn reloader() -> (tempfile::TempDir, Reloader) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, text("first")).expect("write config");
+        let runtime = config::from_text(&text("first"), "weir.toml").expect("the test config compiles");
+        let reloader = Reloader::new(&path, runtime, &text("first"));
+        (dir, reloader)
+    }
+
+    fn route_name(r: &Reloader) -> String {
+        r.runtime().load().routes[0].name.clone()
+    }
+
+    #[test]
+    fn a_bad_text_is_refused_with_its_line_and_the_running_config_keeps_serving() {
+        let (_dir, r) = reloader();
+        let served = r.runtime().load_full();
+        // Line 12 names a zone nobody declared.
+        let bad = text("second").replace("zone = \"per_ip\" }", "zone = \"nope\" }");
+        let outcome = r.reload_text("test", Some(bad));
+        let ReloadOutcome::Refused(error) = outcome else { panic!("a bad config was not refused: {outcome:?}") };
+        assert!(error.contains("nope"), "the error names what is wrong: {error}");
+        assert!(Arc::ptr_eq(&served, &r.runtime().load_full()), "the running config is the one served before");
+        assert_eq!(route_name(&r), "first");
+        let st = r.status();
+        assert_eq!((st.generation, st.reload_failures), (1, 1), "{st:?}");
+        assert_eq!(st.last_error.as_deref(), Some(error.as_str()));
+
+        // Not TOML at all: refused the same way.
+        assert!(matches!(r.reload_text("test", Some("[[route]\n".into())), ReloadOutcome::Refused(_)));
+        assert_eq!((route_name(&r), r.status().generation, r.status().reload_failures), ("first".into(), 1, 2));
+    }
+
+    #[test]
+    fn a_good_text_is_applied_whole_and_clears_the_last_error() {
+        let (_dir, r) = reloader();
+        let applied_hook = Arc::new(Mutex::new(Vec::new()));
+        let seen = applied_hook.clone();
+        r.on_apply(move |rt| seen.lock().unwrap_or_else(|p| p.into_inner()).push(rt.routes[0].name.clone()));
+        assert!(matches!(r.reload_text("test", Some("not toml".into())), ReloadOutcome::Refused(_)));
+
+        let outcome = r.reload_text("test", Some(text("second")));
+        let ReloadOutcome::Applied { generation, hash } = outcome else { panic!("not applied: {outcome:?}") };
+        assert_eq!(generation, 2);
+        assert_eq!(route_name(&r), "second");
+        let st = r.status();
+        assert_eq!((st.generation, st.hash.as_str(), st.last_error.as_deref()), (2, hash.as_str(), None));
+        assert_eq!(
+            *applied_hook.lock().unwrap_or_else(|p| p.into_inner()),
+            ["second"],
+            "hooks see each applied config"
+        );
+
+        // The same text again changes nothing; another one is generation 3.
+        assert_eq!(r.reload_text("test", Some(text("second"))), ReloadOutcome::Unchanged { generation: 2 });
+        assert!(matches!(r.reload_text("test", Some(text("third"))), ReloadOutcome::Applied { generation: 3, .. }));
+        assert_eq!(route_name(&r), "third");
+    }
+
+    #[test]
+    fn reload_reads_the_file_as_it_is_now() {
+        let (dir, r) = reloader();
+        let path = dir.path().join("weir.toml");
+        std::fs::write(&path, text("from-disk")).expect("write config");
+        assert!(matches!(r.reload("test"), ReloadOutcome::Applied { generation: 2, .. }));
+        assert_eq!(route_name(&r), "from-disk");
+
+        std::fs::write(&path, "[server\n").expect("write config");
+        assert!(matches!(r.reload("test"), ReloadOutcome::Refused(_)));
+        assert_eq!(route_name(&r), "from-disk", "a bad file keeps the running config");
+
+        std::fs::remove_file(&path).expect("remove config");
+        assert!(matches!(r.reload("test"), ReloadOutcome::Refused(_)), "a missing file is refused too");
+        assert_eq!((route_name(&r), r.status().generation), ("from-disk".into(), 2));
+    }
+
+    #[test]
+    fn a_restart_only_setting_is_reported_and_the_rest_applied() {
+        let (_dir, r) = reloader();
+        let moved = text("second").replace("127.0.0.1:1", "127.0.0.1:3");
+        assert!(matches!(r.reload_text("test", Some(moved)), ReloadOutcome::Applied { generation: 2, .. }));
+        assert_eq!(route_name(&r), "second");
+        let pending = r.status().pending_restart;
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert!(pending[0].starts_with("server.listen"), "{pending:?}");
+    }
+}

@@ -231,8 +231,12 @@ impl Pool {
     /// Picks a server for a request: weighted round robin among servers that are up (active and
     /// passive health), have room (`max_conns`) and were not tried by this request yet.
     pub fn pick(&self, tried: &[SocketAddr]) -> Pick {
+        self.pick_at(tried, now_ms())
+    }
+
+    /// [`Pool::pick`] at `now` ([`now_ms`]'s clock): the tests drive passive health's time.
+    fn pick_at(&self, tried: &[SocketAddr], now: u64) -> Pick {
         let shape = self.shape.load();
-        let now = now_ms();
         // nginx: with a single server, max_fails / fail_timeout are ignored.
         let single = shape.members.len() == 1;
         let busy = Cell::new(false);
@@ -284,6 +288,11 @@ impl Pool {
 
     /// A request to `addr` failed in a way `proxy_next_upstream` counts (nginx `max_fails`).
     pub fn record_failure(&self, addr: SocketAddr) {
+        self.record_failure_at(addr, now_ms())
+    }
+
+    /// [`Pool::record_failure`] at `now` ([`now_ms`]'s clock).
+    fn record_failure_at(&self, addr: SocketAddr, now: u64) {
         let shape = self.shape.load();
         let Some(&i) = shape.by_addr.get(&addr) else { return };
         let member = &shape.members[i];
@@ -292,7 +301,6 @@ impl Pool {
         if server.max_fails == 0 || shape.members.len() == 1 {
             return;
         }
-        let now = now_ms();
         let window = server.fail_timeout.as_millis() as u64;
         let mut fails = member.state.lock_fails();
         if now.saturating_sub(fails.1) > window {
@@ -381,7 +389,8 @@ fn poll_once<F: std::future::Future>(future: F) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::{RetryPolicy, Timeouts};
+    use crate::upstream::{CheckKind, HealthCheckSpec, RetryPolicy, Timeouts};
+    use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering as AtomicOrdering};
     use std::time::Duration;
 
     fn spec(servers: &[(&str, usize)], max_conns: Option<usize>) -> Arc<UpstreamSpec> {
@@ -478,6 +487,169 @@ mod tests {
         let single = Pool::new(&spec(&[(A, 1)], None));
         single.record_failure(a);
         assert_eq!(addr(single.pick(&[])), Some(a));
+    }
+
+    /// `spec` with every server's `max_fails` and `fail_timeout` set.
+    fn with_passive(spec: Arc<UpstreamSpec>, max_fails: u32, fail_timeout: Duration) -> Arc<UpstreamSpec> {
+        let mut spec = (*spec).clone();
+        for server in &mut spec.servers {
+            server.max_fails = max_fails;
+            server.fail_timeout = fail_timeout;
+        }
+        Arc::new(spec)
+    }
+
+    /// The servers `picks` picks at `now` (each pick's place given back at once).
+    fn picked_at(pool: &Pool, now: u64, picks: usize) -> BTreeSet<SocketAddr> {
+        (0..picks).filter_map(|_| addr(pool.pick_at(&[], now))).collect()
+    }
+
+    #[test]
+    fn passive_health_counts_max_fails_within_fail_timeout_and_lets_the_server_back_exactly_after_it() {
+        // On a manual clock (ms): nginx's max_fails = 2 within fail_timeout = 10 s.
+        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 2, Duration::from_secs(10)), 1);
+        let a: SocketAddr = A.parse().unwrap();
+        let b: SocketAddr = B.parse().unwrap();
+        let both = BTreeSet::from([a, b]);
+        let t0 = 5_000_000;
+        pool.record_failure_at(a, t0);
+        assert_eq!(picked_at(&pool, t0, 4), both, "one failure of two: a is still in");
+        // The second failure comes after the window of the first: they do not add up.
+        pool.record_failure_at(a, t0 + 10_001);
+        assert_eq!(picked_at(&pool, t0 + 10_001, 4), both, "failures further apart than fail_timeout");
+        // Two within the window: out for fail_timeout from the second, to the millisecond.
+        let second = t0 + 10_002;
+        pool.record_failure_at(a, second);
+        assert_eq!(picked_at(&pool, second, 4), BTreeSet::from([b]), "max_fails reached: a is out");
+        assert_eq!(picked_at(&pool, second + 9_999, 4), BTreeSet::from([b]), "still out 1 ms before fail_timeout");
+        assert_eq!(picked_at(&pool, second + 10_000, 4), both, "back once fail_timeout has passed");
+        // And its count starts again: one more failure does not take it out.
+        pool.record_failure_at(a, second + 10_000);
+        assert_eq!(picked_at(&pool, second + 10_001, 4), both);
+    }
+
+    #[test]
+    fn max_fails_zero_never_takes_a_server_out() {
+        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 0, Duration::from_secs(10)), 1);
+        let a: SocketAddr = A.parse().unwrap();
+        for i in 0..100 {
+            pool.record_failure_at(a, 1_000 + i);
+        }
+        assert!(picked_at(&pool, 1_100, 4).contains(&a));
+    }
+
+    /// An HTTP server for health checks answering each request with the status in `status`
+    /// (connection closed after each), counting what it answered.
+    async fn check_target(status: Arc<AtomicU16>, answered: Arc<AtomicUsize>) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (status, answered) = (status.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let code = status.load(AtomicOrdering::SeqCst);
+                    // Counted before the answer, so the check that reads it has been counted.
+                    answered.fetch_add(1, AtomicOrdering::SeqCst);
+                    let reply = format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    let _ = conn.write_all(reply.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn checked(servers: &[(&str, usize)], rise: usize, fall: usize) -> Arc<UpstreamSpec> {
+        let mut spec = (*with_passive(spec(servers, None), 1, Duration::from_secs(3600))).clone();
+        spec.health_check = Some(HealthCheckSpec {
+            kind: CheckKind::Http { path: "/health".into(), host: "localhost".into(), statuses: vec![(200, 299)] },
+            interval: Duration::from_secs(3600),
+            timeout: Duration::from_secs(5),
+            rise,
+            fall,
+            port: None,
+        });
+        Arc::new(spec)
+    }
+
+    fn healthy(pool: &Pool, server: SocketAddr) -> bool {
+        let status = pool.status();
+        let s = status.iter().find(|s| s.address == server.to_string()).expect("a member");
+        s.healthy
+    }
+
+    /// Active checks count passes and failures, not time: each pass of `check_health` is one
+    /// check (the interval between passes is the registry's), so no clock is needed at all.
+    #[tokio::test]
+    async fn active_checks_take_a_server_out_after_fall_failures_and_back_after_rise_passes() {
+        let status = Arc::new(AtomicU16::new(200));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let target = check_target(status.clone(), answered.clone()).await;
+        let pool = Pool::new(&checked(&[(&target.to_string(), 1)], 2, 3), 1);
+        let check = |n: usize| {
+            let pool = &pool;
+            async move {
+                for _ in 0..n {
+                    pool.check_health().await;
+                }
+            }
+        };
+        check(1).await;
+        assert_eq!(answered.load(AtomicOrdering::SeqCst), 1, "one check per pass");
+        assert!(healthy(&pool, target));
+
+        status.store(503, AtomicOrdering::SeqCst);
+        check(2).await;
+        assert!(healthy(&pool, target), "2 failures of fall = 3: still up");
+        assert!(pool.pick(&[]).is_ok());
+        check(1).await;
+        assert!(!healthy(&pool, target), "the 3rd consecutive failure takes it out");
+        assert_eq!(pool.pick(&[]).unwrap_err(), Unavailable::Down, "an unhealthy only server is not picked");
+
+        // Passes must be consecutive: pass, fail, pass is not rise = 2.
+        status.store(200, AtomicOrdering::SeqCst);
+        check(1).await;
+        status.store(500, AtomicOrdering::SeqCst);
+        check(1).await;
+        status.store(200, AtomicOrdering::SeqCst);
+        check(1).await;
+        assert!(!healthy(&pool, target), "interrupted passes do not count");
+        check(1).await;
+        assert!(healthy(&pool, target), "2 consecutive passes of rise = 2 bring it back");
+        assert!(pool.pick(&[]).is_ok());
+        assert_eq!(answered.load(AtomicOrdering::SeqCst), 8, "every pass checked the server once");
+    }
+
+    /// A server passive health took out (for an hour) is back as soon as the active check sees
+    /// it come back: positive evidence beats the failures counted before.
+    #[tokio::test]
+    async fn an_active_check_bringing_a_server_back_forgets_its_passive_failures() {
+        let status = Arc::new(AtomicU16::new(200));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let target = check_target(status.clone(), answered.clone()).await;
+        let other: SocketAddr = B.parse().unwrap();
+        let pool = Pool::new(&checked(&[(&target.to_string(), 1), (B, 1)], 1, 1), 1);
+        pool.record_failure(target);
+        assert_eq!(picked_at(&pool, now_ms(), 4), BTreeSet::from([other]), "max_fails = 1: out for an hour");
+
+        status.store(500, AtomicOrdering::SeqCst);
+        pool.check_health().await;
+        assert!(!healthy(&pool, target));
+        status.store(200, AtomicOrdering::SeqCst);
+        pool.check_health().await;
+        assert!(healthy(&pool, target));
+        // B (nothing listens there) failed its checks meanwhile: only the target can be picked.
+        assert!(!healthy(&pool, other));
+        assert_eq!(picked_at(&pool, now_ms(), 4), BTreeSet::from([target]), "back without waiting an hour");
     }
 
     #[test]

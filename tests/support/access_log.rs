@@ -41,3 +41,11 @@ pub fn access_lines(w: &Weir) -> Vec<Value> {
         .filter(|v| v["target"] == ACCESS_TARGET)
         .collect()
 }
+
+/// The access log lines of `w` once there are at least `n` (a line is written as its request
+/// ends, after the response), or after 10 s: the caller asserts how many it wanted.
+pub fn wait_for_access_lines(w: &Weir, n: usize) -> Vec<Value> {
+    let bound = std::time::Duration::from_secs(10);
+    super::poll::poll(bound, std::time::Duration::from_millis(10), || access_lines(w), |l| l.len() >= n)
+        .unwrap_or_else(|last| last)
+}

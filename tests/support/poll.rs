@@ -32,3 +32,9 @@ pub fn wait_until(timeout: Duration, every: Duration, mut cond: impl FnMut() -> 
     let t0 = Instant::now();
     poll(timeout, every, &mut cond, |&held| held).ok().map(|_| t0.elapsed())
 }
+
+/// [`wait_until`] that must hold: how long it took, or a panic naming `what` (a wait that can
+/// only time out into a failed test, never into an assertion quietly skipped).
+pub fn must_hold_within(timeout: Duration, what: &str, cond: impl FnMut() -> bool) -> Duration {
+    wait_until(timeout, Duration::from_millis(5), cond).unwrap_or_else(|| panic!("{what}: not within {timeout:?}"))
+}

@@ -170,14 +170,11 @@ impl Weir {
         let mut pending: Vec<SocketAddr> = w.addrs.clone();
         loop {
             pending.retain(|a| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_err());
-            if pending.is_empty() {
-                // A port picked free may have been taken by another test's process, which then
-                // answers the connect while this weir exits with "in use" (it fails at once on a
-                // busy address): only a weir still alive a moment later owns its addresses.
-                thread::sleep(Duration::from_millis(100));
-                if w.try_wait().is_none() {
-                    return Ok(w);
-                }
+            // A port picked free may have been taken by another test's process, which then
+            // answers the connect while this weir exits with "in use": ready is when the
+            // kernel says this weir's own sockets listen on every address.
+            if pending.is_empty() && w.pid().is_some_and(|pid| owns_listeners(pid, &w.addrs)) {
+                return Ok(w);
             }
             if let Some(status) = w.try_wait() {
                 let err = w.stderr();
@@ -373,4 +370,35 @@ impl Default for ConfigDir {
     fn default() -> Self {
         ConfigDir::new()
     }
+}
+
+/// Whether process `pid` holds a listening TCP socket on each of `addrs`' ports (per address
+/// family), read from `/proc`: the socket inodes among its open files, and the kernel's table of
+/// TCP sockets with their state and inode.
+fn owns_listeners(pid: u32, addrs: &[SocketAddr]) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|fd| fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(target.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let listening = |table: &str| -> Vec<u16> {
+        let text = fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        text.lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // local_address is field 1 (HEX_IP:HEX_PORT), st field 3 (0A: LISTEN), inode field 9.
+                let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+                if *state != "0A" || !inodes.contains(*inode) {
+                    return None;
+                }
+                u16::from_str_radix(local.rsplit(':').next()?, 16).ok()
+            })
+            .collect()
+    };
+    let (v4, v6) = (listening("tcp"), listening("tcp6"));
+    addrs.iter().all(|a| if a.is_ipv4() { v4.contains(&a.port()) } else { v6.contains(&a.port()) })
 }

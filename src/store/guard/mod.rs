@@ -276,6 +276,7 @@ mod tests {
     struct Counting {
         inner: MemoryStore,
         calls: AtomicUsize,
+        pings: AtomicUsize,
         failing: std::sync::atomic::AtomicBool,
     }
 
@@ -306,6 +307,7 @@ mod tests {
             self.inner.reset(zone, key).await
         }
         async fn ping(&self) -> Result<(), StoreError> {
+            self.pings.fetch_add(1, Ordering::SeqCst);
             if self.failing.load(Ordering::SeqCst) {
                 Err(StoreError::Reply("down".into()))
             } else {
@@ -319,6 +321,7 @@ mod tests {
         let counting = Arc::new(Counting {
             inner: MemoryStore::new(clock.clone()),
             calls: AtomicUsize::new(0),
+            pings: AtomicUsize::new(0),
             failing: false.into(),
         });
         let guarded = GuardedStore::new(counting.clone(), clock.clone(), 3, deny_cache, Duration::from_millis(10));
@@ -369,26 +372,55 @@ mod tests {
         assert!(matches!(guarded.decide(&[check(b"new")]).await, Err(StoreError::CircuitOpen)));
     }
 
-    #[tokio::test]
-    async fn circuit_opens_fails_fast_and_closes_when_the_store_is_back() {
-        let (_, counting, guarded) = setup(0);
+    /// Lets the probe task run up to its next wait (the clock is paused: nothing else moves it).
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// On tokio's paused clock: the probe pings once per interval while the store is down, and
+    /// closes the circuit at the first interval after it is back, not before.
+    #[tokio::test(start_paused = true)]
+    async fn circuit_opens_fails_fast_and_closes_at_the_first_probe_after_the_store_is_back() {
+        let (clock, counting, _) = setup(0);
+        let probe = Duration::from_secs(1);
+        let guarded = GuardedStore::new(counting.clone(), clock, 3, 0, probe);
         counting.failing.store(true, Ordering::SeqCst);
-        for _ in 0..3 {
+        for _ in 0..2 {
             assert!(guarded.decide(&[check(b"k")]).await.is_err());
         }
-        assert!(guarded.circuit_open());
+        assert!(!guarded.circuit_open(), "2 failures of 3: still closed");
+        assert!(guarded.decide(&[check(b"k")]).await.is_err());
+        assert!(guarded.circuit_open(), "the 3rd consecutive failure opens it");
+        settle().await;
         let calls = counting.calls.load(Ordering::SeqCst);
         assert!(matches!(guarded.decide(&[check(b"k")]).await, Err(StoreError::CircuitOpen)));
         assert_eq!(counting.calls.load(Ordering::SeqCst), calls, "an open circuit does not call the store");
-        counting.failing.store(false, Ordering::SeqCst);
-        for _ in 0..200 {
-            if !guarded.circuit_open() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+
+        // Down for 5.5 probe intervals: 5 pings, all failed, the circuit open throughout.
+        for _ in 0..11 {
+            tokio::time::advance(probe / 2).await;
+            settle().await;
+            assert!(guarded.circuit_open());
         }
-        assert!(!guarded.circuit_open());
+        assert_eq!(counting.pings.load(Ordering::SeqCst), 5, "one ping per probe interval");
+
+        // Back half way to the next probe: still open until that probe, to the millisecond.
+        counting.failing.store(false, Ordering::SeqCst);
+        tokio::time::advance(probe / 2 - Duration::from_millis(1)).await;
+        settle().await;
+        assert!(guarded.circuit_open(), "no probe yet");
+        assert!(matches!(guarded.decide(&[check(b"k")]).await, Err(StoreError::CircuitOpen)));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert!(!guarded.circuit_open(), "the 6th probe found the store back");
+        assert_eq!(counting.pings.load(Ordering::SeqCst), 6);
         assert!(guarded.decide(&[check(b"k")]).await.unwrap().admitted);
+        // Closed, the probe is gone: time passing pings nothing more.
+        tokio::time::advance(probe * 3).await;
+        settle().await;
+        assert_eq!(counting.pings.load(Ordering::SeqCst), 6);
     }
 
     #[tokio::test]
