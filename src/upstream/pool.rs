@@ -507,7 +507,7 @@ mod tests {
     #[test]
     fn passive_health_counts_max_fails_within_fail_timeout_and_lets_the_server_back_exactly_after_it() {
         // On a manual clock (ms): nginx's max_fails = 2 within fail_timeout = 10 s.
-        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 2, Duration::from_secs(10)), 1);
+        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 2, Duration::from_secs(10)));
         let a: SocketAddr = A.parse().unwrap();
         let b: SocketAddr = B.parse().unwrap();
         let both = BTreeSet::from([a, b]);
@@ -530,7 +530,7 @@ mod tests {
 
     #[test]
     fn max_fails_zero_never_takes_a_server_out() {
-        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 0, Duration::from_secs(10)), 1);
+        let pool = Pool::new(&with_passive(spec(&[(A, 1), (B, 1)], None), 0, Duration::from_secs(10)));
         let a: SocketAddr = A.parse().unwrap();
         for i in 0..100 {
             pool.record_failure_at(a, 1_000 + i);
@@ -594,7 +594,7 @@ mod tests {
         let status = Arc::new(AtomicU16::new(200));
         let answered = Arc::new(AtomicUsize::new(0));
         let target = check_target(status.clone(), answered.clone()).await;
-        let pool = Pool::new(&checked(&[(&target.to_string(), 1)], 2, 3), 1);
+        let pool = Pool::new(&checked(&[(&target.to_string(), 1)], 2, 3));
         let check = |n: usize| {
             let pool = &pool;
             async move {
@@ -637,7 +637,7 @@ mod tests {
         let answered = Arc::new(AtomicUsize::new(0));
         let target = check_target(status.clone(), answered.clone()).await;
         let other: SocketAddr = B.parse().unwrap();
-        let pool = Pool::new(&checked(&[(&target.to_string(), 1), (B, 1)], 1, 1), 1);
+        let pool = Pool::new(&checked(&[(&target.to_string(), 1), (B, 1)], 1, 1));
         pool.record_failure(target);
         assert_eq!(picked_at(&pool, now_ms(), 4), BTreeSet::from([other]), "max_fails = 1: out for an hour");
 
