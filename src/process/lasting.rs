@@ -2,6 +2,7 @@
 //! every reload through the reloader's hooks and is handed, piece by piece, to the front doors and
 //! the engine: nothing of it is global, and nothing of it hangs off a config snapshot.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -96,26 +97,34 @@ impl Lasting {
         })
     }
 
-    /// Starts the tasks that keep the lasting state: the lease keeper, upstream health checks
-    /// and DNS, and on a shared store the fleet's top keys and resets (the memory store has no
-    /// fleet).
+    /// Starts the tasks that keep the lasting state, each on a thread of its own with a small
+    /// runtime, apart from the request path: the lease keeper, the upstreams' health checks and
+    /// DNS, and on a shared store the fleet's top keys and resets (the memory store has no fleet).
     pub fn start(&self, runtime: &Arc<ArcSwap<Runtime>>) -> Result<(), String> {
         let keeper = self.conns.keeper.clone();
-        let threaded = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the lease keeper's runtime: {e}"))?;
-        std::thread::Builder::new()
-            .name("weir-leases".into())
-            .spawn(move || threaded.block_on(keeper.run()))
-            .map_err(|e| format!("cannot start the lease keeper: {e}"))?;
-        self.upstreams.start_checks();
+        on_own_thread("weir-leases", async move { keeper.run().await })?;
+        let upstreams = self.upstreams.clone();
+        on_own_thread("weir-upstreams", async move { upstreams.run_checks().await })?;
         if matches!(runtime.load().store, StoreSettings::Redis(..)) {
-            let store = self.admin.clone();
-            crate::top::fleet::start(store, runtime.clone(), self.instance.clone(), self.top.clone())?;
+            let fleet =
+                crate::top::fleet::run(self.admin.clone(), runtime.clone(), self.instance.clone(), self.top.clone());
+            on_own_thread("weir-fleet", fleet)?;
         }
         Ok(())
     }
+}
+
+/// Runs `task` on a new thread named `name`, on a current-thread runtime of its own.
+fn on_own_thread(name: &str, task: impl Future<Output = ()> + Send + 'static) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime of {name}: {e}"))?;
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || runtime.block_on(task))
+        .map_err(|e| format!("cannot start the thread {name}: {e}"))?;
+    Ok(())
 }
 
 type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>);

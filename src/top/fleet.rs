@@ -36,25 +36,9 @@ pub fn instance_id() -> String {
     format!("{}-{}-{}", host.unwrap_or_else(|| "weir".into()), std::process::id(), now_us() / 1000 % 1_000_000)
 }
 
-/// Starts the sync on its own thread (and runtime) when the store is shared; returns at once.
-pub fn start(
-    store: Arc<dyn StoreAdmin>,
-    runtime: Arc<ArcSwap<Runtime>>,
-    instance: String,
-    top: Arc<Tracker>,
-) -> Result<(), String> {
-    let threaded = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("top keys: cannot start the fleet sync's runtime: {e}"))?;
-    std::thread::Builder::new()
-        .name("weir-fleet".into())
-        .spawn(move || threaded.block_on(run(store, runtime, instance, top)))
-        .map_err(|e| format!("top keys: cannot start the fleet sync's thread: {e}"))?;
-    Ok(())
-}
-
-async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
+/// Shares this instance's view and reads the fleet's every `SYNC_EVERY`, for the process's life;
+/// returns at once when the store is not shared (the process runs it, `process::lasting`).
+pub async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stale: Vec<String> = Vec::new();

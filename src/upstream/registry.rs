@@ -5,7 +5,7 @@
 //! re-resolution.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -53,7 +53,6 @@ pub struct Registry {
     kept: ArcSwap<HashMap<String, Arc<Kept>>>,
     /// Serialises the writers (reloads, on one thread anyway, and the first start).
     change: Mutex<()>,
-    checking: OnceLock<()>,
 }
 
 impl Registry {
@@ -101,25 +100,9 @@ impl Registry {
         self.kept.load().values().map(|k| k.pool.clone()).collect()
     }
 
-    /// Starts, once, a thread with its own small runtime for the active health checks and the
-    /// DNS lookups of every kept upstream (checks start without waiting for traffic).
-    pub fn start_checks(self: &Arc<Self>) {
-        if self.checking.set(()).is_err() {
-            return;
-        }
-        let registry = self.clone();
-        let spawned = std::thread::Builder::new().name("weir-upstreams".into()).spawn(move || {
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(registry.run_checks()),
-                Err(e) => tracing::error!(error = %e, "cannot start the upstream health checker"),
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the upstream health checker");
-        }
-    }
-
-    async fn run_checks(&self) {
+    /// Runs the active health checks and the DNS lookups of every kept upstream (checks start
+    /// without waiting for traffic), for the process's life (the process runs it).
+    pub async fn run_checks(&self) {
         let mut due_check: HashMap<String, Instant> = HashMap::new();
         let mut due_resolve: HashMap<String, Instant> = HashMap::new();
         let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
