@@ -18,8 +18,8 @@
 
 use std::time::Instant;
 
-use super::limit_req::Stores;
 use super::policy::Groups;
+use super::stores::Stores;
 use crate::config::{ResponseCost, Route, Runtime};
 use crate::limit::DelayPolicy;
 use crate::store::KeyedZone;

@@ -4,38 +4,13 @@
 
 use std::sync::Arc;
 
-use super::lease::{new_lease_id, Lease, LeaseKeeper};
-use super::observe::Observer;
+use super::lease::{new_lease_id, Lease};
 use super::policy::{self, Groups, Resolved};
 use super::refusal::{Answer, Refusal};
 use super::status::Statuses;
+use super::stores::ConnStores;
 use crate::config::{FailurePolicy, Route, Runtime};
-use crate::store::{ConnStore, KeyedConn, LeaseKey, MemoryConnStore};
-
-pub struct ConnStores {
-    pub primary: Arc<dyn ConnStore>,
-    /// The store's kind for metrics and logs (`memory`, `redis`, …).
-    pub kind: &'static str,
-    /// The `local` failure policy's in-process counters.
-    pub local: Arc<MemoryConnStore>,
-    /// Who is told of store failures and of leases taken and given back.
-    pub observer: &'static dyn Observer,
-    /// Keeps the primary store's leases alive (the process runs it).
-    pub keeper: Arc<LeaseKeeper>,
-}
-
-impl ConnStores {
-    /// `primary` with its keeper, `local` for the `local` failure policy.
-    pub fn new(
-        primary: Arc<dyn ConnStore>,
-        kind: &'static str,
-        local: Arc<MemoryConnStore>,
-        observer: &'static dyn Observer,
-    ) -> Self {
-        let keeper = LeaseKeeper::new(primary.clone());
-        ConnStores { primary, kind, local, observer, keeper }
-    }
-}
+use crate::store::{ConnStore, KeyedConn, LeaseKey};
 
 pub struct ConnOutcome<'a> {
     /// Leases to hold until the request ends (one per group of zones asked together).

@@ -5,18 +5,18 @@
 //! Zones in dry run are decided in a separate atomic call from enforced ones, so a shadow limit
 //! can never change what an enforced one decides (or charge it).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::after_response::charged_after_response;
 use super::headers;
-use super::observe::{Observer, Unobserved};
+use super::observe::Observer;
 use super::policy::{self, Groups, Resolved};
 use super::refusal::{Answer, Refusal};
 use super::status::{LimitStatus, Statuses};
+use super::stores::Stores;
 use crate::config::{FailurePolicy, HeaderMode, Route, Runtime};
 use crate::limit::{Verdict, ZoneOutcome};
-use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
+use crate::store::{KeyedZone, LimitStore, StoreError};
 
 pub enum Action<'a> {
     Forward,
@@ -54,28 +54,6 @@ impl Enforcement<'_> {
             enforced: None,
             shadow: None,
         }
-    }
-}
-
-/// The stores a decision can use: the configured one, and the in-process one of the `local`
-/// failure policy (kept across reloads like the main store).
-pub struct Stores {
-    pub primary: Arc<dyn LimitStore>,
-    pub local: MemoryStore,
-    /// Who is told what was decided (the serving process: metrics and the live view, made once
-    /// and kept for the process's life; replay and tests: nobody). A plain reference: no shared
-    /// counter touched per request.
-    pub observer: &'static dyn Observer,
-}
-
-impl Stores {
-    pub fn new(primary: Arc<dyn LimitStore>, local: MemoryStore) -> Self {
-        Self { primary, local, observer: &Unobserved }
-    }
-
-    /// Tells `observer` of every decision.
-    pub fn observed_by(self, observer: &'static dyn Observer) -> Self {
-        Self { observer, ..self }
     }
 }
 
@@ -223,7 +201,8 @@ mod tests {
     use super::*;
     use crate::config::Cost;
     use crate::config::ResponseCost;
-    use crate::store::decided_at_once;
+    use crate::store::{decided_at_once, MemoryStore};
+    use std::sync::Arc;
 
     /// A forwarded request's response-decided zones, charged at the response head.
     fn charge_after(

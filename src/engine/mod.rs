@@ -63,6 +63,7 @@ mod pacing;
 mod policy;
 mod refusal;
 mod status;
+mod stores;
 mod ticket;
 
 use std::net::IpAddr;
@@ -76,13 +77,13 @@ pub use after_response::{response_cost_fields, Ending};
 pub use headers::zone_remaining;
 pub use keyed::keyed_zone;
 pub use lease::LeaseKeeper;
-pub use limit_conn::ConnStores;
-pub use limit_req::{enforce, Action, Enforcement, Stores};
+pub use limit_req::{enforce, Action, Enforcement};
 pub use observe::{Door, Observer, Report, Unobserved};
 pub use outcome::Outcome;
 pub use policy::Groups;
 pub use refusal::{Answer, Refusal};
 pub use status::{LimitStatus, Statuses};
+pub use stores::{ConnStores, Stores};
 pub use ticket::{ExplainedZone, Ruling, Ticket};
 
 use crate::config::Runtime;
