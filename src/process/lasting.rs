@@ -160,3 +160,58 @@ fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> 
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::process::reload::ReloadOutcome;
+
+    fn config(upstreams: &[&str]) -> String {
+        let mut text = String::from("[server]\nlisten = [\"127.0.0.1:8080\"]\n");
+        for (i, name) in upstreams.iter().enumerate() {
+            text += &format!("[[upstream]]\nname = \"{name}\"\nservers = [\"127.0.0.1:{}\"]\n", 9000 + i);
+        }
+        text + &format!("[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"{}\"\n", upstreams[0])
+    }
+
+    /// A reload's new upstream has its state before any request can see the snapshot naming it,
+    /// and the state of an upstream it drops goes once the snapshot is out.
+    #[test]
+    fn upstream_state_is_ready_before_a_snapshot_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weir.toml");
+        let first = config(&["api"]);
+        std::fs::write(&path, &first).unwrap();
+        let reloader = Arc::new(Reloader::new(&path, crate::config::from_text(&first, "weir.toml").unwrap(), &first));
+        let lasting = Lasting::build(&reloader).unwrap();
+
+        let next = crate::config::from_text(&config(&["web", "api"]), "weir.toml").unwrap();
+        let web = &next.upstreams[0];
+        // Kept state is one object; a detached one (not kept) is made afresh at each look.
+        let kept =
+            |registry: &upstream::Registry, u: &upstream::Upstream| Arc::ptr_eq(&registry.of(u), &registry.of(u));
+        assert!(!kept(&lasting.upstreams, web));
+
+        let checked = Arc::new(AtomicBool::new(false));
+        let (registry, live, seen) = (lasting.upstreams.clone(), reloader.runtime(), checked.clone());
+        reloader.on_prepare(move |next| {
+            if seen.swap(true, Ordering::SeqCst) {
+                return; // the first reload only
+            }
+            let web = next.upstreams.iter().find(|u| u.name == "web").unwrap();
+            assert_eq!(live.load().upstreams.len(), 1, "not yet published");
+            assert!(kept(&registry, web), "prepared before it is published");
+        });
+        std::fs::write(&path, config(&["web", "api"])).unwrap();
+        assert!(matches!(reloader.reload("test"), ReloadOutcome::Applied { .. }));
+        assert!(checked.load(Ordering::SeqCst));
+        assert!(kept(&lasting.upstreams, web));
+
+        let api = &next.upstreams[1];
+        std::fs::write(&path, config(&["web"])).unwrap();
+        assert!(matches!(reloader.reload("test"), ReloadOutcome::Applied { .. }));
+        assert!(!kept(&lasting.upstreams, api), "dropped once published");
+    }
+}
