@@ -218,7 +218,8 @@ impl Reloader {
     /// swaps are seen) and reloads once the change is complete: events have been quiet for
     /// `DEBOUNCE`, a file written in place has been closed by its writer, and its content has
     /// read the same twice `STABLE_FOR` apart (see `settle`); that content is what is applied.
-    /// So a file still being written — even one whose first half happens to be a valid config — is never applied.
+    /// So a file still being written — even one whose first half happens to be a valid config —
+    /// is never applied.
     /// The directory is watched only for finished changes (`fswatch`), and the file itself for
     /// writes in progress: other files there (logs) and reads (Weir's own) wake nothing.
     /// The watcher lives as long as its thread, i.e. the process.
