@@ -114,6 +114,9 @@ impl Registry {
             tasks.get(name).is_some_and(|task| !task.is_finished())
         };
         loop {
+            // A finished task is no longer running: dropped, so removed upstreams leave nothing.
+            checks.retain(|_, task| !task.is_finished());
+            lookups.retain(|_, task| !task.is_finished());
             let pools = self.pools();
             let watched: Vec<Watched> = pools
                 .iter()
