@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -17,17 +17,11 @@ use tracing::{error, info, warn};
 use crate::config::{self, EnvUse, Runtime, SecretSource, ServerSettings, TraceSettings};
 use crate::fswatch::{self, Change, DirWatcher, Event};
 use crate::metrics::METRICS;
+use settle::{Next, Settling, MAX_OPEN_WAIT};
 
-/// Editors and ConfigMap updates produce bursts of events; wait for this much quiet first.
-const DEBOUNCE: Duration = Duration::from_millis(200);
-/// The file's content must read the same twice this far apart before it is applied.
-const STABLE_FOR: Duration = Duration::from_millis(300);
-/// A file written and still open (no close after the last write) is not applied until it is
-/// closed — or, in case the close was missed, once it has not changed for this long.
-const MAX_OPEN_WAIT: Duration = Duration::from_secs(30);
+mod settle;
+
 const FILE_CHANGE: &str = "file change";
-/// A directory that never stops changing must not postpone a reload forever.
-const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// What `GET /config` reports about the running config.
 #[derive(Debug, Clone, Serialize)]
@@ -222,9 +216,10 @@ impl Reloader {
 
     /// Watches the file's directory (so write-and-rename editors and Kubernetes ConfigMap symlink
     /// swaps are seen) and reloads once the change is complete: events have been quiet for
-    /// [`DEBOUNCE`], a file written in place has been closed by its writer, and its content has
-    /// read the same twice [`STABLE_FOR`] apart; that content is what is applied. So a file still
-    /// being written — even one whose first half happens to be a valid config — is never applied.
+    /// `DEBOUNCE`, a file written in place has been closed by its writer, and its content has
+    /// read the same twice `STABLE_FOR` apart (see `settle`); that content is what is applied.
+    /// So a file still being written — even one whose first half happens to be a valid config —
+    /// is never applied.
     /// The directory is watched only for finished changes (`fswatch`), and the file itself for
     /// writes in progress: other files there (logs) and reads (Weir's own) wake nothing.
     /// The watcher lives as long as its thread, i.e. the process.
@@ -295,66 +290,35 @@ impl Reloader {
 
 /// Waits until a change of the file is complete (see [`Reloader::watch`]) and returns the content
 /// to apply (`Some(None)`: the file could not be read as text, the reload will say why); `None`
-/// when the watcher is shutting down. `first` is the event that started it.
+/// when the watcher is shutting down. `first` is the event that started it. What to wait for is
+/// [`Settling`]'s to decide; this feeds it the time, the events and the file.
 fn settle(rx: &mpsc::Receiver<Change>, first: Change, path: &Path) -> Option<Option<String>> {
-    // A write not yet followed by a close: the writer may still be at it.
-    let mut open_writer = first == Change::Written;
-    let note = |change: Change, open_writer: &mut bool| match change {
-        Change::Written => *open_writer = true,
-        Change::Closed => *open_writer = false,
-        Change::Replaced => {}
-    };
-    // When the file last changed (an event, or different content).
-    let mut last_change = Instant::now();
-    let mut logged_open = false;
+    let (mut settling, mut next) = Settling::start(first, Instant::now());
     loop {
-        // Quiet first, but never more than MAX_DEBOUNCE after the first event of a burst.
-        let deadline = Instant::now() + MAX_DEBOUNCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match rx.recv_timeout(DEBOUNCE.min(left)) {
-                Ok(change) => {
-                    note(change, &mut open_writer);
-                    last_change = Instant::now();
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-        // The content, then the same content again a while later, with no event in between.
-        let before = std::fs::read(path).ok();
-        let mut moved = false;
-        let until = Instant::now() + STABLE_FOR;
-        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) {
-            match rx.recv_timeout(left) {
-                Ok(change) => {
-                    note(change, &mut open_writer);
-                    moved = true;
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-        let after = std::fs::read(path).ok();
-        if moved || before != after {
-            last_change = Instant::now();
-            continue;
-        }
-        if open_writer && last_change.elapsed() < MAX_OPEN_WAIT {
-            if !logged_open {
+        next = match next {
+            Next::Wait(until) => wait(rx, until, &mut settling)?,
+            Next::WaitForClose(until) => {
                 info!(path = %path.display(), "config file written but still open: applying it once its writer closes it");
-                logged_open = true;
+                wait(rx, until, &mut settling)?
             }
-            continue;
-        }
-        if open_writer {
-            warn!(path = %path.display(), "config file unchanged for {MAX_OPEN_WAIT:?} but never closed by its writer; applying it");
-        }
-        // A missing, unreadable or non-UTF-8 file: the reload reads it again and says why.
-        return Some(after.and_then(|bytes| String::from_utf8(bytes).ok()));
+            Next::Read => settling.read(std::fs::read(path).ok(), Instant::now()),
+            Next::Apply { content, closed } => {
+                if !closed {
+                    warn!(path = %path.display(), "config file unchanged for {MAX_OPEN_WAIT:?} but never closed by its writer; applying it");
+                }
+                // A missing, unreadable or non-UTF-8 file: the reload reads it again and says why.
+                return Some(content.and_then(|bytes| String::from_utf8(bytes).ok()));
+            }
+        };
+    }
+}
+
+/// The next event, or none until `until`, told to `settling`; `None` when the watcher is gone.
+fn wait(rx: &mpsc::Receiver<Change>, until: Instant, settling: &mut Settling) -> Option<Next> {
+    match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        Ok(change) => Some(settling.event(change, Instant::now())),
+        Err(mpsc::RecvTimeoutError::Timeout) => Some(settling.waited(Instant::now())),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
     }
 }
 

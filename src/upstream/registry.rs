@@ -13,6 +13,9 @@ use arc_swap::ArcSwap;
 use super::server_state::lock;
 use super::{resolve, Pool, Upstream};
 use crate::adaptive::AdaptiveLimit;
+use schedule::{Schedule, Watched};
+
+mod schedule;
 
 /// How often the background task looks at the checks due and the health gauges.
 const TICK: Duration = Duration::from_millis(50);
@@ -101,37 +104,41 @@ impl Registry {
     }
 
     /// Runs the active health checks and the DNS lookups of every kept upstream (checks start
-    /// without waiting for traffic), for the process's life (the process runs it).
+    /// without waiting for traffic), for the process's life (the process runs it). When is
+    /// [`Schedule`]'s to decide; this starts the tasks and tells it which still run.
     pub async fn run_checks(&self) {
-        let mut due_check: HashMap<String, Instant> = HashMap::new();
-        let mut due_resolve: HashMap<String, Instant> = HashMap::new();
-        let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-        let mut resolving: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut schedule = Schedule::default();
+        let mut checks: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut lookups: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let running = |tasks: &HashMap<String, tokio::task::JoinHandle<()>>, name: &String| {
+            tasks.get(name).is_some_and(|task| !task.is_finished())
+        };
         loop {
+            // A finished task is no longer running: dropped, so removed upstreams leave nothing.
+            checks.retain(|_, task| !task.is_finished());
+            lookups.retain(|_, task| !task.is_finished());
             let pools = self.pools();
-            // Upstreams a reload removed start afresh if they come back.
-            let kept = |name: &String| pools.iter().any(|p| &p.name == name);
-            due_check.retain(|name, _| kept(name));
-            due_resolve.retain(|name, _| kept(name));
-            let now = Instant::now();
-            for pool in &pools {
-                let spec = pool.spec();
-                if let Some(check) = &spec.health_check {
-                    let idle = running.get(&spec.name).is_none_or(|task| task.is_finished());
-                    if idle && due_check.get(&spec.name).is_none_or(|t| *t <= now) {
-                        due_check.insert(spec.name.clone(), now + check.interval);
-                        let pool = pool.clone();
-                        running.insert(spec.name.clone(), tokio::spawn(async move { pool.check_health().await }));
+            let watched: Vec<Watched> = pools
+                .iter()
+                .map(|pool| {
+                    let spec = pool.spec();
+                    Watched {
+                        check_every: spec.health_check.as_ref().map(|check| check.interval),
+                        lookup_every: spec.servers.iter().any(|s| s.is_name).then_some(spec.resolve_interval),
+                        checking: running(&checks, &spec.name),
+                        looking_up: running(&lookups, &spec.name),
+                        name: spec.name.clone(),
                     }
+                })
+                .collect();
+            let starts = schedule.due(Instant::now(), &watched);
+            for ((pool, upstream), start) in pools.iter().zip(&watched).zip(starts) {
+                if start.check {
+                    let pool = pool.clone();
+                    checks.insert(upstream.name.clone(), tokio::spawn(async move { pool.check_health().await }));
                 }
-                if spec.servers.iter().any(|s| s.is_name) {
-                    let idle = resolving.get(&spec.name).is_none_or(|task| task.is_finished());
-                    let due = due_resolve.entry(spec.name.clone()).or_insert(now + spec.resolve_interval);
-                    // One lookup round at a time per upstream, even when a resolver is slow.
-                    if idle && *due <= now {
-                        *due = now + spec.resolve_interval;
-                        resolving.insert(spec.name.clone(), tokio::spawn(resolve::refresh(pool.clone())));
-                    }
+                if start.lookup {
+                    lookups.insert(upstream.name.clone(), tokio::spawn(resolve::refresh(pool.clone())));
                 }
                 pool.export_health();
             }
