@@ -3,7 +3,7 @@
 //! address the requests in flight (`max_conns`) and the passive failures (`max_fails` /
 //! `fail_timeout`). A reload hands the pool a new spec; the per-address state stays.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -147,6 +147,11 @@ impl Pool {
         self.shape.load().spec.clone()
     }
 
+    /// `f` of the current spec, without taking a count on it (the request path's reads).
+    pub fn with_spec<T>(&self, f: impl FnOnce(&UpstreamSpec) -> T) -> T {
+        f(&self.shape.load().spec)
+    }
+
     pub(super) fn lb(&self) -> Arc<LoadBalancer<RoundRobin>> {
         self.shape.load().lb.clone()
     }
@@ -238,7 +243,8 @@ impl Pool {
     /// passive health), have room (`max_conns`) and were not tried by this request yet.
     pub fn pick(&self, tried: &[SocketAddr]) -> Pick {
         let shape = self.shape.load();
-        let now = now_ms();
+        // Read only with several servers: the clock is the costly part of a single server's pick.
+        let now = OnceCell::new();
         // nginx: with a single server, max_fails / fail_timeout are ignored.
         let single = shape.members.len() == 1;
         let busy = Cell::new(false);
@@ -248,7 +254,7 @@ impl Pool {
             if !healthy || tried.contains(&member.state.addr) {
                 return false;
             }
-            if !single && member.state.passive_down(now) {
+            if !single && member.state.passive_down(*now.get_or_init(now_ms)) {
                 return false;
             }
             if !member.state.take(shape.spec.servers[member.entry].max_conns) {
