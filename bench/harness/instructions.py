@@ -200,6 +200,10 @@ class Instructions:
         keep = self.out / "callgrind" / f"{safe}.out"
         keep.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.workdir / long["dump"], keep)
+        # And the short one's: a per-function diff of the two (`bench/fndiff.py`) takes the run's
+        # fixed cost out of each function as the total does.
+        keep_short = keep.with_suffix(".short.out")
+        shutil.copyfile(self.workdir / short["dump"], keep_short)
         res = {
             "id": row.id, "label": row.label, "kind": row.kind or row.id, "variant": row.variant,
             "proxy": what, "start_s": round(started_s, 1),
@@ -212,6 +216,7 @@ class Instructions:
             "ir_fixed_per_run": long["ir"] - per_req * long["requests"],
             "windows": [short, long, idle],
             "callgrind_dump": str(keep),
+            "callgrind_dump_short": str(keep_short),
             "requests": long["requests"] + short["requests"],
             "rps_under_valgrind": long["requests"] / LONG_S,
             "proxy_busy_pct": long["busy_pct"],

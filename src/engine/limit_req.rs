@@ -75,7 +75,47 @@ pub async fn enforce<'a>(
             decide_group(rt, route, store, shadow, stores.observer)
         )
     };
+    conclude(rt, route, keyed, stores, enforced_result, shadow_result)
+}
 
+/// [`enforce`] without a future, when the store decides in-process (`LimitStore::in_process`)
+/// and no zone is charged after the response; `None`: await `enforce`.
+pub fn enforce_at_once<'a>(
+    rt: &Runtime,
+    route: &'a Route,
+    keyed: &Groups<KeyedZone<'a>>,
+    stores: &Stores,
+) -> Option<Enforcement<'a>> {
+    let store = stores.primary.in_process()?;
+    if keyed.all().iter().any(|z| charged_after_response(rt, route, z)) {
+        return None;
+    }
+    let decide = |group: &[KeyedZone<'_>]| {
+        if group.is_empty() {
+            return None;
+        }
+        let started = Instant::now();
+        let verdict = store.decide_now(group);
+        stores.observer.store_call(started.elapsed());
+        Some(Ok(verdict))
+    };
+    let enforced_result = decide(keyed.enforced());
+    let shadow_result = decide(keyed.shadow());
+    Some(conclude(rt, route, keyed, stores, enforced_result, shadow_result))
+}
+
+/// The groups' store results into the request's action, fields and words (the failure policy
+/// where the store could not decide).
+fn conclude<'a>(
+    rt: &Runtime,
+    route: &'a Route,
+    keyed: &Groups<KeyedZone<'a>>,
+    stores: &Stores,
+    enforced_result: Option<Result<Verdict, StoreError>>,
+    shadow_result: Option<Result<Verdict, StoreError>>,
+) -> Enforcement<'a> {
+    let store = stores.primary.as_ref();
+    let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
     let mut result = Enforcement::nothing();
     let observer = stores.observer;
     let mut resolve =

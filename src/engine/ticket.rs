@@ -53,7 +53,6 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     client_ip: Option<IpAddr>,
     outcome: Outcome,
     limit_req: Statuses,
-    limit_conn: Statuses,
     /// Rate-limit fields to add to the upstream's response.
     fields: Vec<(&'static str, String)>,
     /// When the limits were decided (µs since the epoch), for the access log and `weir replay`.
@@ -61,10 +60,12 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     /// The failure policy that decided limit_req, when the store could not.
     fallback: Option<FailurePolicy>,
     delay: Duration,
-    /// limit_conn's keyed zones, until `hold` takes their leases (after limit_req's delay).
-    conns: Vec<PendingConn>,
+    /// limit_conn's keyed zones and words; `None` when no limit_conn zone keyed the request.
+    conn: Option<Box<ConnPart>>,
     leases: Vec<Lease>,
-    charges: ResponseCharges,
+    /// Charges decided by the response (boxed, `None` when the route has none: rare, and the
+    /// ticket is copied with the request's future).
+    charges: Option<Box<ResponseCharges>>,
     /// The client left after the request was forwarded and before its answer was complete, with
     /// response-decided charges owed.
     client_left_owing: bool,
@@ -96,6 +97,18 @@ pub struct ExplainedZone {
     pub delay_us: u64,
 }
 
+/// limit_conn's part of a ticket, boxed: only a request that a limit_conn zone keys pays for it,
+/// and the ticket is copied with the request's future (the proxy's context) on every request.
+struct ConnPart {
+    /// The keyed zones, until `hold` takes their leases (after limit_req's delay).
+    pending: Vec<PendingConn>,
+    /// limit_conn's words, once `hold` asked.
+    statuses: Statuses,
+}
+
+/// limit_conn's words of a request no limit_conn zone keyed.
+static NO_CONN_STATUSES: Statuses = Statuses { overall: None, zones: Vec::new() };
+
 /// A limit_conn zone keyed for this request, owned until its lease is taken.
 #[derive(Clone)]
 struct PendingConn {
@@ -125,14 +138,13 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             client_ip,
             outcome: Outcome::Unlimited,
             limit_req: Statuses::default(),
-            limit_conn: Statuses::default(),
             fields: Vec::new(),
             decided_us: None,
             fallback: None,
             delay: Duration::ZERO,
-            conns: Vec::new(),
+            conn: None,
             leases: Vec::new(),
-            charges: ResponseCharges::default(),
+            charges: None,
             client_left_owing: false,
             priority: crate::adaptive::Priority::default(),
             pace: None,
@@ -202,7 +214,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     }
 
     pub fn limit_conn(&self) -> &Statuses {
-        &self.limit_conn
+        self.conn.as_ref().map_or(&NO_CONN_STATUSES, |c| &c.statuses)
     }
 
     pub fn decided_us(&self) -> Option<u64> {
@@ -257,29 +269,41 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         let route = &rt.routes[plan.route];
         // The pace's clock starts with the response (`at_head`); the rate is decided now.
         self.pace = plan.pace.map(|p| Box::new(Pace::new(p, Instant::now())));
-        self.conns = plan
+        let pending: Vec<PendingConn> = plan
             .conns
             .into_all()
             .into_iter()
             .map(|c| PendingConn { reference: c.reference, key: c.key, dry_run: c.dry_run })
             .collect();
+        if !pending.is_empty() {
+            self.conn = Some(Box::new(ConnPart { pending, statuses: Statuses::default() }));
+        }
         let mut delay = Duration::ZERO;
         if !plan.zones.is_empty() {
-            let enforcement = record_limit(
-                &mut Words {
-                    statuses: &mut self.limit_req,
-                    outcome: &mut self.outcome,
-                    decided_us: &mut self.decided_us,
-                    fallback: &mut self.fallback,
-                },
-                limit_req::enforce(rt, route, &plan.zones, stores).await,
-            );
+            // Asked here first: a store that must be awaited skips the call (~30 instructions).
+            let at_once = match stores.primary.in_process() {
+                Some(_) => limit_req::enforce_at_once(rt, route, &plan.zones, stores),
+                None => None,
+            };
+            let mut enforcement = match at_once {
+                Some(decided) => decided,
+                // Boxed: this future is ~1 KB and `rule`'s own is moved into the front door's
+                // state on every request, zones or not.
+                None => Box::pin(limit_req::enforce(rt, route, &plan.zones, stores)).await,
+            };
+            let mut words = Words {
+                statuses: &mut self.limit_req,
+                outcome: &mut self.outcome,
+                decided_us: &mut self.decided_us,
+                fallback: &mut self.fallback,
+            };
+            record_limit(&mut words, &mut enforcement);
             if let Some(explained) = &mut self.explained {
                 **explained = explain(route, &plan.zones, &enforcement, &self.limit_req);
             }
             match enforcement.action {
                 Action::Reject(answer) => {
-                    self.conns.clear();
+                    self.conn = None;
                     return Ruling::Refuse(answer);
                 }
                 Action::Delay(d) => {
@@ -291,7 +315,10 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             self.fields = enforcement.headers;
         }
         self.delay = delay;
-        self.charges = ResponseCharges::new(rt, route, &plan.zones);
+        if !plan.zones.is_empty() {
+            let charges = ResponseCharges::new(rt, route, &plan.zones);
+            self.charges = (!charges.is_empty()).then(|| Box::new(charges));
+        }
         Ruling::Forward { forward: plan.forward, delay }
     }
 
@@ -304,29 +331,28 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         zones: &Groups<KeyedZone<'z>>,
         stores: &Stores,
     ) -> Enforcement<'z> {
-        let enforcement = limit_req::enforce(&self.rt, route, zones, stores).await;
-        record_limit(&mut self.words(), enforcement)
+        let mut enforcement = limit_req::enforce(&self.rt, route, zones, stores).await;
+        record_limit(&mut self.words(), &mut enforcement);
+        enforcement
     }
 
     /// The client left while its request waited out limit_req's delay: nothing further is taken
     /// for it (no lease, no upstream place), as nginx drops it.
     pub fn client_gone(&mut self) {
         self.outcome = Outcome::ClientGone;
-        self.conns.clear();
+        self.conn = None;
     }
 
     /// Step 2, after any delay: limit_conn's leases, all or none (nginx's order: a delayed
     /// request is not counted while it waits; a rejected one never takes a lease).
     pub async fn hold(&mut self, stores: &ConnStores) -> Result<(), Answer<'_>> {
-        if self.conns.is_empty() {
-            return Ok(());
-        }
+        let Some(part) = self.conn.as_deref_mut().filter(|c| !c.pending.is_empty()) else { return Ok(()) };
         let rt: &Runtime = &self.rt;
         let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Ok(()) };
-        let keyed = std::mem::take(&mut self.conns).into_iter().map(|c| c.keyed(rt, route)).collect();
+        let keyed = std::mem::take(&mut part.pending).into_iter().map(|c| c.keyed(rt, route)).collect();
         let conn = limit_conn::acquire(rt, route, &Groups::new(keyed), stores).await;
         self.leases = conn.leases;
-        self.limit_conn = conn.statuses;
+        part.statuses = conn.statuses;
         match conn.reject {
             Some(answer) => {
                 self.outcome = Outcome::of_conn_rejection(conn.fallback);
@@ -339,7 +365,9 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// Step 3: the request is on its way to the upstream; its response-decided charges are owed
     /// from now on, whatever the client does.
     pub fn forwarded(&mut self) {
-        self.charges.forwarded();
+        if let Some(charges) = &mut self.charges {
+            charges.forwarded();
+        }
     }
 
     /// Step 3: the upstream's response head (`status`, its headers). Charges what is due at the
@@ -363,12 +391,14 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// the phase's state even when it has nothing to do (~1 % of a request's instructions for
     /// `hold`, `at_head` and `finish` together).
     pub fn owes(&self) -> bool {
-        !self.charges.is_empty()
+        self.charges.as_ref().is_some_and(|c| !c.is_empty())
     }
 
     /// [`Self::at_head`]'s charges alone.
     pub async fn charge_at_head(&mut self, status: u16, headers: &http::HeaderMap, stores: &Stores) {
-        self.charges.at_head(status, headers, stores).await;
+        if let Some(charges) = &mut self.charges {
+            charges.at_head(status, headers, stores).await;
+        }
     }
 
     /// [`Self::at_head`]'s synchronous part: the body's pace starts, the fields to add.
@@ -382,13 +412,15 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
 
     /// Step 3: the upstream's body ended; what is still owed is what it reported.
     pub fn body_ended(&mut self) {
-        self.charges.body_ended();
+        if let Some(charges) = &mut self.charges {
+            charges.body_ended();
+        }
     }
 
     /// Step 3: the upstream's trailers (HTTP/2), for zones charged from a trailer.
     pub async fn at_trailers(&mut self, trailers: &http::HeaderMap, stores: &Stores) {
-        if !self.charges.is_empty() {
-            self.charges.at_trailers(trailers, stores).await;
+        if let Some(charges) = self.charges.as_mut().filter(|c| !c.is_empty()) {
+            charges.at_trailers(trailers, stores).await;
         }
     }
 
@@ -399,9 +431,9 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         if self.finish_settled() {
             return;
         }
-        if !self.charges.is_empty() {
-            self.client_left_owing = ending == Ending::ClientLeft && self.charges.unfinished();
-            self.charges.finish(ending, body_bytes, stores).await;
+        if let Some(charges) = self.charges.as_mut().filter(|c| !c.is_empty()) {
+            self.client_left_owing = ending == Ending::ClientLeft && charges.unfinished();
+            charges.finish(ending, body_bytes, stores).await;
         }
         for lease in self.leases.drain(..) {
             lease.release().await;
@@ -412,7 +444,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     /// [`Self::finish`] without awaiting when nothing is owed and no lease is held: reports the
     /// request and returns true; false when `finish` has work to do.
     pub fn finish_settled(&mut self) -> bool {
-        if !self.charges.is_empty() || !self.leases.is_empty() {
+        if self.owes() || !self.leases.is_empty() {
             return false;
         }
         self.report();
@@ -424,12 +456,13 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
     pub fn pending_conns(&self) -> Groups<KeyedConn<'_>> {
         let rt: &Runtime = &self.rt;
         let Some(route) = self.route.and_then(|i| rt.routes.get(i)) else { return Groups::new(Vec::new()) };
-        Groups::new(self.conns.iter().map(|c| c.clone().keyed(rt, route)).collect())
+        let pending = self.conn.iter().flat_map(|c| &c.pending);
+        Groups::new(pending.map(|c| c.clone().keyed(rt, route)).collect())
     }
 
     /// Whether `hold` has leases to ask for (a limit_conn zone had a key).
     pub fn wants_leases(&self) -> bool {
-        !self.conns.is_empty()
+        self.conn.as_ref().is_some_and(|c| !c.pending.is_empty())
     }
 
     fn report(&mut self) {
@@ -441,7 +474,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             route: self.route,
             outcome: self.outcome,
             limit_req: &self.limit_req,
-            limit_conn: &self.limit_conn,
+            limit_conn: self.conn.as_ref().map_or(&NO_CONN_STATUSES, |c| &c.statuses),
             delay: self.delay,
         };
         self.observer.finished(&self.rt, &report);
@@ -476,7 +509,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
 
 /// limit_req's result into the ticket's words: statuses (moved into the ticket), outcome, the
 /// failure policy that decided, when it was decided.
-fn record_limit<'z>(words: &mut Words<'_>, mut enforcement: Enforcement<'z>) -> Enforcement<'z> {
+fn record_limit(words: &mut Words<'_>, enforcement: &mut Enforcement<'_>) {
     // The store's own time orders the decisions; the local clock when no store decided (read
     // only then: it is not needed on the usual path).
     *words.decided_us =
@@ -484,7 +517,6 @@ fn record_limit<'z>(words: &mut Words<'_>, mut enforcement: Enforcement<'z>) -> 
     *words.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
     *words.fallback = enforcement.fallback;
     *words.statuses = std::mem::take(&mut enforcement.statuses);
-    enforcement
 }
 
 /// Each keyed zone with its status and own delay: the zones of a group that was refused have none.

@@ -448,12 +448,13 @@ fn client_disconnect(e: &Error) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     /// The context lives inline in Pingora's per-request future, which is moved (copied) twice per
-    /// request and kept per keep-alive connection: what is large and rare (a trace span, a pace)
-    /// is boxed. The engine's ticket is most of it (~280 bytes): copying it costs less than a heap
-    /// allocation per request would.
+    /// request and kept per keep-alive connection: what is large and rare (a trace span, a pace,
+    /// the ticket's limit_conn part and response-decided charges) is boxed. The engine's ticket is
+    /// most of it (~220 bytes): copying it costs less than a heap allocation per request would
+    /// (so the first upstream address tried is kept in place: 24 bytes more, one allocation less).
     #[test]
     fn the_request_context_stays_small() {
         let size = std::mem::size_of::<super::RequestCtx>();
-        assert!(size <= 448, "RequestCtx is {size} bytes: box what is large and rarely used");
+        assert!(size <= 400, "RequestCtx is {size} bytes: box what is large and rarely used");
     }
 }

@@ -15,6 +15,10 @@ use crate::trace::{self, Finished, Incoming, RequestSpan};
 /// context lives inline in Pingora's per-request future, which is moved (copied) per request even
 /// when tracing is off.
 pub(super) fn start(session: &Session, ctx: &RequestCtx) -> Option<Box<RequestSpan>> {
+    // Off: not even the connection's digest is read (every request passes here).
+    if !trace::is_on() {
+        return None;
+    }
     let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
     let local_port = session.server_addr().and_then(|a| a.as_inet()).map(|a| a.port());
     trace::start(Incoming { req: session.req_header(), started: ctx.started, tls, local_port }).map(Box::new)

@@ -11,6 +11,7 @@ use std::time::Instant;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{ErrorSource, RetryType};
+use smallvec::SmallVec;
 
 use super::respond;
 use crate::adaptive::{Permit, Priority, ShedReason};
@@ -25,8 +26,9 @@ pub struct Attempts {
     kept: Option<Arc<Kept>>,
     /// The server of the current (or next) attempt, holding its `max_conns` place.
     slot: Option<ServerSlot>,
-    /// Servers this request was sent to, in order.
-    tried: Vec<SocketAddr>,
+    /// Servers this request was sent to, in order (the first in place: nearly every request has
+    /// one, and a `Vec` would allocate for it).
+    tried: SmallVec<[SocketAddr; 1]>,
     first_at: Option<Instant>,
     /// Set when a response status asked for the next server: the error it raised is ours.
     status_retry: bool,
@@ -95,10 +97,7 @@ impl Attempts {
     /// idle timeout alone does not stop reuse: Pingora's pool checks it with a coarse timer, and
     /// a request that comes within a few milliseconds takes the connection.)
     pub fn close_after(&self) -> bool {
-        self.pool().is_some_and(|p| {
-            let spec = p.spec();
-            !spec.keepalive && spec.protocol == crate::upstream::Protocol::H1
-        })
+        self.pool().is_some_and(|p| p.with_spec(|s| !s.keepalive && s.protocol == crate::upstream::Protocol::H1))
     }
 
     /// The request is over: give the places back.
@@ -236,9 +235,9 @@ impl Attempts {
     /// next server when one is available; otherwise this response goes to the client (nginx).
     pub fn response_status(&mut self, session: &Session, status: u16) -> Result<()> {
         self.answered();
-        let Some(pool) = self.pool().cloned() else { return Ok(()) };
-        let spec = pool.spec();
-        if !spec.retry.on_status.contains(&status) {
+        // Every response passes here: the usual one, whose status is not listed, costs a look.
+        let listed = |s: &UpstreamSpec| s.retry.on_status.contains(&status);
+        if !self.pool().is_some_and(|p| p.with_spec(listed)) {
             return Ok(());
         }
         let reason = format!("http_{status}");

@@ -126,6 +126,13 @@ pub trait LimitStore: Send + Sync {
     /// Decides every zone of one request atomically: charges all of them or none.
     async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError>;
 
+    /// The in-process store itself, when this is one: its decisions need no future (the proxy's
+    /// hot path decides through it at once; a boxed future per decision and the moves of the
+    /// awaiting futures cost more than the in-process decision itself).
+    fn in_process(&self) -> Option<&MemoryStore> {
+        None
+    }
+
     /// What `decide` would say now, charging nothing (count by response: a request is checked
     /// before it is forwarded and charged once its response is known). A store that cannot
     /// evaluate without writing says so, and the failure policy answers.

@@ -174,6 +174,11 @@ pub fn host_and_port(authority: &str) -> (String, Option<u16>) {
     }
 }
 
+/// Whether tracing is on in this process (a front door asks before gathering a request's facts).
+pub fn is_on() -> bool {
+    INSTALLED.get().is_some()
+}
+
 /// A span for the request described by `incoming`, child of its `traceparent` when it has one;
 /// `None` when tracing is off (before anything else is done) or the request is not sampled.
 pub fn start(incoming: Incoming<'_>) -> Option<RequestSpan> {

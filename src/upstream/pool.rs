@@ -3,7 +3,7 @@
 //! address the requests in flight (`max_conns`) and the passive failures (`max_fails` /
 //! `fail_timeout`). A reload hands the pool a new spec; the per-address state stays.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -144,6 +144,11 @@ impl Pool {
         self.shape.load().spec.clone()
     }
 
+    /// `f` of the current spec, without taking a count on it (the request path's reads).
+    pub fn with_spec<T>(&self, f: impl FnOnce(&UpstreamSpec) -> T) -> T {
+        f(&self.shape.load().spec)
+    }
+
     pub(super) fn lb(&self) -> Arc<LoadBalancer<RoundRobin>> {
         self.shape.load().lb.clone()
     }
@@ -231,12 +236,19 @@ impl Pool {
     /// Picks a server for a request: weighted round robin among servers that are up (active and
     /// passive health), have room (`max_conns`) and were not tried by this request yet.
     pub fn pick(&self, tried: &[SocketAddr]) -> Pick {
-        self.pick_at(tried, now_ms())
+        self.pick_with_clock(tried, now_ms)
     }
 
     /// [`Pool::pick`] at `now` ([`now_ms`]'s clock): the tests drive passive health's time.
+    #[cfg(test)]
     fn pick_at(&self, tried: &[SocketAddr], now: u64) -> Pick {
+        self.pick_with_clock(tried, || now)
+    }
+
+    fn pick_with_clock(&self, tried: &[SocketAddr], clock: impl Fn() -> u64) -> Pick {
         let shape = self.shape.load();
+        // Read only with several servers: the clock is the costly part of a single server's pick.
+        let now = OnceCell::new();
         // nginx: with a single server, max_fails / fail_timeout are ignored.
         let single = shape.members.len() == 1;
         let busy = Cell::new(false);
@@ -246,7 +258,7 @@ impl Pool {
             if !healthy || tried.contains(&member.state.addr) {
                 return false;
             }
-            if !single && member.state.passive_down(now) {
+            if !single && member.state.passive_down(*now.get_or_init(&clock)) {
                 return false;
             }
             if !member.state.take(shape.spec.servers[member.entry].max_conns) {

@@ -280,3 +280,26 @@ async fn a_failing_store_leaves_the_decision_to_the_routes_policy() {
         assert_eq!(*w.recorder.fell_back.lock().unwrap(), [t.fallback().expect("set")], "{policy}");
     }
 }
+
+/// `rule`'s future is moved into the front door's state on every request, zones or not: limit_req's
+/// own future (~1 KB, a store's round trip) is boxed inside it, and only when a store must be
+/// awaited (engine/mod.rs, the hot path's twins).
+#[test]
+fn the_rule_future_stays_small() {
+    let world = World::new(runtime(""), None);
+    let mut ticket = world.ticket("10.0.0.1");
+    let headers = HeaderMap::new();
+    let head = Head {
+        method: &Method::GET,
+        target: b"/api",
+        authority: None,
+        headers: &headers,
+        client_ip: None,
+        route: None,
+        unix_secs: None,
+    };
+    let future = ticket.rule(&head, &world.stores);
+    let size = std::mem::size_of_val(&future);
+    // ~630 bytes in a debug build with limit_req's future boxed, ~1,500 without.
+    assert!(size <= 768, "Ticket::rule's future is {size} bytes: box what it awaits");
+}

@@ -270,6 +270,10 @@ impl LimitStore for MemoryStore {
         Ok(self.decide_now(zones))
     }
 
+    fn in_process(&self) -> Option<&MemoryStore> {
+        Some(self)
+    }
+
     async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
         Ok(self.peek_now(zones))
     }
