@@ -34,7 +34,24 @@ pub fn new_lease_id() -> String {
 /// Store calls in flight at once while renewing or giving back (one Redis pipeline's worth).
 const IN_FLIGHT: usize = 64;
 
+/// What the keeper asks of the store for a lease.
+#[derive(Clone, Copy)]
+enum Call {
+    Renew,
+    Release,
+}
+
+impl Call {
+    fn as_str(self) -> &'static str {
+        match self {
+            Call::Renew => "renew",
+            Call::Release => "release",
+        }
+    }
+}
+
 /// One lease as the keeper knows it.
+#[derive(Clone)]
 struct Kept {
     keys: Vec<LeaseKey>,
     id: String,
@@ -62,7 +79,7 @@ impl LeaseKeeper {
         })
     }
 
-    /// Leases held now (the tests, the status page).
+    /// Leases kept alive now (tests).
     pub fn held(&self) -> usize {
         lock(&self.held).len()
     }
@@ -90,28 +107,27 @@ impl LeaseKeeper {
     }
 
     async fn renew_all(&self) {
-        let leases: Vec<(Vec<LeaseKey>, String)> =
-            lock(&self.held).values().map(|k| (k.keys.clone(), k.id.clone())).collect();
-        let calls = leases.into_iter().map(|(keys, id)| {
-            let store = self.store.clone();
-            async move {
-                if let Err(e) = store.renew(&keys, &id).await {
-                    // The next renewal may succeed; the lease's TTL covers two more attempts.
-                    debug!(lease = %id, error = %e, "lease renewal failed");
-                }
-            }
-        });
-        let mut running = stream::iter(calls).buffer_unordered(IN_FLIGHT);
-        while running.next().await.is_some() {}
+        let leases: Vec<Kept> = lock(&self.held).values().cloned().collect();
+        self.call_each(leases, Call::Renew).await;
     }
 
     async fn release_orphans(&self) {
         let orphans = std::mem::take(&mut *lock(&self.orphans));
-        let calls = orphans.into_iter().map(|kept| {
+        self.call_each(orphans, Call::Release).await;
+    }
+
+    /// `call` on each lease, [`IN_FLIGHT`] at a time, within this task. A failure is only logged:
+    /// a renewal is tried again next round, a lease not given back expires by its TTL.
+    async fn call_each(&self, leases: Vec<Kept>, call: Call) {
+        let calls = leases.into_iter().map(|kept| {
             let store = self.store.clone();
             async move {
-                if let Err(e) = store.release(&kept.keys, &kept.id).await {
-                    debug!(lease = %kept.id, error = %e, "lease release failed; it expires by itself");
+                let result = match call {
+                    Call::Renew => store.renew(&kept.keys, &kept.id).await,
+                    Call::Release => store.release(&kept.keys, &kept.id).await,
+                };
+                if let Err(e) = result {
+                    debug!(lease = %kept.id, error = %e, call = call.as_str(), "lease call failed");
                 }
             }
         });
@@ -125,8 +141,8 @@ impl LeaseKeeper {
         serial
     }
 
-    fn forget(&self, serial: u64) -> Option<Kept> {
-        lock(&self.held).remove(&serial)
+    fn forget(&self, serial: u64) {
+        lock(&self.held).remove(&serial);
     }
 
     fn orphan(&self, kept: Kept) {

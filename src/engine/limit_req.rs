@@ -16,7 +16,7 @@ use super::status::{LimitStatus, Statuses};
 use super::stores::Stores;
 use crate::config::{FailurePolicy, HeaderMode, Route, Runtime};
 use crate::limit::{Verdict, ZoneOutcome};
-use crate::store::{KeyedZone, LimitStore, StoreError};
+use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
 
 pub enum Action<'a> {
     Forward,
@@ -78,15 +78,15 @@ pub async fn enforce<'a>(
     conclude(rt, route, keyed, stores, enforced_result, shadow_result)
 }
 
-/// [`enforce`] without a future, when the store decides in-process (`LimitStore::in_process`)
-/// and no zone is charged after the response; `None`: await `enforce`.
+/// [`enforce`] without a future, on `store`, the in-process store of `stores` (from
+/// `LimitStore::in_process`), when no zone is charged after the response; `None`: await `enforce`.
 pub fn enforce_at_once<'a>(
+    store: &MemoryStore,
     rt: &Runtime,
     route: &'a Route,
     keyed: &Groups<KeyedZone<'a>>,
     stores: &Stores,
 ) -> Option<Enforcement<'a>> {
-    let store = stores.primary.in_process()?;
     if keyed.all().iter().any(|z| charged_after_response(rt, route, z)) {
         return None;
     }
@@ -241,7 +241,7 @@ mod tests {
     use super::*;
     use crate::config::Cost;
     use crate::config::ResponseCost;
-    use crate::store::{decided_at_once, MemoryStore};
+    use crate::store::decided_at_once;
     use std::sync::Arc;
 
     /// A forwarded request's response-decided zones, charged at the response head.

@@ -280,11 +280,10 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         }
         let mut delay = Duration::ZERO;
         if !plan.zones.is_empty() {
-            // Asked here first: a store that must be awaited skips the call (~30 instructions).
-            let at_once = match stores.primary.in_process() {
-                Some(_) => limit_req::enforce_at_once(rt, route, &plan.zones, stores),
-                None => None,
-            };
+            let at_once = stores
+                .primary
+                .in_process()
+                .and_then(|store| limit_req::enforce_at_once(store, rt, route, &plan.zones, stores));
             let mut enforcement = match at_once {
                 Some(decided) => decided,
                 // Boxed: this future is ~1 KB and `rule`'s own is moved into the front door's
@@ -474,7 +473,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             route: self.route,
             outcome: self.outcome,
             limit_req: &self.limit_req,
-            limit_conn: self.conn.as_ref().map_or(&NO_CONN_STATUSES, |c| &c.statuses),
+            limit_conn: self.limit_conn(),
             delay: self.delay,
         };
         self.observer.finished(&self.rt, &report);

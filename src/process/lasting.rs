@@ -55,7 +55,7 @@ impl Lasting {
         // Each zone's capacity follows the running config (`max_keys`), reloads included.
         let live = runtime.clone();
         let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let (limits, conns, admin) = primary_stores(&runtime, &zone_limits)?;
+        let (limits, conns, admin) = primary_stores(&first.store, &zone_limits)?;
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
         // The engine reports to the metrics, then to the live view's tables; made once, for the
@@ -98,11 +98,14 @@ impl Lasting {
     }
 
     /// Starts the tasks that keep the lasting state, each on a thread of its own with a small
-    /// runtime, apart from the request path: the lease keeper, the upstreams' health checks and
-    /// DNS, and on a shared store the fleet's top keys and resets (the memory store has no fleet).
+    /// runtime, apart from the request path: the upstreams' health checks and DNS, and on a shared
+    /// store the lease keeper and the fleet's top keys and resets (the memory store's leases never
+    /// expire and it has no fleet).
     pub fn start(&self, runtime: &Arc<ArcSwap<Runtime>>) -> Result<(), String> {
-        let keeper = self.conns.keeper.clone();
-        on_own_thread("weir-leases", async move { keeper.run().await })?;
+        if self.conns.primary.renew_every().is_some() {
+            let keeper = self.conns.keeper.clone();
+            on_own_thread("weir-leases", async move { keeper.run().await })?;
+        }
         let upstreams = self.upstreams.clone();
         on_own_thread("weir-upstreams", async move { upstreams.run_checks().await })?;
         if matches!(runtime.load().store, StoreSettings::Redis(..)) {
@@ -130,8 +133,7 @@ fn on_own_thread(name: &str, task: impl Future<Output = ()> + Send + 'static) ->
 type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>);
 
 /// The configured store, for rates and for concurrency leases, and its operator side.
-fn primary_stores(runtime: &Arc<ArcSwap<Runtime>>, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
-    let settings = &runtime.load().store;
+fn primary_stores(settings: &StoreSettings, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
     Ok(match settings {
         StoreSettings::Memory => {
             let limits = Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone()));

@@ -69,11 +69,27 @@ pub struct Reloader {
     started: Startup,
     /// Called with every config applied after the first, just before it is published (what
     /// requests on it will look up must be there) and just after (the TLS certificates follow it).
-    on_prepare: Mutex<Vec<ApplyHook>>,
-    on_apply: Mutex<Vec<ApplyHook>>,
+    on_prepare: Hooks,
+    on_apply: Hooks,
 }
 
-type ApplyHook = Box<dyn Fn(&Runtime) + Send + Sync>;
+/// Functions called with each config a reload applies, in the order they were added.
+#[derive(Default)]
+struct Hooks(Mutex<Vec<Hook>>);
+
+type Hook = Box<dyn Fn(&Runtime) + Send + Sync>;
+
+impl Hooks {
+    fn add(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+    }
+
+    fn run(&self, next: &Runtime) {
+        for hook in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            hook(next);
+        }
+    }
+}
 
 struct Startup {
     server: ServerSettings,
@@ -120,19 +136,19 @@ impl Reloader {
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             status: Mutex::new(status),
             started,
-            on_prepare: Mutex::new(Vec::new()),
-            on_apply: Mutex::new(Vec::new()),
+            on_prepare: Hooks::default(),
+            on_apply: Hooks::default(),
         }
     }
 
     /// Runs `hook` with each config a reload applies, before requests can see it.
     pub fn on_prepare(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
-        self.on_prepare.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+        self.on_prepare.add(hook);
     }
 
     /// Runs `hook` with each config a reload applies, once requests see it.
     pub fn on_apply(&self, hook: impl Fn(&Runtime) + Send + Sync + 'static) {
-        self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+        self.on_apply.add(hook);
     }
 
     /// The live config, shared with the proxy.
@@ -190,14 +206,10 @@ impl Reloader {
             warn!(trigger, "{warning}");
         }
         let next = Arc::new(next);
-        for hook in self.on_prepare.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            hook(&next);
-        }
+        self.on_prepare.run(&next);
         self.runtime.store(next.clone());
         METRICS.seed(&next);
-        for hook in self.on_apply.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            hook(&next);
-        }
+        self.on_apply.run(&next);
         status.generation += 1;
         METRICS.config_generation.set(status.generation as i64);
         METRICS.config_reloads.inc();

@@ -154,7 +154,7 @@ pub trait LimitStore: Send + Sync {
 /// What the operator's side asks of a store, off the request path: the admin API (inspect,
 /// reset), `/readyz` (ping, health), the live view's fleet sync, and tests (held). Named for its
 /// callers: the engine never holds one, and the admin API holds nothing else. Made from the same
-/// `Arc`s as the stores it tends (`process::server::Lasting::admin`: the guarded Redis store
+/// `Arc`s as the stores it tends (`process::lasting::Lasting::admin`: the guarded Redis store
 /// itself, or `MemoryAdmin` over both memory stores), so a reset reaches the state the engine
 /// decides on, and the guard's deny cache.
 #[async_trait]
