@@ -18,7 +18,7 @@ from .fleet import Fleet
 from .instructions import Instructions
 from .memory import Memory
 from .model import Row, Target, Variant
-from .procs import Proc, Procs, free_port, http_get, wait_port
+from .procs import Proc, Procs, free_port, http_get, http_head, wait_port
 from .profile import Profile
 from .redis_client import Redis, capture_eval, redis_delta
 from .redis_cost import RedisCost
@@ -258,26 +258,35 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
 
     def start_openresty(self) -> None:
         """Row 8: nginx + Lua (Debian's libnginx-mod-http-lua) calling lua/limit_req.lua per
-        request with the KEYS/ARGV layout Weir sends (captured from row 4's Weir)."""
+        request with the KEYS/ARGV layout Weir sends (captured from row 4's Weir). Row 8b: the
+        same, also sending what Weir sends besides its decision (the `RateLimit` fields, the
+        forwarded headers), so that row 4 / 8b compares the same work."""
         if not OPENRESTY_MODULE.exists():
             raise BenchError(f"{OPENRESTY_MODULE} missing: install libnginx-mod-http-lua "
                              "(run.sh does)")
         self.capture_openresty_call(self.targets["redis"].port)
-        port = free_port()
-        proc = self.start_nginx(
-            "openresty", "openresty", port, upstream_port=self.upstream_port,
-            lua_dir=BENCH_DIR / "openresty", lua_config=self.openresty_lua_config())
-        self.targets["openresty"] = Target(port, [proc], nginx=True)
-        # It decides: one request, one EVALSHA, a 200.
-        before = self.redis.snapshot()
-        status = http_get(port, xff="10.251.0.3")
-        d = redis_delta(before, self.redis.snapshot())
-        what = (f"status {status}, Redis saw {d['calls']} (failed {d['failed']}); its log:\n"
-                f"{proc.log_tail()}")
-        if status != 200 or d["failed"]:
-            raise BenchError(f"OpenResty + Redis does not work: {what}")
-        if d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0) < 1:
-            self.check_failed(f"OpenResty + Redis made no EVALSHA for a request: {what}")
+        for name, same in (("openresty", False), ("openresty_hdr", True)):
+            port = free_port()
+            proc = self.start_nginx(
+                name, "openresty", port, upstream_port=self.upstream_port,
+                lua_dir=BENCH_DIR / "openresty", lua_config=self.openresty_lua_config(same),
+                same_headers=same)
+            self.targets[name] = Target(port, [proc], nginx=True)
+            # It decides: one request, one EVALSHA, a 200 (with the fields in 8b).
+            before = self.redis.snapshot()
+            status, fields = http_head(port, xff="10.251.0.3")
+            d = redis_delta(before, self.redis.snapshot())
+            what = (f"status {status}, Redis saw {d['calls']} (failed {d['failed']}); its log:\n"
+                    f"{proc.log_tail()}")
+            if status != 200 or d["failed"]:
+                raise BenchError(f"OpenResty + Redis ({name}) does not work: {what}")
+            if d["calls"].get("evalsha", 0) + d["calls"].get("eval", 0) < 1:
+                self.check_failed(f"OpenResty + Redis ({name}) made no EVALSHA for a request: {what}")
+            if same and (fields.get("ratelimit-policy") != self.openresty["policy"]
+                         or not re.fullmatch(re.escape(self.openresty["item"]) + r";r=\d+;t=\d+",
+                                             fields.get("ratelimit", ""))):
+                self.check_failed(f"OpenResty + Redis ({name}) does not send Weir's RateLimit "
+                                  f"fields: {fields}")
 
     def capture_openresty_call(self, weir_port: int) -> None:
         """The EVALSHA a Weir on Redis (listening on `weir_port`) sends, seen with MONITOR:
@@ -291,14 +300,23 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             self.warn(f"{LUA_SCRIPT.relative_to(REPO_DIR)} (SHA {sha[:10]}) is not the script "
                       f"this weir build sends ({call[1][:10]}): OpenResty runs the file")
         prefixes = [re.sub(r"\{[^{]*\}$", "{", k) for k in call[3:3 + nkeys]]
+        # The fields Weir answers with (row 8b sends the same policy, its item's zone name).
+        _, fields = http_head(weir_port, xff="10.252.1.1")
+        policy = fields.get("ratelimit-policy", "")
+        if not policy:
+            self.warn(f"this weir build sends no RateLimit-Policy ({fields}): row 8b sends none")
         self.openresty = {"weir_call": call, "sha": sha, "prefixes": prefixes,
-                          "argv": call[3 + nkeys:]}
+                          "argv": call[3 + nkeys:], "policy": policy,
+                          "item": policy.split(";", 1)[0]}
 
-    def openresty_lua_config(self) -> dict:
-        """weir_limit.configure()'s table for the captured call (capture_openresty_call)."""
+    def openresty_lua_config(self, headers: bool = False) -> dict:
+        """weir_limit.configure()'s table for the captured call (capture_openresty_call);
+        `headers`: row 8b's `RateLimit` fields too."""
         o = self.openresty
         return {"port": self.redis_port, "sha": o["sha"], "prefixes": o["prefixes"],
-                "argv": o["argv"], "script_path": str(LUA_SCRIPT), "timeout_ms": 250, "pool": 64}
+                "argv": o["argv"], "script_path": str(LUA_SCRIPT), "timeout_ms": 250, "pool": 64,
+                "headers": headers and bool(o.get("policy")), "policy": o.get("policy", ""),
+                "item": o.get("item", "")}
 
     def weir_accepts(self, toml: str) -> bool:
         """Does this weir build accept the config (`weir check`)? For settings that are newer

@@ -24,7 +24,7 @@ def main() -> int:
     ap.add_argument("--rows", default="",
                     help="only these throughput rows (ids, comma-separated), no other part: for "
                          "experiments (ids: upstream echo pingora passthrough memory redis "
-                         "redis_log redis_log_buf redis3 flood flood_cache nginx_limit nginx_proxy openresty "
+                         "redis_log redis_log_buf redis3 flood flood_cache nginx_limit nginx_proxy openresty openresty_hdr "
                          "scale_passthrough scale_redis scale_nginx_limit https_weir https_nginx "
                          "h2_weir h2_nginx, and a variant's as passthrough@NAME, ...; `ab`: rows 2-5 "
                          "of the baseline and every variant, nginx_proxy, nginx_limit, openresty; "

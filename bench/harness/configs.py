@@ -163,12 +163,14 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                rate: str = f"{PASS_RATE_RPS}r/s", burst: int = PASS_BURST, workers: int = 1,
                ssl: tuple[str, str] | None = None, lua_dir: Path | None = None,
                lua_config: dict | None = None, zones: int = 1, zone_size: str = "20m",
-               h2c: bool = False) -> str:
+               h2c: bool = False, same_headers: bool = False) -> str:
     """role: "upstream" (return 200), "proxy" (no limits), "limit" (limit_req, 1 zone) or
     "openresty" (a Redis decision per request in access_by_lua, `lua_dir`/weir_limit.lua configured
     with `lua_config`). `ssl = (cert, key)`: the listener is `ssl http2`; `h2c`: cleartext
     `http2` (prior knowledge). `workers`: the number of worker processes. For "limit": `zones`
-    limit_req directives, each on its own zone of `zone_size` (the cost curves)."""
+    limit_req directives, each on its own zone of `zone_size` (the cost curves). `same_headers`
+    (openresty, row 8b): also what Weir sends besides its decision: X-Forwarded-For and X-Real-IP
+    to the upstream, `RateLimit-Policy` / `RateLimit` to the client."""
     limit = role in ("limit", "openresty")
     main_extra = ""
     if role == "upstream":
@@ -194,6 +196,11 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                              for z in range(1, zones + 1))
         elif role == "openresty":
             decide = "            access_by_lua_block { weir_limit.access() }\n"
+            if same_headers:
+                decide += (
+                    "            header_filter_by_lua_block { weir_limit.headers() }\n"
+                    "            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n"
+                    "            proxy_set_header X-Real-IP $remote_addr;\n")
         locations = (
             "        location / {\n"
             + decide
@@ -224,7 +231,9 @@ def nginx_conf(root: Path, port: int, *, role: str, upstream_port: int = 0,
                           f"load_module {NGINX_MODULES}/ngx_http_lua_module.so;\n")
             items = []
             for k, v in (lua_config or {}).items():
-                if isinstance(v, list):
+                if isinstance(v, bool):
+                    items.append(f"{k} = {'true' if v else 'false'}")
+                elif isinstance(v, list):
                     items.append(f"{k} = {{" + ", ".join(lua_str(str(x)) for x in v) + "}")
                 elif isinstance(v, (int, float)):
                     items.append(f"{k} = {v}")

@@ -168,13 +168,19 @@ def wait_port(proc: Proc, port: int, timeout: float = 15.0, what: str = "") -> N
 
 def http_get(port: int, xff: str | None = None, path: str = "/") -> int:
     """One HTTP/1.1 GET; returns the status code."""
+    return http_head(port, xff, path)[0]
+
+
+def http_head(port: int, xff: str | None = None, path: str = "/") -> tuple[int, dict[str, str]]:
+    """One HTTP/1.1 GET; returns the status code and the response's header fields (names in
+    lower case)."""
     req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
     if xff:
         req += f"X-Forwarded-For: {xff}\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall((req + "\r\n").encode())
         data = b""
-        while b"\r\n" not in data:
+        while b"\r\n\r\n" not in data:
             chunk = s.recv(4096)
             if not chunk:
                 break
@@ -182,4 +188,6 @@ def http_get(port: int, xff: str | None = None, path: str = "/") -> int:
     m = re.match(rb"HTTP/1\.[01] (\d{3})", data)
     if not m:
         raise BenchError(f"no HTTP response on port {port}: {data[:80]!r}")
-    return int(m.group(1))
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    fields = dict((k.strip().lower(), v.strip()) for k, _, v in (f.partition(":") for f in head))
+    return int(m.group(1)), fields

@@ -57,7 +57,7 @@ NGINX_TWIN = {
     "pingora": "nginx_proxy", "pingora_fwd": "nginx_proxy", "passthrough": "nginx_proxy",
     "scale_passthrough": "nginx_proxy",
     "memory": "nginx_limit", "redis": "nginx_limit", "redis3": "nginx_limit",
-    "redis_log": "nginx_limit", "redis_log_buf": "nginx_limit", "openresty": "nginx_limit", "scale_redis": "scale_nginx_limit",
+    "redis_log": "nginx_limit", "redis_log_buf": "nginx_limit", "openresty": "nginx_limit", "openresty_hdr": "nginx_limit", "scale_redis": "scale_nginx_limit",
     "https_weir": "https_nginx", "h2_weir": "h2_nginx",
 }
 VARIANT_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
@@ -114,6 +114,9 @@ def weir_ratios(rows: dict[str, dict], suffix: str = "") -> dict:
         "redis_over_nginx_limit": ratio(g("redis"), g("nginx_limit")),
         "memory_over_passthrough": ratio(g("memory"), g("passthrough")),
         "redis_over_openresty": ratio(g("redis"), g("openresty")),
+        "redis_over_openresty_hdr": ratio(g("redis"), g("openresty_hdr")),
+        # Per proxy core: the inverse ratio of the proxies' CPU per request (issue 40).
+        "redis_over_openresty_hdr_cpu": ratio(g("openresty_hdr", "proxy_us_per_req"), r_us),
         "passthrough_us": p_us, "memory_decision_us": diff(m_us, p_us),
         "redis_decision_us": dec1, "redis3_decision_us": dec3,
         "redis_cpu_us_per_decision": g("redis", "redis_cpu_us_per_req"),
@@ -192,6 +195,12 @@ def targets(res: dict) -> list[dict]:
             f"{w['redis_over_openresty']:.2f} ({rps('redis'):,.0f} vs {rps('openresty'):,.0f} "
             f"req/s; {us('redis'):.1f} vs {us('openresty'):.1f} µs)",
             w["redis_over_openresty"] >= 1.0)
+    if w["redis_over_openresty_hdr_cpu"] is not None:
+        add("Weir Redis, 1 zone ≥ 1.05× OpenResty + Redis sending the same headers, per proxy core "
+            "(row 4 / 8b, CPU per request)",
+            f"{w['redis_over_openresty_hdr_cpu']:.2f} ({us('openresty_hdr'):.1f} vs {us('redis'):.1f} µs; "
+            f"req/s {w['redis_over_openresty_hdr']:.2f})",
+            w["redis_over_openresty_hdr_cpu"] >= 1.05, "40")
     for a, b, what in (("scale_redis", "redis", "Weir Redis 1 zone, threads 2 / threads 1 "
                         "(row 9b / 4)"),
                        ("scale_passthrough", "passthrough", "Weir passthrough, threads 2 / "
@@ -209,6 +218,12 @@ def targets(res: dict) -> list[dict]:
             f"{us('passthrough') - us('pingora'):+.1f} µs Weir's per request; plain Pingora / "
             f"nginx proxy {rps('pingora') / rps('nginx_proxy'):.2f})"
             if rps("nginx_proxy") else f"{rps('passthrough') / rps('pingora'):.2f}", None)
+    # Issue 40: per proxy core (the inverse ratio of CPU per request) against plain Pingora.
+    for rid, goal in (("passthrough", 0.95), ("memory", 0.91), ("redis", 0.87)):
+        if us("pingora") and us(rid):
+            add(f"Weir row {ROW_NUMBER[rid]} / plain Pingora (2a) per proxy core ≥ {goal}",
+                f"{us('pingora') / us(rid):.2f} ({us('pingora'):.1f} vs {us(rid):.1f} µs per request)",
+                us("pingora") / us(rid) >= goal, "40")
     if rps("pingora_fwd") and rps("passthrough"):
         add("Weir passthrough / plain Pingora sending the same forwarded headers (row 2 / 2b)",
             f"{rps('passthrough') / rps('pingora_fwd'):.2f} ({us('pingora_fwd'):.1f} µs vs "
@@ -428,7 +443,8 @@ ROW_NUMBER = {
     "upstream": "1", "echo": "1b", "pingora": "2a", "pingora_fwd": "2b", "passthrough": "2",
     "memory": "3",
     "redis": "4", "redis_log": "4a", "redis_log_buf": "4b", "redis3": "5", "flood": "6", "flood_cache": "6b",
-    "nginx_limit": "7", "nginx_proxy": "7b", "openresty": "8", "scale_passthrough": "9",
+    "nginx_limit": "7", "nginx_proxy": "7b", "openresty": "8", "openresty_hdr": "8b",
+    "scale_passthrough": "9",
     "scale_redis": "9b", "scale_nginx_limit": "9c", "https_weir": "10", "https_nginx": "10b",
     "h2_weir": "11", "h2_nginx": "11b",
 }

@@ -46,6 +46,8 @@ class Throughput:
             Row("nginx_proxy", "7b. nginx proxy, no limits", "nginx_proxy"),
             Row("openresty", "8. OpenResty + Redis (lua/limit_req.lua per request), 1 zone, "
                 "10k keys", "openresty", redis=True),
+            Row("openresty_hdr", "8b. OpenResty + Redis, 1 zone, 10k keys, + RateLimit fields "
+                "and forwarded headers (as Weir sends)", "openresty_hdr", redis=True),
             Row("scale_passthrough", "9. Weir, no limits, threads = 2 on both cores",
                 "scale_passthrough"),
             Row("scale_redis", "9b. Weir, Redis store, 1 zone, threads = 2 on both cores",
@@ -75,7 +77,8 @@ class Throughput:
         if self.args.rows:
             wanted = set(self.args.rows.split(","))
             if "ab" in wanted:  # the A/B set: rows 2-5 (every variant's too) and their peers
-                wanted |= set(VARIANT_KINDS) | {"nginx_proxy", "nginx_limit", "openresty"}
+                wanted |= set(VARIANT_KINDS) | {"nginx_proxy", "nginx_limit", "openresty",
+                           "openresty_hdr"}
                 wanted |= {r.id for r in rows if r.variant}
             rows = [r for r in rows if r.id in wanted]
         return rows

@@ -14,6 +14,11 @@
 -- reply other than NOSCRIPT) is logged at warn with "limit store" in the line (the harness counts
 -- such lines, as it does Weir's) and the request is let through (fail open, like Weir's default
 -- `on_error = "allow"`).
+--
+-- With `headers = true` (row 8b) the row also does the rest of what Weir does for every request:
+-- the IETF `RateLimit-Policy` / `RateLimit` fields on the response (set in header_filter from the
+-- script's reply, the way APISIX's and Kong's limit plugins add their quota headers), while its
+-- nginx.conf forwards X-Forwarded-For and X-Real-IP to the upstream.
 
 local M = {}
 
@@ -21,6 +26,7 @@ local tcp = ngx.socket.tcp
 local byte, sub = string.byte, string.sub
 local tonumber = tonumber
 local exit, var, log, WARN = ngx.exit, ngx.var, ngx.log, ngx.WARN
+local ceil = math.ceil
 
 local cfg -- port, sha, prefixes (KEYS[i] up to and including "{"), argv, script_path, timeout_ms, pool
 
@@ -137,8 +143,31 @@ function M.access()
     log(WARN, "limit store: script: ", err or tostring(reply))
     return
   end
-  if reply[1] ~= 1 then
+  local admitted = reply[1] == 1
+  if c.headers then
+    -- `RateLimit: "z1";r=..;t=..` as Weir words it for a one-zone request (engine/headers.rs):
+    -- what is left and the seconds until the quota is whole, or 0 and the retry time if rejected.
+    local r, t_us = reply[5], reply[6]
+    if not admitted then
+      r = 0
+      if reply[3] >= 0 then
+        t_us = reply[3]
+      end
+    end
+    ngx.ctx.ratelimit = c.item .. ";r=" .. r .. ";t=" .. ceil(t_us / 1000000)
+  end
+  if not admitted then
     return exit(429)
+  end
+end
+
+-- header_filter_by_lua (row 8b): the response's rate-limit fields.
+function M.headers()
+  local v = ngx.ctx.ratelimit
+  if v then
+    local h = ngx.header
+    h["RateLimit-Policy"] = cfg.policy
+    h["RateLimit"] = v
   end
 end
 
