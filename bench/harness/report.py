@@ -282,7 +282,7 @@ def render_markdown(res: dict) -> str:
             f"connections) to CPU {m['pinning']['wrk_cpu']}, Redis to CPU "
             f"{m['pinning']['redis_cpu']}; Weir threads = 1, nginx worker_processes 1. "
             f"Median of {m['reps']} × {m['duration_s']} s runs per row, rows interleaved "
-            f"round-robin ({m['warmup_s']} s warm-up before each row's first run). Upstream: "
+            f"round-robin, backwards every other repetition ({m['warmup_s']} s warm-up before each row's first run). Upstream: "
             f"{m['upstream']}.\n")
     rows = res.get("rows", [])
     if rows:

@@ -86,7 +86,11 @@ class Throughput:
     def phase_throughput(self) -> list[Row]:
         rows = self.rows()
         for rep in range(self.reps):
-            for row in rows:
+            # Every other repetition runs the rows backwards: a row measured right after another
+            # pays for what that one left behind (the first Weir row after plain Pingora read
+            # 1-2 µs a request more than the same binary a row later, 2026-11-27), so no row may
+            # always follow the same one, and an A/B pair swaps which of its two goes first.
+            for row in (rows if rep % 2 == 0 else rows[::-1]):
                 log(f"rep {rep + 1}/{self.reps}: {row.label}")
                 try:
                     res = self.measure_retrying(
