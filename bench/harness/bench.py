@@ -12,8 +12,8 @@ import traceback
 from pathlib import Path
 
 from .common import BENCH_DIR, LUA_SCRIPT, REPO_DIR, BenchError, log
-from .configs import (OPENRESTY_MODULE, merge_settings, nginx_conf, parse_settings, weir_check,
-                      weir_toml, write_config)
+from .configs import (OPENRESTY_MODULE, OPENRESTY_ROWS, merge_settings, nginx_conf,
+                      parse_settings, weir_check, weir_toml, write_config)
 from .fleet import Fleet
 from .instructions import Instructions
 from .memory import Memory
@@ -265,7 +265,7 @@ class Bench(WrkRuns, Throughput, Profile, RedisCost, Memory, Fleet, Instructions
             raise BenchError(f"{OPENRESTY_MODULE} missing: install libnginx-mod-http-lua "
                              "(run.sh does)")
         self.capture_openresty_call(self.targets["redis"].port)
-        for name, same in (("openresty", False), ("openresty_hdr", True)):
+        for name, same in OPENRESTY_ROWS.items():
             port = free_port()
             proc = self.start_nginx(
                 name, "openresty", port, upstream_port=self.upstream_port,

@@ -148,6 +148,9 @@ def zone_name(z: int) -> str:
 
 NGINX_MODULES = Path("/usr/lib/nginx/modules")
 OPENRESTY_MODULE = NGINX_MODULES / "ngx_http_lua_module.so"  # row 8 (Debian's Lua module)
+# The OpenResty rows, and whether each also sends what Weir sends besides its decision (row 8b:
+# the `RateLimit` fields and the forwarded headers, nginx_conf's `same_headers`).
+OPENRESTY_ROWS = {"openresty": False, "openresty_hdr": True}
 
 
 def lua_str(v: str) -> str:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .common import BENCH_DIR, BenchError, log
-from .configs import OPENRESTY_MODULE, nginx_conf, write_config
+from .configs import OPENRESTY_MODULE, OPENRESTY_ROWS, nginx_conf, write_config
 from .metrics import BATCH_METRIC, scrape_metrics, total
 from .model import Row
 from .procs import Proc, free_port, record_pid, wait_port
@@ -36,7 +36,7 @@ from .redis_client import redis_delta
 
 # The rows counted (by kind: a variant's rows 2-5 count too).
 INS_KINDS = ("pingora", "pingora_fwd", "passthrough", "memory", "redis", "redis_log", "redis3", "nginx_proxy",
-             "nginx_limit", "openresty", "openresty_hdr")
+             "nginx_limit", *OPENRESTY_ROWS)
 WEIR_KINDS = ("passthrough", "memory", "redis", "redis_log", "redis3")
 INS_CONNS = 16        # wrk connections (the proxy is the bottleneck under valgrind anyway)
 WARMUP_S = 3          # code translated, connections to the upstream and Redis open
@@ -101,9 +101,8 @@ class Instructions:
             self.skipped["pingora_fwd"] = self.skipped["pingora"]
             rows = [r for r in rows if r.id not in ("pingora", "pingora_fwd")]
         if not OPENRESTY_MODULE.exists():
-            self.skipped["openresty"] = f"{OPENRESTY_MODULE} missing"
-            self.skipped["openresty_hdr"] = self.skipped["openresty"]
-            rows = [r for r in rows if r.id not in ("openresty", "openresty_hdr")]
+            self.skipped.update((rid, f"{OPENRESTY_MODULE} missing") for rid in OPENRESTY_ROWS)
+            rows = [r for r in rows if r.id not in OPENRESTY_ROWS]
         if "redis_log" not in self.weir_specs():
             self.skipped["redis_log"] = "this build has no [log] access_log setting"
             rows = [r for r in rows if r.id != "redis_log"]
@@ -119,16 +118,16 @@ class Instructions:
             mode = ["forwarded"] if kind == "pingora_fwd" else []
             return ([self.pingora, f"127.0.0.1:{port}", f"127.0.0.1:{self.upstream_port}", "1",
                      *mode], {"RUST_LOG": "warn"}, kind)
-        if kind in ("nginx_proxy", "nginx_limit", "openresty", "openresty_hdr"):
+        if kind in ("nginx_proxy", "nginx_limit", *OPENRESTY_ROWS):
             root = self.workdir / f"ins-{row.id}"
             root.mkdir(parents=True, exist_ok=True)
             conf = root / "nginx.conf"
             role = {"nginx_proxy": "proxy", "nginx_limit": "limit"}.get(kind, "openresty")
             lua = {}
-            if kind in ("openresty", "openresty_hdr"):
+            if kind in OPENRESTY_ROWS:
                 if not self.openresty:
                     self.openresty_call()
-                same = kind == "openresty_hdr"
+                same = OPENRESTY_ROWS[kind]
                 lua = dict(lua_dir=BENCH_DIR / "openresty", same_headers=same,
                            lua_config=self.openresty_lua_config(same))
             conf.write_text(nginx_conf(root, port, role=role, upstream_port=self.upstream_port,

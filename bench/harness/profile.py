@@ -6,6 +6,7 @@ import re
 import subprocess
 
 from .common import log
+from .configs import OPENRESTY_ROWS
 from .procs import record_pid
 
 
@@ -28,7 +29,7 @@ class Profile:
         for rid in rids:
             target = self.targets[rid]
             pids = target.pids()
-            if rid.startswith("redis") or rid.startswith("openresty"):
+            if rid.startswith("redis") or rid in OPENRESTY_ROWS:
                 pids.append(self.redis_proc.pid)
             data = self.workdir / f"perf-{rid}.data"
             log(f"profile: {rid}")
@@ -52,7 +53,8 @@ class Profile:
 
             by_dso, by_symbol = report("comm,dso", "0.5"), report("comm,dso,symbol", "0.7")
             binary = {"pingora": "pingora_passthrough", "pingora_fwd": "pingora_passthrough",
-                      "openresty": "nginx", "openresty_hdr": "nginx", "nginx_limit": "nginx"}.get(rid, "weir")
+                      "nginx_limit": "nginx",
+                      **dict.fromkeys(OPENRESTY_ROWS, "nginx")}.get(rid, "weir")
             by_crate = crate_totals(report("dso,symbol", "0"), binary)
             text = (f"# perf record -F 999 (cpu-clock) of {rid} at {res['rps']:.0f} req/s, pids "
                     f"{pids}\n\n## by thread and object\n" + "\n".join(by_dso)
