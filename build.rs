@@ -1,4 +1,5 @@
-//! Compiles Envoy's rate limit service API (proto/, a vendored subset) into Rust with protox, a
+//! Compiles Envoy's rate limit service and rate limit quota service APIs (proto/, a vendored
+//! subset) into Rust with protox, a
 //! pure-Rust protobuf compiler, so building Weir needs no `protoc`; and records the commit built
 //! (`weir --version`, `weir_build_info`).
 
@@ -6,9 +7,9 @@ use std::path::Path;
 use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/envoy/service/ratelimit/v3/rls.proto";
+    let protos = ["proto/envoy/service/ratelimit/v3/rls.proto", "proto/envoy/service/rate_limit_quota/v3/rlqs.proto"];
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile([proto], ["proto"])?;
+    let descriptors = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
     println!("cargo:rustc-env=WEIR_COMMIT={}", commit());
     Ok(())

@@ -8,6 +8,21 @@
 -- here (µs since the epoch, counts, costs) stays below 2^53, where double arithmetic is exact, and
 -- `a % b` (Lua 5.1: a - floor(a/b)*b) is exact for 0 <= a < 2^53.
 --
+-- One script, written as parts: lua/limit_req/ holds prelude.lua (this protocol, the constants,
+-- arithmetic and clock every algorithm shares), one part per algorithm named after it, zone.lua
+-- (what the general path's algorithms share) and dispatch.lua (read the arguments, evaluate each
+-- zone with its algorithm, combine, write all or nothing, reply; the batch mode). Weir joins them
+-- in the order of src/store/redis/script.rs (prelude, leaky_bucket, zone, token_bucket,
+-- fixed_window, sliding_window, sliding_log, lease, dispatch) and loads the result as ONE script: one
+-- SHA, one EVALSHA. lua/limit_req.lua is that joined script, kept for what runs it outside Weir
+-- (the bench, redis-cli); a test fails when it differs from the parts. Edit the parts, then
+-- rewrite it: `WEIR_WRITE_LUA=1 cargo test --lib store::redis::script`.
+-- The order is a cost: Redis runs a script's body on every call, so the leaky bucket's fast paths
+-- (in its part) return before the later parts define their functions.
+--
+-- lease.lua's calls (ARGV[1] = "lease": the grants and give-backs of leased zones) have their own
+-- layout, in its header.
+--
 -- KEYS[i]  state key of zone i: `<prefix><zone>:{<client key>}` (store::redis_key).
 -- ARGV[1]  now, integer µs since the Unix epoch; "" = use Redis TIME (one clock for the fleet).
 -- ARGV[2]  flags. First character: how much the reply says (layouts below): "0" the compact
@@ -33,19 +48,9 @@
 --   delay      nginx `delay=`, requests; -1 = `nodelay` (leaky bucket only)
 --   cost       requests this request counts as
 --
--- State per key, by algorithm (a wrong type or another algorithm's value counts as no state, like
--- `limit::evaluate`; an admitted request overwrites it, so a reload that changes a zone's algorithm
--- never breaks a key):
---   leaky bucket    string "<level> <last_us>"             (untagged: the format of earlier versions)
---   token bucket    string "t <tokens> <last_us>"
---   fixed window    string "f <start_us> <count>"
---   sliding window  string "s <start_us> <prev> <curr>"
---   sliding log     sorted set, one member per admitted cost unit: score = admission time (µs),
---                   member "<time>" for the first entry of that time, then "<time>:1", "<time>:2",
---                   ... (members of one time expire together, so the next n is their count; an
---                   integer member takes 8 bytes in a listpack instead of a string's 19). After a
---                   rollback (lua/restore.lua) removed one from the middle, a taken name is
---                   skipped (ZADD NX), so each entry keeps a member of its own.
+-- State per key: each algorithm's part states its format (a string, or the sliding log's sorted set).
+-- A wrong type or another algorithm's value counts as no state, like `limit::evaluate`; an admitted
+-- request overwrites it, so a reload that changes a zone's algorithm never breaks a key.
 -- Fractions are written with %.17g so they parse back to the same double (in Lua and in Rust).
 -- Each key gets a TTL of ceil((expires_us - now) / 1 ms) + 1 ms, from the model's `expires_us`,
 -- after which its state equals no state: the key outlives its state by 1 to 2 ms, so an absent key
@@ -67,12 +72,7 @@
 --     [1] algorithm id   [2] admitted 0|1   [3] excess (string)   [4] delay_us
 --     [5] retry_us (-1: admitted, or never)   [6] remaining   [7] reset_us   [8] expires_us
 --     [9...] next, the state the zone stores if the whole request is admitted (when rejected:
---       the current state, which is not stored), by algorithm:
---       leaky bucket    level (string), last_us
---       token bucket    tokens (string), last_us
---       fixed window    start_us, count
---       sliding log     number of entries, array of the entry times oldest first
---       sliding window  start_us, prev, curr
+--       the current state, which is not stored), in the layout its algorithm's part states
 -- With flag "u", either reply has one more element: an array with one undo record per key written
 -- (none if nothing was written), each an array: the key's index in KEYS, then the ARGV of that key
 -- for lua/restore.lua (kind, written, anchor, prev_kind, prev, prev_pttl, m, members...; layout in
@@ -82,8 +82,6 @@
 local HEAD_ARGS = 2
 local ZONE_ARGS = 6
 local LEAKY, TOKEN, FIXED, LOG, SLIDING = 0, 1, 2, 3, 4
--- ZADD members per call: unpack() is limited by the Lua C stack (8000 values).
-local ZADD_BATCH = 1000
 
 -- Set by `decide` for the request being decided; the functions below read them.
 local now, want_log
@@ -152,6 +150,13 @@ local function time_now()
   end
   return redis_now
 end
+
+-- lua/limit_req/leaky_bucket.lua: nginx's leaky bucket (GCRA), src/limit/leaky_bucket.rs in Lua;
+-- its charge after the response (flag "c") is dispatch.lua's `charge_what_fits`.
+-- State: string "<level> <last_us>" (untagged: the format of earlier versions; BucketState's
+-- stored text). Full reply's next: level (string), last_us.
+-- nginx's algorithm is the usual call, so this part also holds the two fast paths that decide a
+-- call of leaky buckets only and return before the rest of the script defines its functions.
 
 -- leaky_bucket::evaluate on a stored value `raw` (nil: none): admitted, excess, delay_us,
 -- retry_us (-1: admitted, or never), remaining, reset_us, expires_us, and `next` (level,
@@ -237,13 +242,14 @@ end
 -- The leaky-bucket path: a call whose every zone is a leaky bucket, with the compact ("0") or
 -- full ("1") reply, no undo, no evaluate-only, and in batch mode every request after the first
 -- saying "=" (the usual call: nginx's algorithm, one server, a lane's batch). It decides exactly
--- as `decide` below (the same `leaky_values`, then `combine`, `persist` and the reply, written out
--- for this one algorithm), but runs before the rest of this file defines its ~25 functions (Redis
--- runs a script's body on every call), reads the arguments and the clock once per call, keeps
--- the zones' results in one array reused by every request (Lua tables cost Redis more than
--- anything else a decision does: ~1.4k instructions each, with their garbage collection), and
--- formats a number only when it differs from the previous one of its kind. Any other call, or
--- anything malformed, returns nil here and takes the general path (which words the errors).
+-- as `decide` in dispatch.lua (the same `leaky_values`, then `combine`, `persist` and the reply,
+-- written out for this one algorithm), but runs before the later parts define their ~25
+-- functions (Redis runs a script's body on every call), reads the arguments and the clock once
+-- per call, keeps the zones' results in one array reused by every request (Lua tables cost
+-- Redis more than anything else a decision does: ~1.4k instructions each, with their garbage
+-- collection), and formats a number only when it differs from the previous one of its kind. Any
+-- other call, or anything malformed, returns nil here and takes the general path (which words
+-- the errors).
 local function leaky_path()
   local batch = ARGV[1] == 'batch'
   local requests, a0, n = 1, 0, #KEYS
@@ -416,6 +422,31 @@ do
   end
 end
 
+-- leaky_bucket::evaluate, as a zone result (`leaky_values` does the arithmetic) for the general
+-- path in dispatch.lua. Defined here, after the fast paths returned, and so before zone.lua: it
+-- builds zone.lua's `zone_result(0)` and reads zone.lua's `get_string(key)` itself (the same
+-- table, the same GET).
+local function leaky_bucket(key, p)
+  local z = {
+    admitted = false, excess = 0, delay_us = 0, retry_us = -1, remaining = 0, reset_us = 0,
+    expires_us = 0, value = false, n1 = false, n2 = false, n3 = false, p = false,
+  }
+  local raw = redis.pcall('GET', key)
+  if type(raw) ~= 'string' then
+    raw = nil
+  end
+  local level, anchor_us
+  z.admitted, z.excess, z.delay_us, z.retry_us, z.remaining, z.reset_us, z.expires_us, level, anchor_us =
+    leaky_values(raw, p.count, p.period_us, p.burst, p.delay, p.cost)
+  local level_text = fmt(level) -- formatted once: %.17g costs more than the bucket's arithmetic
+  z.n1, z.n2 = level_text, anchor_us
+  z.value = level_text .. ' ' .. int(anchor_us)
+  return z
+end
+
+-- lua/limit_req/zone.lua: what the algorithms of the general path share (after the leaky
+-- bucket's fast paths): a zone's result, a key's string, a stored string's numbers.
+
 -- One zone's result. Every field is set here, in one constructor: a Lua table that grows is
 -- rehashed, and this runs for every zone of every request. `n1`..`n3` are `next` (the reply's
 -- layout); `value` is the string state stored (false for the sliding log); `p` the zone's
@@ -467,17 +498,9 @@ local function parse_state(raw, tag, n)
   return out
 end
 
--- leaky_bucket::evaluate, as a zone result (`leaky_values` does the arithmetic).
-local function leaky_bucket(key, p)
-  local z = zone_result(0)
-  local level, anchor_us
-  z.admitted, z.excess, z.delay_us, z.retry_us, z.remaining, z.reset_us, z.expires_us, level, anchor_us =
-    leaky_values(get_string(key), p.count, p.period_us, p.burst, p.delay, p.cost)
-  local level_text = fmt(level) -- formatted once: %.17g costs more than the bucket's arithmetic
-  z.n1, z.n2 = level_text, anchor_us
-  z.value = level_text .. ' ' .. int(anchor_us)
-  return z
-end
+-- lua/limit_req/token_bucket.lua: src/limit/token_bucket.rs in Lua.
+-- State: string "t <tokens> <last_us>" (TokenState's stored text). Full reply's next: tokens
+-- (string), last_us.
 
 -- token_bucket::evaluate
 local function token_bucket(key, p)
@@ -526,6 +549,10 @@ local function token_bucket(key, p)
   return z
 end
 
+-- lua/limit_req/fixed_window.lua: src/limit/fixed_window.rs in Lua.
+-- State: string "f <start_us> <count>" (WindowState's stored text). Full reply's next: start_us,
+-- count.
+
 -- fixed_window::evaluate
 local function fixed_window(key, p)
   local window, limit_count, cost = p.period_us, p.count, p.cost
@@ -560,6 +587,10 @@ local function fixed_window(key, p)
   z.value = 'f ' .. int(start_us) .. ' ' .. int(stored)
   return z
 end
+
+-- lua/limit_req/sliding_window.lua: src/limit/sliding_window.rs in Lua.
+-- State: string "s <start_us> <prev> <curr>" (SlidingState's stored text). Full reply's next:
+-- start_us, prev, curr.
 
 -- sliding_window::retry_us
 local function sliding_retry_us(allowed, prev, curr, elapsed, window)
@@ -622,6 +653,18 @@ local function sliding_window(key, p)
   z.value = 's ' .. int(start_us) .. ' ' .. int(prev) .. ' ' .. int(stored)
   return z
 end
+
+-- lua/limit_req/sliding_log.lua: src/limit/sliding_log.rs in Lua, and the log's write (called by
+-- dispatch.lua's `persist`).
+-- State: sorted set, one member per admitted cost unit: score = admission time (µs), member
+-- "<time>" for the first entry of that time, then "<time>:1", "<time>:2", ... (members of one time
+-- expire together, so the next n is their count; an integer member takes 8 bytes in a listpack
+-- instead of a string's 19). After a rollback (lua/restore.lua) removed one from the middle, a
+-- taken name is skipped (ZADD NX), so each entry keeps a member of its own. Full reply's next:
+-- number of entries, array of the entry times oldest first (with flag "1" only: `want_log`).
+
+-- ZADD members per call: unpack() is limited by the Lua C stack (8000 values).
+local ZADD_BATCH = 1000
 
 -- The score of the member at `rank` (0 = oldest, -1 = newest).
 local function score_at(key, rank)
@@ -753,6 +796,205 @@ local function write_log(key, z, p, ttl_ms, record)
   return added
 end
 
+-- lua/limit_req/lease.lua: leases of a key's budget (docs/leases.md), src/limit/lease/mod.rs's
+-- `grant` and `give_back` in Lua, expression for expression (tests/lease_differential.rs).
+-- A grant is a debit of the key's own state made with the algorithm's own `evaluate` as one
+-- request of cost g, so a leased key holds exactly the state an exact zone keeps (same key, same
+-- format, same TTL); a give-back credits unused tokens (the bucket as if the lease had been that
+-- much smaller). Only the bucket family and fixed windows lease (`lease::leasable`).
+--
+-- KEYS[1]  the key's state (store::redis_key), KEYS[2] its live lease holders: a hash of holder
+--          id -> the lease's end, µs on this clock (KEYS[1] .. ":lease": the same hash slot).
+-- ARGV[1]  "lease"   ARGV[2] "grant" | "give"
+-- ARGV[3]  the holder's id: "i" and digits (never "0", so the leaky bucket's fast paths, which
+--          look at ARGV[3], pass the call on)
+-- ARGV[4]  now, µs ("" = Redis TIME)
+-- ARGV[5..10] the zone's six values, as in the decision layout (prelude.lua); its cost is the
+--          least grant the instance takes (grant) or the unused tokens it gives back (give)
+-- grant:   ARGV[11] tokens wanted, ARGV[12] lifetime_us. Reply: tokens granted (0: refused),
+--          retry_us (refused: when the least grant fits again; -1 never, or granted),
+--          window_start_us and window_left_us (fixed windows; -1 otherwise), now_us.
+-- give:    ARGV[11] window_start_us of the lease ("" none). Reply: { 1 }.
+
+local LEASED = { [LEAKY] = leaky_bucket, [TOKEN] = token_bucket, [FIXED] = fixed_window }
+
+-- The zone's parameters with another cost (parameters are only read elsewhere: copied).
+local function with_cost(p, cost)
+  local q = {}
+  for k, v in pairs(p) do
+    q[k] = v
+  end
+  q.cost = cost
+  return q
+end
+
+-- dispatch.lua's `persist` for one string key.
+local function lease_store(key, z)
+  local ttl_ms = int(math.ceil((z.expires_us - now) / 1000) + 1)
+  redis.call('SET', key, z.value, 'PX', ttl_ms)
+end
+
+-- Live holders other than `holder` (ended ones are dropped), and the latest end among them.
+local function live_holders(hkey, holder)
+  local all = redis.call('HGETALL', hkey)
+  local others, latest = 0, 0
+  for i = 1, #all, 2 do
+    local id, ends = all[i], tonumber(all[i + 1])
+    if not ends or ends <= now then
+      redis.call('HDEL', hkey, id)
+    elseif id ~= holder then
+      others = others + 1
+      if ends > latest then
+        latest = ends
+      end
+    end
+  end
+  return others, latest
+end
+
+-- lease::grant: min(want, room, max(min, room / holders)), holders counting the asker.
+local function lease_grant(key, hkey, holder, p, want, lifetime_us)
+  local least = p.cost
+  if want < least then
+    want = least
+  end
+  local others, latest = live_holders(hkey, holder)
+  local probe = p.evaluate(key, with_cost(p, 1))
+  local room = 0
+  if probe.admitted then
+    room = probe.remaining + 1
+  end
+  local share = math.floor(room / (others + 1))
+  if share < least then
+    share = least
+  end
+  local tokens = want
+  if room < tokens then
+    tokens = room
+  end
+  if share < tokens then
+    tokens = share
+  end
+  local window_start, window_left = -1, -1
+  if p.algorithm == FIXED then
+    window_start = now - now % p.period_us
+    window_left = p.period_us - now % p.period_us
+  end
+  if tokens < least or tokens == 0 then
+    local first = least
+    if first < 1 then
+      first = 1
+    end
+    local refused = p.evaluate(key, with_cost(p, first))
+    -- As the model: a refused asker is no longer counted as a holder (its renewal failed).
+    redis.call('HDEL', hkey, holder)
+    return { 0, refused.retry_us, window_start, window_left, now }
+  end
+  lease_store(key, p.evaluate(key, with_cost(p, tokens)))
+  local life = lifetime_us
+  if window_left >= 0 and window_left < life then
+    life = window_left
+  end
+  local ends = now + life
+  redis.call('HSET', hkey, holder, int(ends))
+  if ends > latest then
+    latest = ends
+  end
+  redis.call('PEXPIRE', hkey, int(math.ceil((latest - now) / 1000) + 1))
+  return { tokens, -1, window_start, window_left, now }
+end
+
+-- lease::give_back: the state drained (or refilled) to now by a request of cost 0, then credited;
+-- a window's tokens only to their own window while it lasts. Another algorithm's state, or none,
+-- is left alone.
+local function lease_give(key, hkey, holder, p, window_start)
+  redis.call('HDEL', hkey, holder)
+  local unused = p.cost
+  if unused <= 0 then
+    return { 1 }
+  end
+  local raw = get_string(key)
+  if p.algorithm == LEAKY then
+    if not parse_state(raw, nil, 2) then
+      return { 1 }
+    end
+    local _, _, _, _, _, _, _, level, anchor_us = leaky_values(raw, p.count, p.period_us, p.burst, p.delay, 0)
+    level = level - unused
+    if level < 0 then
+      level = 0
+    end
+    local z = { value = fmt(level) .. ' ' .. int(anchor_us), expires_us = anchor_us + ceil_time_for(level, p.count, p.period_us) }
+    lease_store(key, z)
+  elseif p.algorithm == TOKEN then
+    if not parse_state(raw, 't', 2) then
+      return { 1 }
+    end
+    local z = token_bucket(key, with_cost(p, 0))
+    local capacity = p.burst + 1
+    local tokens = tonumber(z.n1) + unused
+    if tokens > capacity then
+      tokens = capacity
+    end
+    local anchor_us = z.n2
+    lease_store(key, {
+      value = 't ' .. fmt(tokens) .. ' ' .. int(anchor_us),
+      expires_us = anchor_us + ceil_us(time_for_us(capacity - tokens, p.count, p.period_us)),
+    })
+  else
+    local s = parse_state(raw, 'f', 2)
+    if not s or window_start ~= s[1] or now >= s[1] + p.period_us then
+      return { 1 }
+    end
+    local count = sat_sub(s[2], unused)
+    lease_store(key, { value = 'f ' .. int(s[1]) .. ' ' .. int(count), expires_us = s[1] + p.period_us })
+  end
+  return { 1 }
+end
+
+local function lease_call()
+  if #KEYS ~= 2 then
+    return redis.error_reply('lease: expected 2 keys (state, holders), got ' .. #KEYS)
+  end
+  local op, holder, now_text = ARGV[2], ARGV[3], ARGV[4]
+  local algorithm = tonumber(ARGV[5])
+  local evaluate = algorithm and LEASED[algorithm]
+  if not evaluate then
+    return redis.error_reply('lease: algorithm ' .. tostring(ARGV[5]) .. ' does not lease')
+  end
+  local p = {
+    algorithm = algorithm,
+    count = tonumber(ARGV[6]),
+    period_us = tonumber(ARGV[7]),
+    burst = tonumber(ARGV[8]),
+    delay = tonumber(ARGV[9]),
+    cost = tonumber(ARGV[10]),
+    evaluate = evaluate,
+  }
+  if not (p.count and p.count >= 0 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost
+    and p.cost >= 0 and (now_text == '' or tonumber(now_text)) and string.sub(holder or '', 1, 1) == 'i') then
+    return redis.error_reply('lease: malformed arguments')
+  end
+  now = tonumber(now_text) or time_now()
+  if op == 'grant' then
+    local want, lifetime_us = tonumber(ARGV[11]), tonumber(ARGV[12])
+    if not (want and lifetime_us and lifetime_us >= 1) then
+      return redis.error_reply('lease: grant: want and lifetime_us must be numbers')
+    end
+    return lease_grant(KEYS[1], KEYS[2], holder, p, want, lifetime_us)
+  elseif op == 'give' then
+    return lease_give(KEYS[1], KEYS[2], holder, p, tonumber(ARGV[11]))
+  end
+  return redis.error_reply('lease: unknown operation ' .. tostring(op))
+end
+
+if ARGV[1] == 'lease' then
+  return lease_call()
+end
+
+-- lua/limit_req/dispatch.lua: one request's zones evaluated, each by its algorithm (EVALUATE),
+-- combined, written all or nothing, and the reply; the entry point, one request or a batch.
+-- A new algorithm adds its id (prelude.lua) and its `evaluate` to EVALUATE below.
+
 -- What a key holds before this call writes it (flag "u"), for lua/restore.lua: prev_kind, prev,
 -- prev_pttl. `kind` is what the call writes: 's' a string, 'z' sliding-log entries (which are
 -- added to a sorted set already there, so that one is not copied).
@@ -860,7 +1102,7 @@ local function persist(keys, k0, zones, want_undo)
   return undo
 end
 
--- The reply's values for zone i (layouts in the header).
+-- The reply's values for zone i (layouts in the header of prelude.lua).
 local function append_compact(reply, z)
   local n = #reply
   reply[n + 1] = z.admitted and 1 or 0
@@ -897,7 +1139,7 @@ local function parsed_flags(flags)
   return f
 end
 
--- One request's arguments, read from argv[a0 + 1 ...] (the layout of ARGV in the header): an
+-- One request's arguments, read from argv[a0 + 1 ...] (the layout of ARGV in the header of prelude.lua): an
 -- error message, or nil and the clock argument (nil: Redis TIME), the flags and every zone's
 -- parameters. Read once, they serve every request of a batch that sends the same arguments (see
 -- the batch mode below).
@@ -1008,13 +1250,13 @@ local function decide(keys, k0, err, now_arg, f, params)
   return reply
 end
 
--- One request (ARGV as in the header), or a batch of independent requests decided one after
+-- One request (ARGV as in the header of prelude.lua), or a batch of independent requests decided one after
 -- the other in this one atomic call (src/store/redis/lane.rs): ARGV[1] = "batch", ARGV[2] = the
 -- number of requests, then per request its number of keys n followed by either its 2 + 6n
 -- arguments in the single layout, or "=" when they equal the previous request's (same clock
 -- argument, flags, zones and costs: the usual batch, read once); KEYS holds every request's keys
 -- in order. The reply is an array with, per request, its reply (an array) or its error: one
--- request's error never affects another's. (The leaky-bucket path above writes each request's
+-- request's error never affects another's. (The leaky-bucket path in leaky_bucket.lua writes each request's
 -- reply flat instead: its number of values, then the values, in the same array.)
 if ARGV[1] ~= 'batch' then
   local expected = HEAD_ARGS + ZONE_ARGS * #KEYS

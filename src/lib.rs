@@ -5,10 +5,12 @@
 //! `process` assembles them into a Pingora server and owns what outlives a reload.
 
 pub mod adaptive;
+pub mod buffering;
 pub mod config;
 pub mod edge;
 pub mod engine;
 pub mod fswatch;
+pub mod import;
 pub mod keys;
 pub mod limit;
 pub mod logging;

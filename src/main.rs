@@ -1,4 +1,6 @@
-//! The `weir` command line: run the proxy, check a config, or serve a demo upstream.
+//! The `weir` command line: run the proxy (the default), `check` a config (every error, FILE:LINE),
+//! print its JSON `schema`, `replay` access logs through it, watch an instance (`top`), translate
+//! other configs (`import-rls`, `import-nginx`, `import-ingress`), or serve a demo upstream (`echo`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,7 +65,12 @@ enum Command {
     /// Run the proxy (the default when no command is given).
     Run,
     /// Validate a config file without starting: exit 0 if it is good, 1 with the error if not.
-    Check,
+    /// Prints each leased zone's overshoot bound for a fleet of `--instances` (docs/leases.md).
+    Check {
+        /// The fleet size the bound of leased zones is stated for.
+        #[arg(long, default_value_t = weir::config::DEFAULT_CHECK_INSTANCES)]
+        instances: u64,
+    },
     /// Print the JSON Schema of the config file (for editors: docs/production.md).
     Schema,
     /// Serve a tiny upstream that answers 200 to every request (for demos and benchmarks).
@@ -87,6 +94,44 @@ enum Command {
         #[arg(long)]
         merge_domains: bool,
         /// Leave out (and name on stderr) the domains Weir cannot express, instead of refusing the whole import.
+        #[arg(long)]
+        allow_unexpressed: bool,
+    },
+    /// Translate an nginx config (a main file with its includes, site files, or `nginx -T` output) into one Weir
+    /// TOML (stdout), every zone and route naming its nginx file:line; refuses what Weir cannot decide as nginx does.
+    ImportNginx {
+        /// nginx config files, or a file holding the output of `nginx -T`.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The nginx listen port to import when servers listen on several.
+        #[arg(long)]
+        port: Option<u16>,
+        /// The output's `[server] listen` address (default 0.0.0.0:PORT).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Leave out (and name on stderr) what Weir cannot express, with stand-in routes that deny it uncharged.
+        #[arg(long)]
+        allow_unexpressed: bool,
+    },
+    /// Translate Kubernetes Ingress manifests with ingress-nginx annotations (and the controller's ConfigMap) into one
+    /// Weir TOML (stdout), as ingress-nginx generated its nginx config.
+    ImportIngress {
+        /// Manifests: files (multi-document YAML) or directories of *.yaml / *.yml.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Send every backend Service to this address (default: SERVICE.NAMESPACE.svc.cluster.local:PORT).
+        #[arg(long)]
+        upstream: Option<String>,
+        /// The output's `[server] listen` address.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: String,
+        /// ingress-nginx controller replicas: print what each limit effectively was across them.
+        #[arg(long)]
+        replicas: Option<u64>,
+        /// With --replicas: write the total of all replicas (rate and burst × N) as the fleet-wide limit.
+        #[arg(long, requires = "replicas")]
+        keep_total: bool,
+        /// Leave out (and name on stderr) the Ingresses Weir cannot express.
         #[arg(long)]
         allow_unexpressed: bool,
     },
@@ -116,7 +161,16 @@ fn main() -> ExitCode {
         Command::ImportRls { paths, listen, merge_domains, allow_unexpressed } => {
             import_rls(&paths, weir::rls::import::Options { listen, merge_domains, allow_unexpressed })
         }
-        Command::Check => match weir::config::load_all(&cli.config) {
+        Command::ImportNginx { paths, port, listen, allow_unexpressed } => {
+            import_nginx(&paths, weir::import::nginx::Options { allow_unexpressed, port, listen })
+        }
+        Command::ImportIngress { paths, upstream, listen, replicas, keep_total, allow_unexpressed } => {
+            let options = weir::import::ingress::Options { upstream, listen, replicas, keep_total, allow_unexpressed };
+            run_import("import-ingress", &paths, |files| {
+                weir::import::ingress::import(files, &options).map(|i| (i.toml, i.notes))
+            })
+        }
+        Command::Check { instances } => match weir::config::load_all(&cli.config) {
             Ok(rt) => {
                 for warning in &rt.warnings {
                     eprintln!("weir: warning: {warning}");
@@ -137,10 +191,13 @@ fn main() -> ExitCode {
                     let names: Vec<String> = used.variables.iter().map(|v| format!("${{{v}}}")).collect();
                     println!("  {}: from the environment ({})", used.setting, names.join(", "));
                 }
+                for line in weir::config::lease_check_lines(&rt, instances.max(1)) {
+                    println!("{line}");
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {
-                for e in &errors {
+                for e in weir::config::shown(&errors) {
                     eprintln!("weir: {e}");
                 }
                 if errors.len() > 1 {
@@ -194,60 +251,42 @@ fn main() -> ExitCode {
 
 /// `weir import-rls`: the TOML on stdout, notes on stderr; a refusal (or an unreadable file) exits 1.
 fn import_rls(paths: &[PathBuf], options: weir::rls::import::Options) -> ExitCode {
-    let mut files = Vec::new();
-    for path in paths {
-        if let Err(e) = read_rls_configs(path, &mut files) {
-            eprintln!("weir import-rls: cannot read {}: {e}", path.display());
+    run_import("import-rls", paths, |files| weir::rls::import::import(files, &options).map(|i| (i.toml, i.notes)))
+}
+
+/// `weir import-nginx`: the TOML on stdout, notes on stderr; a refusal exits 1.
+fn import_nginx(paths: &[PathBuf], options: weir::import::nginx::Options) -> ExitCode {
+    run_import("import-nginx", paths, |files| {
+        weir::import::nginx::import(files, &weir::import::nginx::files::Disk, &options).map(|i| (i.toml, i.notes))
+    })
+}
+
+/// Every importer's frame: its inputs read with import-rls's bounded reads (no device, FIFO or
+/// endless file), the TOML it makes on stdout and its notes on stderr; a refusal or an unreadable
+/// input exits 1, named after `command`.
+fn run_import<E: std::fmt::Display>(
+    command: &str,
+    paths: &[PathBuf],
+    import: impl FnOnce(&[(String, String)]) -> Result<(String, Vec<String>), E>,
+) -> ExitCode {
+    let files = match weir::rls::import_input::read_configs(paths) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("weir {command}: {e}");
             return ExitCode::FAILURE;
         }
-    }
-    match weir::rls::import::import(&files, &options) {
-        Ok(imported) => {
-            print!("{}", imported.toml);
-            for note in &imported.notes {
-                eprintln!("weir import-rls: note: {note}");
+    };
+    match import(&files) {
+        Ok((toml, notes)) => {
+            print!("{toml}");
+            for note in &notes {
+                eprintln!("weir {command}: note: {note}");
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("weir import-rls: {e}");
+            eprintln!("weir {command}: {e}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// A file, or a directory's `*.yaml`/`*.yml` files and subdirectories in name order. Names
-/// starting with `.` are skipped: a Kubernetes ConfigMap volume holds each file twice, once
-/// under `..data`.
-fn read_rls_configs(path: &std::path::Path, files: &mut Vec<(String, String)>) -> std::io::Result<()> {
-    read_rls_configs_within(path, files, 0)
-}
-
-/// Directories nested deeper than this are refused (a symlink loop would never end).
-const MAX_RLS_CONFIG_DEPTH: usize = 16;
-
-fn read_rls_configs_within(
-    path: &std::path::Path,
-    files: &mut Vec<(String, String)>,
-    depth: usize,
-) -> std::io::Result<()> {
-    if depth > MAX_RLS_CONFIG_DEPTH {
-        return Err(std::io::Error::other(format!(
-            "directories nested over {MAX_RLS_CONFIG_DEPTH} deep (a symlink loop?)"
-        )));
-    }
-    if !path.is_dir() {
-        files.push((path.display().to_string(), std::fs::read_to_string(path)?));
-        return Ok(());
-    }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
-    entries.sort();
-    for entry in entries {
-        let name = entry.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let yaml = entry.extension().is_some_and(|x| x == "yaml" || x == "yml");
-        if !name.starts_with('.') && (entry.is_dir() || yaml) {
-            read_rls_configs_within(&entry, files, depth + 1)?;
-        }
-    }
-    Ok(())
 }

@@ -2,12 +2,12 @@
 //! overrides: each reachable through the config and the proxy, with its statuses and headers. The
 //! real `weir` binary (memory store), a real upstream, real sockets on loopback. The model itself
 //! (every instant, boundary, cost and extreme) is table-driven on a manual clock in
-//! `src/limit/tables.rs`; here, where time matters, short windows and rates keep each test to
+//! `src/limit/tables/`; here, where time matters, short windows and rates keep each test to
 //! seconds, nothing waits for a wall-clock minute, and a limit that must hold until an instant is
 //! checked by asking until it is lifted: no admission read before the instant (exact lower bound),
 //! one within seconds after it (generous upper bound). Config errors go through `weir check -c`.
 
-mod support;
+use crate::support;
 
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -145,7 +145,7 @@ limit_req = [ { zone = "fw" } ]
     // Retry-After = the rest of the window, rounded up (at least 1 s), for a "now" between the
     // request's sending and its answer: 2 when it ran less than 1 s into the window, as it
     // normally does; a slow machine moves the bounds, never skips the check (the exact instant:
-    // `fixed_window_cases` in src/limit/tables.rs).
+    // `fixed_window_cases` in src/limit/tables/fixed_window.rs).
     let rest_secs = |at: u64| (start + 2 * SEC_US).saturating_sub(at).div_ceil(SEC_US).max(1);
     assert!(
         (rest_secs(done)..=rest_secs(sent)).contains(&ra),
@@ -158,7 +158,7 @@ limit_req = [ { zone = "fw" } ]
 
     // Rejected until the window ends (exact lower bound: nothing admitted is read before its end),
     // then the next window opens whole: 3 more right away (with the 3 just before: the double
-    // burst). The instants to the µs: `fixed_window_cases` in src/limit/tables.rs.
+    // burst). The instants to the µs: `fixed_window_cases` in src/limit/tables/fixed_window.rs.
     let reopened = poll_until_admitted(&w, "/fw/a", "fw", Duration::from_secs(7));
     assert!(
         reopened.done >= start + 2 * SEC_US,
@@ -228,7 +228,7 @@ limit_req = [ { zone = "log_2s" } ]
 
     // The first entry stays in the window 2 s after it was admitted (exact lower bound: nothing
     // admitted is read before); after it leaves, exactly one place is free (the other two are 1 s
-    // younger). The instants to the µs: `sliding_log_cases` in src/limit/tables.rs.
+    // younger). The instants to the µs: `sliding_log_cases` in src/limit/tables/sliding_log.rs.
     let after = poll_until_admitted(&w, "/s/x", "log_2s", Duration::from_secs(6));
     assert!(
         after.done >= first_sent + 2 * SEC_US,
@@ -353,7 +353,7 @@ limit_req = [ { zone = "sw_4s" } ]
 
     // rate = "5r/m": five pass, counting down, the sixth is over. Its Retry-After: with 5 in this
     // minute, a sixth fits once 5 × (60 - t) / 60 <= 4, 12 s into the next minute. The formula to
-    // the µs: `sliding_window_cases` in src/limit/tables.rs.
+    // the µs: `sliding_window_cases` in src/limit/tables/sliding_window.rs.
     let first_sent = now_us();
     let rs: Vec<Response> = (0..5).map(|_| get(&w, "/m/x")).collect();
     assert!(rs.iter().all(|r| r.status == 200), "{:#?}", summaries(&rs));

@@ -1,7 +1,7 @@
 //! Malformed and hostile requests: weir must answer (or close), stay alive, keep serving, and
 //! never let odd key values skip the limit.
 
-mod support;
+use crate::support;
 
 use std::io;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! check-then-charge race; `weir replay` of the access log decides the same.
 //! Real weir processes, real Redis, real upstream, real sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};

@@ -6,7 +6,7 @@
 //! huge values count as the default or the cap; a client cannot set its own cost; `weir replay`
 //! of the access log decides the same. Real weir processes, real Redis, real upstream, sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

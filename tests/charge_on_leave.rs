@@ -5,7 +5,7 @@
 //! (docs/charges.md, "A client that leaves"). `weir replay` of the access log decides the same.
 //! Real weir processes, real Redis, real upstreams (an HTTP one and a gRPC one), real sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

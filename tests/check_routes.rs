@@ -3,7 +3,7 @@
 //! in, with a warning naming the line; what is certainly a mistake is refused. The repaired
 //! routes are then shown to limit live traffic.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

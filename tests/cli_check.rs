@@ -1,7 +1,7 @@
 //! `weir check -c FILE`, `weir -c BAD`, `--help`: exit codes and error messages that name the
 //! file, the line and the offending field or name.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -345,4 +345,44 @@ fn schema_has_an_id_and_what_a_schema_store_lists() {
     for field in ["title", "description"] {
         assert!(schema[field].as_str().is_some_and(|s| !s.is_empty()), "{field}");
     }
+}
+
+#[test]
+fn an_error_in_each_zone_and_route_is_reported_at_once() {
+    // A bad rate in one zone, an unknown key part in another, an unknown upstream in a route
+    // (the other routes name the two broken zones: no second error for them). Before each zone
+    // and route was compiled on its own, `weir check` named the first of these only.
+    let mut t = good();
+    t = mutate(&t, "rate = \"10r/s\"", 0, "rate = \"10/s\"");
+    t = mutate(&t, "\"header:X-Api-Key\"", 0, "\"hedder:X-Api-Key\"");
+    t = mutate(&t, "upstream = \"app\"", 2, "upstream = \"ghost\"");
+    let expected = [
+        (line_of(&t, "\"10/s\""), "limit_req_zone \"per_ip\": rate: "),
+        (line_of(&t, "hedder:"), "limit_req_zone \"per_key\": key: "),
+        (line_of(&t, "\"ghost\""), "route \"health\": upstream: unknown upstream \"ghost\""),
+    ];
+    let out = check("several.toml", &t);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let got = reported(&out, "several.toml");
+    assert_eq!(got.len(), expected.len(), "one line per error:\n{}", out.describe());
+    for ((line, start), (got_line, message)) in expected.iter().zip(&got) {
+        assert_eq!((line, true), (got_line, message.starts_with(start)), "{start}:\n{}", out.describe());
+    }
+    assert!(out.stderr.contains("weir: 3 errors in "), "{}", out.describe());
+}
+
+#[test]
+fn a_file_of_many_errors_names_the_first_fifty() {
+    let mut t = good();
+    for i in 0..60 {
+        t.push_str(&format!("\n[[limit_req_zone]]\nname = \"bad{i}\"\nkey = \"ip\"\nrate = \"{i}/s\"\n"));
+    }
+    let out = check("many.toml", &t);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let got = reported(&out, "many.toml");
+    assert_eq!(got.len(), 50, "{}", out.describe());
+    assert_eq!(got[0].0, line_of(&t, "rate = \"0/s\""), "{}", out.describe());
+    assert_eq!(got[49].0, line_of(&t, "rate = \"49/s\""), "{}", out.describe());
+    assert!(out.stderr.contains("weir: and 10 more errors\n"), "{}", out.describe());
+    assert!(out.stderr.contains("weir: 60 errors in "), "{}", out.describe());
 }

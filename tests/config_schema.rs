@@ -2,7 +2,7 @@
 //! the committed copy is what the binary generates, every example in conf/ passes it, and a
 //! typo or a wrong type does not.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::PathBuf;

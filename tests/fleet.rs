@@ -2,7 +2,7 @@
 //! nginx-style limiter would, and leave no key behind once their buckets have drained.
 //! Real weir processes, real Redis, real upstream, real sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};

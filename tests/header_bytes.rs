@@ -3,7 +3,7 @@
 //! of a rejection with its `Retry-After`, in their case and order, and the forwarded headers the
 //! upstream receives. Both heads are read off real sockets: a raw client, a raw upstream.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

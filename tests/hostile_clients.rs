@@ -2,7 +2,7 @@
 //! over, tried against the real binary over real sockets. Each test failed on the build before
 //! the fix.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

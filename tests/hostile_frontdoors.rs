@@ -3,7 +3,7 @@
 //! escapes and bidirectional overrides, the admin API (paths, `Host`, the page's headers), and
 //! config secrets (`weir check`: redaction, size bounds, file modes, the rls listener).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;

@@ -4,7 +4,7 @@
 //! per-address cap, and upper bounds on the client limits in config. Real weir processes, a raw
 //! HTTP/2 client (tests/support/h2.rs) and real upstream sockets.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

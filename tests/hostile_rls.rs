@@ -4,7 +4,7 @@
 //! docs/edge-bounds.md states; a connection that never speaks is closed at `header_timeout`.
 //! The real binary, a real upstream, raw sockets and HTTP/2 frames.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};

@@ -3,7 +3,7 @@
 //! tool), and the Debian package (deploy/debian/build-deb.sh) holds the binary, the config as a
 //! conffile, the systemd unit run by the `weir` user, and passes its own config check.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -176,6 +176,11 @@ fn debian_package_installs_binary_config_unit_and_user() {
         "Group=weir",
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
+        "SystemCallFilter=@system-service",
+        "SystemCallFilter=~@privileged",
+        "ProtectProc=invisible",
+        "UMask=0077",
+        "MemoryMax=2G",
     ] {
         assert!(unit.lines().any(|l| l == line), "unit has {line:?}:\n{unit}");
     }

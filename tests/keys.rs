@@ -3,7 +3,7 @@
 //! (forged tokens never get a bucket of their own; keys rotate with the JWKS file) and path parts.
 //! The TCP peer is always 127.0.0.1; `[real_ip]` trusts it so X-Forwarded-For presents clients.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};

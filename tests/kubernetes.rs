@@ -7,7 +7,7 @@
 //! the real binary in tests/reload.rs (kubernetes_configmap_symlink_swap_is_picked_up) and
 //! tests/secrets.rs.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

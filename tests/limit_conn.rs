@@ -7,7 +7,7 @@
 //! request too many through shows as a number, not as a timing guess. A request whose path
 //! contains `/sleep/<ms>/` is held that long before it is answered.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

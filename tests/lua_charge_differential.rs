@@ -12,7 +12,7 @@
 //!
 //! Reproduce a failure with `WEIR_DIFF_SEED=<seed printed in the output>`.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

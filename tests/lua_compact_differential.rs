@@ -11,7 +11,7 @@
 //! PERSISTed after its TTL is checked; a stored state past its expiry is no state to the script and
 //! to the model alike. Reproduce a failure with `WEIR_DIFF_SEED=<seed printed in the output>`.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -16,7 +16,7 @@
 //!
 //! Reproduce a failure with `WEIR_DIFF_SEED=<seed printed in the output>`.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! a key that is being limited its burst back. A zone full of keys that are being rejected refuses
 //! new keys with the route's status and counts it. Real weir, real upstream, loopback.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

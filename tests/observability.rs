@@ -2,7 +2,7 @@
 //! the JSON access log, dry run (per route and per limit), the rate-limit header modes and the admin
 //! API with its bearer token. Real weir process, real upstream, real sockets on loopback.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

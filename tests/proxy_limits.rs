@@ -1,7 +1,7 @@
 //! End-to-end limit_req behaviour of the `weir` binary: real weir process, real upstream,
 //! real sockets on loopback.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

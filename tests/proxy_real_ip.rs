@@ -1,7 +1,7 @@
 //! Real client IP (nginx set_real_ip_from + real_ip_header + real_ip_recursive on) as the
 //! limit key, end to end. The TCP peer is always 127.0.0.1 here.
 
-mod support;
+use crate::support;
 
 use support::config::memory_with_app;
 use support::http;

@@ -12,7 +12,7 @@
 //! * A master killed with SIGKILL: its replica is promoted, weir serves per its failure policy
 //!   meanwhile and decides on Redis again by itself afterwards.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! error must not touch the others; a flushed script cache or a restarted Redis must not lose a
 //! decision that can still be made.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! Redis is gone, the circuit breaker closing by itself, and the deny cache against a flood.
 //! Real weir, real `redis-server` (killed and restarted), real upstream, real sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! through the Sentinel, enforces its limits there, and after the master is killed (SIGKILL) and
 //! the Sentinel promotes the replica, decides on the new master by itself.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::thread;

@@ -1,7 +1,7 @@
 //! `RedisStore` against a real `redis-server`: script reloads, restarts, expiry, dead and hung
 //! servers, Redis' clock, concurrency, and the memory one key costs.
 
-mod support;
+use crate::support;
 
 use std::net::TcpListener;
 use std::sync::Arc;

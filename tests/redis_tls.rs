@@ -3,7 +3,7 @@
 //! `tls_cert` and `tls_key`. With `on_error = "deny"`, a request is answered `rate_limited` only
 //! when Redis decided it, and `limiter_unavailable` when Redis could not be reached.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;

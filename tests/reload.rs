@@ -2,7 +2,7 @@
 //! ConfigMap symlink swaps), SIGHUP and `POST /reload`; refused files; settings that need a
 //! restart; limit state across reloads. Real weir, real upstream, real sockets on loopback.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::net::SocketAddr;
@@ -654,6 +654,38 @@ fn file_change_is_applied_while_another_file_in_the_directory_keeps_changing() {
         );
     }
     assert_routes(&s, "two", "one", "after the rewrite");
+}
+
+/// A refused reload names every error of the file, as `weir check` does: in the 422 answer of
+/// `POST /reload`, in `last_error` and in the ERROR log line.
+#[test]
+fn a_refused_reload_names_every_error_of_the_file() {
+    let s = Setup::start(&limited("per_client", 1, V_RE));
+    s.assert_burst("a", 1, "generation 1");
+    // A bad rate in the zone and an unknown upstream in a route that does not name the zone.
+    let limited_text = limited("per_client", 1, V_RE).replace("rate = \"1r/m\"", "rate = \"1/m\"");
+    let broken = s.text(&mutate_nth(&limited_text, "upstream = \"app\"", 1, "upstream = \"ghost\""));
+    s.write(&broken);
+    let (code, v) = s.admin_call("POST", "/reload");
+    assert_eq!(code, 422, "{v}");
+    let err = v["error"].as_str().unwrap_or_else(|| panic!("error: {v}"));
+    let places = [
+        format!("{}:{}: ", s.path().display(), line_of(&broken, "\"1/m\"")),
+        format!("{}:{}: ", s.path().display(), line_of(&broken, "\"ghost\"")),
+    ];
+    assert!(err.starts_with(&places[0]), "the first error first: {err}");
+    let second = err.find(&places[1]).unwrap_or_else(|| panic!("the second error: {err}"));
+    assert!(err[second..].contains("unknown upstream \"ghost\""), "{err}");
+    assert_eq!(s.status()["last_error"].as_str(), Some(err), "{}", s.status());
+    let logged = s.w.stderr().lines().any(|l| l.contains("ERROR") && places.iter().all(|p| l.contains(p.as_str())));
+    assert!(logged, "one ERROR line names both\n{}", s.log());
+    s.assert_burst("b", 1, "the running config keeps serving");
+}
+
+/// `text` with its `nth` (0-based) `from` replaced by `to`.
+fn mutate_nth(text: &str, from: &str, nth: usize, to: &str) -> String {
+    let at = text.match_indices(from).nth(nth).unwrap_or_else(|| panic!("{from:?} #{nth}")).0;
+    format!("{}{to}{}", &text[..at], &text[at + from.len()..])
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 //! file handle. Also when the writer starts while the watcher is already settling another change
 //! of the file: the watcher must still know that the file is being written.
 
-mod support;
+use crate::support;
 
 use std::fs::OpenOptions;
 use std::io::Write;

@@ -3,7 +3,7 @@
 //! log against the limit model driven directly; `--suggest` whose proposal, replayed, meets its
 //! targets.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::Write;

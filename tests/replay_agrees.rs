@@ -4,7 +4,7 @@
 //! The requests are sent to a live Weir, then written as JSON lines (as a log would hold them,
 //! raw targets and every header line) and replayed with the same config.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

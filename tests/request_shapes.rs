@@ -4,7 +4,7 @@
 //! refused with 400. Each test sends the shape to the real binary and reads what the upstream
 //! received (`Upstream::seen`), since "forwarded as sent" was the defect.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -3,7 +3,7 @@
 //! proxy's on the same zone (memory and Redis), two instances sharing one Redis, hostile input,
 //! Redis down, and an imported envoyproxy/ratelimit config.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

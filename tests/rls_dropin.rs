@@ -3,7 +3,7 @@
 //! `weir import-rls` and `weir check`, and the imported configs served by the real binary,
 //! answering over gRPC what the peer's tests and README say they answer.
 
-mod support;
+use crate::support;
 
 use std::ffi::OsString;
 use std::path::Path;

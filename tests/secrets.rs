@@ -3,7 +3,7 @@
 //! (`token -> ..data/token`, `..data -> ..<timestamp>`), rotated by the kubelet's symlink swap and
 //! applied without a restart. No output — logs, `weir check`, `GET /config`, errors — shows either.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;
@@ -90,7 +90,7 @@ fn config_text(redis_port: u16, token_file: &Path, up: &Upstream) -> String {
     config::with_app(
         &format!("{}\nadmin_token_file = \"{}\"", admin::LISTEN, token_file.display()),
         &format!(
-            "[store]\nkind = \"redis\"\nurl = \"redis://:${{{PASSWORD_VAR}}}@127.0.0.1:{redis_port}/0\"\non_error = \"deny\""
+            "[store]\nkind = \"redis\"\nurl = \"redis://:${{{PASSWORD_VAR}}}@127.0.0.1:{redis_port}/0\"\non_error = \"deny\"\ntimeout = \"5s\""
         ),
         up.addr(),
         r#"[[limit_req_zone]]

@@ -4,7 +4,7 @@
 //! A socket left to Nagle's algorithm against delayed ACKs stalls a small write ~40 ms, which
 //! Envoy's 20 ms rate limit timeout turns into a request that was never limited.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::FromRawFd;

@@ -3,7 +3,7 @@
 //! itself; without it, nothing. `WEIR_SCREENSHOT=path.png` also keeps a screenshot (how
 //! docs/status-page.png was made).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! from a CA generated in the test (rcgen); HTTPS clients are rustls (verifying against that CA)
 //! and curl (`--http2`, `--http2-prior-knowledge`).
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

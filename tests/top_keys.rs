@@ -2,7 +2,7 @@
 //! (memory store), and two instances on one Redis (fleet-wide counts, a reset seen by both, the
 //! admin token). Real weir processes, real Redis, real sockets.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! `weir top` in a real terminal: tmux runs it against a real weir's admin address; the test reads
 //! the screen (`capture-pane`) and types keys (`send-keys`). Needs tmux (scripts/setup.sh).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! sees the span's `traceparent`, an incoming `traceparent` is the span's parent; with no
 //! `[tracing]` Weir adds no `traceparent` and exports nothing.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

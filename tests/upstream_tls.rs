@@ -3,7 +3,7 @@
 //! echoes what it saw of the connection in response headers (`$ssl_server_name`,
 //! `$server_protocol`, `$http2`, `$connection`, `$ssl_client_verify`).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

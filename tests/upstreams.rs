@@ -2,7 +2,7 @@
 //! health checks, a server killed under load and brought back, `max_conns` across reloads, no
 //! healthy server, read timeouts, retries on listed statuses, and the example config.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! The upstream answers `101 Switching Protocols` and echoes bytes (a WebSocket server's framing
 //! is opaque to a proxy, so raw bytes show the tunnel as well as frames would).
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -27,6 +27,15 @@ impl Priority {
     }
 }
 
+/// High priority's own places: while it holds fewer than this, a high-priority request is admitted
+/// whatever the lower priorities hold — past the limit if they took every place (requests that
+/// hold a place without using the upstream, slow readers, must not shut it out). A quarter of the
+/// limit, at least 2, at most the limit itself: the places in flight are at most
+/// `limit + high_reserve(limit)`.
+pub fn high_reserve(limit: u32) -> u32 {
+    limit.div_ceil(4).max(2).min(limit)
+}
+
 /// Weight of the newest count in each priority's average use (per admission or release).
 const USE_SMOOTHING: f64 = 0.02;
 
@@ -59,8 +68,13 @@ impl Occupancy {
     }
 
     /// Whether a request of `priority` may take a place under `limit` now. The reserve is at
-    /// most half the limit: a lower priority is refused first, never shut out.
+    /// most half the limit: a lower priority is refused first, never shut out. High priority
+    /// also has places of its own ([`high_reserve`]) that hold even when the lower priorities
+    /// have taken every place under the limit.
     pub fn may_enter(&self, limit: u32, priority: Priority) -> bool {
+        if priority == Priority::High && self.in_use[Priority::High as usize] < high_reserve(limit) {
+            return true;
+        }
         self.total() + self.reserve(priority).min(limit / 2) < limit
     }
 
@@ -128,7 +142,26 @@ mod tests {
         assert!(o.may_enter(10, Priority::Low));
         let o = with(0, 10);
         assert!(!o.may_enter(10, Priority::Low));
-        assert!(!o.may_enter(10, Priority::High));
+        assert!(!o.may_enter(10, Priority::Normal));
+    }
+
+    #[test]
+    fn high_priority_has_places_of_its_own_past_what_the_others_hold() {
+        // Low holds every place of 20: high still gets its reserve of 5, and no more.
+        let mut o = with(0, 20);
+        assert_eq!(high_reserve(20), 5);
+        for held in 0..5 {
+            assert!(o.may_enter(20, Priority::High), "high holds {held}");
+            o.enter(Priority::High);
+        }
+        assert!(!o.may_enter(20, Priority::High));
+        assert!(!o.may_enter(20, Priority::Normal));
+        // At least 2, never more than the limit itself.
+        assert_eq!(high_reserve(2), 2);
+        assert_eq!(high_reserve(1), 1);
+        assert_eq!(high_reserve(0), 0);
+        let o = with(1, 0);
+        assert!(!o.may_enter(1, Priority::High), "a limit of 1 held by high is full");
     }
 
     #[test]

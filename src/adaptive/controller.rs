@@ -21,9 +21,32 @@ use std::time::Duration;
 
 /// Answers a window needs before it is judged (its median must mean something).
 pub const MIN_SAMPLES: usize = 32;
-/// How much slower than the ideal latency a window's p90 may get (the objective is a p99 within
-/// twice the unloaded latency).
-const TAIL_TOLERANCE: f64 = 1.8;
+/// How much slower than the ideal latency a window's upper quartile may get (the objective is a
+/// p99 within twice the unloaded latency).
+const TAIL_TOLERANCE: f64 = 1.5;
+/// The tail the window is judged by: its upper quartile, not its p95. A queue at the upstream
+/// slows every answer behind it, so it moves the quartile; a few slow answers (a heavy endpoint,
+/// one client's slowness) are up to a quarter of the window without moving it.
+const TAIL_QUANTILE: f64 = 0.75;
+/// A window whose mean latency is more than this times its median is mixed: most answers are
+/// much cheaper than where the upstream's time goes (a flood of answers the upstream gives at
+/// once). Such a window does not lower the baseline (its median is not the latency of the work).
+const MIXED: f64 = 2.0;
+/// The limit grows to at most this times the bursts of the window's work in flight: `w + 3√w`,
+/// `w` the sum of its answers' latencies over its length (Little's law: the requests the upstream
+/// held on average). Cheap answers held in flight by their number, not by the upstream, do not
+/// teach a limit that heavy requests would then all get in under.
+const WORK_HEADROOM: f64 = 2.0;
+/// A window median more than this times (peak in flight × ideal) cannot be a queue of this
+/// instance's making (a queue of q behind k servers slows answers by (k + q) / k, never more than
+/// the requests in flight): the baseline is what is wrong (cheap answers dragged it down), and
+/// cutting the limit would only starve this instance's clients. A probe is taken at once, and
+/// what it measures becomes the baseline.
+const IMPLAUSIBLE: f64 = 2.0;
+/// A probe that has not closed its window after this long (µs; or 4 windows, each as long as the
+/// setting or the last window took, if longer) is called off: places held by requests that do
+/// not end (slow readers) must not keep it running for ever.
+const PROBE_DEADLINE_US: u64 = 3_000_000;
 /// Latencies kept per window for its median; beyond, later answers overwrite earlier ones.
 const MAX_KEPT: usize = 64;
 /// Largest cut per window.
@@ -74,6 +97,20 @@ pub enum Verdict {
     Queueing,
 }
 
+/// A probe window in progress.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The limit before it, restored (scaled) when it ends.
+    before: f64,
+    /// The ideal latency before it (µs); 0: the start-up probe.
+    ideal_before: u64,
+    /// When it started (µs): at its first sample for the start-up probe.
+    started_us: Option<u64>,
+    /// Taken because the baseline could not be right (`IMPLAUSIBLE`): what it measures is
+    /// taken whole, not halfway.
+    doubted: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Controller {
     settings: Settings,
@@ -83,6 +120,10 @@ pub struct Controller {
     window_start_us: Option<u64>,
     latencies_us: Vec<u64>,
     seen_in_window: usize,
+    /// The sum of every latency seen in the window (µs), kept or not: its mean and its work.
+    sum_us: u64,
+    /// How long the last window took to fill (µs): a probe is given a few of those.
+    last_window_us: u64,
     peak_in_flight: u32,
     /// The lowest window median since the last probe (µs): the latency without a queue.
     ideal_us: Option<u64>,
@@ -96,8 +137,8 @@ pub struct Controller {
     probe_interval_us: u64,
     /// Probes so far, the start-up one excluded.
     probes: u64,
-    /// During a probe window: the limit and ideal (µs) from before it.
-    probing: Option<(f64, u64)>,
+    /// During a probe window: the limit and ideal from before it, and when it started.
+    probing: Option<Probe>,
     last_sample_us: Option<u64>,
     /// Consecutive windows whose peak reached the limit.
     pressed_windows: u32,
@@ -116,6 +157,8 @@ impl Controller {
             window_start_us: None,
             latencies_us: Vec::with_capacity(64),
             seen_in_window: 0,
+            sum_us: 0,
+            last_window_us: 0,
             peak_in_flight: 0,
             ideal_us: None,
             smoothed_us: 0.0,
@@ -123,7 +166,7 @@ impl Controller {
             last_probe_us: None,
             probe_interval_us: PROBE_INTERVAL_US,
             probes: 0,
-            probing: Some((initial, 0)),
+            probing: Some(Probe { before: initial, ideal_before: 0, started_us: None, doubted: false }),
             last_sample_us: None,
             pressed_windows: 0,
         }
@@ -153,6 +196,12 @@ impl Controller {
         self.probing.is_some()
     }
 
+    /// During a probe: the limit it returns to if called off.
+    #[cfg(test)]
+    fn probing_from(&self) -> Option<u32> {
+        self.probing.map(|p| p.before as u32)
+    }
+
     pub fn settings(&self) -> Settings {
         self.settings
     }
@@ -168,14 +217,37 @@ impl Controller {
         self.peak_in_flight = self.peak_in_flight.max(in_flight);
     }
 
+    /// A probe running past its deadline is called off (the limit from before it returns, the
+    /// baseline stays). The limiter calls this before it admits while a probe runs, so that a
+    /// probe ends even when no answer comes (every place held by requests that do not end).
+    pub fn expire(&mut self, now_us: u64) {
+        let Some(probe) = self.probing else { return };
+        let window = (self.settings.window.as_micros() as u64).max(self.last_window_us);
+        let deadline = PROBE_DEADLINE_US.max(4 * window);
+        if probe.started_us.is_some_and(|at| now_us.saturating_sub(at) > deadline) {
+            self.probing = None;
+            self.limit = probe.before;
+            self.clear_window();
+        }
+    }
+
+    fn clear_window(&mut self) {
+        self.window_start_us = None;
+        self.latencies_us.clear();
+        self.seen_in_window = 0;
+        self.sum_us = 0;
+    }
+
     /// One answer's latency, ending at `now_us`, with `in_flight` places still taken after it.
     /// Returns the verdict when it closed a window.
     pub fn sample(&mut self, now_us: u64, latency: Duration, in_flight: u32) -> Option<Verdict> {
+        self.expire(now_us);
+        if let Some(probe) = &mut self.probing {
+            probe.started_us.get_or_insert(now_us);
+        }
         if self.probing.is_some() && f64::from(in_flight) > self.limit {
-            // A probe measures once the queue from before it has drained.
-            self.window_start_us = None;
-            self.latencies_us.clear();
-            self.seen_in_window = 0;
+            // A probe measures once the queue from before it has drained (or its deadline).
+            self.clear_window();
             self.last_sample_us = Some(now_us);
             return None;
         }
@@ -184,16 +256,14 @@ impl Controller {
         if gap > IDLE_GAP_US {
             // The upstream had no traffic: a window half from before the pause says nothing
             // about now. Start a new one; what was learned stays (a probe is called off).
-            if let Some((before, _)) = self.probing.take() {
-                self.limit = before;
+            if let Some(probe) = self.probing.take() {
+                self.limit = probe.before;
             }
             self.peak_in_flight = in_flight;
-            self.latencies_us.clear();
-            self.seen_in_window = 0;
-            self.window_start_us = None;
+            self.clear_window();
         }
         let start = *self.window_start_us.get_or_insert(now_us);
-        let us = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        let us = latency.as_micros().min(u128::from(u64::MAX / 2)) as u64;
         if self.latencies_us.len() < MAX_KEPT {
             self.latencies_us.push(us);
         } else {
@@ -201,40 +271,53 @@ impl Controller {
             self.latencies_us[slot] = us;
         }
         self.seen_in_window += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
         let long_enough = now_us.saturating_sub(start) >= self.settings.window.as_micros() as u64;
         if !(long_enough && self.seen_in_window >= MIN_SAMPLES) {
             return None;
         }
-        let verdict = self.close_window(now_us);
+        self.last_window_us = now_us.saturating_sub(start);
+        let verdict = self.close_window(now_us, self.last_window_us);
         self.window_start_us = Some(now_us);
         Some(verdict)
     }
 
-    fn close_window(&mut self, now_us: u64) -> Verdict {
+    fn close_window(&mut self, now_us: u64, length_us: u64) -> Verdict {
         let mid = self.latencies_us.len() / 2;
         let median = *self.latencies_us.select_nth_unstable(mid).1;
         // The tail after the median's selection: the upper half is above `mid`, unordered.
-        let tail_at = (self.latencies_us.len() * 95 / 100).max(mid);
+        let tail_at =
+            ((self.latencies_us.len() as f64 * TAIL_QUANTILE) as usize).clamp(mid, self.latencies_us.len() - 1);
         let tail = *self.latencies_us.select_nth_unstable(tail_at).1;
-        self.latencies_us.clear();
-        self.seen_in_window = 0;
+        let mean = self.sum_us as f64 / self.seen_in_window.max(1) as f64;
+        // Little's law: the requests the upstream held on average while this window's answers
+        // were made (what the window asked of it, whatever number of places it took).
+        let work = self.sum_us as f64 / length_us.max(1) as f64;
+        self.clear_window();
         let peak = f64::from(std::mem::take(&mut self.peak_in_flight));
         let median = median.max(1);
+        // Most answers far cheaper than where the upstream's time goes: this median is not the
+        // latency of the upstream's work, and must not become the baseline.
+        let mixed = mean > MIXED * median as f64;
         // A probe's window measures the latency without a queue: it replaces the baseline, down
         // at once, up by half (the upstream may have become slower for good). Other windows only
-        // lower it.
+        // lower it. A mixed window lowers nothing.
         let ideal_us = match (self.probing.is_some(), self.ideal_us) {
+            (false, Some(ideal)) if mixed => ideal,
             (false, Some(ideal)) => {
                 self.smoothed_us += SMOOTHING * (median as f64 - self.smoothed_us);
                 ideal.min(self.smoothed_us as u64)
             }
             // A probe raises the baseline halfway to what it measured: one window's noise must
             // not ratchet it up probe after probe; a slower upstream is learned in a few probes.
+            // A probe taken because the baseline was implausibly low takes what it measured.
             (true, Some(ideal)) if median > ideal => {
-                let raised = ideal + (median - ideal) / 2;
+                let doubted = self.probing.is_some_and(|p| p.doubted);
+                let raised = if doubted { median } else { ideal + (median - ideal) / 2 };
                 self.smoothed_us = raised as f64;
                 raised
             }
+            (true, Some(ideal)) if mixed => ideal,
             _ => {
                 self.smoothed_us = median as f64;
                 median
@@ -244,7 +327,7 @@ impl Controller {
         let ideal = ideal_us as f64;
         let tolerated = self.settings.tolerance * ideal;
         let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
-        if let Some((before, ideal_before)) = self.probing.take() {
+        if let Some(Probe { before, ideal_before, .. }) = self.probing.take() {
             // The probe's answer: back to the limit from before, scaled by what the baseline
             // learned (a queue hidden in the old baseline is now removed). A probe that found
             // one may be followed by another at once. The start-up probe (no baseline before)
@@ -267,7 +350,7 @@ impl Controller {
         let pressed = peak >= self.limit.floor();
         let used = peak * 2.0 >= self.limit.floor();
         // The tail too: bursts (of a higher priority using its reserve) that take the places in
-        // flight up to the limit show in the p90 before the median.
+        // flight up to the limit show in the upper quartile before the median.
         let tail_bound = TAIL_TOLERANCE * ideal;
         let gradient = (tolerated / median as f64).min(tail_bound / tail.max(1) as f64).clamp(MAX_DECREASE, 1.0);
         self.pressed_windows = if pressed { self.pressed_windows + 1 } else { 0 };
@@ -283,7 +366,9 @@ impl Controller {
                 } else {
                     GROWTH_STEP
                 };
-                self.limit = (self.limit + step).clamp(min, max);
+                // Never beyond a few times the work the window actually asked of the upstream.
+                let earned = (WORK_HEADROOM * (work + 3.0 * work.sqrt())).max(self.limit);
+                self.limit = (self.limit + step).min(earned).clamp(min, max);
             }
             Verdict::Healthy
         } else {
@@ -301,8 +386,9 @@ impl Controller {
         // other) probe together, so together they drain the upstream's queue and each sees it.
         let every = self.probe_interval_us;
         let probe_due = self.last_probe_us.is_none_or(|at| now_us / every > at / every);
-        if self.pressed_windows >= PRESSED_BEFORE_PROBE && probe_due {
-            self.probe(now_us, peak, median, ideal);
+        let doubted = median as f64 > IMPLAUSIBLE * peak.max(1.0) * ideal;
+        if doubted || (self.pressed_windows >= PRESSED_BEFORE_PROBE && probe_due) {
+            self.probe(now_us, peak, median, ideal, doubted);
         }
         self.last_verdict = Some(verdict);
         verdict
@@ -314,12 +400,16 @@ impl Controller {
     /// is lower and becomes the baseline. Only while shedding anyway — never below capacity,
     /// never at a fixed floor — and at most every `probe_interval_us` (10 s, doubling up to 160 s
     /// while probes confirm the baseline).
-    fn probe(&mut self, now_us: u64, peak: f64, median: u64, ideal: f64) {
+    ///
+    /// A `doubted` baseline (a latency no queue of this instance could explain) is probed at
+    /// once, at ¾ of the peak in flight.
+    fn probe(&mut self, now_us: u64, peak: f64, median: u64, ideal: f64, doubted: bool) {
         let (min, max) = (f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
         self.last_probe_us = Some(now_us);
         self.probes += 1;
-        self.probing = Some((self.limit, ideal as u64));
-        let queue_free = peak * (ideal / median as f64).min(1.0);
+        self.probing =
+            Some(Probe { before: self.limit, ideal_before: ideal as u64, started_us: Some(now_us), doubted });
+        let queue_free = if doubted { peak } else { peak * (ideal / median as f64).min(1.0) };
         self.limit = (queue_free * PROBE_SHARE).clamp(min, max);
     }
 }
@@ -477,11 +567,16 @@ mod tests {
         // The first window runs at a quarter of the initial limit and sets the baseline ...
         assert_eq!(c.limit(), 5);
         let mut now = 0;
+        // `in_flight` requests of `latency` ms each, back to back (an answer every latency /
+        // in_flight: what the upstream is asked is what is in flight), until a window closes.
         let mut window = |c: &mut Controller, in_flight: u32, latency: u64| {
-            for _ in 0..MIN_SAMPLES {
+            let every = latency * 1000 / u64::from(in_flight);
+            loop {
                 c.observe_in_flight(in_flight);
-                now += 20_000;
-                c.sample(now, Duration::from_millis(latency), in_flight.saturating_sub(1));
+                now += every;
+                if c.sample(now, Duration::from_millis(latency), in_flight.saturating_sub(1)).is_some() {
+                    break;
+                }
             }
         };
         window(&mut c, 5, 10);
@@ -552,8 +647,9 @@ mod tests {
             c.sample(now, Duration::from_millis(10), 4);
         }
         assert_eq!(c.limit(), 20);
-        // The limit is used; the median stays at the ideal, but a burst queued 4 answers of 32
-        // (12 %) to 3x: the p95 is over 1.8x, so the window is queueing and the limit shrinks.
+        // The limit is used; the median stays at the ideal, but a burst queued 12 answers of 32
+        // (37 %) to 3x: the upper quartile is over 1.5x, so the window is queueing and the limit
+        // shrinks.
         let mut window = |c: &mut Controller, slow: usize, slow_ms: u64| {
             for i in 0..MIN_SAMPLES {
                 c.observe_in_flight(20);
@@ -562,15 +658,65 @@ mod tests {
                 c.sample(now, Duration::from_millis(ms), 19);
             }
         };
-        window(&mut c, 4, 30);
+        window(&mut c, 12, 30);
         assert_eq!(c.last_verdict(), Some(Verdict::Queueing));
-        // 20 x min(1.25, 1.8 x 10 / 30 = 0.6) + 1 = 13.
-        assert_eq!(c.limit(), 13);
-        // One slow answer in 32 (3 %) is under the p95: no cut.
+        // 20 x min(1.25, 1.5 x 10 / 30 = 0.5) + 1 = 11.
+        assert_eq!(c.limit(), 11);
+        // Four slow answers in 32 (12 %: a heavy endpoint, or one client's slow answers) are
+        // under the upper quartile: no cut. (Judged by the p95, as before issue 46, two would
+        // have cut it.)
         let before = c.limit();
-        window(&mut c, 1, 30);
+        window(&mut c, 4, 400);
         assert_eq!(c.last_verdict(), Some(Verdict::Healthy));
         assert!(c.limit() >= before);
+    }
+
+    #[test]
+    fn a_probe_that_cannot_drain_ends_by_its_deadline() {
+        let mut c = Controller::new(Settings::default());
+        let mut now = 0;
+        for _ in 0..MIN_SAMPLES {
+            c.observe_in_flight(5);
+            now += 20_000;
+            c.sample(now, Duration::from_millis(10), 4);
+        }
+        assert_eq!(c.limit(), 20);
+        // Pressed on (every place taken, healthy latency): after 4 windows a probe starts.
+        let press = |c: &mut Controller, now: &mut u64| {
+            for _ in 0..100_000 {
+                if c.probing() {
+                    return;
+                }
+                let in_flight = c.limit();
+                c.observe_in_flight(in_flight);
+                *now += 1_000;
+                c.sample(*now, Duration::from_millis(10), in_flight);
+            }
+            panic!("no probe under sustained pressure");
+        };
+        press(&mut c, &mut now);
+        let held = c.probing_from().unwrap_or_default();
+        let probe_limit = c.limit();
+        assert!(probe_limit < held, "the probe runs at {probe_limit} of {held}");
+        let started = now;
+        // Slow readers hold every place from before and never end: the probe's samples are all
+        // dropped (in flight above its limit), and it is called off at its deadline, the limit
+        // restored.
+        while c.probing() {
+            now += 10_000;
+            c.sample(now, Duration::from_millis(10), held);
+            assert!(now - started <= PROBE_DEADLINE_US + 10_000, "still probing after {} µs", now - started);
+        }
+        assert!(now - started >= PROBE_DEADLINE_US, "called off after {} µs", now - started);
+        assert_eq!(c.limit(), held);
+        // And without any answer at all: the limiter's `expire` ends it.
+        press(&mut c, &mut now);
+        let held = c.probing_from().unwrap_or_default();
+        c.expire(now + PROBE_DEADLINE_US / 2);
+        assert!(c.probing());
+        c.expire(now + PROBE_DEADLINE_US + 1);
+        assert!(!c.probing());
+        assert_eq!(c.limit(), held);
     }
 
     #[test]

@@ -144,6 +144,10 @@ impl AdaptiveLimit {
     pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Result<Permit, ShedReason> {
         let (key, receiver, timeout) = {
             let mut state = self.lock();
+            if state.controller.probing() {
+                // A probe ends by its deadline even when no answer comes to end it.
+                state.controller.expire(now_us());
+            }
             let limit = state.controller.limit();
             let queued_ahead = state.waiters.keys().next().is_some_and(|(Reverse(p), _)| *p >= priority);
             if !queued_ahead && state.occupancy.may_enter(limit, priority) {
@@ -238,37 +242,59 @@ impl AdaptiveLimit {
     }
 }
 
-/// A place under the limit, given back when dropped. The latency sample is the time from taking
-/// the place (or the last retry) to the upstream's response head.
+/// A place under the limit, given back when dropped (by the proxy when the upstream's answer has
+/// ended, or when the request ends). The latency sample is the upstream's: from the moment the
+/// request was fully sent to it (the last byte of the client's body read, or the head of a
+/// request without one; again at each retry) to the upstream's response head. The client's own
+/// upload pace is not the upstream's latency.
 pub struct Permit {
     limit: Arc<AdaptiveLimit>,
     priority: Priority,
     since: Instant,
+    /// The current attempt's request was fully sent (`since` is then when).
+    sent: bool,
     latency: Option<Duration>,
 }
 
 impl Permit {
     fn new(limit: Arc<AdaptiveLimit>, priority: Priority) -> Self {
-        Self { limit, priority, since: Instant::now(), latency: None }
+        Self { limit, priority, since: Instant::now(), sent: false, latency: None }
     }
 
-    /// The response head arrived.
+    /// The request is now fully sent to the upstream (its body ended, or it has none): the
+    /// sample starts here. Whatever came before (the client's upload) was the client's time.
+    pub fn sent(&mut self) {
+        if !self.sent {
+            self.sent = true;
+            self.since = Instant::now();
+        }
+    }
+
+    /// The response head arrived. An answer that came before the request was fully sent (an
+    /// early 413, a 408 to a client whose body stalled) gives no sample: the time was the
+    /// client's, not the upstream's work.
     pub fn answered(&mut self) {
-        self.latency.get_or_insert_with(|| self.since.elapsed());
+        if self.sent {
+            self.latency.get_or_insert_with(|| self.since.elapsed());
+        }
     }
 
-    /// The attempt timed out: its time counts, so the limit learns the upstream is too slow.
+    /// The attempt timed out: its time counts, so the limit learns the upstream is too slow
+    /// (once the request was fully sent; before, the client may be what was slow).
     pub fn timed_out(&mut self) {
-        self.latency.get_or_insert_with(|| self.since.elapsed());
+        if self.sent {
+            self.latency.get_or_insert_with(|| self.since.elapsed());
+        }
     }
 
     /// The request goes to another server with the same place: what the failed attempt taught
-    /// (a timeout) is learned now, and the next sample starts again.
+    /// (a timeout) is learned now, and the next sample starts when the retry is sent.
     pub fn retried(&mut self) {
         if let Some(latency) = self.latency.take() {
             let mut state = self.limit.lock();
             self.limit.learn(&mut state, latency);
         }
+        self.sent = false;
         self.since = Instant::now();
     }
 
@@ -302,20 +328,37 @@ mod tests {
         let a = l.acquire(Priority::Normal).await;
         let b = l.acquire(Priority::Normal).await;
         assert!(a.is_ok() && b.is_ok());
-        assert_eq!(l.acquire(Priority::High).await.err(), Some(ShedReason::OverLimit));
+        assert_eq!(l.acquire(Priority::Normal).await.err(), Some(ShedReason::OverLimit));
         drop(a);
         assert!(l.acquire(Priority::Normal).await.is_ok(), "a place given back is free again");
     }
 
     #[tokio::test(start_paused = true)]
+    async fn high_priority_takes_its_own_places_when_the_others_hold_every_one() {
+        let l = limit("test-high-reserve", 8, 0);
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(l.acquire(Priority::Low).await);
+        }
+        assert!(held.iter().all(Result::is_ok));
+        assert_eq!(l.acquire(Priority::Normal).await.err(), Some(ShedReason::OverLimit));
+        // A quarter of 8, at least 2: past the limit, and no more.
+        let high = [l.acquire(Priority::High).await, l.acquire(Priority::High).await];
+        assert!(high.iter().all(Result::is_ok));
+        assert_eq!(l.acquire(Priority::High).await.err(), Some(ShedReason::OverLimit));
+        assert_eq!(l.in_flight(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn freed_places_go_to_the_most_important_waiter_first() {
+        // (Normal above low: high would take a place of its own at once, see below.)
         let l = limit("test-order", 1, 8);
-        let held = l.acquire(Priority::Normal).await.ok();
+        let held = l.acquire(Priority::Low).await.ok();
         let (low, high) = (l.clone(), l.clone());
         let low = tokio::spawn(async move { low.acquire(Priority::Low).await.map(|_| ()) });
         tokio::task::yield_now().await;
         let high = tokio::spawn(async move {
-            let permit = high.acquire(Priority::High).await;
+            let permit = high.acquire(Priority::Normal).await;
             // Hold the place a moment: the low waiter must still be waiting meanwhile.
             tokio::time::sleep(Duration::from_millis(10)).await;
             permit.map(|_| ())
@@ -336,9 +379,9 @@ mod tests {
         tokio::task::yield_now().await;
         // Another low one finds the queue full of equals ...
         assert_eq!(l.acquire(Priority::Low).await.err(), Some(ShedReason::QueueFull));
-        // ... a high one takes the low one's seat.
+        // ... a more important one takes the low one's seat.
         let high = l.clone();
-        let _high = tokio::spawn(async move { high.acquire(Priority::High).await.map(|_| ()) });
+        let _high = tokio::spawn(async move { high.acquire(Priority::Normal).await.map(|_| ()) });
         assert_eq!(low.await.ok(), Some(Err(ShedReason::Displaced)));
     }
 
@@ -347,7 +390,7 @@ mod tests {
         let l = limit("test-timeout", 1, 4);
         let _held = l.acquire(Priority::Normal).await.ok();
         let started = tokio::time::Instant::now();
-        assert_eq!(l.acquire(Priority::High).await.err(), Some(ShedReason::QueueTimeout));
+        assert_eq!(l.acquire(Priority::Normal).await.err(), Some(ShedReason::QueueTimeout));
         assert!(started.elapsed() >= Duration::from_secs(5));
         assert!(l.lock().waiters.is_empty(), "the timed-out waiter is gone from the queue");
     }

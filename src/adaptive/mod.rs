@@ -5,10 +5,14 @@
 //! - `admission`: who may take a place (priorities), pure.
 //! - `limiter`: one upstream's places, queue and permits (the proxy's side).
 //! - `priority_from`: a request's priority from a header or a verified claim, pure.
+//! - `sim` (tests): a simulated upstream and clients on a simulated clock; `attacks` (tests): the
+//!   controller under issue 46's hostile schedules there.
 //!
 //! Each upstream's limit is kept across reloads with its pool (`upstream::Registry`).
 
 mod admission;
+#[cfg(test)]
+mod attacks;
 mod controller;
 mod limiter;
 mod priority_from;

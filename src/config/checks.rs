@@ -60,11 +60,11 @@ fn key_parts(src: &Source<'_>, key: &Spanned<schema::OneOrMany>, field: &str) ->
 /// Names appear in headers, Redis keys, logs and metric labels: keep them plain.
 pub(super) fn check_name(src: &Source<'_>, name: &Spanned<String>, field: &str) -> Result<(), ConfigError> {
     let n = name.get_ref();
-    let ok = !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    let ok = !n.is_empty() && n.len() <= 128 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(src.error_at(&name.span(), format!("{field}: {n:?} must be 1-64 characters of A-Z a-z 0-9 _ - .")))
+        Err(src.error_at(&name.span(), format!("{field}: {n:?} must be 1-128 characters of A-Z a-z 0-9 _ - .")))
     }
 }
 

@@ -2,6 +2,7 @@
 //! resolved to an index, every address parsed and every regex compiled here, once.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::spanned::Spanned;
@@ -21,12 +22,13 @@ use super::secrets::{Secret, Secrets};
 use super::store::{self, StoreSettings};
 use super::traces::TraceSettings;
 use super::upstream;
+use crate::buffering::ResponseBuffering;
 use crate::keys::jwt::Verifier;
 use crate::keys::{KeyPart, RealIp};
 use crate::metrics::Meters;
 use crate::request::method::MethodOverride;
 use crate::request::EncodedSlash;
-use crate::routes::RouteMatcher;
+use crate::routes::{RouteMatcher, RouteOrder};
 use crate::tls::{CertEntry, MinTls};
 use crate::upstream::Upstream;
 
@@ -60,6 +62,8 @@ pub struct Runtime {
     pub routes: Vec<Route>,
     /// `matchers[i]` matches `routes[i]`.
     pub matchers: Vec<RouteMatcher>,
+    /// How `matchers` pick a request's route (`route_order`).
+    pub route_order: RouteOrder,
     pub log: LogSettings,
     /// `[top]`: the per-zone tables of the hottest keys.
     pub top: super::top::TopSettings,
@@ -141,6 +145,8 @@ pub struct ClientLimits {
     pub method_override: MethodOverride,
     /// Set `X-Forwarded-For` / `X-Real-IP` for the upstream (see `request::forwarded`).
     pub forwarded_headers: bool,
+    /// `[server.response_buffering]`: what each HTTP/1 connection may take ahead of its client.
+    pub response_buffering: Arc<ResponseBuffering>,
 }
 
 impl Default for ClientLimits {
@@ -158,6 +164,7 @@ impl Default for ClientLimits {
             underscores_in_headers: UnderscoreHeaders::Drop,
             method_override: MethodOverride::Strip,
             forwarded_headers: true,
+            response_buffering: Arc::new(ResponseBuffering::default()),
         }
     }
 }
@@ -208,8 +215,10 @@ pub fn compile(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime,
 }
 
 /// Like [`compile`], with every error it finds (never none): each section is compiled even when
-/// another failed, and every value of the wrong shape is reported (`report::schema_errors`);
-/// only what depends on a failed section (routes on their upstreams and zones) is skipped.
+/// another failed, each zone, upstream and route even when another one failed (`each`), and
+/// every value of the wrong shape is reported (`report::schema_errors`). Only what depends on a
+/// failed part is skipped: a route naming a broken zone or upstream (its error would repeat
+/// theirs), routes after a failed `[defaults]` or `route_order`, `[rls]` after any failed zone.
 pub fn compile_all(text: &str, file: &str, outside: &dyn Outside) -> Result<Runtime, Vec<ConfigError>> {
     let src = Source { file, text, outside };
     let interpolated = interpolate::expand(&src)?;
@@ -287,7 +296,11 @@ fn compile_expanded(
         tracing,
         top,
         rls,
+        route_order,
+        defaults,
+        host_defaults,
     } = parsed;
+    let mut route = route;
 
     let mut errors = Vec::new();
     // A process may serve the rate limit service alone: then `[server]` and its listeners are optional.
@@ -298,18 +311,30 @@ fn compile_expanded(
     let mut warnings = Vec::new();
     let store = keep(&mut errors, store::compile_store(&src, store, secrets));
     let real_ip = keep(&mut errors, real_ip.map(|r| compile_real_ip(&src, r)).transpose());
-    let upstreams = keep(&mut errors, upstream::compile_upstreams(&src, upstream, &mut warnings));
-    let zones = keep(&mut errors, limit_req::compile_zones(&src, limit_req_zone));
-    let conn_zones =
-        zones.as_ref().and_then(|z| keep(&mut errors, limit_conn::compile_conn_zones(&src, limit_conn_zone, z)));
-    let routes = match (&upstreams, &zones, &conn_zones) {
-        (Some(u), Some(z), Some(c)) => keep(&mut errors, route::compile_routes(&src, route, u, z, c, &mut warnings)),
+    // The list sections are compiled item by item: an error in one zone, upstream or route
+    // leaves the others to be checked (`each`), and the checks across sections read what compiled.
+    let mut upstreams = upstream::compile_upstreams(&src, upstream, &mut warnings);
+    errors.append(&mut upstreams.errors);
+    let mut zones = limit_req::compile_zones(&src, limit_req_zone);
+    let zones_whole = zones.errors.is_empty();
+    errors.append(&mut zones.errors);
+    let mut conn_zones = limit_conn::compile_conn_zones(&src, limit_conn_zone, &zones.items);
+    errors.append(&mut conn_zones.errors);
+    let route_order = keep(&mut errors, compile_route_order(&src, route_order.as_ref()));
+    let inherited = keep(&mut errors, super::defaults::apply(&src, defaults, host_defaults, &mut route));
+    let routes: Option<(Vec<Route>, Vec<RouteMatcher>)> = match (route_order, inherited) {
+        (Some(o), Some(())) => {
+            let mut each = route::compile_routes(&src, route, &upstreams, &zones, &conn_zones, o, &mut warnings);
+            errors.append(&mut each.errors);
+            Some(each.items.into_iter().unzip())
+        }
         _ => None,
     };
-    if let (Some((routes, _)), Some(zones)) = (&routes, &zones) {
-        keep(&mut errors, keyless_zones_only_in_rls(&src, routes, zones));
+    if let Some((routes, _)) = &routes {
+        keep(&mut errors, keyless_zones_only_in_rls(&src, routes, &zones.items));
     }
-    let rls = zones.as_ref().and_then(|z| keep(&mut errors, rls::compile_rls(&src, rls, z)));
+    // `[rls]` names zones as routes do, but not item by item: it waits for every zone.
+    let rls = if zones_whole { keep(&mut errors, rls::compile_rls(&src, rls, &zones.items)) } else { None };
     if let Some(open) =
         rls.as_ref().and_then(|r| r.as_ref()).and_then(|r| r.listen.iter().find(|a| !a.ip().is_loopback()))
     {
@@ -327,11 +352,12 @@ fn compile_expanded(
     }
     let log = keep(&mut errors, compile_log(&src, log));
     let jwt = keep(&mut errors, super::jwt::compile_jwt(&src, jwt, &mut warnings));
-    if let (Some(jwt), Some(zones), Some(conn_zones), Some((routes, matchers))) = (&jwt, &zones, &conn_zones, &routes) {
+    if let (Some(jwt), Some((routes, matchers))) = (&jwt, &routes) {
+        let (zones, conn_zones) = (&zones.items, &conn_zones.items);
         keep(&mut errors, super::jwt::key_parts_resolve(&src, jwt.as_ref(), zones, conn_zones, routes, matchers));
     }
-    if let (Some(zones), Some(conn_zones), Some((routes, _))) = (&zones, &conn_zones, &routes) {
-        keep(&mut errors, no_underscored_header_is_read(&src, zones, conn_zones, routes));
+    if let Some((routes, _)) = &routes {
+        keep(&mut errors, no_underscored_header_is_read(&src, &zones.items, &conn_zones.items, routes));
     }
     let tracing = keep(&mut errors, super::traces::compile_tracing(&src, tracing));
     let top = keep(&mut errors, super::top::compile_top(&src, top));
@@ -339,16 +365,14 @@ fn compile_expanded(
         Some((server, tls_certs, server_warnings)),
         Some(store),
         Some(real_ip),
-        Some(upstreams),
-        Some(zones),
-        Some(conn_zones),
         Some((routes, matchers)),
         Some(rls),
         Some(log),
         Some(jwt),
         Some(tracing),
         Some(top),
-    ) = (server, store, real_ip, upstreams, zones, conn_zones, routes, rls, log, jwt, tracing, top)
+        Some(route_order),
+    ) = (server, store, real_ip, routes, rls, log, jwt, tracing, top, route_order)
     else {
         return Err(errors);
     };
@@ -358,12 +382,13 @@ fn compile_expanded(
     let mut warnings: Vec<String> = server_warnings.into_iter().chain(warnings).collect();
     // Secret files anyone on the machine may read (found while reading them, above).
     warnings.append(&mut secrets.warnings);
+    let (upstreams, zones, conn_zones) = (upstreams.items, zones.items, conn_zones.items);
     let meters = Meters::new(
         routes.iter().map(|r| r.name.as_str()),
         zones.iter().map(|z| z.name.as_str()),
         conn_zones.iter().map(|z| z.name.as_str()),
     );
-    Ok(Runtime {
+    let runtime = Runtime {
         server,
         store,
         real_ip,
@@ -373,6 +398,7 @@ fn compile_expanded(
         conn_zones,
         routes,
         matchers,
+        route_order,
         log,
         top,
         tls_certs,
@@ -381,7 +407,9 @@ fn compile_expanded(
         secrets: Secrets::default(),
         tracing,
         rls,
-    })
+    };
+    super::lease::references_lease(&src, &runtime).map_err(|e| vec![e])?;
+    Ok(runtime)
 }
 
 /// A zone without `key` is keyed by `[rls]` descriptors; an HTTP route has no key to give it.
@@ -537,6 +565,7 @@ fn compile_server(
         underscores_in_headers,
         method_override,
         forwarded_headers,
+        response_buffering,
     } = server.into_inner();
     let tls = keep(&mut errors, super::tls::compile_tls(src, listen_tls, tls, min_tls, http2, rls_tls));
     let listen_span = listen.as_ref().map_or(server_span, |l| l.span());
@@ -690,6 +719,13 @@ fn compile_server(
         underscores_in_headers,
         method_override,
         forwarded_headers: forwarded_headers.unwrap_or(defaults.forwarded_headers),
+        response_buffering: match super::buffering::compile_buffering(src, response_buffering) {
+            Ok(settings) => Arc::new(settings),
+            Err(e) => {
+                errors.extend(e);
+                defaults.response_buffering.clone()
+            }
+        },
     };
     let Some(tls) = tls else { return Err(errors) };
     if let Some(dup) = addrs.iter().find(|a| tls.listen_tls.contains(a)) {
@@ -719,7 +755,7 @@ fn compile_server(
 }
 
 fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result<RealIp, ConfigError> {
-    let schema::RealIp { trusted, header } = real_ip.into_inner();
+    let schema::RealIp { trusted, header, recursive } = real_ip.into_inner();
     let trusted = trusted
         .iter()
         .map(|t| {
@@ -736,8 +772,20 @@ fn compile_real_ip(src: &Source<'_>, real_ip: Spanned<schema::RealIp>) -> Result
         Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes())
             .map_err(|_| src.error_at(&h.span(), format!("real_ip.header: {:?} is not a header name", h.get_ref())))?,
     };
-    Ok(RealIp { trusted, header })
+    Ok(RealIp { trusted, header, recursive: recursive.unwrap_or(true) })
 }
 
 #[cfg(test)]
 mod tests;
+
+/// `route_order`: "specific" (the default) or "nginx".
+fn compile_route_order(src: &Source<'_>, value: Option<&Spanned<String>>) -> Result<RouteOrder, ConfigError> {
+    match value.map(|v| v.get_ref().as_str()) {
+        None | Some("specific") => Ok(RouteOrder::Specific),
+        Some("nginx") => Ok(RouteOrder::Nginx),
+        Some(other) => Err(src.error_at(
+            &value.map(|v| v.span()).unwrap_or_default(),
+            format!("route_order: expected \"specific\" or \"nginx\", got {other:?}"),
+        )),
+    }
+}

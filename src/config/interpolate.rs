@@ -12,6 +12,7 @@ use std::ops::Range;
 use toml_edit::{ImDocument, Item, Value};
 
 use super::error::{ConfigError, Source};
+use super::redact::encode;
 
 /// One value that read the environment: the setting (`store.url`) and the variables it names.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -43,7 +44,7 @@ impl Interpolated {
     /// about a setting never prints what the environment put in it.
     pub fn redact(&self, message: &str) -> String {
         let values = self.values.iter().map(|(name, value)| (format!("${{{name}}}"), value.as_str()));
-        super::secrets::redact_all(message, values)
+        super::redact::redact_all(message, values)
     }
 }
 
@@ -198,28 +199,6 @@ fn substitute(
     }
     out.push_str(rest);
     Ok((out, names))
-}
-
-/// `value` as a TOML basic string spanning `lines` more lines, like the literal it replaces:
-/// those lines end in a line-ending backslash, which TOML drops with the newline.
-pub(super) fn encode(value: &str, lines: usize) -> String {
-    let mut escaped = String::with_capacity(value.len() + 2);
-    for c in value.chars() {
-        match c {
-            '"' => escaped.push_str("\\\""),
-            '\\' => escaped.push_str("\\\\"),
-            '\n' => escaped.push_str("\\n"),
-            '\r' => escaped.push_str("\\r"),
-            '\t' => escaped.push_str("\\t"),
-            c if c.is_control() => escaped.push_str(&format!("\\u{:04X}", c as u32)),
-            c => escaped.push(c),
-        }
-    }
-    if lines == 0 {
-        format!("\"{escaped}\"")
-    } else {
-        format!("\"\"\"{escaped}{}\"\"\"", "\\\n".repeat(lines))
-    }
 }
 
 #[cfg(test)]

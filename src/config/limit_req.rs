@@ -8,6 +8,7 @@ use super::spanned::Spanned;
 use ipnet::IpNet;
 
 use super::checks::{check_name, key_spec, parse_duration, unique, MAX_BURST};
+use super::each::Each;
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::keys::{KeyPart, KeySpec};
@@ -32,6 +33,8 @@ pub struct Zone {
     /// Charge from the response (`cost_from_response`): the cost comes from the upstream's
     /// response and is charged after it, possibly into debt (docs/charges.md).
     pub response_cost: Option<ResponseCost>,
+    /// `lease`: decided from leases of the key's budget (docs/leases.md); `None`: exact.
+    pub lease: Option<crate::limit::lease::LeaseSpec>,
 }
 
 /// A zone's `cost_from_response`.
@@ -89,96 +92,114 @@ pub enum OverrideMatch {
     Part(KeyPart, Vec<u8>),
 }
 
-pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>) -> Result<Vec<Zone>, ConfigError> {
+/// Every zone that compiles, and an error for each that does not (see `each`).
+pub fn compile_zones(src: &Source<'_>, list: Vec<Spanned<schema::LimitReqZone>>) -> Each<Zone> {
     let mut seen = HashMap::new();
-    let mut out = Vec::new();
+    let mut out = Each::default();
     for zone in list {
-        let span = zone.span();
-        let schema::LimitReqZone {
-            name,
-            key,
-            algorithm,
-            rate,
-            window,
-            limit,
-            max_keys,
-            bad_token_key,
-            count_statuses,
-            cost_from_response,
-            overrides,
-        } = zone.into_inner();
-        check_name(src, &name, "limit_req_zone.name")?;
-        unique(src, &mut seen, &name, "limit_req_zone")?;
-        let zname = name.get_ref().clone();
-        // No key: a zone for `[rls]` descriptors only (`compile` refuses it in a route).
-        let key = match &key {
-            Some(key) => key_spec(src, key, bad_token_key.as_ref(), "limit_req_zone", &zname)?,
-            None => match &bad_token_key {
-                Some(b) => {
-                    return Err(src.error_at(
-                        &b.span(),
-                        format!("limit_req_zone {zname:?}: bad_token_key: the zone has no key, so no token is checked"),
-                    ))
-                }
-                None => KeySpec::new(Vec::new()),
-            },
-        };
-        let algorithm = match &algorithm {
-            None => Algorithm::LeakyBucket,
-            Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {
-                src.error_at(
-                    &a.span(),
-                    format!(
-                "limit_req_zone {zname:?}: algorithm: expected leaky_bucket, token_bucket, fixed_window, sliding_log \
-                 or sliding_window, got {:?}", a.get_ref()),
-                )
-            })?,
-        };
-        let rate = match (rate, window, limit) {
-            (Some(r), None, None) => parse_rate(src, &r, &zname)?,
-            (None, Some(w), Some(l)) if algorithm.is_window() => {
-                let period = parse_duration(w.get_ref())
-                    .filter(|d| d.as_millis() >= 1 && d.as_secs() <= MAX_WINDOW_SECS)
-                    .ok_or_else(|| src.error_at(&w.span(), format!(
-                        "limit_req_zone {zname:?}: window: expected a duration from \"1ms\" to \"365d\" like \"10s\" or \"30d\", got {:?}", w.get_ref())))?;
-                // 0 blocks every key (envoyproxy/ratelimit's `requests_per_unit: 0`); a sliding log
-                // of nothing is a fixed window of nothing, so it is left to the two counters.
-                let least = if algorithm == Algorithm::SlidingLog { 1 } else { 0 };
-                if !(least..=MAX_BURST).contains(l.get_ref()) {
-                    return Err(src.error_at(&l.span(), format!(
-                        "limit_req_zone {zname:?}: limit must be {least}..={MAX_BURST} for {}, got {}", algorithm.as_str(), l.get_ref())));
-                }
-                Rate { count: *l.get_ref() as u64, period_us: period.as_micros() as u64 }
-            }
-            (None, w, l) if !algorithm.is_window() && (w.is_some() || l.is_some()) => {
-                let at = w.map_or_else(|| span.clone(), |w| w.span());
-                return Err(src.error_at(&at, format!(
-                    "limit_req_zone {zname:?}: window and limit apply to window algorithms; {} takes rate", algorithm.as_str())));
-            }
-            _ => {
-                return Err(src.error_at(&span, format!(
-                    "limit_req_zone {zname:?}: give rate = \"10r/s\" (or, for window algorithms, window = \"10s\" and limit = 50)")))
-            }
-        };
-        if algorithm == Algorithm::SlidingLog && rate.count > 10_000 {
-            return Err(src.error_at(
-                &span,
-                format!(
-                "limit_req_zone {zname:?}: sliding_log keeps one entry per admitted request; a limit of {} per window \
-                 would cost too much memory per key (at most 10000): use sliding_window", rate.count),
-            ));
-        }
-        let overrides = overrides
-            .iter()
-            .map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname))
-            .collect::<Result<_, _>>()?;
-        let max_keys = max_keys_of(src, max_keys.as_ref(), "limit_req_zone", &zname)?;
-        let count_statuses = count_statuses.as_ref().map(|c| statuses_of(src, c, &zname)).transpose()?;
-        let response_cost =
-            cost_from_response.as_ref().map(|c| response_cost_of(src, c, algorithm, &zname)).transpose()?;
-        out.push(Zone { name: zname, key, algorithm, rate, overrides, max_keys, count_statuses, response_cost });
+        let name = zone.get_ref().name.get_ref().clone();
+        out.push(&name, compile_zone(src, zone, &mut seen));
     }
-    Ok(out)
+    out
+}
+
+fn compile_zone(
+    src: &Source<'_>,
+    zone: Spanned<schema::LimitReqZone>,
+    seen: &mut HashMap<String, usize>,
+) -> Result<Zone, ConfigError> {
+    let span = zone.span();
+    let schema::LimitReqZone {
+        name,
+        key,
+        algorithm,
+        rate,
+        window,
+        limit,
+        max_keys,
+        bad_token_key,
+        count_statuses,
+        cost_from_response,
+        lease,
+        overrides,
+    } = zone.into_inner();
+    check_name(src, &name, "limit_req_zone.name")?;
+    unique(src, seen, &name, "limit_req_zone")?;
+    let zname = name.get_ref().clone();
+    // No key: a zone for `[rls]` descriptors only (`compile` refuses it in a route).
+    let key = match &key {
+        Some(key) => key_spec(src, key, bad_token_key.as_ref(), "limit_req_zone", &zname)?,
+        None => match &bad_token_key {
+            Some(b) => {
+                return Err(src.error_at(
+                    &b.span(),
+                    format!("limit_req_zone {zname:?}: bad_token_key: the zone has no key, so no token is checked"),
+                ))
+            }
+            None => KeySpec::new(Vec::new()),
+        },
+    };
+    let algorithm = match &algorithm {
+        None => Algorithm::LeakyBucket,
+        Some(a) => Algorithm::parse(a.get_ref()).ok_or_else(|| {
+            src.error_at(
+                &a.span(),
+                format!(
+            "limit_req_zone {zname:?}: algorithm: expected leaky_bucket, token_bucket, fixed_window, sliding_log \
+             or sliding_window, got {:?}", a.get_ref()),
+            )
+        })?,
+    };
+    let rate = match (rate, window, limit) {
+        (Some(r), None, None) => parse_rate(src, &r, &zname)?,
+        (None, Some(w), Some(l)) if algorithm.is_window() => {
+            let period = parse_duration(w.get_ref())
+                .filter(|d| d.as_millis() >= 1 && d.as_secs() <= MAX_WINDOW_SECS)
+                .ok_or_else(|| src.error_at(&w.span(), format!(
+                    "limit_req_zone {zname:?}: window: expected a duration from \"1ms\" to \"365d\" like \"10s\" or \"30d\", got {:?}", w.get_ref())))?;
+            // 0 blocks every key (envoyproxy/ratelimit's `requests_per_unit: 0`); a sliding log
+            // of nothing is a fixed window of nothing, so it is left to the two counters.
+            let least = if algorithm == Algorithm::SlidingLog { 1 } else { 0 };
+            if !(least..=MAX_BURST).contains(l.get_ref()) {
+                return Err(src.error_at(&l.span(), format!(
+                    "limit_req_zone {zname:?}: limit must be {least}..={MAX_BURST} for {}, got {}", algorithm.as_str(), l.get_ref())));
+            }
+            Rate { count: *l.get_ref() as u64, period_us: period.as_micros() as u64 }
+        }
+        (None, w, l) if !algorithm.is_window() && (w.is_some() || l.is_some()) => {
+            let at = w.map_or_else(|| span.clone(), |w| w.span());
+            return Err(src.error_at(&at, format!(
+                "limit_req_zone {zname:?}: window and limit apply to window algorithms; {} takes rate", algorithm.as_str())));
+        }
+        _ => {
+            return Err(src.error_at(&span, format!(
+                "limit_req_zone {zname:?}: give rate = \"10r/s\" (or, for window algorithms, window = \"10s\" and limit = 50)")))
+        }
+    };
+    if algorithm == Algorithm::SlidingLog && rate.count > 10_000 {
+        return Err(src.error_at(
+            &span,
+            format!(
+                "limit_req_zone {zname:?}: sliding_log keeps one entry per admitted request; a limit of {} per window \
+             would cost too much memory per key (at most 10000): use sliding_window",
+                rate.count
+            ),
+        ));
+    }
+    let overrides = overrides
+        .iter()
+        .map(|o| compile_override(src, o.get_ref(), &key, algorithm, &zname))
+        .collect::<Result<_, _>>()?;
+    let max_keys = max_keys_of(src, max_keys.as_ref(), "limit_req_zone", &zname)?;
+    let count_statuses = count_statuses.as_ref().map(|c| statuses_of(src, c, &zname)).transpose()?;
+    let response_cost = cost_from_response.as_ref().map(|c| response_cost_of(src, c, algorithm, &zname)).transpose()?;
+    let lease = lease
+        .as_ref()
+        .map(|l| {
+            super::lease::compile_lease(src, l, &zname, algorithm, count_statuses.is_some(), response_cost.is_some())
+        })
+        .transpose()?;
+    Ok(Zone { name: zname, key, algorithm, rate, overrides, max_keys, count_statuses, response_cost, lease })
 }
 
 /// A zone's `cost_from_response`: a header name, bounded numbers; leaky buckets only (debt is
@@ -361,4 +382,55 @@ fn compile_override(
         }
     };
     Ok(Override { matcher, rate, burst })
+}
+
+#[cfg(test)]
+mod tests {
+    //! A zone's settings as `weir check` refuses or compiles them.
+
+    /// A login route's zone; `COUNT` is replaced by each test's zone settings.
+    const LOGIN: &str = "[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n\
+        [[limit_req_zone]]\nname = \"fails\"\nkey = \"ip\"\nrate = \"1r/h\"\nCOUNT\n\
+        [[route]]\nname = \"login\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimit_req = [ { zone = \"fails\" } ]\n";
+
+    #[test]
+    fn count_statuses_must_be_a_non_empty_list_of_http_statuses() {
+        let conf = |count: &str| crate::config::from_text(&LOGIN.replace("COUNT", count), "t.toml");
+        let rt = conf("count_statuses = [401, 403]").expect("valid");
+        assert_eq!(rt.zones[0].count_statuses.as_deref(), Some(&[401, 403][..]));
+        assert_eq!(conf("").expect("valid").zones[0].count_statuses, None);
+        for bad in ["count_statuses = []", "count_statuses = [600]", "count_statuses = [-1]"] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("count_statuses"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn cost_from_response_is_checked_by_weir_check() {
+        let conf = |zone: &str| {
+            let text = LOGIN.replace("rate = \"1r/h\"\nCOUNT", zone);
+            crate::config::from_text(&text, "t.toml").map(|rt| rt.zones[0].response_cost.clone())
+        };
+        let rc =
+            conf("rate = \"1r/h\"\ncost_from_response = { header = \"X-Tokens-Used\" }").expect("valid").expect("set");
+        assert_eq!(
+            (rc.header.as_ref().map(|h| h.as_str()), rc.default, rc.max, rc.max_debt),
+            (Some("x-tokens-used"), 1, 1_000_000, None)
+        );
+        assert_eq!(rc.log_field, "upstream_http_x_tokens_used");
+        for (bad, says) in [
+            (
+                "algorithm = \"token_bucket\"\nrate = \"1r/h\"\ncost_from_response = { header = \"x\" }",
+                "only leaky_bucket",
+            ),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"bad header\" }", "not a header name"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", default = -1 }", "default must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", max = 0 }", "max must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", max_debt = 1000001 }", "max_debt must be"),
+            ("rate = \"1r/h\"\ncost_from_response = { header = \"x\", default = 10, max = 5 }", "must not exceed"),
+        ] {
+            let err = conf(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("cost_from_response") && err.contains(says), "{bad}: {err}");
+        }
+    }
 }

@@ -29,6 +29,10 @@ pub trait Outside {
     fn resolve(&self, target: &str, resolver: Option<SocketAddr>) -> io::Result<Vec<SocketAddr>>;
     /// Seconds since the Unix epoch.
     fn unix_now(&self) -> i64;
+    /// Whether `path` is a unix socket now; `None` when this cannot be known (tests' fixed answers).
+    fn is_socket(&self, _path: &Path) -> Option<bool> {
+        None
+    }
 }
 
 /// This machine: its files, environment, resolver and clock.
@@ -66,6 +70,12 @@ impl Outside for Machine {
 
     fn unix_now(&self) -> i64 {
         crate::tls::unix_now()
+    }
+
+    #[cfg(unix)]
+    fn is_socket(&self, path: &Path) -> Option<bool> {
+        use std::os::unix::fs::FileTypeExt;
+        Some(std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()))
     }
 }
 

@@ -14,6 +14,9 @@ use super::schema;
 use super::spanned::Spanned;
 use crate::limit::Algorithm;
 
+pub mod quota;
+pub use quota::{BucketLimit, BucketRule, QuotaSettings};
+
 /// `[rls]`, compiled.
 #[derive(Debug, Clone)]
 pub struct RlsSettings {
@@ -22,6 +25,8 @@ pub struct RlsSettings {
     pub listen_tls: Vec<SocketAddr>,
     /// More descriptors in one request are refused (INVALID_ARGUMENT).
     pub max_descriptors: usize,
+    /// Envoy's rate limit quota service (RLQS) on the same listeners.
+    pub quota: QuotaSettings,
     pub domains: Vec<Domain>,
 }
 
@@ -44,6 +49,8 @@ pub struct Domain {
     /// `limit_override_zone`: the limit (index into `route.limits`) that decides descriptors
     /// carrying Envoy's `RateLimitOverride`; `None`: the override is ignored.
     pub limit_override: Option<usize>,
+    /// RLQS bucket rules (`[[rls.domain.bucket]]`), in file order.
+    pub buckets: Vec<BucketRule>,
 }
 
 #[derive(Debug, Clone)]
@@ -117,7 +124,16 @@ pub(super) fn compile_rls(
 ) -> Result<Option<RlsSettings>, ConfigError> {
     let Some(rls) = rls else { return Ok(None) };
     let span = rls.span();
-    let schema::Rls { listen, listen_tls, max_descriptors, domain } = rls.into_inner();
+    let schema::Rls {
+        listen,
+        listen_tls,
+        max_descriptors,
+        quota_report_interval,
+        max_quota_streams,
+        max_quota_buckets,
+        domain,
+    } = rls.into_inner();
+    let quota = quota::compile_settings(src, quota_report_interval, max_quota_streams, max_quota_buckets)?;
     let listen = addresses(src, listen, "rls.listen")?;
     let listen_tls = addresses(src, listen_tls, "rls.listen_tls")?;
     if listen.is_empty() && listen_tls.is_empty() {
@@ -145,6 +161,7 @@ pub(super) fn compile_rls(
             quota_mode,
             limit_override_zone,
             descriptor,
+            bucket,
         } = d.into_inner();
         check_name(src, &name, "rls.domain.name")?;
         unique(src, &mut seen, &name, "rls.domain")?;
@@ -161,11 +178,20 @@ pub(super) fn compile_rls(
         };
         let domain_modes = DomainModes { dry_run, quota: quota_mode };
         let rules = compile_rules(descriptor, zones, domain_modes, &mut limits, 1, &here)?;
+        let buckets = quota::compile_buckets(bucket, zones, &here)?;
         let limit_override = match limit_override_zone {
             None => None,
             Some(zone) => {
                 let span = zone.span();
-                let reference = schema::LimitReqRef { zone, burst: None, delay: None, nodelay: None, dry_run: false };
+                let reference = schema::LimitReqRef {
+                    zone,
+                    burst: None,
+                    delay: None,
+                    nodelay: None,
+                    dry_run: false,
+                    when: None,
+                    unless: None,
+                };
                 let mut zl = compile_limit_ref(&reference, zones, &here)?;
                 let z = &zones[zl.zone];
                 if !matches!(z.algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow) {
@@ -212,10 +238,11 @@ pub(super) fn compile_rls(
             limit_rate: None,
             priority: Default::default(),
             priority_from: None,
+            rejection: None,
         };
-        domains.push(Domain { name: dname, route, rules, pattern_order, limit_override });
+        domains.push(Domain { name: dname, route, rules, pattern_order, limit_override, buckets });
     }
-    Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, domains }))
+    Ok(Some(RlsSettings { listen, listen_tls, max_descriptors, quota, domains }))
 }
 
 fn addresses(
@@ -318,7 +345,9 @@ fn compile_rules(
         };
         let mut references: Vec<schema::LimitReqRef> = Vec::new();
         match (zone, limit_req) {
-            (Some(zone), None) => references.push(schema::LimitReqRef { zone, burst, delay, nodelay, dry_run }),
+            (Some(zone), None) => {
+                references.push(schema::LimitReqRef { zone, burst, delay, nodelay, dry_run, when: None, unless: None })
+            }
             (None, Some(list)) => {
                 if let Some(at) = [burst.map(|b| b.span()), delay.map(|d| d.span()), nodelay.map(|n| n.span())]
                     .into_iter()
@@ -372,6 +401,12 @@ fn compile_rules(
         }
         let mut rule_limits = Vec::with_capacity(references.len());
         for reference in &references {
+            if let Some(c) = reference.when.as_ref().or(reference.unless.as_ref()) {
+                return Err(here(
+                    &c.span(),
+                    "when/unless: not on a descriptor's limit_req (its descriptors already say what applies)".into(),
+                ));
+            }
             let mut zl = compile_limit_ref(reference, zones, here)?;
             let z = &zones[zl.zone];
             if z.count_statuses.is_some() || z.response_cost.is_some() {

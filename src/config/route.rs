@@ -8,15 +8,17 @@ use http::header::HeaderName;
 
 use super::access::{access_rules, AccessRule};
 use super::checks::{check_name, list_or_none, unique, MAX_BURST};
+use super::conditions::Conditions;
+use super::each::{Each, Failed};
 use super::error::{ConfigError, Source};
 use super::limit_conn::{self, ConnLimit, ConnZone};
 use super::limit_rate::LimitRate;
 use super::limit_req::Zone;
-use super::route_match::{compile_match, shadowing, MatchInput};
+use super::route_match::{compile_match, shadowing, unreachable, MatchInput};
 use super::schema;
 use super::store::FailurePolicy;
 use crate::limit::{Algorithm, DelayPolicy, LimitReq};
-use crate::routes::RouteMatcher;
+use crate::routes::{RouteMatcher, RouteOrder};
 use crate::upstream::Upstream;
 
 /// Which rate-limit fields responses carry.
@@ -54,6 +56,47 @@ pub struct Route {
     pub priority: crate::adaptive::Priority,
     /// The request's own priority (a header or a verified claim), within `priority_from`'s rules.
     pub priority_from: Option<crate::adaptive::PriorityFrom>,
+    /// `rejection_body`: the body of the limits' rejections instead of Weir's JSON.
+    pub rejection: Option<OwnBody>,
+}
+
+/// A route's own rejection body and its content type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnBody {
+    pub content_type: String,
+    pub body: String,
+}
+
+/// The largest `rejection_body`.
+const MAX_REJECTION_BODY: usize = 64 * 1024;
+
+fn own_body(
+    body: Option<&Spanned<String>>,
+    content_type: Option<&Spanned<String>>,
+    here: &dyn Fn(&std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<Option<OwnBody>, ConfigError> {
+    let Some(body) = body else {
+        return match content_type {
+            Some(t) => Err(here(&t.span(), "rejection_content_type: only applies with rejection_body".into())),
+            None => Ok(None),
+        };
+    };
+    if body.get_ref().len() > MAX_REJECTION_BODY {
+        return Err(here(
+            &body.span(),
+            format!("rejection_body: {} bytes; at most {MAX_REJECTION_BODY}", body.get_ref().len()),
+        ));
+    }
+    let content_type = match content_type {
+        None => "text/plain; charset=utf-8".to_string(),
+        Some(t) if http::HeaderValue::from_str(t.get_ref()).is_ok() && !t.get_ref().trim().is_empty() => {
+            t.get_ref().clone()
+        }
+        Some(t) => {
+            return Err(here(&t.span(), format!("rejection_content_type: {:?} is not a header value", t.get_ref())))
+        }
+    };
+    Ok(Some(OwnBody { content_type, body: body.get_ref().clone() }))
 }
 
 /// What one request of a route counts as in its rate limits.
@@ -87,151 +130,231 @@ pub struct ZoneLimit {
     /// The reference's `RateLimit-Policy` item for `limit`, written once here rather than per
     /// request (a key's override changes the limit, and the item is then written per request).
     pub policy: String,
+    /// `when` / `unless`: the reference applies to a request only when they say so.
+    pub conditions: Conditions,
 }
 
+/// Every route that compiles (with its matcher), and an error for each that does not (see
+/// `each`). A route that names an upstream or zone whose own definition failed gets no error of
+/// its own: "unknown upstream" would only repeat that one.
 pub(super) fn compile_routes(
     src: &Source<'_>,
     list: Vec<Spanned<schema::Route>>,
-    upstreams: &[Upstream],
-    zones: &[Zone],
-    conn_zones: &[ConnZone],
+    upstreams: &Each<Upstream>,
+    zones: &Each<Zone>,
+    conn_zones: &Each<ConnZone>,
+    order: RouteOrder,
     warnings: &mut Vec<String>,
-) -> Result<(Vec<Route>, Vec<RouteMatcher>), ConfigError> {
+) -> Each<(Route, RouteMatcher)> {
     let mut seen = HashMap::new();
+    let mut spans = Vec::new();
     let mut routes = Vec::new();
     let mut matchers = Vec::new();
+    let mut out = Each::default();
+    let refs = Refs { upstreams, zones, conn_zones };
     for route in list {
-        let route_span = route.span();
-        let schema::Route {
-            name,
-            path,
-            path_prefix,
-            path_regex,
-            host,
-            methods,
-            upstream,
-            limit_req,
-            limit_req_status,
-            dry_run,
-            rate_limit_headers,
-            on_error,
-            limit_conn,
-            limit_conn_status,
-            cost,
-            cost_header,
-            max_cost,
-            min_cost,
-            allow,
-            deny,
-            grpc_rejections,
-            grpc_status,
-            limit_rate,
-            limit_rate_after,
-            limit_rate_override,
-            priority,
-            priority_from,
-        } = route.into_inner();
-        check_name(src, &name, "route.name")?;
-        unique(src, &mut seen, &name, "route")?;
-        let rname = name.get_ref().clone();
-        let here = |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("route {rname:?}: {msg}"));
-
-        let input = MatchInput { path, path_prefix, path_regex, host, methods };
-        let matcher = compile_match(src, &rname, &route_span, input, &here, warnings)?;
-        matchers.push(matcher);
-        if let Some(earlier) = shadowing(&matchers, matchers.len() - 1) {
-            return Err(here(
-                &route_span,
-                format!(
-                    "can never match: route {:?} comes first with the same path and host and all of its methods",
-                    routes_so_far_name(&routes, earlier)
-                ),
-            ));
-        }
-        let upstream_index = upstreams.iter().position(|u| u.name == *upstream.get_ref()).ok_or_else(|| {
-            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-            here(
-                &upstream.span(),
-                format!("upstream: unknown upstream {:?} (defined: {})", upstream.get_ref(), list_or_none(&known)),
-            )
-        })?;
-
-        let mut limits: Vec<ZoneLimit> = Vec::new();
-        for reference in &limit_req {
-            let mut zl = compile_limit_ref(reference.get_ref(), zones, &here)?;
-            zl.dry_run |= dry_run;
-            if limits.iter().any(|l| l.zone == zl.zone) {
-                return Err(here(
-                    &reference.get_ref().zone.span(),
-                    format!("limit_req: zone {:?} is referenced twice", reference.get_ref().zone.get_ref()),
-                ));
+        let name = route.get_ref().name.get_ref().clone();
+        let span = route.span();
+        match compile_route(src, route, &mut seen, (&routes, &mut matchers), refs, order, warnings) {
+            Ok(compiled) => {
+                routes.push(compiled);
+                spans.push(span);
             }
-            limits.push(zl);
-        }
-        let status = rejection_status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
-        let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
-        let on_error = failure_policy(on_error.as_ref(), &here)?;
-        let conn_limits = limit_conn::compile_conn_refs(&limit_conn, conn_zones, dry_run, &here)?;
-        let conn_status = rejection_status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
-        let access = access_rules(&allow, &deny, &here)?;
-        let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
-        let grpc_status = match (grpc_rejections, grpc_status) {
-            (Some(false), Some(s)) => {
-                return Err(here(
-                    &s.span(),
-                    "grpc_status: grpc_rejections = false sends HTTP statuses; remove one".into(),
-                ))
+            Err(failed) => {
+                // Its matcher, if it got that far, goes with it: `matchers[i]` matches `routes[i]`.
+                matchers.truncate(routes.len());
+                if let Failed::Error(e) = failed {
+                    out.push(&name, Err(e));
+                }
             }
-            (Some(false), None) => None,
-            (_, None) => Some(GRPC_RESOURCE_EXHAUSTED),
-            (_, Some(s)) if (1..=16).contains(s.get_ref()) => Some(*s.get_ref() as u8),
-            (_, Some(s)) => {
-                return Err(here(
-                    &s.span(),
-                    format!(
-                        "grpc_status: must be a gRPC error code 1..=16 (8 is RESOURCE_EXHAUSTED), got {}",
-                        s.get_ref()
-                    ),
-                ))
-            }
-        };
-        let limit_rate =
-            super::limit_rate::compile(limit_rate.as_ref(), limit_rate_after.as_ref(), &limit_rate_override, &here)?;
-        let priority = match &priority {
-            None => crate::adaptive::Priority::default(),
-            Some(p) => crate::adaptive::Priority::parse(p.get_ref()).ok_or_else(|| {
-                here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
-            })?,
-        };
-        if let (Some(p), None) = (&priority_from, &upstreams[upstream_index].spec.adaptive) {
-            // Not an error: the upstream may be made adaptive later; but a claim costs a token
-            // verification per request for nothing meanwhile.
-            warnings.push(format!(
-                "{}:{}: route {rname:?}: priority_from has no effect: upstream {:?} has no adaptive limit",
-                src.file,
-                src.line_of(&p.span()),
-                upstreams[upstream_index].spec.name
-            ));
         }
-        let priority_from = priority_from.as_ref().map(|p| compile_priority_from(p, &here)).transpose()?;
-        routes.push(Route {
-            name: name.into_inner(),
-            upstream: upstream_index,
-            limits,
-            status,
-            headers,
-            on_error,
-            conn_limits,
-            conn_status,
-            access,
-            cost,
-            grpc_status,
-            limit_rate,
-            priority,
-            priority_from,
-        });
     }
-    Ok((routes, matchers))
+    for u in unreachable(&matchers, order) {
+        warnings.push(format!(
+            "{}:{}: route {:?}: can never match: route {:?} (line {}) always wins: {}",
+            src.file,
+            src.line_of(&spans[u.route]),
+            routes[u.route].name,
+            routes[u.winner].name,
+            src.line_of(&spans[u.winner]),
+            u.why
+        ));
+    }
+    out.items = routes.into_iter().zip(matchers).collect();
+    out
+}
+
+/// What a route may name, each with the names whose definition failed.
+#[derive(Clone, Copy)]
+struct Refs<'a> {
+    upstreams: &'a Each<Upstream>,
+    zones: &'a Each<Zone>,
+    conn_zones: &'a Each<ConnZone>,
+}
+
+/// One route. Its matcher is pushed onto `matchers` (the routes before it are checked for
+/// shadowing it); the caller takes it off again if the route fails.
+fn compile_route(
+    src: &Source<'_>,
+    route: Spanned<schema::Route>,
+    seen: &mut HashMap<String, usize>,
+    (routes, matchers): (&[Route], &mut Vec<RouteMatcher>),
+    Refs { upstreams, zones, conn_zones }: Refs<'_>,
+    order: RouteOrder,
+    warnings: &mut Vec<String>,
+) -> Result<Route, Failed> {
+    let route_span = route.span();
+    let schema::Route {
+        name,
+        path,
+        path_prefix,
+        path_regex,
+        host,
+        methods,
+        skip_regex,
+        upstream,
+        limit_req,
+        limit_req_status,
+        dry_run,
+        rate_limit_headers,
+        on_error,
+        limit_conn,
+        limit_conn_status,
+        cost,
+        cost_header,
+        max_cost,
+        min_cost,
+        allow,
+        deny,
+        rejection_body,
+        rejection_content_type,
+        grpc_rejections,
+        grpc_status,
+        limit_rate,
+        limit_rate_after,
+        limit_rate_override,
+        priority,
+        priority_from,
+    } = route.into_inner();
+    check_name(src, &name, "route.name")?;
+    unique(src, seen, &name, "route")?;
+    let rname = name.get_ref().clone();
+    let here = |span: &std::ops::Range<usize>, msg: String| src.error_at(span, format!("route {rname:?}: {msg}"));
+
+    if let (Some(s), RouteOrder::Specific) = (&skip_regex, order) {
+        return Err(here(
+            &s.span(),
+            "skip_regex: only with route_order = \"nginx\" (under \"specific\" a prefix already beats every regex)"
+                .into(),
+        )
+        .into());
+    }
+    let input = MatchInput { path, path_prefix, path_regex, host, methods, skip_regex };
+    let matcher = compile_match(src, &rname, &route_span, input, &here, warnings)?;
+    matchers.push(matcher);
+    if let Some(earlier) = shadowing(matchers, matchers.len() - 1) {
+        return Err(here(
+            &route_span,
+            format!(
+                "can never match: route {:?} comes first with the same path and host and all of its methods{}",
+                routes_so_far_name(routes, earlier),
+                super::route_match::head_hint(matchers, earlier, matchers.len() - 1)
+            ),
+        )
+        .into());
+    }
+    if upstreams.is_broken(upstream.get_ref()) {
+        return Err(Failed::Broken);
+    }
+    let upstream_index = upstreams.items.iter().position(|u| u.name == *upstream.get_ref()).ok_or_else(|| {
+        let known: Vec<&str> = upstreams.items.iter().map(|u| u.name.as_str()).collect();
+        here(
+            &upstream.span(),
+            format!("upstream: unknown upstream {:?} (defined: {})", upstream.get_ref(), list_or_none(&known)),
+        )
+    })?;
+
+    let mut limits: Vec<ZoneLimit> = Vec::new();
+    for reference in limit_req.iter().flatten() {
+        if zones.is_broken(reference.get_ref().zone.get_ref()) {
+            return Err(Failed::Broken);
+        }
+        let mut zl = compile_limit_ref(reference.get_ref(), &zones.items, &here)?;
+        zl.dry_run |= dry_run;
+        if limits.iter().any(|l| l.zone == zl.zone) {
+            return Err(here(
+                &reference.get_ref().zone.span(),
+                format!("limit_req: zone {:?} is referenced twice", reference.get_ref().zone.get_ref()),
+            )
+            .into());
+        }
+        limits.push(zl);
+    }
+    let status = rejection_status(limit_req_status.as_ref(), 429, "limit_req_status", &here)?;
+    let headers = header_mode(rate_limit_headers.as_ref(), &here)?;
+    let on_error = failure_policy(on_error.as_ref(), &here)?;
+    let conn_refs = limit_conn.as_deref().unwrap_or_default();
+    if conn_refs.iter().any(|r| conn_zones.is_broken(r.get_ref().zone.get_ref())) {
+        return Err(Failed::Broken);
+    }
+    let conn_limits = limit_conn::compile_conn_refs(conn_refs, &conn_zones.items, dry_run, &here)?;
+    let conn_status = rejection_status(limit_conn_status.as_ref(), 503, "limit_conn_status", &here)?;
+    let access = access_rules(allow.as_deref().unwrap_or_default(), deny.as_deref().unwrap_or_default(), &here)?;
+    let cost = compile_cost(cost.as_ref(), cost_header.as_ref(), (min_cost.as_ref(), max_cost.as_ref()), &here)?;
+    let grpc_status = match (grpc_rejections, grpc_status) {
+        (Some(false), Some(s)) => {
+            return Err(
+                here(&s.span(), "grpc_status: grpc_rejections = false sends HTTP statuses; remove one".into()).into()
+            )
+        }
+        (Some(false), None) => None,
+        (_, None) => Some(GRPC_RESOURCE_EXHAUSTED),
+        (_, Some(s)) if (1..=16).contains(s.get_ref()) => Some(*s.get_ref() as u8),
+        (_, Some(s)) => {
+            return Err(here(
+                &s.span(),
+                format!("grpc_status: must be a gRPC error code 1..=16 (8 is RESOURCE_EXHAUSTED), got {}", s.get_ref()),
+            )
+            .into())
+        }
+    };
+    let limit_rate =
+        super::limit_rate::compile(limit_rate.as_ref(), limit_rate_after.as_ref(), &limit_rate_override, &here)?;
+    let priority = match &priority {
+        None => crate::adaptive::Priority::default(),
+        Some(p) => crate::adaptive::Priority::parse(p.get_ref()).ok_or_else(|| {
+            here(&p.span(), format!("priority: expected \"low\", \"normal\" or \"high\", got {:?}", p.get_ref()))
+        })?,
+    };
+    if let (Some(p), None) = (&priority_from, &upstreams.items[upstream_index].spec.adaptive) {
+        // Not an error: the upstream may be made adaptive later; but a claim costs a token
+        // verification per request for nothing meanwhile.
+        warnings.push(format!(
+            "{}:{}: route {rname:?}: priority_from has no effect: upstream {:?} has no adaptive limit",
+            src.file,
+            src.line_of(&p.span()),
+            upstreams.items[upstream_index].spec.name
+        ));
+    }
+    let priority_from = priority_from.as_ref().map(|p| compile_priority_from(p, &here)).transpose()?;
+    let rejection = own_body(rejection_body.as_ref(), rejection_content_type.as_ref(), &here)?;
+    Ok(Route {
+        name: name.into_inner(),
+        upstream: upstream_index,
+        limits,
+        status,
+        headers,
+        on_error,
+        conn_limits,
+        conn_status,
+        access,
+        cost,
+        grpc_status,
+        limit_rate,
+        priority,
+        priority_from,
+        rejection,
+    })
 }
 
 /// The most entries a `priority_from.map` may have (each request scans it).
@@ -348,7 +471,8 @@ pub(super) fn compile_limit_ref(
     let limit = LimitReq { algorithm, rate: zones[zone].rate, burst, delay };
     let mut policy = String::new();
     crate::limit::fields::policy_item(&mut policy, &zones[zone].name, &limit);
-    Ok(ZoneLimit { zone, limit, dry_run: r.dry_run, policy })
+    let conditions = super::conditions::compile(r.when.as_ref(), r.unless.as_ref(), here)?;
+    Ok(ZoneLimit { zone, limit, dry_run: r.dry_run, policy, conditions })
 }
 
 fn compile_cost(

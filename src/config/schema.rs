@@ -9,6 +9,11 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct File {
+    /// How a request picks its route: "specific" (exact > longest prefix > regexes in file order)
+    /// or "nginx" (host group, then exact > `skip_regex` prefix > regexes in file order > longest
+    /// prefix).
+    #[schemars(extend("enum" = ["specific", "nginx"], "default" = "specific"))]
+    pub route_order: Option<Spanned<String>>,
     /// The proxy's listeners, threads, admin API and client limits. Optional only for a process that
     /// serves the rate limit service alone (`[rls]`).
     pub server: Option<Spanned<Server>>,
@@ -30,6 +35,12 @@ pub struct File {
     /// Routes, matched in file order: the first that matches a request handles it.
     #[serde(default)]
     pub route: Vec<Spanned<Route>>,
+    /// Limits, statuses and access rules every route inherits when it sets none of that field
+    /// (nginx's `http` level).
+    pub defaults: Option<Spanned<Defaults>>,
+    /// The same for the routes whose every host is one of `hosts` (nginx's `server` level).
+    #[serde(default)]
+    pub host_defaults: Vec<Spanned<HostDefaults>>,
     /// Log level, format and the access log.
     #[serde(default)]
     pub log: Option<Spanned<Log>>,
@@ -177,6 +188,33 @@ pub struct Server {
     /// Set X-Forwarded-For and X-Real-IP for the upstream.
     #[schemars(extend("default" = true))]
     pub forwarded_headers: Option<bool>,
+    /// `[server.response_buffering]`: responses taken ahead of slow clients (nginx proxy_buffering).
+    pub response_buffering: Option<Spanned<ResponseBuffering>>,
+}
+
+/// `[server.response_buffering]`: each HTTP/1 client connection takes the response into a bounded
+/// buffer (memory, then an unlinked temp file) when the client reads slower than the upstream
+/// answers, so the upstream is free once its answer is read. Sizes take nginx's k/m/g suffixes.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseBuffering {
+    /// Off: every write waits for the client (nginx `proxy_buffering off`).
+    #[schemars(extend("default" = true))]
+    pub enabled: Option<bool>,
+    /// Memory one connection may hold (nginx proxy_buffers).
+    #[schemars(extend("default" = "64k"))]
+    pub memory_per_connection: Option<Spanned<String>>,
+    /// Temp file one connection may hold beyond its memory; "0": memory only (nginx proxy_max_temp_file_size).
+    #[schemars(extend("default" = "1g"))]
+    pub max_temp_file_size: Option<Spanned<String>>,
+    /// Directory of the temp files (nginx proxy_temp_path); default: the system's temp directory.
+    pub temp_path: Option<Spanned<String>>,
+    /// Memory of every connection's buffers together; when spent, connections stream with back-pressure.
+    #[schemars(extend("default" = "64m"))]
+    pub memory: Option<Spanned<String>>,
+    /// Disk of every connection's temp files together.
+    #[schemars(extend("default" = "4g"))]
+    pub temp_files: Option<Spanned<String>>,
 }
 
 /// One `[[server.tls]]` certificate: a PEM chain (leaf first) and its key.
@@ -250,12 +288,16 @@ pub struct RealIp {
     /// The forwarding header.
     #[schemars(extend("default" = "X-Forwarded-For"))]
     pub header: Option<Spanned<String>>,
+    /// nginx real_ip_recursive: walk the header right to left past trusted hops (true), or take
+    /// its last address, trusted or not (false).
+    #[schemars(extend("default" = true))]
+    pub recursive: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
-    /// The name routes refer to: 1-64 of A-Z a-z 0-9 _ - .
+    /// The name routes refer to: 1-128 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
     /// `"host:port"`, optionally followed by `weight=N max_fails=N fail_timeout=T max_conns=N`.
     pub servers: Spanned<Vec<Spanned<String>>>,
@@ -376,7 +418,7 @@ pub struct HealthCheck {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitReqZone {
-    /// The zone's name; state is keyed by it: unique, 1-64 of A-Z a-z 0-9 _ - .
+    /// The zone's name; state is keyed by it: unique, 1-128 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
     /// What the zone counts per: "ip", "header:NAME", "query:NAME", "cookie:NAME", or a list of these.
     /// Optional only for zones that `[rls]` descriptors alone use (their key is the descriptor's).
@@ -405,9 +447,26 @@ pub struct LimitReqZone {
     /// charged after the response (requests are checked, uncharged, before forwarding; the bucket
     /// may go into debt up to `max_debt`). leaky_bucket zones only.
     pub cost_from_response: Option<Spanned<ResponseCost>>,
+    /// Leased decisions (docs/leases.md): each instance takes up to `tokens` of a key's budget from
+    /// Redis at a time, usable for `lifetime`, and decides locally while it holds them; the fleet's
+    /// overshoot is bounded by `min(instances·tokens, rate·lifetime)` (`weir check` prints it).
+    /// Leaky buckets with `nodelay`, token buckets and fixed windows; Redis store only.
+    pub lease: Option<Spanned<Lease>>,
     /// Other limits for some keys; the first match wins.
     #[serde(default, rename = "override")]
     pub overrides: Vec<Spanned<ZoneOverride>>,
+}
+
+/// `lease = { tokens = 100, lifetime = "1s" }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The most tokens one instance holds for one key at a time (1-1000000).
+    pub tokens: Spanned<i64>,
+    /// How long a lease may be used, counted from when the instance sent its request for it
+    /// (1ms-1h).
+    #[schemars(extend("examples" = ["1s", "250ms"]))]
+    pub lifetime: Spanned<String>,
 }
 
 /// `cost_from_response = { header = "x-tokens-used", default = 1, max = 100000, max_debt = 20000 }`.
@@ -464,10 +523,56 @@ impl OneOrMany {
     }
 }
 
+/// `[defaults]`: what routes inherit when they set none of a field.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Rate limits of routes that set no `limit_req` (`[]`: none).
+    pub limit_req: Option<Vec<Spanned<LimitReqRef>>>,
+    /// Status of a rate-limited request (400-599; 444 closes the connection).
+    pub limit_req_status: Option<Spanned<i64>>,
+    /// Concurrency limits of routes that set no `limit_conn` (`[]`: none).
+    pub limit_conn: Option<Vec<Spanned<LimitConnRef>>>,
+    /// Status of a request over a concurrency cap (400-599; 444 closes the connection).
+    pub limit_conn_status: Option<Spanned<i64>>,
+    /// allow rules of routes that set neither allow nor deny (inherited with deny).
+    pub allow: Option<Vec<Spanned<String>>>,
+    /// deny rules of routes that set neither allow nor deny (inherited with allow).
+    pub deny: Option<Vec<Spanned<String>>>,
+    /// The body of this level's limit_req and limit_conn rejections instead of Weir's JSON (at most 64 KiB).
+    pub rejection_body: Option<Spanned<String>>,
+    /// The Content-Type of rejection_body (default "text/plain; charset=utf-8").
+    pub rejection_content_type: Option<Spanned<String>>,
+}
+
+/// `[[host_defaults]]`: what the routes of some hosts inherit; itself inherits `[defaults]`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HostDefaults {
+    /// Host patterns as routes write them; a route whose every host is listed here inherits this.
+    pub hosts: Spanned<Vec<Spanned<String>>>,
+    /// Rate limits of routes that set no `limit_req` (`[]`: none).
+    pub limit_req: Option<Vec<Spanned<LimitReqRef>>>,
+    /// Status of a rate-limited request (400-599; 444 closes the connection).
+    pub limit_req_status: Option<Spanned<i64>>,
+    /// Concurrency limits of routes that set no `limit_conn` (`[]`: none).
+    pub limit_conn: Option<Vec<Spanned<LimitConnRef>>>,
+    /// Status of a request over a concurrency cap (400-599; 444 closes the connection).
+    pub limit_conn_status: Option<Spanned<i64>>,
+    /// allow rules of routes that set neither allow nor deny (inherited with deny).
+    pub allow: Option<Vec<Spanned<String>>>,
+    /// deny rules of routes that set neither allow nor deny (inherited with allow).
+    pub deny: Option<Vec<Spanned<String>>>,
+    /// The body of this level's limit_req and limit_conn rejections instead of Weir's JSON (at most 64 KiB).
+    pub rejection_body: Option<Spanned<String>>,
+    /// The Content-Type of rejection_body (default "text/plain; charset=utf-8").
+    pub rejection_content_type: Option<Spanned<String>>,
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
-    /// The route's name (metrics, logs, headers): 1-64 of A-Z a-z 0-9 _ - .
+    /// The route's name (metrics, logs, headers): 1-128 of A-Z a-z 0-9 _ - .
     pub name: Spanned<String>,
     /// Matches this exact path (one of path, path_prefix, path_regex).
     pub path: Option<Spanned<String>>,
@@ -475,16 +580,21 @@ pub struct Route {
     pub path_prefix: Option<Spanned<String>>,
     /// Matches paths this regular expression matches (one of path, path_prefix, path_regex).
     pub path_regex: Option<Spanned<String>>,
-    /// Matches this Host ("*.example.com" matches subdomains); the port is ignored.
-    pub host: Option<Spanned<String>>,
+    /// Matches this Host, or any of a list ("*.example.com" matches subdomains, "www.example.*"
+    /// any name after the dot); the port is ignored.
+    pub host: Option<Spanned<OneOrMany>>,
     /// Matches these methods (default: any).
     pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    /// With path_prefix under route_order = "nginx": when this is the longest matching prefix,
+    /// regexes are not tried (nginx `location ^~`).
+    #[schemars(extend("default" = false))]
+    pub skip_regex: Option<Spanned<bool>>,
     /// The upstream requests are forwarded to.
     pub upstream: Spanned<String>,
-    /// Rate limits: zone, burst, delay or nodelay, dry_run.
-    #[serde(default)]
-    pub limit_req: Vec<Spanned<LimitReqRef>>,
-    /// Status of a rate-limited request (400-599).
+    /// Rate limits: zone, burst, delay or nodelay, dry_run (absent: inherited from
+    /// host_defaults/defaults; `[]`: none).
+    pub limit_req: Option<Vec<Spanned<LimitReqRef>>>,
+    /// Status of a rate-limited request (400-599; 444 closes the connection).
     #[schemars(extend("default" = 429))]
     pub limit_req_status: Option<Spanned<i64>>,
     /// Decide and report, never delay or reject (every limit of the route).
@@ -497,10 +607,9 @@ pub struct Route {
     /// Overrides store.on_error for this route.
     #[schemars(extend("enum" = ["allow", "deny", "local"]))]
     pub on_error: Option<Spanned<String>>,
-    /// Concurrency limits: zone, max, dry_run.
-    #[serde(default)]
-    pub limit_conn: Vec<Spanned<LimitConnRef>>,
-    /// Status of a request over a concurrency cap (400-599).
+    /// Concurrency limits: zone, max, dry_run (absent: inherited; `[]`: none).
+    pub limit_conn: Option<Vec<Spanned<LimitConnRef>>>,
+    /// Status of a request over a concurrency cap (400-599; 444 closes the connection).
     #[schemars(extend("default" = 503))]
     pub limit_conn_status: Option<Spanned<i64>>,
     /// What one request counts as (0-1000000).
@@ -514,11 +623,14 @@ pub struct Route {
     #[schemars(extend("default" = 1))]
     pub min_cost: Option<Spanned<i64>>,
     /// CIDRs, addresses or "all" allowed (nginx allow); first match of allow and deny in file order wins.
-    #[serde(default)]
-    pub allow: Vec<Spanned<String>>,
+    /// Without allow and deny: inherited.
+    pub allow: Option<Vec<Spanned<String>>>,
     /// CIDRs, addresses or "all" denied (nginx deny).
-    #[serde(default)]
-    pub deny: Vec<Spanned<String>>,
+    pub deny: Option<Vec<Spanned<String>>>,
+    /// The body of the route's limit_req and limit_conn rejections instead of Weir's JSON (at most 64 KiB).
+    pub rejection_body: Option<Spanned<String>>,
+    /// The Content-Type of rejection_body (default "text/plain; charset=utf-8").
+    pub rejection_content_type: Option<Spanned<String>>,
     /// Rejections of `application/grpc*` requests as gRPC statuses (default true).
     pub grpc_rejections: Option<bool>,
     /// The gRPC status of those rejections (default 8, RESOURCE_EXHAUSTED).
@@ -567,7 +679,7 @@ pub struct RateOverride {
     pub rate: Spanned<String>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitConnRef {
     /// A limit_conn_zone.
@@ -578,6 +690,11 @@ pub struct LimitConnRef {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub dry_run: bool,
+    /// The limit applies only when every one of these conditions holds (nginx's `map` to an
+    /// empty key).
+    pub when: Option<Spanned<Vec<Spanned<Condition>>>>,
+    /// The limit does not apply when any of these holds (a bypass token, a whitelist).
+    pub unless: Option<Spanned<Vec<Spanned<Condition>>>>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -591,6 +708,8 @@ pub struct LimitConnZone {
     #[schemars(extend("default" = 1000000))]
     pub max_keys: Option<Spanned<i64>>,
     pub bad_token_key: Option<Spanned<OneOrMany>>,
+    /// Not for limit_conn zones: `weir check` refuses it with the reason (docs/leases.md).
+    pub lease: Option<Spanned<Lease>>,
 }
 
 /// `[jwt]`: how bearer tokens are verified for `jwt:` key parts.
@@ -609,7 +728,7 @@ pub struct Jwt {
     pub leeway: Option<Spanned<String>>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitReqRef {
     /// A limit_req_zone.
@@ -626,6 +745,34 @@ pub struct LimitReqRef {
     #[serde(default)]
     #[schemars(extend("default" = false))]
     pub dry_run: bool,
+    /// The limit applies only when every one of these conditions holds (nginx's `map` to an
+    /// empty key).
+    pub when: Option<Spanned<Vec<Spanned<Condition>>>>,
+    /// The limit does not apply when any of these holds (a bypass token, a whitelist).
+    pub unless: Option<Spanned<Vec<Spanned<Condition>>>>,
+}
+
+/// One condition of `when` / `unless`: exactly one of `header`, `cookie`, `query` (with exactly
+/// one of `present`, `equals`, `matches`), `method` or `ip`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Condition {
+    /// A request header's value.
+    pub header: Option<Spanned<String>>,
+    /// A cookie's value.
+    pub cookie: Option<Spanned<String>>,
+    /// A query argument's value.
+    pub query: Option<Spanned<String>>,
+    /// true: the value is there and not empty; false: it is not.
+    pub present: Option<bool>,
+    /// The value is exactly this (compared in constant time; "${NAME}" keeps a secret out of the file).
+    pub equals: Option<Spanned<String>>,
+    /// A regular expression finds a match in the value.
+    pub matches: Option<Spanned<String>>,
+    /// The request's method is one of these.
+    pub method: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The client address is in one of these CIDRs or addresses.
+    pub ip: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[rls]`: Envoy's rate limit service (`envoy.service.ratelimit.v3`) on the same zones.
@@ -640,6 +787,16 @@ pub struct Rls {
     /// Descriptors one request may carry (1-1024).
     #[schemars(extend("default" = 64))]
     pub max_descriptors: Option<Spanned<i64>>,
+    /// Envoy's rate limit quota service (RLQS, docs/rlqs.md): how often the Envoys report each
+    /// bucket ("1s" to "60s"; Envoy's filter reports every 5 s whatever its config says).
+    #[schemars(extend("default" = "5s"))]
+    pub quota_report_interval: Option<Spanned<String>>,
+    /// RLQS streams open at once on this instance (1-4096); more are refused RESOURCE_EXHAUSTED.
+    #[schemars(extend("default" = 256))]
+    pub max_quota_streams: Option<Spanned<i64>>,
+    /// Buckets one RLQS stream may hold (1-100000); a report that would pass it is refused.
+    #[schemars(extend("default" = 1000))]
+    pub max_quota_buckets: Option<Spanned<i64>>,
     #[serde(default)]
     pub domain: Vec<Spanned<RlsDomain>>,
 }
@@ -676,6 +833,33 @@ pub struct RlsDomain {
     /// Rules for the descriptors' entries, matched by key (and value).
     #[serde(default)]
     pub descriptor: Vec<Spanned<RlsDescriptor>>,
+    /// RLQS: rules for the Envoys' quota buckets (docs/rlqs.md), each dividing a zone's rate
+    /// among the Envoys that report the bucket.
+    #[serde(default)]
+    pub bucket: Vec<Spanned<RlsBucket>>,
+}
+
+/// `[[rls.domain.bucket]]`: which RLQS buckets a zone divides among the Envoys reporting them.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RlsBucket {
+    /// The bucket id this rule matches: every key of the id, none missing and none more; each
+    /// value exact, with `*`s (each matching any run of characters), or "*" alone for any value.
+    /// The values matched by patterns and "*" become the zone's key.
+    pub id: Spanned<std::collections::BTreeMap<String, Spanned<String>>>,
+    /// The limit_req_zone (leaky_bucket or token_bucket) whose rate and burst are divided.
+    pub zone: Option<Spanned<String>>,
+    /// Requests allowed above the rate (0-1000000): the Envoys' max_tokens sum to burst + 1.
+    #[schemars(extend("default" = 0))]
+    pub burst: Option<Spanned<i64>>,
+    /// Allow every request of the bucket (ALLOW_ALL).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub unlimited: bool,
+    /// Deny every request of the bucket (DENY_ALL): a limit of 0.
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub deny: bool,
 }
 
 /// `[[rls.domain.descriptor]]` (nested as `descriptor` inside one another): a rule for one entry.

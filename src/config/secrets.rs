@@ -6,33 +6,13 @@
 use std::path::PathBuf;
 
 use super::spanned::Spanned;
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use percent_encoding::utf8_percent_encode;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::error::{ConfigError, Source};
 use super::interpolate::EnvUse;
-
-/// Characters a password must not show raw in a URL's userinfo (RFC 3986 `userinfo`).
-const USERINFO: &AsciiSet = &CONTROLS
-    .add(b' ')
-    .add(b'"')
-    .add(b'#')
-    .add(b'%')
-    .add(b'/')
-    .add(b':')
-    .add(b'<')
-    .add(b'>')
-    .add(b'?')
-    .add(b'@')
-    .add(b'[')
-    .add(b'\\')
-    .add(b']')
-    .add(b'^')
-    .add(b'`')
-    .add(b'{')
-    .add(b'|')
-    .add(b'}');
+use super::redact::{redact_all, USERINFO};
 
 /// The most a secret file may hold: a token, a password or a key is far smaller; a path that
 /// points at something else (a log, a device) is refused rather than read into memory.
@@ -172,40 +152,6 @@ impl Secrets {
     }
 }
 
-/// How a secret may appear in a message: as it is, as a TOML, JSON or Rust string writes it (a
-/// parser error quotes the expanded line; `{:?}` escapes quotes and backslashes), and
-/// percent-encoded as in a URL's userinfo (`store.password` goes into the Redis URL).
-pub(super) fn forms(value: &str) -> Vec<String> {
-    let quoted = |s: String| s.get(1..s.len().saturating_sub(1)).unwrap_or_default().to_string();
-    let mut forms = vec![
-        value.to_string(),
-        quoted(super::interpolate::encode(value, 0)),
-        quoted(serde_json::Value::from(value).to_string()),
-        quoted(format!("{value:?}")),
-        utf8_percent_encode(value, USERINFO).to_string(),
-        utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC).to_string(),
-    ];
-    forms.sort();
-    forms.dedup();
-    forms
-}
-
-/// `message` with every form of each value shown as its replacement; values shorter than 3
-/// bytes are left (they would match everywhere). Longest first, so that a value containing
-/// another is replaced whole.
-pub(super) fn redact_all<'a>(message: &str, values: impl Iterator<Item = (String, &'a str)>) -> String {
-    let mut all: Vec<(String, String)> = values
-        .filter(|(_, value)| value.len() >= 3)
-        .flat_map(|(replacement, value)| forms(value).into_iter().map(move |form| (form, replacement.clone())))
-        .collect();
-    all.sort_by_key(|(form, _)| std::cmp::Reverse(form.len()));
-    let mut out = message.to_string();
-    for (form, replacement) in all {
-        out = out.replace(&form, &replacement);
-    }
-    out
-}
-
 /// `url` with `password` as its userinfo (`redis://host` → `redis://:pw@host`); refused when
 /// the URL holds credentials already.
 pub(super) fn url_with_password(url: &str, password: &str) -> Result<String, String> {
@@ -263,7 +209,7 @@ mod tests {
             secret.to_string(),
             format!("{secret:?}"),
             serde_json::Value::from(secret).to_string(),
-            crate::config::interpolate::encode(secret, 0),
+            crate::config::redact::encode(secret, 0),
             format!("redis://:{}@h", utf8_percent_encode(secret, USERINFO)),
         ] {
             let redacted = secrets.redact(&format!("bad {shown} here"));

@@ -24,6 +24,10 @@ impl<T> Spanned<T> {
         self.0.get_ref()
     }
 
+    pub fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut()
+    }
+
     pub fn into_inner(self) -> T {
         self.0.into_inner()
     }

@@ -323,6 +323,14 @@ pub(super) fn compile_store(
     }
 }
 
+/// The `store` label of the config's store, as the store itself reports it (`LimitStore::kind`).
+pub fn store_label(store: &StoreSettings) -> &'static str {
+    match store {
+        StoreSettings::Memory => "memory",
+        StoreSettings::Redis(..) => "redis",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

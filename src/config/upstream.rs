@@ -11,6 +11,7 @@ use super::spanned::Spanned;
 use crate::adaptive::{AdaptiveSpec, QueueSettings, Settings as AdaptiveSettings};
 
 use super::checks::{check_name, parse_duration, unique};
+use super::each::Each;
 use super::error::{ConfigError, Source};
 use super::schema;
 use crate::upstream::{
@@ -32,20 +33,25 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_millis(50);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+/// Every upstream that compiles, and an error for each that does not (see `each`).
 pub(super) fn compile_upstreams(
     src: &Source<'_>,
     list: Vec<Spanned<schema::Upstream>>,
     warnings: &mut Vec<String>,
-) -> Result<Vec<Upstream>, ConfigError> {
+) -> Each<Upstream> {
     let mut seen = HashMap::new();
-    let mut out = Vec::new();
+    let mut out = Each::default();
     for up in list {
         let up = up.into_inner();
-        check_name(src, &up.name, "upstream.name")?;
-        unique(src, &mut seen, &up.name, "upstream")?;
-        out.push(Upstream::new(compile_one(src, up, warnings)?));
+        let name = up.name.get_ref().clone();
+        let compiled = || {
+            check_name(src, &up.name, "upstream.name")?;
+            unique(src, &mut seen, &up.name, "upstream")?;
+            compile_one(src, up, warnings).map(Upstream::new)
+        };
+        out.push(&name, compiled());
     }
-    Ok(out)
+    out
 }
 
 /// Errors about one upstream: `file:line: upstream "app": field: what`.
@@ -120,6 +126,7 @@ fn compile_one(
         fail_timeout,
         max_conns: max_conns.map(|m| m as usize),
         addrs: Vec::new(),
+        unix: None,
     };
     let resolver = match &up.resolver {
         None => None,
@@ -134,7 +141,7 @@ fn compile_one(
         .servers
         .get_ref()
         .iter()
-        .map(|s| compile_server(&cx, s, &defaults, resolver))
+        .map(|s| compile_server(&cx, s, &defaults, resolver, warnings))
         .collect::<Result<Vec<_>, _>>()?;
 
     if let Some(UpstreamTls { sni: None, .. }) = &tls {
@@ -174,7 +181,13 @@ fn compile_one(
     let retry = compile_next_upstream(&cx, up.next_upstream.as_ref(), tries.map(|t| t as u32), timeout)?;
     let resolve_interval =
         cx.duration(&up.resolve_interval, "resolve_interval", MIN_INTERVAL, DEFAULT_RESOLVE_INTERVAL)?;
+    let check_span = up.health_check.as_ref().map(|h| h.span());
     let health_check = up.health_check.map(|h| compile_check(&cx, h)).transpose()?;
+    if let (Some(h), Some(span)) = (&health_check, check_span) {
+        if h.port.is_some() && servers.iter().any(|s| s.unix.is_some()) {
+            return Err(cx.err(&span, "health_check.port", "a unix socket server has no port: remove port"));
+        }
+    }
     let adaptive = up.adaptive.map(|a| compile_adaptive(&cx, a)).transpose()?;
     Ok(UpstreamSpec {
         name: cx.name.clone(),
@@ -353,6 +366,7 @@ fn compile_server(
     entry: &Spanned<String>,
     defaults: &ServerSpec,
     resolver: Option<SocketAddr>,
+    warnings: &mut Vec<String>,
 ) -> Result<ServerSpec, ConfigError> {
     let span = entry.span();
     let mut words = entry.get_ref().split_whitespace();
@@ -389,6 +403,23 @@ fn compile_server(
                 ));
             }
         }
+    }
+    if let Some(path) = target.strip_prefix("unix:") {
+        let path = unix_path(path).map_err(|e| cx.err(&span, "servers", format!("{target:?}: {e}")))?;
+        // The app may start after Weir: a missing socket is a note, and requests get 502 until it is there.
+        match cx.src.outside.is_socket(std::path::Path::new(path)) {
+            Some(true) | None => {}
+            Some(false) => warnings.push(format!(
+                "{}:{}: upstream {:?}: {path} is not a unix socket now (missing, or another kind of file): requests \
+                 get 502 until the upstream listens there",
+                cx.src.file,
+                cx.src.line_of(&span),
+                cx.name
+            )),
+        }
+        server.addrs = vec![crate::upstream::unix_identity(path)];
+        server.unix = Some(path.to_string());
+        return Ok(server);
     }
     if let Ok(addr) = target.parse::<SocketAddr>() {
         server.addrs = vec![addr];
@@ -536,6 +567,21 @@ fn parse_statuses(text: &str) -> Option<Vec<(u16, u16)>> {
             None => code(part).map(|c| (c, c)),
         })
         .collect()
+}
+
+/// The path of a `unix:` server: absolute (Weir may run in another directory than the app), and
+/// short enough for `sun_path` (108 bytes with the terminating NUL on Linux).
+fn unix_path(path: &str) -> Result<&str, String> {
+    if !path.starts_with('/') {
+        return Err("a unix socket path must be absolute (unix:/run/app.sock)".into());
+    }
+    if path.len() > 107 || path.contains('\0') {
+        return Err("a unix socket path holds at most 107 bytes and no NUL".into());
+    }
+    if path.ends_with('/') {
+        return Err("a unix socket path names a file, not a directory".into());
+    }
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub use stream::{GuardedStream, StreamLimits};
 pub use streams::{awaiting_body, body_progress, h2_options};
 pub use tls::TlsListeners;
 
+use crate::buffering::{Budgets, WriteBehind};
 use crate::config::Runtime;
 use crate::metrics::METRICS;
 use streams::StreamGate;
@@ -47,11 +48,14 @@ pub struct EdgeApp<A> {
     tls: Option<TlsListeners>,
     /// Cleartext HTTP/2 with prior knowledge is enabled (`server.h2c`).
     h2c: bool,
+    /// Every connection's response buffers together (`server.response_buffering`).
+    buffers: Arc<Budgets>,
 }
 
 impl<A: HttpServerApp> EdgeApp<A> {
     pub fn new(proxy: A, runtime: Arc<ArcSwap<Runtime>>, default_max_connections: usize) -> Self {
         let h2c = proxy.server_options().is_some_and(|o| o.h2c);
+        let buffers = Arc::new(Budgets::metered(&runtime.load().server.clients.response_buffering));
         Self {
             proxy: Arc::new(proxy),
             runtime,
@@ -59,6 +63,7 @@ impl<A: HttpServerApp> EdgeApp<A> {
             default_max_connections,
             tls: None,
             h2c,
+            buffers,
         }
     }
 
@@ -133,6 +138,14 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for EdgeApp<A> {
                 }
             }
             None => (stream, false),
+        };
+        let buffering = &clients.response_buffering;
+        let stream: Stream = if buffering.enabled && !multiplexed {
+            // HTTP/1: the response is taken ahead of a slow client (HTTP/2: see buffering/mod.rs).
+            self.buffers.apply(buffering);
+            Box::new(WriteBehind::new(stream, buffering.clone(), self.buffers.clone(), clients.send_timeout))
+        } else {
+            stream
         };
         let guarded: Stream = Box::new(GuardedStream::new(stream, limits, permit, multiplexed));
         if multiplexed {

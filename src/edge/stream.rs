@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::caps::ConnPermit;
+use crate::buffering::WriteBehind;
 use crate::metrics::METRICS;
 
 /// Reading a request head: the header deadline runs and bytes are counted.
@@ -59,7 +60,9 @@ pub struct GuardedStream {
     /// (an h2 session has no stream of its own). Only the connection preface is timed; request
     /// heads are bounded by h2's header-list limit, idleness by `h2_idle_timeout`.
     multiplexed: bool,
-    _permit: ConnPermit,
+    /// The connection's place under the caps; handed to the buffering layer below at drop when
+    /// it still has response bytes to send (the place is held until they are sent).
+    permit: Option<ConnPermit>,
 }
 
 /// The HTTP/2 connection preface's length: once it is in, an h2 connection is past its head.
@@ -78,7 +81,7 @@ impl GuardedStream {
             timer: None,
             head_bytes: 0,
             multiplexed,
-            _permit: permit,
+            permit: Some(permit),
         }
     }
 
@@ -106,6 +109,11 @@ impl GuardedStream {
 impl Drop for GuardedStream {
     fn drop(&mut self) {
         METRICS.connections_open.dec();
+        if let (Some(below), Some(permit)) = (WriteBehind::of(&self.inner), self.permit.take()) {
+            if below.pending() > 0 {
+                below.keep_until_sent(Box::new(permit));
+            }
+        }
     }
 }
 
@@ -155,6 +163,9 @@ impl GuardedStream {
     /// The socket had nothing: `Pending` until the phase's deadline, then the cut.
     fn wait(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let timeout = match self.armed_for {
+            // A response still being sent from the buffer below is no idle connection: the
+            // buffer's own `send_timeout` bounds it, the keep-alive wait starts after it.
+            IDLE if WriteBehind::of(&self.inner).is_some_and(|below| below.pending() > 0) => return Poll::Pending,
             HEAD => self.limits.header_timeout,
             IDLE => self.limits.keepalive_timeout,
             _ => return Poll::Pending,

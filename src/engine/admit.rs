@@ -16,11 +16,11 @@ use http::header::{HeaderMap, HeaderName, HOST};
 use http::Method;
 
 use super::access::allowed;
+use super::dry_run::Groups;
 use super::keyed::{keyed_conns, keyed_zones, request_cost, Unauthorized};
 use super::outcome::Outcome;
-use super::policy::Groups;
 use super::refusal::{Answer, Refusal};
-use crate::config::{Route, Runtime, UnderscoreHeaders};
+use crate::config::{OverrideMatch, Route, Runtime, UnderscoreHeaders};
 use crate::keys::jwt::TokenError;
 use crate::keys::{AmbiguousKey, RequestFacts};
 use crate::request::host::{Host, HostError};
@@ -184,9 +184,12 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
 
     let route_index = match head.route {
         Some(known) => known,
-        None => routes::find(&rt.matchers, host.as_ref().map(|h| h.name.as_ref()), method, &path).ok_or_else(|| {
-            Refused { route: None, outcome: Outcome::NoRoute, answer: Answer::new(404, Refusal::NoRoute) }
-        })?,
+        None => routes::find(&rt.matchers, rt.route_order, host.as_ref().map(|h| h.name.as_ref()), method, &path)
+            .ok_or_else(|| Refused {
+                route: None,
+                outcome: Outcome::NoRoute,
+                answer: Answer::new(404, Refusal::NoRoute),
+            })?,
     };
     let route = &rt.routes[route_index];
     // Like nginx's allow/deny, on the real client address; before any key, so refused clients
@@ -205,6 +208,7 @@ pub fn admit<'rt>(rt: &'rt Runtime, head: &Head<'_>) -> Result<Plan<'rt>, Refuse
     };
     facts.jwt = rt.jwt.as_ref();
     facts.now_secs = head.unix_secs;
+    facts.method = Some(method);
     if let Some(ambiguous) = ambiguous_key(rt, route, &facts) {
         return Err(bad(rt, BadRequest::AmbiguousKey, ambiguous, Some(route_index)));
     }
@@ -235,11 +239,23 @@ fn decided_host<'h>(
     Ok(Some(host))
 }
 
-/// The first key of the route's zones that the request gives twice with different values.
+/// The first key of the route's zones, or part an override of them or of the route's pace
+/// matches on, that the request gives twice with different values: an override read from the
+/// first of two header lines (`partner`, then `free`) would pace or limit by a value the upstream
+/// may not read.
 fn ambiguous_key(rt: &Runtime, route: &Route, facts: &RequestFacts<'_>) -> Option<AmbiguousKey> {
     let rate_keys = route.limits.iter().map(|zl| &rt.zones[zl.zone].key);
     let conn_keys = route.conn_limits.iter().map(|cl| &rt.conn_zones[cl.zone].key);
-    rate_keys.chain(conn_keys).find_map(|spec| spec.ambiguity(facts))
+    let zone_matches = route.limits.iter().flat_map(|zl| rt.zones[zl.zone].overrides.iter().map(|o| &o.matcher));
+    let pace_matches = route.limit_rate.iter().flat_map(|l| l.overrides.iter().map(|(m, _)| m));
+    let mut override_parts = zone_matches.chain(pace_matches).filter_map(|m| match m {
+        OverrideMatch::Part(part, _) => Some(part),
+        OverrideMatch::ClientIp(_) => None,
+    });
+    rate_keys
+        .chain(conn_keys)
+        .find_map(|spec| spec.ambiguity(facts))
+        .or_else(|| override_parts.find_map(|part| part.ambiguity(facts)))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use super::policy::Groups;
+use super::dry_run::Groups;
 use super::stores::Stores;
 use crate::config::{ResponseCost, Route, Runtime};
 use crate::limit::DelayPolicy;
@@ -253,7 +253,7 @@ impl ResponseCharges {
 ///   bucket holds, into debt up to the zone's cap (`LimitStore::charge`).
 async fn charge_due(due: &[(&Owed, u64)], status: u16, stores: &Stores) -> usize {
     fn keyed(d: &Owed, limit: crate::limit::LimitReq, cost: u64) -> KeyedZone<'_> {
-        KeyedZone { zone: &d.zone, key: d.key.clone(), limit, cost, dry_run: d.dry_run, reference: 0 }
+        KeyedZone { zone: &d.zone, key: d.key.clone(), limit, cost, dry_run: d.dry_run, reference: 0, lease: None }
     }
     let counted: Vec<KeyedZone<'_>> =
         due.iter().filter(|(d, _)| d.response_cost.is_none()).map(|&(d, cost)| keyed(d, d.limit, cost)).collect();

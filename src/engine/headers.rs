@@ -113,7 +113,8 @@ mod tests {
         let zones = [KeyedZone::new("per_ip", "k", limit, 1)];
         assert_eq!(policy(&[], &zones), "\"per_ip\";q=21;w=3");
         // The item compiled for the route's reference, unless an override changed the limit.
-        let configured = [ZoneLimit { zone: 0, limit, dry_run: false, policy: "compiled".into() }];
+        let configured =
+            [ZoneLimit { zone: 0, limit, dry_run: false, policy: "compiled".into(), conditions: Default::default() }];
         assert_eq!(policy(&configured, &zones), "compiled");
         let overridden = [KeyedZone::new("per_ip", "k", LimitReq { burst: 4, ..limit }, 1), zones[0].clone()];
         assert_eq!(policy(&configured, &overridden), "\"per_ip\";q=5;w=1, compiled");

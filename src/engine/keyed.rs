@@ -5,7 +5,7 @@
 //! [`keyed_zone`].
 
 use super::after_response::charged_after_response;
-use super::policy::Groups;
+use super::dry_run::Groups;
 use crate::config::{Cost, Route, Runtime};
 use crate::keys::{BadToken, KeySpec, RequestFacts};
 use crate::limit::DelayPolicy;
@@ -24,6 +24,10 @@ pub fn keyed_zones<'a>(
 ) -> Result<Groups<KeyedZone<'a>>, Unauthorized<'a>> {
     let mut keyed = Vec::with_capacity(route.limits.len());
     for (i, zl) in route.limits.iter().enumerate() {
+        // A reference its conditions exempt is not keyed at all: no bucket for a made-up token.
+        if !zl.conditions.is_empty() && !super::conditions::applies(&zl.conditions, facts) {
+            continue;
+        }
         let zone = &rt.zones[zl.zone];
         let Some(key) = request_key(&zone.name, &zone.key, facts)? else {
             empty.push(&zone.name);
@@ -63,7 +67,7 @@ pub fn keyed_zone<'a>(
             }
         }
     }
-    Some(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference })
+    Some(KeyedZone { zone: &zone.name, key, limit, cost, dry_run: zl.dry_run, reference, lease: zone.lease })
 }
 
 /// The key step of limit_conn: the route's conn zones whose key for this request is not empty
@@ -76,6 +80,9 @@ pub fn keyed_conns<'a>(
 ) -> Result<Groups<KeyedConn<'a>>, Unauthorized<'a>> {
     let mut keyed = Vec::with_capacity(route.conn_limits.len());
     for (i, cl) in route.conn_limits.iter().enumerate() {
+        if !cl.conditions.is_empty() && !super::conditions::applies(&cl.conditions, facts) {
+            continue;
+        }
         let zone = &rt.conn_zones[cl.zone];
         match request_key(&zone.name, &zone.key, facts)? {
             Some(key) => {

@@ -8,8 +8,8 @@
 //! store calls concurrently within that one task.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{self, StreamExt};
@@ -66,6 +66,12 @@ pub struct LeaseKeeper {
     orphans: Mutex<Vec<Kept>>,
     orphaned: Notify,
     next: AtomicU64,
+    /// Whether [`LeaseKeeper::run`] is running (only then can it give leases back at exit).
+    running: AtomicBool,
+    /// Asked by [`LeaseKeeper::release_at_exit`]: give every lease back, then stop.
+    stopping: Notify,
+    /// Set once that is done, for the thread waiting in `release_at_exit`.
+    stopped: (Mutex<bool>, Condvar),
 }
 
 impl LeaseKeeper {
@@ -76,7 +82,31 @@ impl LeaseKeeper {
             orphans: Mutex::default(),
             orphaned: Notify::new(),
             next: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            stopping: Notify::new(),
+            stopped: (Mutex::new(false), Condvar::new()),
         })
+    }
+
+    /// At a graceful shutdown, once the front doors have stopped: gives back every lease still
+    /// held or dropped unreleased (a request cut at the end of the grace period), waiting at
+    /// most `timeout`. Else each would keep its key full for `lease_ttl` after a restart.
+    /// Returns how many were given back (0 when the keeper is not running: on a store whose
+    /// leases never expire, the process's end frees them).
+    pub fn release_at_exit(&self, timeout: std::time::Duration) -> usize {
+        if !self.running.load(Ordering::Acquire) {
+            return 0;
+        }
+        let count = lock(&self.held).len() + lock(&self.orphans).len();
+        self.stopping.notify_one();
+        let (done, signal) = &self.stopped;
+        let guard = lock(done);
+        let (guard, waited) =
+            signal.wait_timeout_while(guard, timeout, |done| !*done).unwrap_or_else(|p| p.into_inner());
+        if waited.timed_out() && !*guard {
+            tracing::warn!(leases = count, ?timeout, "leases not all given back at exit; the rest expire by lease_ttl");
+        }
+        count
     }
 
     /// Leases kept alive now (tests).
@@ -87,6 +117,7 @@ impl LeaseKeeper {
     /// Renews the held leases every `renew_every` and gives back orphans as they come; for the
     /// process's life. A store whose leases never expire needs only the second.
     pub async fn run(&self) {
+        self.running.store(true, Ordering::Release);
         let every = self.store.renew_every();
         let mut due = every.map(|every| tokio::time::Instant::now() + every);
         loop {
@@ -102,6 +133,15 @@ impl LeaseKeeper {
                     due = every.map(|every| tokio::time::Instant::now() + every);
                 }
                 () = self.orphaned.notified() => self.release_orphans().await,
+                () = self.stopping.notified() => {
+                    let held: Vec<Kept> = lock(&self.held).drain().map(|(_, kept)| kept).collect();
+                    self.call_each(held, Call::Release).await;
+                    self.release_orphans().await;
+                    let (done, signal) = &self.stopped;
+                    *lock(done) = true;
+                    signal.notify_all();
+                    return;
+                }
             }
         }
     }
@@ -116,15 +156,21 @@ impl LeaseKeeper {
         self.call_each(orphans, Call::Release).await;
     }
 
-    /// `call` on each lease, [`IN_FLIGHT`] at a time, within this task. A failure is only logged:
-    /// a renewal is tried again next round, a lease not given back expires by its TTL.
+    /// `call` on each lease, [`IN_FLIGHT`] at a time, within this task. A release that fails is
+    /// tried once more at once: the connection may have been made on a runtime that has since
+    /// stopped (the proxy's, at a shutdown), and the first call's error is what makes it
+    /// reconnect here. Then a failure is only logged: a renewal is tried again next round, a
+    /// lease not given back expires by its TTL.
     async fn call_each(&self, leases: Vec<Kept>, call: Call) {
         let calls = leases.into_iter().map(|kept| {
             let store = self.store.clone();
             async move {
                 let result = match call {
                     Call::Renew => store.renew(&kept.keys, &kept.id).await,
-                    Call::Release => store.release(&kept.keys, &kept.id).await,
+                    Call::Release => match store.release(&kept.keys, &kept.id).await {
+                        Ok(()) => Ok(()),
+                        Err(_) => store.release(&kept.keys, &kept.id).await,
+                    },
                 };
                 if let Err(e) = result {
                     debug!(lease = %kept.id, error = %e, call = call.as_str(), "lease call failed");
@@ -308,6 +354,38 @@ mod tests {
         }
         assert_eq!(expiring.held().await, 0);
         running.abort();
+    }
+
+    /// At exit the keeper gives back every lease still held and every one dropped unreleased,
+    /// then stops; `release_at_exit` waits for that.
+    #[test]
+    fn at_exit_every_lease_is_given_back() {
+        let expiring = Arc::new(Expiring::default());
+        let store: Arc<dyn ConnStore> = expiring.clone();
+        let keeper = LeaseKeeper::new(store.clone());
+        assert_eq!(keeper.release_at_exit(Duration::from_secs(1)), 0, "no keeper running: nothing to wait for");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let zone = [KeyedConn::new("conn", "a", 5)];
+        let keys = vec![LeaseKey { zone: "conn".into(), key: b"a".to_vec() }];
+        let mut leases = Vec::new();
+        for id in ["1", "2", "3"] {
+            assert!(rt.block_on(store.acquire(&zone, id)).unwrap().admitted);
+            leases.push(Lease::hold(store.clone(), keys.clone(), id.into(), &Unobserved, &keeper));
+        }
+        drop(leases.pop());
+        let running = std::thread::spawn({
+            let keeper = keeper.clone();
+            move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(keeper.run());
+            }
+        });
+        while !keeper.running.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        keeper.release_at_exit(Duration::from_secs(10));
+        assert_eq!(rt.block_on(expiring.held()), 0, "held and dropped leases given back");
+        running.join().expect("the keeper stops after giving them back");
     }
 
     /// On a store where leases never expire nothing is kept, and a dropped lease goes back at

@@ -4,10 +4,12 @@
 
 use std::sync::Arc;
 
+use super::dry_run::Groups;
+use super::fleet_share::fleet_shares;
 use super::lease::{new_lease_id, Lease};
-use super::policy::{self, Groups, Resolved};
 use super::refusal::{Answer, Refusal};
 use super::status::Statuses;
+use super::store_failure::{self, Resolved};
 use super::stores::ConnStores;
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::store::{ConnStore, KeyedConn, LeaseKey};
@@ -36,7 +38,7 @@ pub async fn acquire<'a>(
         }
         let lease_id = new_lease_id();
         let result = stores.primary.acquire(group, &lease_id).await;
-        let resolved = policy::resolve(
+        let resolved = store_failure::resolve(
             result,
             rt,
             route,
@@ -54,7 +56,7 @@ pub async fn acquire<'a>(
                 return outcome;
             }
             Resolved::Local { fleet_size } => {
-                (stores.local.acquire_now(&policy::fleet_shares(group, fleet_size)), stores.local.clone())
+                (stores.local.acquire_now(&fleet_shares(group, fleet_size)), stores.local.clone())
             }
         };
         let zones = group
@@ -79,7 +81,8 @@ pub async fn acquire<'a>(
 
 /// limit_conn's answer for a full zone: `limit_conn_status`, the cap in the RateLimit fields.
 fn rejection<'a>(route: &'a Route, full: &KeyedConn<'a>) -> Answer<'a> {
-    let refusal = Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max };
+    let own_body = route.rejection.as_ref();
+    let refusal = Refusal::TooManyConcurrent { route: &route.name, zone: full.zone, max: full.max, own_body };
     Answer::new(route.conn_status, refusal)
         .for_grpc(route.grpc_status)
         .with_header("RateLimit-Policy", format!("\"{}\";q={};qu=\"concurrent-requests\"", full.zone, full.max))

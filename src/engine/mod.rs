@@ -9,7 +9,7 @@
 //!
 //! 1. [`Ticket::rule`] (`async`), once, when the request's head is in. Admits it (target, host,
 //!    method, route, allow/deny, keys, cost: `admit.rs`) and decides its `limit_req` zones, all
-//!    of them at once, all or nothing (`limit_req.rs`, the failure policy in `policy.rs`).
+//!    of them at once, all or nothing (`limit_req.rs`, the failure policy in `store_failure.rs`).
 //!    Returns [`Ruling::Refuse`] with the [`Answer`] to send (400, 401, 403, 404, 429, …; the
 //!    ticket is settled, go to 4) or [`Ruling::Forward`] with the rewrite to apply (the request
 //!    is forwarded exactly as decided on) and a delay. The front door waits the delay out without
@@ -43,7 +43,9 @@
 //! # Rooms
 //! - `ticket.rs`: the order above; `admit.rs`: the pure step before any limit; `keyed.rs`: the
 //!   key step of both limit kinds; `limit_req.rs`, `limit_conn.rs` + `lease.rs`: the two limit
-//!   kinds through the stores; `policy.rs`: dry-run groups and the failure policy;
+//!   kinds through the stores; `dry_run.rs`: enforced zones apart from dry-run ones;
+//!   `store_failure.rs`: a failed store call through the failure policy; `fleet_share.rs`: the
+//!   `local` policy's share of each limit;
 //!   `after_response.rs`: charges decided by the response; `pacing.rs`: `limit_rate`.
 //! - What was decided: [`Outcome`] (one vocabulary for metrics, logs, the rate limit service,
 //!   replay and the live view), `status.rs` (nginx's `$limit_req_status` words), [`Answer`] and
@@ -54,6 +56,9 @@
 mod access;
 mod admit;
 mod after_response;
+mod conditions;
+mod dry_run;
+mod fleet_share;
 mod headers;
 mod keyed;
 mod lease;
@@ -63,9 +68,9 @@ mod observe;
 mod outcome;
 mod overrides;
 mod pacing;
-mod policy;
 mod refusal;
 mod status;
+mod store_failure;
 mod stores;
 mod ticket;
 
@@ -77,13 +82,14 @@ use http::HeaderMap;
 pub use access::allowed;
 pub use admit::{BadRequest, Forward, Head};
 pub use after_response::{response_cost_fields, Ending};
+pub use conditions::applies as conditions_apply;
+pub use dry_run::Groups;
 pub use headers::zone_remaining;
 pub use keyed::keyed_zone;
 pub use lease::LeaseKeeper;
 pub use limit_req::{enforce, Action, Enforcement};
 pub use observe::{Door, Observer, Report, Unobserved};
 pub use outcome::Outcome;
-pub use policy::Groups;
 pub use refusal::{Answer, Refusal};
 pub use status::{LimitStatus, Statuses};
 pub use stores::{ConnStores, Stores};

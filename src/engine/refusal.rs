@@ -45,11 +45,12 @@ impl<'a> Answer<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal<'a> {
     /// 429 (or `limit_req_status`): `retry_after` is `None` when the request can never pass.
-    RateLimited { route: &'a str, zone: &'a str, retry_after: Option<u64> },
+    /// `own_body`: the route's `rejection_body`, written instead of the JSON (on these three).
+    RateLimited { route: &'a str, zone: &'a str, retry_after: Option<u64>, own_body: OwnBody<'a> },
     /// The limits could not be decided and the failure policy is `deny`.
-    LimiterUnavailable { route: &'a str },
+    LimiterUnavailable { route: &'a str, own_body: OwnBody<'a> },
     /// 503 (or `limit_conn_status`): a concurrency cap is full.
-    TooManyConcurrent { route: &'a str, zone: &'a str, max: u32 },
+    TooManyConcurrent { route: &'a str, zone: &'a str, max: u32, own_body: OwnBody<'a> },
     /// 400: `error` says which check failed, `detail` what was wrong; `route` once one matched.
     BadRequest { error: &'static str, detail: String, route: Option<&'a str> },
     /// 404: no route matches.
@@ -71,7 +72,20 @@ pub enum Refusal<'a> {
     TooManyConnections { cap: &'static str },
 }
 
-impl Refusal<'_> {
+/// A route's `rejection_body`, when it has one.
+pub type OwnBody<'a> = Option<&'a crate::config::OwnBody>;
+
+impl<'a> Refusal<'a> {
+    /// The route's own body for this refusal (`rejection_body`), instead of the JSON.
+    pub fn own_body(&self) -> OwnBody<'a> {
+        match self {
+            Refusal::RateLimited { own_body, .. }
+            | Refusal::LimiterUnavailable { own_body, .. }
+            | Refusal::TooManyConcurrent { own_body, .. } => *own_body,
+            _ => None,
+        }
+    }
+
     /// Refused by limit_req's zones (or, for them, by the `deny` failure policy): the store was
     /// asked.
     pub fn by_limit_req(&self) -> bool {
@@ -80,17 +94,17 @@ impl Refusal<'_> {
 
     pub fn body(&self) -> String {
         line(match self {
-            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
+            Refusal::RateLimited { route, zone, retry_after: Some(secs), .. } => {
                 json!({ "error": "rate_limited", "route": route, "zone": zone, "retry_after": secs })
             }
-            Refusal::RateLimited { route, zone, retry_after: None } => json!({
+            Refusal::RateLimited { route, zone, retry_after: None, .. } => json!({
                 "error": "request_too_costly", "route": route, "zone": zone, "retry_after": null,
                 "detail": "the request costs more than the zone can ever admit at once, so it can never pass",
             }),
-            Refusal::LimiterUnavailable { route } => {
+            Refusal::LimiterUnavailable { route, .. } => {
                 json!({ "error": "limiter_unavailable", "route": route, "retry_after": 1 })
             }
-            Refusal::TooManyConcurrent { route, zone, max } => json!({
+            Refusal::TooManyConcurrent { route, zone, max, .. } => json!({
                 "error": "too_many_concurrent_requests", "route": route, "zone": zone, "max": max, "retry_after": 1
             }),
             Refusal::BadRequest { error, detail, route: Some(route) } => {
@@ -122,14 +136,14 @@ impl Refusal<'_> {
     /// `rate limited: route api, zone per_ip, retry after 3s`.
     pub fn grpc_message(&self) -> String {
         match self {
-            Refusal::RateLimited { route, zone, retry_after: Some(secs) } => {
+            Refusal::RateLimited { route, zone, retry_after: Some(secs), .. } => {
                 format!("rate limited: route {route}, zone {zone}, retry after {secs}s")
             }
-            Refusal::RateLimited { route, zone, retry_after: None } => {
+            Refusal::RateLimited { route, zone, retry_after: None, .. } => {
                 format!("request too costly: route {route}, zone {zone}")
             }
-            Refusal::LimiterUnavailable { route } => format!("limiter unavailable: route {route}, retry after 1s"),
-            Refusal::TooManyConcurrent { route, zone, max } => {
+            Refusal::LimiterUnavailable { route, .. } => format!("limiter unavailable: route {route}, retry after 1s"),
+            Refusal::TooManyConcurrent { route, zone, max, .. } => {
                 format!("too many concurrent requests: route {route}, zone {zone}, max {max}, retry after 1s")
             }
             Refusal::UpstreamOverloaded { .. } => "upstream overloaded: adaptive concurrency limit".to_string(),
@@ -146,10 +160,10 @@ mod tests {
     #[test]
     fn bodies_are_one_json_object_per_line() {
         for refusal in [
-            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) },
-            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None },
-            Refusal::LimiterUnavailable { route: "api" },
-            Refusal::TooManyConcurrent { route: "api", zone: "c", max: 10 },
+            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3), own_body: None },
+            Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None, own_body: None },
+            Refusal::LimiterUnavailable { route: "api", own_body: None },
+            Refusal::TooManyConcurrent { route: "api", zone: "c", max: 10, own_body: None },
             Refusal::NoRoute,
             Refusal::Forbidden { route: "api" },
             Refusal::BadRequest { error: "bad_path", detail: "a \"quoted\" detail".into(), route: None },
@@ -166,10 +180,10 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             assert!(v["error"].is_string(), "{body}");
         }
-        let limited = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) };
+        let limited = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3), own_body: None };
         let v: serde_json::Value = serde_json::from_str(&limited.body()).unwrap();
         assert_eq!(v, json!({"error": "rate_limited", "route": "api", "zone": "per_ip", "retry_after": 3}));
-        let costly = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None };
+        let costly = Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None, own_body: None };
         let v: serde_json::Value = serde_json::from_str(&costly.body()).unwrap();
         assert_eq!(v["retry_after"], serde_json::Value::Null);
     }
@@ -180,16 +194,19 @@ mod tests {
     fn grpc_messages_carry_the_body_facts() {
         let cases = [
             (
-                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3) },
+                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: Some(3), own_body: None },
                 "rate limited: route api, zone per_ip, retry after 3s",
             ),
             (
-                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None },
+                Refusal::RateLimited { route: "api", zone: "per_ip", retry_after: None, own_body: None },
                 "request too costly: route api, zone per_ip",
             ),
-            (Refusal::LimiterUnavailable { route: "api" }, "limiter unavailable: route api, retry after 1s"),
             (
-                Refusal::TooManyConcurrent { route: "api", zone: "c", max: 2 },
+                Refusal::LimiterUnavailable { route: "api", own_body: None },
+                "limiter unavailable: route api, retry after 1s",
+            ),
+            (
+                Refusal::TooManyConcurrent { route: "api", zone: "c", max: 2, own_body: None },
                 "too many concurrent requests: route api, zone c, max 2, retry after 1s",
             ),
         ];

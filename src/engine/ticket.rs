@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use super::admit::{admit, Forward, Head};
 use super::after_response::{Ending, ResponseCharges};
+use super::dry_run::Groups;
 use super::lease::Lease;
 use super::limit_conn;
 use super::limit_req::{self, Action, Enforcement};
 use super::observe::{Door, Observer, Report, Unobserved};
 use super::outcome::Outcome;
 use super::pacing::Pace;
-use super::policy::Groups;
 use super::refusal::Answer;
 use super::status::{LimitStatus, Statuses};
 use super::stores::{ConnStores, Stores};

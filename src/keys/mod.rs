@@ -128,6 +128,8 @@ pub struct RequestFacts<'a> {
     /// The request's time in seconds since the Unix epoch, for a token's `exp`/`nbf`; `None`:
     /// now (read only when a token is verified).
     pub now_secs: Option<u64>,
+    /// The method routes matched on, for a limit's `method` condition; `None` outside a route.
+    pub method: Option<&'a http::Method>,
     token: OnceCell<Result<Claims, TokenError>>,
 }
 
@@ -142,6 +144,7 @@ impl<'a> RequestFacts<'a> {
             path_regex: None,
             jwt: None,
             now_secs: None,
+            method: None,
             token: OnceCell::new(),
         }
     }
@@ -283,20 +286,7 @@ pub struct AmbiguousKey(pub String);
 impl KeySpec {
     /// The first part of this key a request carries ambiguously, if any.
     pub fn ambiguity(&self, req: &RequestFacts<'_>) -> Option<AmbiguousKey> {
-        self.parts.iter().chain(self.fallback_parts()).find_map(|part| {
-            let ambiguous = match part {
-                KeyPart::ClientIp
-                | KeyPart::IpPrefix(_)
-                | KeyPart::Route
-                | KeyPart::Const(_)
-                | KeyPart::PathPart(_) => false,
-                KeyPart::Claim(_) => req.headers.get_all(AUTHORIZATION).iter().nth(1).is_some(),
-                KeyPart::Header(name) => req.headers.get_all(name).iter().nth(1).is_some(),
-                KeyPart::Query(name) => differ(query_args(req.query, name)),
-                KeyPart::Cookie(name) => differ(cookies(req.headers, name)),
-            };
-            ambiguous.then(|| AmbiguousKey(part.describe()))
-        })
+        self.parts.iter().chain(self.fallback_parts()).find_map(|part| part.ambiguity(req))
     }
 
     fn fallback_parts(&self) -> &[KeyPart] {
@@ -308,8 +298,33 @@ impl KeySpec {
 }
 
 impl KeyPart {
+    /// Whether a request carries this part ambiguously (a header line twice, a query argument or
+    /// cookie twice with different values): the same test for a key and for an override's match.
+    pub fn ambiguity(&self, req: &RequestFacts<'_>) -> Option<AmbiguousKey> {
+        let ambiguous = match self {
+            KeyPart::ClientIp | KeyPart::IpPrefix(_) | KeyPart::Route | KeyPart::Const(_) | KeyPart::PathPart(_) => {
+                false
+            }
+            KeyPart::Claim(_) => req.headers.get_all(AUTHORIZATION).iter().nth(1).is_some(),
+            KeyPart::Header(name) => req.headers.get_all(name).iter().nth(1).is_some(),
+            KeyPart::Query(name) => differ(query_args(req.query, name)),
+            KeyPart::Cookie(name) => differ(cookies(req.headers, name)),
+        };
+        ambiguous.then(|| AmbiguousKey(self.describe()))
+    }
+
     /// This part's value for a request alone (bounded like a whole key; empty when absent).
     /// A claim that cannot be had is empty here (the zone's token policy acts on the whole key).
+    /// The part's value as the request gives it, never hashed however long (a limit's
+    /// condition compares or matches it); empty when absent.
+    pub fn raw_value(&self, req: &RequestFacts<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        if part_value(self, req, &mut out).is_err() {
+            out.clear();
+        }
+        out
+    }
+
     pub fn value(&self, req: &RequestFacts<'_>) -> Vec<u8> {
         let mut out = Vec::new();
         if part_value(self, req, &mut out).is_err() {
@@ -403,11 +418,13 @@ pub fn hashed(key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// nginx `set_real_ip_from` + `real_ip_header` + `real_ip_recursive on`.
+/// nginx `set_real_ip_from` + `real_ip_header` + `real_ip_recursive` (on by default).
 #[derive(Debug, Clone)]
 pub struct RealIp {
     pub trusted: Vec<IpNet>,
     pub header: HeaderName,
+    /// `real_ip_recursive on`: walk past trusted hops; off: the header's last address, trusted or not.
+    pub recursive: bool,
 }
 
 impl RealIp {
@@ -423,6 +440,15 @@ impl RealIp {
         let mut current = canonical(peer);
         if !self.is_trusted(&current) {
             return current;
+        }
+        if !self.recursive {
+            // nginx with `real_ip_recursive off`: the rightmost address of the last line, if it
+            // is one; else the peer.
+            let last = headers.get_all(&self.header).iter().next_back();
+            return last
+                .and_then(|line| line.as_bytes().rsplit(|&b| b == b',').next())
+                .and_then(parse_hop)
+                .unwrap_or(current);
         }
         for line in headers.get_all(&self.header).iter().rev() {
             for hop in line.as_bytes().rsplit(|&b| b == b',') {
@@ -491,6 +517,7 @@ mod tests {
         RealIp {
             trusted: trusted.iter().map(|t| t.parse().unwrap()).collect(),
             header: HeaderName::from_static("x-forwarded-for"),
+            recursive: true,
         }
     }
 
@@ -517,6 +544,19 @@ mod tests {
         assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("10.0.0.1"));
         // No header: the peer.
         assert_eq!(r.client_ip(ip("127.0.0.1"), &HeaderMap::new()), ip("127.0.0.1"));
+    }
+
+    #[test]
+    fn without_recursion_the_last_address_is_the_client_even_if_trusted() {
+        let r = RealIp { recursive: false, ..real_ip(&["10.0.0.0/8", "127.0.0.1/32"]) };
+        let h = headers(&[("x-forwarded-for", b"198.51.100.1, 203.0.113.9, 10.1.2.3")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("10.1.2.3"));
+        let h = headers(&[("x-forwarded-for", b"203.0.113.9"), ("x-forwarded-for", b"198.51.100.7")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("198.51.100.7"));
+        let h = headers(&[("x-forwarded-for", b"203.0.113.9, garbage")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &h), ip("127.0.0.1"));
+        // An untrusted peer is the client, as with recursion.
+        assert_eq!(r.client_ip(ip("192.0.2.1"), &h), ip("192.0.2.1"));
     }
 
     #[test]

@@ -12,13 +12,26 @@
 //! carry the time to the window's end as their retry, as the peer's `duration_until_reset` does.
 
 use super::evaluation::Evaluation;
-use super::LimitReq;
+use super::{stored, LimitReq};
 
 /// Admissions (in cost units) in the window starting at `start_us`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowState {
     pub start_us: u64,
     pub count: u64,
+}
+
+impl WindowState {
+    /// The state as `lua/limit_req/fixed_window.lua` stores it, split on ' ': "f <start_us>
+    /// <count>". `None`: not this algorithm's text.
+    pub fn from_stored(words: &[&str]) -> Option<Self> {
+        match words {
+            ["f", start_us, count] => {
+                Some(Self { start_us: stored::integer(start_us)?, count: stored::integer(count)? })
+            }
+            _ => None,
+        }
+    }
 }
 
 pub fn evaluate(limit: &LimitReq, state: Option<WindowState>, now_us: u64, cost: u64) -> Evaluation<WindowState> {

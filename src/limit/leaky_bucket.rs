@@ -16,7 +16,7 @@
 //! ```
 
 use super::evaluation::{ceil_us, Evaluation};
-use super::{DelayPolicy, LimitReq};
+use super::{stored, DelayPolicy, LimitReq};
 
 /// The state of a leaky bucket per (zone, key).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +25,17 @@ pub struct BucketState {
     pub level: f64,
     /// When `level` was measured, in µs since the epoch. Never moves backwards.
     pub last_us: u64,
+}
+
+impl BucketState {
+    /// The state as `lua/limit_req/leaky_bucket.lua` stores it, split on ' ': "<level> <last_us>",
+    /// untagged (the format of earlier versions). `None`: not this algorithm's text.
+    pub fn from_stored(words: &[&str]) -> Option<Self> {
+        match words {
+            [level, last_us] => Some(Self { level: stored::fraction(level)?, last_us: stored::integer(last_us)? }),
+            _ => None,
+        }
+    }
 }
 
 /// Evaluates one zone for one request of `cost` at `now_us`. Pure: the caller decides whether to

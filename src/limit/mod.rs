@@ -5,17 +5,24 @@
 //! module that reads it; `ManualClock` in tests). The same functions drive the embedded
 //! `memory` store and the local fallback, and they are the reference that the Lua scripts in
 //! `lua/` are tested against (see `tests/lua_differential.rs`).
+//!
+//! One file per algorithm (its decision, its state and that state's stored text), each with its
+//! Lua twin `lua/limit_req/<algorithm>.lua` and its table of cases `tables/<algorithm>.rs`;
+//! `state.rs` dispatches on the algorithm, `verdict.rs` decides a request's zones together. The
+//! recipe for a new algorithm is in docs/architecture.md.
 
 mod clock;
 mod evaluation;
 pub mod fields;
 mod fixed_window;
 mod leaky_bucket;
+pub mod lease;
 mod params;
 mod rate;
 mod sliding_log;
 mod sliding_window;
 mod state;
+mod stored;
 mod token_bucket;
 mod verdict;
 

@@ -18,18 +18,23 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of `id()` (checked when this compiles). Each has its files
+    /// named after `as_str()`: `src/limit/<name>.rs`, `lua/limit_req/<name>.lua`,
+    /// `src/limit/tables/<name>.rs` (the recipe: docs/architecture.md).
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ];
+
+    /// The config's name (`algorithm = "..."`).
     pub fn parse(text: &str) -> Option<Algorithm> {
-        Some(match text {
-            "leaky_bucket" => Algorithm::LeakyBucket,
-            "token_bucket" => Algorithm::TokenBucket,
-            "fixed_window" => Algorithm::FixedWindow,
-            "sliding_log" => Algorithm::SlidingLog,
-            "sliding_window" => Algorithm::SlidingWindow,
-            _ => return None,
-        })
+        Algorithm::ALL.into_iter().find(|algorithm| algorithm.as_str() == text)
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::TokenBucket => "token_bucket",
@@ -39,8 +44,8 @@ impl Algorithm {
         }
     }
 
-    /// The number the Lua script dispatches on.
-    pub fn id(self) -> u8 {
+    /// The number the Lua script dispatches on (`lua/limit_req/prelude.lua` names it).
+    pub const fn id(self) -> u8 {
         match self {
             Algorithm::LeakyBucket => 0,
             Algorithm::TokenBucket => 1,
@@ -50,11 +55,24 @@ impl Algorithm {
         }
     }
 
-    /// Window algorithms count per window and know no burst or delay.
-    pub fn is_window(self) -> bool {
-        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow)
+    /// Window algorithms count per window and know no burst or delay. (Every algorithm named, so
+    /// that a new one has to say which it is.)
+    pub const fn is_window(self) -> bool {
+        match self {
+            Algorithm::LeakyBucket | Algorithm::TokenBucket => false,
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => true,
+        }
     }
 }
+
+// `Algorithm::ALL` is in id order, so `ALL[id]` is the algorithm of `id`.
+const _: () = {
+    let mut i = 0;
+    while i < Algorithm::ALL.len() {
+        assert!(Algorithm::ALL[i].id() as usize == i, "Algorithm::ALL is not in id() order");
+        i += 1;
+    }
+};
 
 /// The parameters of one `limit_req` reference: the zone's algorithm and rate plus the reference's
 /// burst and delay (bucket algorithms only).

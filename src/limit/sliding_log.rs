@@ -9,7 +9,14 @@
 //! ```
 
 use super::evaluation::Evaluation;
-use super::LimitReq;
+use super::{stored, LimitReq};
+
+/// One entry as `lua/limit_req/sliding_log.lua` stores it: a member of the key's sorted set whose
+/// score is the entry's time in µs (the member's name is the script's business). `None`: not a
+/// time.
+pub fn entry_from_stored(score: &str) -> Option<u64> {
+    stored::integer(score)
+}
 
 pub fn evaluate(limit: &LimitReq, entries: &[u64], now_us: u64, cost: u64) -> Evaluation<Vec<u64>> {
     let window = limit.rate.period_us;

@@ -9,7 +9,7 @@
 //! ```
 
 use super::evaluation::{ceil_us, Evaluation};
-use super::LimitReq;
+use super::{stored, LimitReq};
 
 /// The window starting at `start_us` (`curr` admissions) and the one before it (`prev`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +17,21 @@ pub struct SlidingState {
     pub start_us: u64,
     pub prev: u64,
     pub curr: u64,
+}
+
+impl SlidingState {
+    /// The state as `lua/limit_req/sliding_window.lua` stores it, split on ' ': "s <start_us>
+    /// <prev> <curr>". `None`: not this algorithm's text.
+    pub fn from_stored(words: &[&str]) -> Option<Self> {
+        match words {
+            ["s", start_us, prev, curr] => Some(Self {
+                start_us: stored::integer(start_us)?,
+                prev: stored::integer(prev)?,
+                curr: stored::integer(curr)?,
+            }),
+            _ => None,
+        }
+    }
 }
 
 pub fn evaluate(limit: &LimitReq, state: Option<SlidingState>, now_us: u64, cost: u64) -> Evaluation<SlidingState> {

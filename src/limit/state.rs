@@ -1,5 +1,6 @@
 //! The state each algorithm keeps per (zone, key), as one enum for the stores, and the dispatch
-//! from a zone's algorithm to its decision function. The algorithms know only their own state type.
+//! from a zone's algorithm to its decision function and to the reader of its stored text. The
+//! algorithms know only their own state type.
 
 use super::evaluation::Evaluation;
 use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
@@ -14,6 +15,29 @@ pub enum State {
     Sliding(SlidingState),
     /// Sliding log: admission times, oldest first, one entry per cost unit.
     Log(Vec<u64>),
+}
+
+impl State {
+    /// A key's string as the Lua part of the algorithm that wrote it stores it, whichever
+    /// algorithm that was (the admin API reads a key without its zone's config). Each algorithm
+    /// reads its own format (`from_stored` in its file); the formats cannot be mistaken for one
+    /// another (a tag or a word count apart). `None`: no algorithm's format.
+    pub fn from_stored_text(text: &str) -> Option<State> {
+        let words: Vec<&str> = text.split(' ').collect();
+        Algorithm::ALL.into_iter().find_map(|algorithm| match algorithm {
+            Algorithm::LeakyBucket => BucketState::from_stored(&words).map(State::Bucket),
+            Algorithm::TokenBucket => TokenState::from_stored(&words).map(State::Tokens),
+            Algorithm::FixedWindow => WindowState::from_stored(&words).map(State::Window),
+            Algorithm::SlidingWindow => SlidingState::from_stored(&words).map(State::Sliding),
+            // A sorted set, not a string: `log_entry_from_stored`, one score at a time.
+            Algorithm::SlidingLog => None,
+        })
+    }
+
+    /// One entry of a sliding log as stored: a score of the key's sorted set.
+    pub fn log_entry_from_stored(score: &str) -> Option<u64> {
+        sliding_log::entry_from_stored(score)
+    }
 }
 
 /// What one zone says about one request, with the state as the stores keep it.
@@ -108,5 +132,35 @@ pub fn charge(limit: &LimitReq, state: Option<&State>, now_us: u64, cost: u64) -
             leaky_bucket::charge(limit, s, now_us, cost).map_state(State::Bucket)
         }
         _ => evaluate(limit, state, now_us, cost),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each algorithm's stored text reads back as that algorithm's state, exactly; anything else
+    /// (a tag and the wrong word count, garbage, a non-finite fraction) is no state.
+    #[test]
+    fn stored_text_reads_back_as_its_algorithms_state() {
+        let leaky = State::Bucket(BucketState { level: 0.1, last_us: 1_700_000_000_000_000 });
+        assert_eq!(State::from_stored_text("0.10000000000000001 1700000000000000"), Some(leaky));
+        assert_eq!(
+            State::from_stored_text("t 2.5 1700000000000000"),
+            Some(State::Tokens(TokenState { tokens: 2.5, last_us: 1_700_000_000_000_000 }))
+        );
+        assert_eq!(
+            State::from_stored_text("f 1699999980000000 7"),
+            Some(State::Window(WindowState { start_us: 1_699_999_980_000_000, count: 7 }))
+        );
+        assert_eq!(
+            State::from_stored_text("s 1699999980000000 3 4"),
+            Some(State::Sliding(SlidingState { start_us: 1_699_999_980_000_000, prev: 3, curr: 4 }))
+        );
+        for bad in ["garbage", "1 -5", "t 1", "f 1.5 2", "s 1 2", "x 1 2", "1 2 3", "inf 5", "t x 5", "f 1 2 3", ""] {
+            assert_eq!(State::from_stored_text(bad), None, "{bad:?}");
+        }
+        assert_eq!(State::log_entry_from_stored("1.7e+15"), Some(1_700_000_000_000_000));
+        assert_eq!(State::log_entry_from_stored("1.5"), None);
     }
 }

@@ -9,13 +9,26 @@
 //! ```
 
 use super::evaluation::{ceil_us, Evaluation};
-use super::LimitReq;
+use super::{stored, LimitReq};
 
 /// Tokens available at `last_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenState {
     pub tokens: f64,
     pub last_us: u64,
+}
+
+impl TokenState {
+    /// The state as `lua/limit_req/token_bucket.lua` stores it, split on ' ': "t <tokens>
+    /// <last_us>". `None`: not this algorithm's text.
+    pub fn from_stored(words: &[&str]) -> Option<Self> {
+        match words {
+            ["t", tokens, last_us] => {
+                Some(Self { tokens: stored::fraction(tokens)?, last_us: stored::integer(last_us)? })
+            }
+            _ => None,
+        }
+    }
 }
 
 pub fn evaluate(limit: &LimitReq, state: Option<TokenState>, now_us: u64, cost: u64) -> Evaluation<TokenState> {

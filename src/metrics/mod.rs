@@ -5,15 +5,13 @@
 mod adaptive;
 mod implied;
 mod meters;
-mod observer;
 mod process;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::LazyLock;
 
-pub use implied::{implied, store_label, Implied, StoresInUse};
+pub use implied::{Implied, StoresInUse};
 pub use meters::{Meters, RouteMeters, ZoneMeters, OUTCOME_SLOTS};
-pub use observer::MetricsObserver;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -71,6 +69,9 @@ pub struct Metrics {
     pub upstream_resolve_failures: IntCounterVec,
     /// Client connections open now.
     pub connections_open: IntGauge,
+    /// Bytes of responses buffered for slow readers now, by `medium` (`memory`, `temp_file`):
+    /// what the process-wide `response_buffering` budgets hold.
+    pub response_buffer_bytes: IntGaugeVec,
     /// Client connections refused at accept, by cap (`max_connections`, `max_connections_per_ip`).
     pub connections_refused: IntCounterVec,
     /// Failed accepts on a listener Weir serves itself (descriptor shortage), each backed off.
@@ -82,6 +83,14 @@ pub struct Metrics {
     pub connections_cut: IntCounterVec,
     /// In-process stores (`memory`, and the `local` fallback): keys held per zone.
     pub memory_keys: IntGaugeVec,
+    /// Leased zones (docs/leases.md): answers to this instance's asks for a lease, by `answer`
+    /// (`granted`, `refused`, `dead_on_arrival`).
+    pub lease_grants: IntCounterVec,
+    /// Leased zones: tokens by `fate` (`leased`, `returned`, `expired_unused`).
+    pub lease_tokens: IntCounterVec,
+    /// Leased zones: decisions made from this instance's lease, no round trip, by `decision`
+    /// (`admitted`, `rejected`: the store said the budget is empty until then).
+    pub lease_local_decisions: IntCounterVec,
     /// In-process stores: each zone's capacity (`max_keys`, rounded up to whole shards).
     pub memory_max_keys: IntGaugeVec,
     /// In-process stores: entries dropped to make room, by zone and reason (`expired`, `live`).
@@ -108,6 +117,18 @@ pub struct Metrics {
     /// Rate limit service descriptors no rule limits (allowed), by domain.
     pub rls_unmatched: IntCounterVec,
     pub rls_duration: HistogramVec,
+    /// RLQS (docs/rlqs.md), by domain: streams open, buckets held, bucket reports, assignments
+    /// changed, buckets abandoned, reports no bucket rule matched, streams refused, ledger errors
+    /// and the ledger's time per report.
+    pub rlqs_streams: IntGaugeVec,
+    pub rlqs_buckets: IntGaugeVec,
+    pub rlqs_reports: IntCounterVec,
+    pub rlqs_assignments: IntCounterVec,
+    pub rlqs_abandoned: IntCounterVec,
+    pub rlqs_unmatched: IntCounterVec,
+    pub rlqs_refused: IntCounterVec,
+    pub rlqs_ledger_errors: IntCounterVec,
+    pub rlqs_ledger_duration: HistogramVec,
     /// 1, labelled with the version and commit built (`weir --version`).
     pub build_info: IntGaugeVec,
     /// Which store-specific families `render` shows: `STORES_*` bits, set by [`Metrics::seed`];
@@ -194,6 +215,12 @@ impl Metrics {
             build_info,
             stores_in_use: AtomicU8::new(0),
             connections_open,
+            response_buffer_bytes: gauge(
+                &registry,
+                "weir_response_buffer_bytes",
+                "Bytes of responses buffered for slow readers now, in memory or in temp files.",
+                &["medium"],
+            ),
             connections_refused: counter(
                 &registry,
                 "weir_connections_refused_total",
@@ -254,6 +281,56 @@ impl Metrics {
                 &registry,
                 "weir_rls_request_duration_seconds",
                 "Rate limit service (gRPC) calls, from the decoded request to the answer, by domain.",
+                &["domain"],
+                LATENCY_BUCKETS,
+            ),
+            rlqs_streams: gauge(&registry, "weir_rlqs_streams", "RLQS streams open now, by domain.", &["domain"]),
+            rlqs_buckets: gauge(
+                &registry,
+                "weir_rlqs_buckets",
+                "RLQS buckets held by the open streams, by domain.",
+                &["domain"],
+            ),
+            rlqs_reports: counter(
+                &registry,
+                "weir_rlqs_reports_total",
+                "RLQS bucket usage reports received, by domain.",
+                &["domain"],
+            ),
+            rlqs_assignments: counter(
+                &registry,
+                "weir_rlqs_assignments_total",
+                "RLQS assignments sent that differ from the bucket's previous one, by domain.",
+                &["domain"],
+            ),
+            rlqs_abandoned: counter(
+                &registry,
+                "weir_rlqs_abandoned_total",
+                "RLQS buckets abandoned after going quiet, by domain.",
+                &["domain"],
+            ),
+            rlqs_unmatched: counter(
+                &registry,
+                "weir_rlqs_unmatched_reports_total",
+                "RLQS bucket reports that no bucket rule matched (Envoy's no_assignment_behavior applies), by domain.",
+                &["domain"],
+            ),
+            rlqs_refused: counter(
+                &registry,
+                "weir_rlqs_streams_refused_total",
+                "RLQS streams ended for a malformed report or a bound, by domain.",
+                &["domain"],
+            ),
+            rlqs_ledger_errors: counter(
+                &registry,
+                "weir_rlqs_ledger_errors_total",
+                "RLQS reports the ledger (the store) did not answer; no assignment was sent, by domain.",
+                &["domain"],
+            ),
+            rlqs_ledger_duration: histogram(
+                &registry,
+                "weir_rlqs_ledger_duration_seconds",
+                "Time of one RLQS report's ledger steps (report and claim), by domain.",
                 &["domain"],
                 LATENCY_BUCKETS,
             ),
@@ -412,6 +489,24 @@ impl Metrics {
                 "Requests refused because their zone was full and no entry could be evicted.",
                 &["zone"],
             ),
+            lease_grants: counter(
+                &registry,
+                "weir_lease_grants_total",
+                "Asks for a lease of a leased zone's key, by the store's answer.",
+                &["zone", "answer"],
+            ),
+            lease_tokens: counter(
+                &registry,
+                "weir_lease_tokens_total",
+                "Tokens of leased zones: leased, returned unused, or expired unused.",
+                &["zone", "fate"],
+            ),
+            lease_local_decisions: counter(
+                &registry,
+                "weir_lease_local_decisions_total",
+                "Decisions of leased zones made from this instance's lease, without a store call.",
+                &["zone", "decision"],
+            ),
             adaptive: adaptive::AdaptiveMetrics::new(&registry),
             registry,
         }
@@ -423,11 +518,10 @@ impl Metrics {
         let _ = self.upstream_server_up.remove_label_values(&[upstream, server]);
     }
 
-    /// Creates at zero the series `rt` implies (`implied`), and shows only the store-specific
-    /// families of its store. Called with each config applied (at start and on reloads); series
-    /// of routes or zones a reload removed stay, as counters do.
-    pub fn seed(&self, rt: &crate::config::Runtime) {
-        let implied = implied(rt);
+    /// Creates at zero the series a config implies (`process::implied_series`), and shows only
+    /// the store-specific families of its store. Called with each config applied (at start and on
+    /// reloads); series of routes or zones a reload removed stay, as counters do.
+    pub fn seed(&self, implied: &Implied) {
         let pairs = |vec: &IntCounterVec, sets: &[[String; 2]]| {
             for [a, b] in sets {
                 vec.with_label_values(&[a.as_str(), b.as_str()]);

@@ -3,7 +3,8 @@
 //! fails), `GET /metrics` (Prometheus), `GET /config` (generation, hash, load time),
 //! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
 //! (servers with health, weight and requests in flight), `GET /top` (the hottest keys per zone,
-//! fleet-wide on Redis; `src/top/`), `DELETE /limits/{zone}/{key}` or
+//! fleet-wide on Redis; `src/top/`), `GET /zones` (keys per zone on Redis, one bounded scan),
+//! `DELETE /limits/{zone}/{key}` or
 //! `DELETE /limits/{zone}?id=ID` (resets a key's state, fleet-wide on Redis), and `GET /` (the
 //! status page: a page with no data in it, which reads the endpoints above with the token the
 //! operator types). With `admin_token` set, every endpoint but the probes and the empty page
@@ -52,6 +53,9 @@ enum Body {
 
 /// The status page (`GET /`): one file, inline CSS and JS, no external assets.
 const STATUS_PAGE: &str = include_str!("admin_page.html");
+/// Keys one `GET /zones` examines unless told (`?scan=N`), and the most it may be told.
+const DEFAULT_ZONE_SCAN: u64 = 1_000_000;
+const MAX_ZONE_SCAN: u64 = 100_000_000;
 
 /// The status page's content security policy (its script's hash), computed once.
 fn page_policy() -> &'static str {
@@ -111,17 +115,19 @@ impl AdminApp {
             },
             (&Method::GET, "/limits") => self.limits(query).await,
             (&Method::GET, "/upstreams") => (StatusCode::OK, Body::Json(self.upstreams())),
+            (&Method::GET, "/zones") => self.zone_keys(query).await,
             (&Method::GET, "/top") => (StatusCode::OK, Body::Json(self.top(query).await)),
             (&Method::GET, "/") => (StatusCode::OK, Body::Html(STATUS_PAGE)),
             (&Method::DELETE, p) if p.starts_with("/limits/") => self.reset(&p["/limits/".len()..], query).await,
             (
                 _,
-                "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams" | "/top" | "/",
+                "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams" | "/top"
+                | "/zones" | "/",
             ) => (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" }))),
             _ => (
                 StatusCode::NOT_FOUND,
                 Body::Json(json!({ "error": "not found",
-                    "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top"] })),
+                    "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top", "/zones"] })),
             ),
         }
     }
@@ -283,6 +289,23 @@ impl AdminApp {
 
     /// `GET /limits?zone=per_ip&key=203.0.113.7`: the key's bucket now, and per route using the zone
     /// how many requests it could still pass.
+    /// `GET /zones[?scan=N]`: keys per zone in the store, from one scan of at most N keys
+    /// (default 1,000,000; `complete: false` when it stopped there).
+    async fn zone_keys(&self, query: Option<&str>) -> (StatusCode, Body) {
+        let budget = match query_param(query, "scan").map(|v| String::from_utf8_lossy(&v).parse::<u64>()) {
+            None => DEFAULT_ZONE_SCAN,
+            Some(Ok(n)) if (1..=MAX_ZONE_SCAN).contains(&n) => n,
+            Some(_) => {
+                let error = format!("scan must be 1-{MAX_ZONE_SCAN} keys");
+                return (StatusCode::BAD_REQUEST, Body::Json(json!({ "error": error })));
+            }
+        };
+        match self.store.zone_keys(budget).await {
+            Ok(found) => (StatusCode::OK, Body::Json(json!(found))),
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Body::Json(json!({ "error": e.to_string() }))),
+        }
+    }
+
     async fn limits(&self, query: Option<&str>) -> (StatusCode, Body) {
         let param = |name: &str| query_param(query, name);
         let (Some(zone_name), Some(key)) =

@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::metrics_observer::MetricsObserver;
 use crate::config::{Runtime, StoreSettings};
 use crate::engine::{ConnStores, Observer, Stores};
 use crate::limit::SystemClock;
-use crate::metrics::MetricsObserver;
 use crate::process::reload::Reloader;
 use crate::store::{
-    ConnStore, GuardedStore, LimitStore, MemoryAdmin, MemoryConnStore, MemoryStore, RedisStore, StoreAdmin, ZoneLimits,
+    ConnStore, GuardedStore, LeaseLedger, LeasedStore, LimitStore, MemoryAdmin, MemoryConnStore, MemoryStore,
+    RedisStore, StoreAdmin, ZoneLimits,
 };
 use crate::tls::{CertResolver, CertWatcher};
 use crate::top::Tracker;
@@ -44,6 +45,9 @@ pub struct Lasting {
     pub instance: String,
     /// The certificates of every TLS listener, proxy's and rate limit service's; `None` without.
     pub certs: Option<Arc<CertResolver>>,
+    /// On Redis, the leasing layer in front of the store (docs/leases.md): its keeper runs on a
+    /// thread of its own, a reload and the exit give its unused tokens back.
+    pub budget_leases: Option<LeasedStore>,
 }
 
 impl Lasting {
@@ -55,7 +59,11 @@ impl Lasting {
         // Each zone's capacity follows the running config (`max_keys`), reloads included.
         let live = runtime.clone();
         let zone_limits: ZoneLimits = Arc::new(move |zone| live.load().zone_max_keys(zone));
-        let (limits, conns, admin) = primary_stores(&first.store, &zone_limits)?;
+        let (limits, conns, admin, budget_leases) = primary_stores(&first.store, &zone_limits)?;
+        if let Some(leased) = &budget_leases {
+            let leased = leased.clone();
+            reloader.on_apply(move |_| leased.reloaded());
+        }
         let kind = limits.kind();
         let top = Arc::new(Tracker::default());
         // The engine reports to the metrics, then to the live view's tables; made once, for the
@@ -94,6 +102,7 @@ impl Lasting {
             top,
             instance: crate::top::fleet::instance_id(),
             certs,
+            budget_leases,
         })
     }
 
@@ -106,11 +115,28 @@ impl Lasting {
             let keeper = self.conns.keeper.clone();
             on_own_thread("weir-leases", async move { keeper.run().await })?;
         }
+        if let Some(leased) = self.budget_leases.clone() {
+            on_own_thread("weir-budget-leases", async move { leased.run().await })?;
+        }
         let upstreams = self.upstreams.clone();
         on_own_thread("weir-upstreams", async move { upstreams.run_checks().await })?;
         if matches!(runtime.load().store, StoreSettings::Redis(..)) {
-            let fleet =
-                crate::top::fleet::run(self.admin.clone(), runtime.clone(), self.instance.clone(), self.top.clone());
+            let fleet = {
+                // A reset, by any instance, voids this instance's leases of the key.
+                let leases = self.budget_leases.clone();
+                let on_reset: crate::top::fleet::OnReset = Box::new(move |zone, key| {
+                    if let Some(leases) = &leases {
+                        leases.void(zone, key);
+                    }
+                });
+                crate::top::fleet::run(
+                    self.admin.clone(),
+                    runtime.clone(),
+                    self.instance.clone(),
+                    self.top.clone(),
+                    on_reset,
+                )
+            };
             on_own_thread("weir-fleet", fleet)?;
         }
         Ok(())
@@ -130,7 +156,7 @@ fn on_own_thread(name: &str, task: impl Future<Output = ()> + Send + 'static) ->
     Ok(())
 }
 
-type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>);
+type PrimaryStores = (Arc<dyn LimitStore>, Arc<dyn ConnStore>, Arc<dyn StoreAdmin>, Option<LeasedStore>);
 
 /// The configured store, for rates and for concurrency leases, and its operator side.
 fn primary_stores(settings: &StoreSettings, zone_limits: &ZoneLimits) -> Result<PrimaryStores, String> {
@@ -138,7 +164,9 @@ fn primary_stores(settings: &StoreSettings, zone_limits: &ZoneLimits) -> Result<
         StoreSettings::Memory => {
             let limits = Arc::new(MemoryStore::default().with_zone_limits(zone_limits.clone()));
             let conns = Arc::new(MemoryConnStore::default().with_zone_limits(zone_limits.clone()));
-            (limits.clone(), conns.clone(), Arc::new(MemoryAdmin { limits, conns }))
+            // Leasing on the memory store is pointless (one process, decisions already in
+            // memory): its zones decide exactly, `weir check` says so.
+            (limits.clone(), conns.clone(), Arc::new(MemoryAdmin { limits, conns }), None)
         }
         StoreSettings::Redis(cfg, resilience) => {
             let redis = Arc::new(
@@ -156,9 +184,19 @@ fn primary_stores(settings: &StoreSettings, zone_limits: &ZoneLimits) -> Result<
                     resilience.deny_cache_size,
                     PROBE_INTERVAL,
                 )
-                .with_conn(redis),
+                .with_conn(redis.clone()),
             );
-            (guarded.clone(), guarded.clone(), guarded)
+            // Leased zones are answered in front of the guard; their asks go to Redis itself.
+            let ledger: Arc<dyn LeaseLedger> = redis;
+            // The keeper's give-backs on a connection of their own, made on the keeper's thread
+            // (the exit's come after the proxy's runtime, and its connection, are gone).
+            let returns: Arc<dyn LeaseLedger> = Arc::new(
+                RedisStore::new(cfg.clone(), Arc::new(SystemClock))
+                    .map_err(|e| format!("store: {e}"))?
+                    .with_coalescing(false),
+            );
+            let leased = LeasedStore::new(guarded.clone(), ledger, returns, Arc::new(SystemClock));
+            (Arc::new(leased.clone()), guarded.clone(), guarded, Some(leased))
         }
     })
 }

@@ -6,6 +6,8 @@
 pub mod admin;
 mod admin_guard;
 pub mod echo;
+mod implied_series;
 pub mod lasting;
+mod metrics_observer;
 pub mod reload;
 pub mod server;

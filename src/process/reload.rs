@@ -123,7 +123,7 @@ impl Reloader {
         };
         info!(generation = 1, hash = %status.hash, path = %status.path, "config loaded");
         METRICS.config_generation.set(1);
-        METRICS.seed(&runtime);
+        METRICS.seed(&super::implied_series::implied(&runtime));
         let started = Startup {
             server: runtime.server.clone(),
             store: format!("{:?}", runtime.store),
@@ -171,22 +171,24 @@ impl Reloader {
     fn reload_text(&self, trigger: &str, text: Option<String>) -> ReloadOutcome {
         let mut status = self.lock();
         let loaded = match text {
-            Some(text) => config::from_text(&text, &self.path.display().to_string()).map(|runtime| (runtime, text)),
-            None => config::load_with_text(&self.path),
+            Some(text) => config::from_text_all(&text, &self.path.display().to_string()).map(|runtime| (runtime, text)),
+            None => config::load_all_with_text(&self.path),
         };
         let (next, text) = match loaded {
             Ok(loaded) => loaded,
-            Err(e) => {
+            Err(errors) => {
+                // Every error the file has (the first 50), as `weir check` would print them.
+                let error = config::one_line(&errors);
                 let refused = std::fs::read(&self.path).ok().map(|t| fingerprint_bytes(&t));
                 if trigger == FILE_CHANGE && refused.is_some() && refused == status.refused_hash {
-                    return ReloadOutcome::Refused(e.to_string());
+                    return ReloadOutcome::Refused(error);
                 }
                 status.refused_hash = refused;
                 status.reload_failures += 1;
                 METRICS.config_reload_failures.inc();
-                status.last_error = Some(e.to_string());
-                error!(trigger, error = %e, generation = status.generation, "config reload refused; the running config keeps serving");
-                return ReloadOutcome::Refused(e.to_string());
+                status.last_error = Some(error.clone());
+                error!(trigger, %error, generation = status.generation, "config reload refused; the running config keeps serving");
+                return ReloadOutcome::Refused(error);
             }
         };
         let hash = config_hash(&text, &next);
@@ -208,7 +210,7 @@ impl Reloader {
         let next = Arc::new(next);
         self.on_prepare.run(&next);
         self.runtime.store(next.clone());
-        METRICS.seed(&next);
+        METRICS.seed(&super::implied_series::implied(&next));
         self.on_apply.run(&next);
         status.generation += 1;
         METRICS.config_generation.set(status.generation as i64);
@@ -495,6 +497,18 @@ mod tests {
         // Not TOML at all: refused the same way.
         assert!(matches!(r.reload_text("test", Some("[[route]\n".into())), ReloadOutcome::Refused(_)));
         assert_eq!((route_name(&r), r.status().generation, r.status().reload_failures), ("first".into(), 1, 2));
+    }
+
+    #[test]
+    fn a_refusal_names_every_error_of_the_text_in_line_order() {
+        let (_dir, r) = reloader();
+        // A bad rate (line 11) and, in the route, an unknown upstream (line 15).
+        let bad = text("second").replace("10r/s", "10/s").replace("upstream = \"app\"", "upstream = \"ghost\"");
+        let ReloadOutcome::Refused(error) = r.reload_text("test", Some(bad)) else { panic!("not refused") };
+        let (rate, upstream) = (error.find("weir.toml:11: "), error.find("weir.toml:15: "));
+        assert!(rate.is_some_and(|r| upstream.is_some_and(|u| r < u)), "both, in line order: {error}");
+        assert!(error.contains("\"10/s\"") && error.contains("unknown upstream \"ghost\""), "{error}");
+        assert_eq!(r.status().last_error.as_deref(), Some(error.as_str()));
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! Assembles the Pingora server: one proxy service on the configured listeners, sharing one store.
+//! Assembles the Pingora server from the config read at start: the proxy service on the `listen`
+//! and `listen_tls` addresses (through the edge: connection caps, TLS handshakes), the rate
+//! limit service (`[rls]`) and the admin listener when configured, all sharing the stores and
+//! upstream pools built once (`lasting`) and the file descriptors split between them (`Budget`).
+//! Reloads (SIGHUP, file changes) are armed here; at exit the leases still held are given back.
 
 use std::sync::Arc;
 
@@ -15,6 +19,8 @@ use crate::tls;
 
 /// Seconds between SIGTERM and exit: listeners close at once, in-flight requests get this long.
 const GRACE_SECONDS: u64 = 1;
+/// The longest the exit waits for the store to take back the leases still held then.
+const LEASE_RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs the proxy until a signal stops the process. Never returns on success.
 pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
@@ -75,13 +81,24 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
             _ => None,
         };
         let service = crate::rls::service::RlsService::new(reloader.runtime(), lasting.rls_limits);
-        let listener = crate::rls::listener::RlsListener::bind(service, reloader.runtime(), budget.rls, tls)?;
+        // RLQS ledgers: in the shared store (every instance on it makes one division), or here.
+        let ledger = match runtime.store {
+            crate::config::StoreSettings::Redis(..) => crate::rls::quota::Ledger::Shared(lasting.admin.clone()),
+            crate::config::StoreSettings::Memory => crate::rls::quota::Ledger::Local(Arc::new(
+                crate::rls::quota::MemoryLedger::new(Arc::new(crate::limit::SystemClock)),
+            )),
+        };
+        let quota = crate::rls::quota::QuotaService::new(reloader.runtime(), ledger, lasting.instance.clone());
+        let listener = crate::rls::listener::RlsListener::bind(service, quota, reloader.runtime(), budget.rls, tls)?;
         let mut background = pingora::services::background::background_service("weir rls", listener);
         background.threads = Some(runtime.server.threads);
         server.add_service(background);
         tracing::info!(listen = ?rls.listen, listen_tls = ?rls.listen_tls, "rate limit service (gRPC) started");
     }
     // Without HTTP listeners the process is the rate limit service alone.
+    // Kept for the exit: the proxy takes the stores.
+    let leases = lasting.conns.keeper.clone();
+    let budget_leases = lasting.budget_leases.clone();
     if !listen.is_empty() || !listen_tls.is_empty() {
         let proxy = WeirProxy::new(reloader.runtime(), lasting.limits, lasting.conns, lasting.upstreams.clone());
         let mut proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
@@ -112,8 +129,19 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     }
     tracing::info!(listen = ?listen, listen_tls = ?listen_tls, "weir started");
     server.run(pingora::server::RunArgs::default());
-    // Stopped (SIGTERM, SIGINT, an upgrade): buffered access lines are written before the exit,
-    // which runs no destructor.
+    // Stopped (SIGTERM, SIGINT, an upgrade): the leases of requests cut at the end of the grace
+    // period are given back (else a restarted instance finds their keys full for lease_ttl), and
+    // buffered access lines are written before the exit, which runs no destructor.
+    if let Some(budget) = &budget_leases {
+        let keys = budget.release_at_exit(LEASE_RELEASE_TIMEOUT);
+        if keys > 0 {
+            tracing::info!(keys, "unused lease tokens given back at exit");
+        }
+    }
+    let released = leases.release_at_exit(LEASE_RELEASE_TIMEOUT);
+    if released > 0 {
+        tracing::info!(leases = released, "leases given back at exit");
+    }
     crate::logging::buffer::flush_all();
     std::process::exit(0)
 }

@@ -1,6 +1,10 @@
-//! The Pingora `ProxyHttp` implementation. Each phase only calls into the modules of the data path:
-//! route match → key extraction → limit decision (`limiting`) → forward, delay or reject; then the
-//! access log and metrics when the request ends.
+//! The Pingora `ProxyHttp` implementation, the HTTP front door of the engine. `request_filter`
+//! refuses bad framing (`request::hygiene`), then hands the request head to the engine's
+//! [`Ticket`], which routes, keys and decides it (src/engine/); the phase carries out the ruling:
+//! reject (`respond`), or wait out the delay and forward to the upstream (`upstreaming`: the
+//! peer, retries on the next server). The later phases pass the response through the ticket
+//! (charges from the response, pacing); `logging` finishes the ticket (its leases, its report to
+//! the observer) and writes the access line (`access_log`) and the trace span (`trace_span`).
 
 mod access_log;
 mod respond;
@@ -231,6 +235,9 @@ impl ProxyHttp for WeirProxy {
     /// A client that leaves mid-request is a normal event, not an error: counted and logged at
     /// debug instead of Pingora's ERROR line.
     fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        if respond::is_close_444(e) {
+            return true;
+        }
         let Some(kind) = client_disconnect(e) else { return false };
         METRICS.client_disconnects.with_label_values(&[kind]).inc();
         tracing::debug!(error = %e, "client disconnected before the response was complete");
@@ -274,9 +281,12 @@ impl ProxyHttp for WeirProxy {
         _session: &mut Session,
         _body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> Result<()> {
         crate::edge::body_progress(end_of_stream);
+        if end_of_stream {
+            ctx.upstream.sent();
+        }
         Ok(())
     }
 
@@ -338,6 +348,7 @@ impl ProxyHttp for WeirProxy {
     ) -> Result<Option<Duration>> {
         if end_of_stream {
             ctx.ticket.body_ended();
+            ctx.upstream.upstream_finished();
         }
         Ok(None)
     }
@@ -349,7 +360,8 @@ impl ProxyHttp for WeirProxy {
         // What the response still owes, then the leases, then the report (engine/ticket.rs).
         // Whatever failed on the client's side (closed, reset its stream, timed out) ended the
         // answer for it; the upstream's own failures are not the client leaving.
-        let left = error.is_some_and(|e| *e.esource() == pingora::ErrorSource::Downstream);
+        let closed_444 = error.is_some_and(respond::is_close_444);
+        let left = error.is_some_and(|e| *e.esource() == pingora::ErrorSource::Downstream) && !closed_444;
         let ending = if left { Ending::ClientLeft } else { Ending::Over };
         if !ctx.ticket.finish_settled() {
             ctx.ticket.finish(ending, session.body_bytes_sent() as u64, &self.stores).await;
@@ -359,7 +371,11 @@ impl ProxyHttp for WeirProxy {
         let ctx = &*ctx;
         let rt = ctx.ticket.runtime();
         let route = ctx.ticket.route_name();
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        // A 444 wrote nothing; it is logged as 444, as nginx does.
+        let status = match closed_444 {
+            true => respond::CLOSE_STATUS,
+            false => session.response_written().map_or(0, |r| r.status.as_u16()),
+        };
         if let Some(upstream_time) = ctx.upstream_time {
             rt.meters.route(ctx.ticket.route_index()).upstream_response(status, upstream_time.as_secs_f64());
         }

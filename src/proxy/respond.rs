@@ -6,6 +6,7 @@ use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::Session;
+use pingora::ErrorSource;
 
 use crate::engine::Answer;
 
@@ -16,8 +17,19 @@ pub async fn json(
     headers: &[(&'static str, String)],
     body: String,
 ) -> Result<bool> {
+    with_body(session, status, headers, "application/json", body).await
+}
+
+/// Writes a complete response with this body and content type.
+async fn with_body(
+    session: &mut Session,
+    status: u16,
+    headers: &[(&'static str, String)],
+    content_type: &str,
+    body: String,
+) -> Result<bool> {
     let mut resp = own_response(session, status, headers, 2)?;
-    resp.insert_header("Content-Type", "application/json")?;
+    resp.insert_header("Content-Type", content_type)?;
     resp.insert_header("Content-Length", body.len().to_string())?;
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(Bytes::from(body)), true).await?;
@@ -46,10 +58,40 @@ fn own_response(
 /// gRPC libraries turn an HTTP 429 or 503 into a confusing UNAVAILABLE/UNKNOWN, while
 /// `grpc-status: 8` reads as RESOURCE_EXHAUSTED with its message.
 pub async fn answer(session: &mut Session, answer: &Answer<'_>) -> Result<bool> {
+    if answer.status == CLOSE_STATUS {
+        return Err(close_without_response());
+    }
     match answer.grpc_status.filter(|_| is_grpc(session.req_header())) {
         Some(code) => grpc(session, code, &answer.headers, &answer.refusal.grpc_message()).await,
-        None => json(session, answer.status, &answer.headers, answer.refusal.body()).await,
+        None => match answer.refusal.own_body() {
+            // The route's own rejection body (`rejection_body`).
+            Some(own) => with_body(session, answer.status, &answer.headers, &own.content_type, own.body.clone()).await,
+            None => json(session, answer.status, &answer.headers, answer.refusal.body()).await,
+        },
     }
+}
+
+/// nginx's 444 (a `limit_req_status` / `limit_conn_status`): no response at all, the connection
+/// (or HTTP/2 stream) is closed. Only the limits' statuses can be 444: they are the only
+/// configurable ones.
+pub const CLOSE_STATUS: u16 = 444;
+
+const CLOSED_444: &str = "closed_444";
+
+/// The error that makes Pingora close the client connection without writing anything
+/// (`fail_to_proxy` answers it with no response, as it does a client that left).
+fn close_without_response() -> Box<Error> {
+    Error::create(
+        ErrorType::Custom(CLOSED_444),
+        ErrorSource::Downstream,
+        Some("status 444: closed without a response".into()),
+        None,
+    )
+}
+
+/// Whether `e` is the 444 close, which is Weir's decision and not the client leaving.
+pub fn is_close_444(e: &Error) -> bool {
+    matches!(e.etype(), ErrorType::Custom(CLOSED_444))
 }
 
 /// `content-type: application/grpc`, `application/grpc+proto`, `application/grpc-web`, …

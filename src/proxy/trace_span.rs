@@ -80,7 +80,7 @@ pub(super) fn finish(span: Option<Box<RequestSpan>>, ctx: &RequestCtx, route: &s
         limit_req: ticket.limit_req().overall.map_or("-", LimitStatus::as_str),
         zones,
         decided_us: ticket.decided_us(),
-        store: crate::metrics::store_label(&rt.store),
+        store: crate::config::store_label(&rt.store),
         delay: ticket.delay(),
         client: ticket.client_ip(),
         peer: ctx.peer,

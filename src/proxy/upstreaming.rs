@@ -147,6 +147,25 @@ impl Attempts {
         }
     }
 
+    /// The request was fully sent to the upstream (`request_body_filter` at its end of stream,
+    /// which Pingora also calls for a request without a body and for each retry): the adaptive
+    /// limit's latency sample starts here, so a client's slow upload is not the upstream's
+    /// latency.
+    pub fn sent(&mut self) {
+        if let Some(permit) = &mut self.permit {
+            permit.sent();
+        }
+    }
+
+    /// The upstream's answer has ended (its body's end of stream was read): it is no longer
+    /// working on this request, so the adaptive place is given back now, not when a slow client
+    /// has finished reading. (The `max_conns` slot and any `limit_conn` lease stay until the
+    /// request ends: they count other things.) How early this moment comes is the response
+    /// buffering's business.
+    pub fn upstream_finished(&mut self) {
+        self.permit = None;
+    }
+
     /// The upstream's response head arrived: the adaptive limit's latency sample.
     pub fn answered(&mut self) {
         if let Some(permit) = &mut self.permit {
@@ -310,6 +329,7 @@ pub async fn shed(
 pub async fn fail_to_proxy(session: &mut Session, e: &Error, attempts: &Attempts, route: &str) -> FailToProxy {
     let upstream = attempts.pool().map_or("-", |p| p.name.as_str());
     let (code, error) = match (e.etype(), e.esource()) {
+        _ if respond::is_close_444(e) => (0, ""),
         (ErrorType::HTTPStatus(code), _) => (*code, "upstream_error"),
         (ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout, ErrorSource::Upstream) => {
             (504, "upstream_timeout")

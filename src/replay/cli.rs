@@ -61,6 +61,11 @@ pub struct ReplayArgs {
     /// bounds the replay's memory.
     #[arg(long, default_value_t = super::DEFAULT_MAX_KEYS)]
     max_keys: u64,
+    /// Simulate a fleet of N instances deciding the leased zones (`lease`, docs/leases.md) from
+    /// leases of one shared budget, requests spread over them in turn: what leasing would have
+    /// admitted. Without it every zone is decided exactly, as by one instance.
+    #[arg(long)]
+    instances: Option<u64>,
     /// Log files (plain or gzip); `-` is standard input.
     #[arg(required = true)]
     files: Vec<String>,
@@ -98,6 +103,7 @@ fn options(args: &ReplayArgs) -> Result<Options, ReplayError> {
         progress: !args.quiet,
         max_line_len: args.max_line_length.max(1),
         max_keys: args.max_keys,
+        instances: args.instances.map(|n| n.clamp(1, 1024)),
     })
 }
 

@@ -60,6 +60,8 @@ pub struct Options {
     pub max_line_len: usize,
     /// The replay stops with an error when its key tables reach this many keys (`--max-keys`).
     pub max_keys: u64,
+    /// `--instances N`: a fleet of N instances leasing the leased zones (docs/leases.md).
+    pub instances: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +173,7 @@ struct Driver<'rt> {
     collector: Option<suggest::Collector>,
     late: u64,
     max_keys: u64,
+    instances: Option<u64>,
 }
 
 impl<'rt> Driver<'rt> {
@@ -184,7 +187,7 @@ impl<'rt> Driver<'rt> {
             .iter()
             .map(|&assumption| Run {
                 assumption,
-                replayer: Replayer::new(self.rt),
+                replayer: Replayer::with_instances(self.rt, self.instances),
                 stats: Stats::new(self.rt),
                 last_us: 0,
             })
@@ -273,6 +276,7 @@ pub fn replay<'rt>(rt: &'rt Runtime, opts: &Options) -> Result<Summary<'rt>, Rep
         collector: opts.suggest.is_some().then(|| suggest::Collector::new(rt)),
         late: 0,
         max_keys: opts.max_keys,
+        instances: opts.instances,
     };
     let mut summary_counts = (0u64, 0u64, 0u64, 0u64); // lines, ignored, outside, bad
     let mut bad_examples = Vec::new();

@@ -20,7 +20,7 @@ use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::ManualClock;
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
 use crate::store::decided_at_once;
-use crate::store::{KeyedConn, MemoryStore};
+use crate::store::{KeyedConn, LeasedStore, MemoryStore, ModelLedger};
 
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -72,7 +72,10 @@ impl Decision {
 pub struct Replayer<'rt> {
     rt: &'rt Runtime,
     clock: Arc<ManualClock>,
-    stores: Stores,
+    /// One instance's stores, or (`--instances N`) N instances' leasing layers over one model
+    /// ledger and one exact store: each request is decided by the next instance in turn.
+    fleet: Vec<Stores>,
+    next: usize,
     route_names: HashMap<&'rt str, usize>,
     /// Per (conn zone, key): when its requests in flight end (µs).
     in_flight: FastMap<(usize, Vec<u8>), BinaryHeap<Reverse<u64>>>,
@@ -82,10 +85,30 @@ pub struct Replayer<'rt> {
 
 impl<'rt> Replayer<'rt> {
     pub fn new(rt: &'rt Runtime) -> Self {
+        Self::with_instances(rt, None)
+    }
+
+    /// `instances`: simulate a fleet of that many instances leasing the leased zones (docs/leases.md)
+    /// from one ledger, requests spread over them in turn (a round-robin balancer); the exact
+    /// zones are one store for the fleet, as Redis is. `None`: one instance, every zone exact (a
+    /// lease on one process changes nothing).
+    pub fn with_instances(rt: &'rt Runtime, instances: Option<u64>) -> Self {
         let clock = Arc::new(ManualClock::new(0));
-        let stores = Stores::new(Arc::new(MemoryStore::new(clock.clone())), MemoryStore::default());
+        let exact = Arc::new(MemoryStore::new(clock.clone()));
+        let fleet = match instances {
+            None => vec![Stores::new(exact, MemoryStore::default())],
+            Some(n) => {
+                let ledger = Arc::new(ModelLedger::new(clock.clone()));
+                (0..n.max(1))
+                    .map(|_| {
+                        let leased = LeasedStore::new(exact.clone(), ledger.clone(), ledger.clone(), clock.clone());
+                        Stores::new(Arc::new(leased), MemoryStore::default())
+                    })
+                    .collect()
+            }
+        };
         let route_names = rt.routes.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
-        Self { rt, clock, stores, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
+        Self { rt, clock, fleet, next: 0, route_names, in_flight: FastMap::default(), sweep_at: 1024 }
     }
 
     pub fn runtime(&self) -> &'rt Runtime {
@@ -114,8 +137,10 @@ impl<'rt> Replayer<'rt> {
         };
         // The proxy's own ticket, on the simulated clock: the same rule, the same charges.
         self.clock.set_us(now_us);
+        let stores = &self.fleet[self.next % self.fleet.len()];
+        self.next = self.next.wrapping_add(1);
         let mut ticket = Ticket::unobserved(rt, client_ip).explaining();
-        let (forwarded, bad_cost) = match decided_at_once(ticket.rule(&head, &self.stores)) {
+        let (forwarded, bad_cost) = match decided_at_once(ticket.rule(&head, stores)) {
             Ruling::Refuse(answer) => {
                 (false, matches!(answer.refusal, Refusal::BadRequest { error, .. } if error == BadRequest::Cost.code()))
             }
@@ -132,13 +157,13 @@ impl<'rt> Replayer<'rt> {
             // Status 0: no answer was written (the client left before its head).
             if status != 0 {
                 let headers = logged_response_headers(rt, route, &rec.response_fields);
-                decided_at_once(ticket.at_head(status, &headers, &self.stores));
+                decided_at_once(ticket.at_head(status, &headers, stores));
             }
         }
         // No trailers in a log: zones charged at the end take the head's cost, or the most the
         // answer could have cost when the client left before it was complete.
         let ending = if rec.client_left { Ending::ClientLeft } else { Ending::Over };
-        decided_at_once(ticket.finish(ending, rec.body_bytes, &self.stores));
+        decided_at_once(ticket.finish(ending, rec.body_bytes, stores));
         decision.outcome = ticket.outcome();
 
         decision.status = ticket.limit_req().overall;
@@ -390,6 +415,38 @@ mod tests {
         assert_eq!(e.decide(&unkeyed, T0).word(), "REJECTED");
     }
 
+    /// Replay decides through the same key step as the proxy: a bypass token exempts, a POST-only
+    /// limit leaves GETs alone, and `route_order = "nginx"` picks the regex route.
+    #[test]
+    fn conditions_and_nginx_route_order_hold_in_replay() {
+        let routes = "[[route]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"app\"\n\
+                      limit_req = [ { zone = \"z\", unless = [ { header = \"X-Bypass\", equals = \"t0ken\" } ] } ]\n\
+                      [[route]]\nname = \"forms\"\npath_regex = \"^/forms/\"\nupstream = \"app\"\n\
+                      limit_req = [ { zone = \"z\", when = [ { method = [\"POST\"] } ] } ]\n";
+        let text = format!(
+            "route_order = \"nginx\"\n[server]\nlisten = [\"127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n\
+             [[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:2\"]\n{ONE_ZONE}\n{routes}"
+        );
+        let rt = crate::config::from_text(&text, "test.toml").unwrap();
+        let mut e = Replayer::new(&rt);
+        let mut bypass = rec("192.0.2.1", "/x");
+        bypass.headers.insert("x-bypass", HeaderValue::from_static("t0ken"));
+        for _ in 0..3 {
+            let d = e.decide(&bypass, T0);
+            assert_eq!((d.word(), d.zones.len()), ("-", 0), "exempt: no zone consulted");
+        }
+        for _ in 0..3 {
+            assert_eq!(e.decide(&rec("192.0.2.1", "/forms/a"), T0).word(), "-", "GETs of /forms/ are not limited");
+        }
+        let mut post = rec("192.0.2.1", "/forms/a");
+        post.method = Method::POST;
+        assert_eq!(e.decide(&post, T0).word(), "PASSED");
+        assert_eq!(e.decide(&post, T0).word(), "REJECTED");
+        let mut guess = rec("192.0.2.1", "/x");
+        guess.headers.insert("x-bypass", HeaderValue::from_static("guess"));
+        assert_eq!(e.decide(&guess, T0).word(), "REJECTED", "a made-up token shares the client's bucket");
+    }
+
     #[test]
     fn dry_run_zones_never_reject() {
         let rt = runtime(
@@ -432,5 +489,41 @@ mod tests {
         let wanted = wanted_headers(&rt);
         let names: Vec<&str> = wanted.0.iter().map(|h| h.as_str()).collect();
         assert_eq!(names, ["cookie", "x-api-key", "x-forwarded-for"]);
+    }
+
+    /// `--instances N`: N leasing instances on one ledger admit within the stated bound of the
+    /// exact limiter (here at most `burst + 1 + r·τ + min(N·T, r·L)`), and far more than one
+    /// instance's share; without it the zone is exact.
+    #[test]
+    fn a_simulated_fleet_leases_within_the_bound() {
+        let zones = "[[limit_req_zone]]\nname = \"z\"\nkey = \"ip\"\nrate = \"100r/s\"\n\
+                     lease = { tokens = 10, lifetime = \"500ms\" }\n";
+        let routes = "[[route]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\n\
+                      limit_req = [ { zone = \"z\", burst = 20, nodelay = true } ]\n";
+        let rt = runtime(zones, routes);
+        let admitted = |instances: Option<u64>| {
+            let mut e = Replayer::with_instances(&rt, instances);
+            let mut times = vec![];
+            // 2,000 requests a second for 2 s, one client.
+            for i in 0..4000u64 {
+                let now = T0 + i * 500;
+                if e.decide(&rec("192.0.2.1", "/x"), now).status != Some(LimitStatus::Rejected) {
+                    times.push(now);
+                }
+            }
+            times
+        };
+        let exact = admitted(None);
+        let fleet = admitted(Some(4));
+        // The exact limiter: 21 at once, then 100 a second.
+        assert_eq!(exact.len(), 21 + 199);
+        // Every interval: at most 21 + 100/s·τ + min(4·10, 100/s·0.5s) = 21 + 100/s·τ + 40.
+        for (i, a) in fleet.iter().enumerate() {
+            for (j, b) in fleet.iter().enumerate().skip(i) {
+                let tau = (b - a) as f64 / 1e6;
+                assert!((j - i + 1) as f64 <= 21.0 + 100.0 * tau + 40.0, "{} in {tau}s", j - i + 1);
+            }
+        }
+        assert!(fleet.len() >= exact.len() - 10, "the fleet admits about what the exact limiter does: {}", fleet.len());
     }
 }

@@ -7,7 +7,7 @@
 //! cannot say the same way is an error, unless `allow_unexpressed` leaves that domain out (and
 //! names it in a note) to import the rest.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use super::peer_yaml::{self, Descriptor, Domain};
@@ -33,7 +33,13 @@ pub struct Imported {
 /// `files` are (name for messages, text), in load order.
 pub fn import(files: &[(String, String)], opts: &Options) -> Result<Imported, String> {
     let domains = peer_yaml::load(files, opts.merge_domains)?;
-    let mut out = Importer { zones: String::new(), rules: String::new(), names: HashSet::new(), notes: Vec::new() };
+    let mut out = Importer {
+        zones: String::new(),
+        rules: String::new(),
+        names: HashSet::new(),
+        suffixes: HashMap::new(),
+        notes: Vec::new(),
+    };
     let mut refusals = Vec::new();
     for domain in &domains {
         // A refused domain leaves nothing behind: its zones and rules are written only whole.
@@ -77,6 +83,8 @@ struct Importer {
     zones: String,
     rules: String,
     names: HashSet<String>,
+    /// The next `-N` to try for each truncated base name.
+    suffixes: HashMap<String, usize>,
     notes: Vec<String>,
 }
 
@@ -94,9 +102,10 @@ impl Importer {
     }
 
     fn level(&mut self, list: &[Descriptor], path: &str, depth: usize) -> Result<(), String> {
+        // Keys with a rule for the key alone at this level, found once (not per descriptor).
+        let alone: HashSet<&str> = list.iter().filter(|o| o.value.is_none()).map(|o| o.key.as_str()).collect();
         for d in list {
-            let key_alone_too = list.iter().any(|o| o.key == d.key && o.value.is_none());
-            self.descriptor(d, path, depth, key_alone_too)?;
+            self.descriptor(d, path, depth, alone.contains(d.key.as_str()))?;
         }
         Ok(())
     }
@@ -192,10 +201,12 @@ impl Importer {
             .take(56)
             .collect();
         let mut name = base.clone();
-        let mut n = 2;
+        // Many paths can share their first 56 characters: each base remembers its next suffix,
+        // so a name is found in a look or two, not by counting up from 2 every time.
+        let next = self.suffixes.entry(base.clone()).or_insert(2);
         while !self.names.insert(name.clone()) {
-            name = format!("{base}-{n}");
-            n += 1;
+            name = format!("{base}-{next}");
+            *next += 1;
         }
         name
     }

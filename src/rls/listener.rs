@@ -31,7 +31,9 @@ use tonic::server::NamedService;
 use tonic::transport::server::Connected;
 
 use super::coalesce::CoalescedWrites;
+use super::proto::quota::RateLimitQuotaServiceServer;
 use super::proto::RateLimitServiceServer;
+use super::quota::QuotaService;
 use super::service::RlsService;
 use crate::config::Runtime;
 use crate::edge::accept::{self, Admitted, Discipline};
@@ -53,6 +55,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct RlsListener {
     service: Arc<RlsService>,
+    /// RLQS (`StreamRateLimitQuotas`) on the same listeners, connections and budgets.
+    quota: Arc<QuotaService>,
     runtime: Arc<ArcSwap<Runtime>>,
     /// The service's share of the descriptor budget (`edge::budget`).
     max_connections: usize,
@@ -64,6 +68,7 @@ impl RlsListener {
     /// Binds every address now; `tls` serves `listen_tls`.
     pub fn bind(
         service: RlsService,
+        quota: QuotaService,
         runtime: Arc<ArcSwap<Runtime>>,
         max_connections: usize,
         tls: Option<Arc<rustls::ServerConfig>>,
@@ -86,7 +91,13 @@ impl RlsListener {
             listeners.push((listener, acceptor));
         }
         drop(rt);
-        Ok(Self { service: Arc::new(service), runtime, max_connections, listeners: Mutex::new(listeners) })
+        Ok(Self {
+            service: Arc::new(service),
+            quota: Arc::new(quota),
+            runtime,
+            max_connections,
+            listeners: Mutex::new(listeners),
+        })
     }
 
     /// What the service's connections are held to, read per connection (reloads apply to new ones).
@@ -124,13 +135,19 @@ impl BackgroundService for RlsListener {
             let grpc = RateLimitServiceServer::from_arc(self.service.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            // A stream's messages are bounded like a call's; its time is not (CALL_TIMEOUT bounds the
+            // call until its answer stream starts), its count is (`rls.max_quota_streams`).
+            let quota = RateLimitQuotaServiceServer::from_arc(self.quota.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
             let router = tonic::transport::Server::builder()
                 .timeout(CALL_TIMEOUT)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .add_service(CallBudget { inner: grpc, calls: calls.clone() });
+                .add_service(CallBudget { inner: grpc, calls: calls.clone() })
+                .add_service(CallBudget { inner: quota, calls: calls.clone() });
             let mut stop = shutdown.clone();
             let signal = async move {
                 let _ = stop.changed().await;

@@ -9,16 +9,18 @@
 //! and replay's own (through `decide`, which adds the peer's soft quota limits); `answer` turns
 //! the verdict into Envoy's response. The listener is `listener`, the
 //! gRPC glue `service`; `import` translates envoyproxy/ratelimit YAML read by `peer_yaml` as the
-//! peer's own loader reads it.
+//! peer's own loader reads it, from files `import_input` reads within bounds.
 
 pub mod answer;
 pub mod coalesce;
 pub mod decide;
 pub mod import;
+pub mod import_input;
 pub mod listener;
 pub mod peer_yaml;
 pub mod plan;
 pub mod proto;
+pub mod quota;
 pub mod rules;
 pub mod service;
 

@@ -14,7 +14,7 @@ impl ValueMatch {
     /// How well `value` matches: larger is more specific; `None` when it does not. A pattern
     /// ranks by its literal characters (`/api/admin/*` beats `/api/*`), or with `File` order all
     /// patterns rank alike, so the first in file order wins.
-    fn rank(&self, value: &str, order: PatternOrder) -> Option<usize> {
+    pub(crate) fn rank(&self, value: &str, order: PatternOrder) -> Option<usize> {
         match self {
             ValueMatch::Any => Some(0),
             ValueMatch::Pattern { parts, .. } if wildcard_match(parts, value) => Some(match order {

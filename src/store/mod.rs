@@ -11,6 +11,7 @@
 
 mod bounded;
 mod guard;
+mod leased;
 mod memory;
 mod redis;
 
@@ -21,12 +22,13 @@ use async_trait::async_trait;
 use crate::limit::{LimitReq, State, Verdict, ZoneOutcome};
 
 pub use self::guard::GuardedStore;
+pub use self::leased::{LeaseLedger, LeasedStore, ModelLedger};
 pub use self::memory::{
     decided_at_once, ready_now, MemoryAdmin, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS,
 };
 pub use self::redis::{
-    key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, RedisClock, RedisStore, RedisStoreConfig,
-    RedisTls, RedisTopology,
+    key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, LeaseAsk, RedisClock, RedisStore,
+    RedisStoreConfig, RedisTls, RedisTopology, ZoneKeys,
 };
 
 /// One `limit_req` zone of one request: built once by the key step (`engine::limit_req`), then read
@@ -46,12 +48,15 @@ pub struct KeyedZone<'a> {
     /// Which of the route's `limit_req` references this is (index into `Route::limits`); the stores
     /// ignore it.
     pub reference: usize,
+    /// The zone's `lease` (docs/leases.md): decided from this instance's lease of the key's budget
+    /// by the leasing layer (`store::leased`); `None`, and for every store below that layer: exact.
+    pub lease: Option<crate::limit::lease::LeaseSpec>,
 }
 
 impl<'a> KeyedZone<'a> {
     /// An enforced zone outside any route (tests, tools): reference 0.
     pub fn new(zone: &'a str, key: impl Into<Vec<u8>>, limit: LimitReq, cost: u64) -> Self {
-        KeyedZone { zone, key: key.into(), limit, cost, dry_run: false, reference: 0 }
+        KeyedZone { zone, key: key.into(), limit, cost, dry_run: false, reference: 0, lease: None }
     }
 }
 
@@ -178,6 +183,15 @@ pub trait StoreAdmin: Send + Sync {
         Err(StoreError::Reply(format!("the {} store cannot reset keys", self.kind())))
     }
 
+    /// How many keys each zone holds in the store, examining at most about `budget` keys (the
+    /// admin's `GET /zones`). The memory store's counts are its `weir_memory_keys` series.
+    async fn zone_keys(&self, _budget: u64) -> Result<ZoneKeys, StoreError> {
+        Err(StoreError::Reply(format!(
+            "the {} store does not count keys here; its counts per zone are the weir_memory_keys metric",
+            self.kind()
+        )))
+    }
+
     /// Whether the store answers now, writes included (the breaker's probe).
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
@@ -198,6 +212,19 @@ pub trait StoreAdmin: Send + Sync {
         _view: Option<Vec<u8>>,
         _forget: &[String],
     ) -> Result<Option<FleetSync>, StoreError> {
+        Ok(None)
+    }
+
+    /// One atomic step on an Envoy RLQS ledger (`lua/rlqs_demand.lua`; `src/rls/quota/ledger.rs`
+    /// says what `op` and `args` mean): the script's reply. `None`: the store is not shared
+    /// (memory), so the caller keeps its ledger in process.
+    async fn quota_ledger(
+        &self,
+        _zone: &str,
+        _key: &[u8],
+        _op: &str,
+        _args: &[String],
+    ) -> Result<Option<Vec<String>>, StoreError> {
         Ok(None)
     }
 }

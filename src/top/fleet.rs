@@ -38,7 +38,13 @@ pub fn instance_id() -> String {
 
 /// Shares this instance's view and reads the fleet's every `SYNC_EVERY`, for the process's life;
 /// returns at once when the store is not shared (the process runs it, `process::lasting`).
-pub async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, instance: String, top: Arc<Tracker>) {
+pub async fn run(
+    store: Arc<dyn StoreAdmin>,
+    runtime: Arc<ArcSwap<Runtime>>,
+    instance: String,
+    top: Arc<Tracker>,
+    on_reset: OnReset,
+) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stale: Vec<String> = Vec::new();
@@ -64,6 +70,7 @@ pub async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, ins
             Ok(Some(sync)) => {
                 for (zone, key) in &sync.resets {
                     top.forget(zone, key);
+                    on_reset(zone, key);
                 }
                 let (fresh, old) = others(&sync.views, &instance, now / 1000);
                 stale = old;
@@ -75,6 +82,9 @@ pub async fn run(store: Arc<dyn StoreAdmin>, runtime: Arc<ArcSwap<Runtime>>, ins
         }
     }
 }
+
+/// What else a reset announced by the fleet reaches (the leasing layer's leases of the key).
+pub type OnReset = Box<dyn Fn(&str, &[u8]) + Send + Sync>;
 
 /// The other instances' views that are fresh, and the ids of those gone quiet.
 fn others(raw: &[Vec<u8>], me: &str, now_ms: u64) -> (Vec<InstanceView>, Vec<String>) {

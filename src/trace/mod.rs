@@ -7,7 +7,10 @@
 //! thread of its own. Child spans are written when the request ends, from the times recorded on
 //! the way (a few `SystemTime` reads per traced request, none for others).
 //!
-//! Configured by `[tracing]` (config/tracing.rs) and installed once at start ([`install`]); with no
+//! The rate limit service's calls get a server span of their own ([`record_rls`]), a child of the
+//! caller's `traceparent`. The proxy feeds a request's span through `proxy/trace_span.rs`.
+//!
+//! Configured by `[tracing]` (config/traces.rs) and installed once at start ([`install`]); with no
 //! `[tracing]` nothing is installed, and a request pays one check of an unset `OnceLock`.
 //! Sampling is the SDK's: a sampled incoming `traceparent` is followed, otherwise `sample_ratio`
 //! of the trace ids are kept.

@@ -26,7 +26,7 @@ impl HealthObserve for Observer {
     async fn observe(&self, target: &Backend, healthy: bool) {
         let server = target.addr.to_string();
         if healthy {
-            let state = target.addr.as_inet().and_then(|a| lock(&self.states).get(a).cloned());
+            let state = super::member_key(&target.addr).and_then(|a| lock(&self.states).get(&a).cloned());
             if let Some(state) = state {
                 state.clear_failures();
             }

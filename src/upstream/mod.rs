@@ -59,8 +59,48 @@ pub struct ServerSpec {
     pub fail_timeout: Duration,
     /// Requests in flight to this server from this instance.
     pub max_conns: Option<usize>,
-    /// Addresses the name resolved to when the config was compiled.
+    /// Addresses the name resolved to when the config was compiled (a unix socket server:
+    /// its [`unix_identity`]).
     pub addrs: Vec<SocketAddr>,
+    /// `unix:/path/to.sock`: the socket's absolute path (Pingora connects with `new_uds`).
+    pub unix: Option<String>,
+}
+
+/// The per-address state (in flight, passive failures, the membership) is keyed by an IP
+/// address; a unix socket server gets a stable stand-in one from its path, in the IPv6 discard
+/// prefix `100::/64` (RFC 6666: never routed), so the same path keeps its state across reloads.
+pub fn unix_identity(path: &str) -> SocketAddr {
+    // FNV-1a: stable across processes and builds, unlike a randomly keyed hasher.
+    let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let ip = std::net::Ipv6Addr::from((0x0100u128 << 112) | u128::from(hash));
+    let addr = SocketAddr::new(ip.into(), 0);
+    lock_unix_names().insert(addr, path.to_string());
+    addr
+}
+
+fn lock_unix_names() -> std::sync::MutexGuard<'static, std::collections::HashMap<SocketAddr, String>> {
+    static NAMES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<SocketAddr, String>>> =
+        std::sync::LazyLock::new(Default::default);
+    NAMES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An address as logs, metrics and `GET /upstreams` show it: `unix:/path` for a socket.
+pub fn show_addr(addr: SocketAddr) -> String {
+    match lock_unix_names().get(&addr) {
+        Some(path) => format!("unix:{path}"),
+        None => addr.to_string(),
+    }
+}
+
+/// The key of a Pingora backend's address in the pool's per-address state.
+pub(crate) fn member_key(addr: &pingora::protocols::l4::socket::SocketAddr) -> Option<SocketAddr> {
+    match addr {
+        pingora::protocols::l4::socket::SocketAddr::Inet(a) => Some(*a),
+        #[cfg(unix)]
+        pingora::protocols::l4::socket::SocketAddr::Unix(u) => {
+            u.as_pathname().and_then(|p| p.to_str()).map(unix_identity)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

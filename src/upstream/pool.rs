@@ -20,6 +20,19 @@ use super::server_state::{lock, now_ms, ServerState, States};
 use super::{health, tls, ServerSpec, UpstreamSpec};
 use crate::metrics::METRICS;
 
+/// A member's address for Pingora (its balancer and health checks): the socket path of a
+/// `unix:` server, else the address.
+fn backend_addr(server: &ServerSpec, addr: SocketAddr) -> pingora::protocols::l4::socket::SocketAddr {
+    #[cfg(unix)]
+    if let Some(path) = &server.unix {
+        if let Ok(u) = std::os::unix::net::SocketAddr::from_pathname(path) {
+            return pingora::protocols::l4::socket::SocketAddr::Unix(u);
+        }
+    }
+    let _ = server;
+    pingora::protocols::l4::socket::SocketAddr::Inet(addr)
+}
+
 /// The current membership, handed to Pingora's `Backends` as its service discovery.
 #[derive(Default)]
 struct Members(ArcSwap<BTreeSet<Backend>>);
@@ -209,11 +222,7 @@ impl Pool {
                 let mut ext = pingora::lb::Extensions::new();
                 // An HTTPS health check verifies the server as its requests do.
                 ext.insert(health::CheckSni(peer.sni.clone()));
-                let backend = Backend {
-                    addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
-                    weight: server.weight,
-                    ext,
-                };
+                let backend = Backend { addr: backend_addr(server, addr), weight: server.weight, ext };
                 by_addr.insert(addr, members.len());
                 members.push(Member { backend, entry, state, peer });
             }
@@ -269,7 +278,9 @@ impl Pool {
             true
         };
         let accept = |backend: &Backend, healthy: bool| {
-            backend.addr.as_inet().and_then(|a| shape.by_addr.get(a)).is_some_and(|&i| accept_member(i, healthy))
+            super::member_key(&backend.addr)
+                .and_then(|a| shape.by_addr.get(&a))
+                .is_some_and(|&i| accept_member(i, healthy))
         };
         if single {
             // The sidecar's usual upstream: no round to rob (the balancer's selection allocates
@@ -340,7 +351,7 @@ impl Pool {
                 let server = &shape.spec.servers[m.entry];
                 ServerStatus {
                     server: server.target.clone(),
-                    address: m.state.addr.to_string(),
+                    address: super::show_addr(m.state.addr),
                     weight: server.weight,
                     healthy: backends.ready(&m.backend),
                     passive_down_ms: m.state.down_until.load(Ordering::Acquire).saturating_sub(now),
@@ -418,6 +429,7 @@ mod tests {
                     fail_timeout: Duration::from_secs(10),
                     max_conns,
                     addrs: vec![a.parse().unwrap()],
+                    unix: None,
                 })
                 .collect(),
             timeouts: Timeouts {

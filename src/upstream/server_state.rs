@@ -29,7 +29,7 @@ pub struct ServerState {
 
 impl ServerState {
     pub(super) fn new(upstream: &str, addr: SocketAddr) -> Self {
-        let in_flight_gauge = METRICS.upstream_in_flight.with_label_values(&[upstream, &addr.to_string()]);
+        let in_flight_gauge = METRICS.upstream_in_flight.with_label_values(&[upstream, &super::show_addr(addr)]);
         Self {
             addr,
             in_flight: AtomicUsize::new(0),

@@ -211,7 +211,13 @@ pub fn peer_template(spec: &UpstreamSpec, server: &ServerSpec, addr: SocketAddr)
         Some(_) => host_of(&server.target).to_string(),
         None => String::new(),
     };
-    let mut peer = HttpPeer::new(addr, spec.tls.is_some(), sni);
+    let mut peer = match &server.unix {
+        // The path was checked when the config was compiled (absolute, fits sun_path).
+        #[cfg(unix)]
+        Some(path) => HttpPeer::new_uds(path, spec.tls.is_some(), sni.clone())
+            .unwrap_or_else(|_| HttpPeer::new(addr, spec.tls.is_some(), sni)),
+        _ => HttpPeer::new(addr, spec.tls.is_some(), sni),
+    };
     apply_options(&mut peer, spec);
     let t = spec.timeouts;
     peer.options.connection_timeout = Some(t.connect);

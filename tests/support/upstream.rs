@@ -426,3 +426,95 @@ fn bytes_of(path: &str) -> Option<usize> {
     segments.find(|s| *s == "bytes")?;
     segments.next()?.parse().ok()
 }
+
+/// An upstream on a unix socket (`unix:/path` servers): answers every request `200 OK` with
+/// `X-Upstream: unix` and the request path as body, keeps connections alive, counts requests.
+/// The socket file is removed on drop.
+pub struct UnixUpstream {
+    pub path: std::path::PathBuf,
+    hits: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl UnixUpstream {
+    pub fn start(path: &std::path::Path) -> UnixUpstream {
+        let listener = std::os::unix::net::UnixListener::bind(path)
+            .unwrap_or_else(|e| panic!("bind unix upstream {}: {e}", path.display()));
+        listener.set_nonblocking(true).unwrap();
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (hits.clone(), stop.clone());
+        thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (h, s) = (h.clone(), s.clone());
+                        thread::spawn(move || {
+                            let _ = conn.set_nonblocking(false);
+                            let _ = serve_unix(conn, &h, &s);
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+                    Err(_) => return,
+                }
+            }
+        });
+        UnixUpstream { path: path.to_path_buf(), hits, stop }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for UnixUpstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve_unix(
+    stream: std::os::unix::net::UnixStream,
+    hits: &std::sync::atomic::AtomicUsize,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    while !stop.load(Ordering::SeqCst) {
+        let mut line = Vec::new();
+        if read_line(&mut reader, &mut line)? == 0 {
+            return Ok(());
+        }
+        let request_line = String::from_utf8_lossy(trim_crlf(&line)).into_owned();
+        if request_line.is_empty() {
+            continue;
+        }
+        let path = request_line.split(' ').nth(1).unwrap_or("/").to_string();
+        let mut content_length = 0usize;
+        loop {
+            let mut h = Vec::new();
+            if read_line(&mut reader, &mut h)? == 0 {
+                return Ok(());
+            }
+            let h = trim_crlf(&h);
+            if h.is_empty() {
+                break;
+            }
+            let text = String::from_utf8_lossy(h).to_ascii_lowercase();
+            if let Some(v) = text.strip_prefix("content-length:") {
+                content_length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        io::copy(&mut (&mut reader).take(content_length as u64), &mut io::sink())?;
+        hits.fetch_add(1, Ordering::SeqCst);
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Upstream: unix\r\nContent-Length: {}\r\n\r\n",
+            path.len()
+        );
+        writer.write_all(head.as_bytes())?;
+        writer.write_all(path.as_bytes())?;
+    }
+    Ok(())
+}

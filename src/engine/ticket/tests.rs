@@ -271,7 +271,7 @@ async fn a_failing_store_leaves_the_decision_to_the_routes_policy() {
         let mut t = w.ticket("192.0.2.1");
         let ruling = rule(&mut t, &w.stores, "/api/x", "k").await;
         if let Ruling::Refuse(answer) = &ruling {
-            assert_eq!(answer.refusal, Refusal::LimiterUnavailable { route: "api" }, "{policy}");
+            assert_eq!(answer.refusal, Refusal::LimiterUnavailable { route: "api", own_body: None }, "{policy}");
             assert!(answer.headers.contains(&("Retry-After", "1".to_string())), "{policy}");
         }
         assert_eq!((delay_of(&ruling), t.outcome()), want, "{policy}");

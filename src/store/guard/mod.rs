@@ -204,12 +204,28 @@ impl StoreAdmin for GuardedStore {
         self.admin.ping().await
     }
 
+    async fn zone_keys(&self, budget: u64) -> Result<crate::store::ZoneKeys, StoreError> {
+        self.admin.zone_keys(budget).await
+    }
+
     /// Resets the key in the store, then here: this instance's deny cache lets it through at once;
     /// the others' forget it when they read the reset (`sync_fleet`).
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
         let result = self.admin.reset(zone, key).await;
         self.deny_cache.forget(zone, key);
         result
+    }
+
+    /// Behind the breaker like a decision: an open circuit answers at once.
+    async fn quota_ledger(
+        &self,
+        zone: &str,
+        key: &[u8],
+        op: &str,
+        args: &[String],
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        self.closed()?;
+        self.admin.quota_ledger(zone, key, op, args).await
     }
 
     /// The fleet's resets reach this instance's deny cache here.

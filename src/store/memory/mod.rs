@@ -2,7 +2,8 @@
 //! `limit_req_zone` shared memory. Exact for one instance while a zone has room. `limit_req.rs`
 //! holds rate-limit state (`MemoryStore`), `limit_conn.rs` concurrency counts (`MemoryConnStore`),
 //! `admin.rs` the operator's side of both (`MemoryAdmin`); this file is what they share: zone
-//! capacities and metrics. Both bound each zone by its `max_keys`.
+//! capacities and metrics, and `decided_at_once` (a call's result at its first poll: they never
+//! wait). Both bound each zone by its `max_keys`.
 
 mod admin;
 mod limit_conn;

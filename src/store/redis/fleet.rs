@@ -39,7 +39,9 @@ impl RedisStore {
     pub(super) async fn reset_key(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
         let mut conn = self.side.get().await?;
         let state = self.key_for(zone, key);
-        let _: i64 = ::redis::cmd("DEL").arg(&state).query_async(&mut conn).await?;
+        // The key's lease holders too (docs/leases.md): a reset key starts with no lease counted.
+        let holders = super::lease::holders_key(&state);
+        let _: i64 = ::redis::cmd("DEL").arg(&state).arg(&holders).query_async(&mut conn).await?;
         let _: Value = ::redis::cmd("XADD")
             .arg(self.fleet_key("resets"))
             .arg("MAXLEN")

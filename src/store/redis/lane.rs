@@ -14,8 +14,9 @@
 //! into one call each, pipelined on the one connection. A call Redis did not run (`MOVED`, `ASK`,
 //! `CLUSTERDOWN`, `TRYAGAIN`, or a connection that could not be made) is answered
 //! `LaneError::NotRun`, so the caller may send it another way without charging twice. TLS, Unix
-//! sockets and Sentinel go through redis-rs (`connection.rs`). Commands are encoded straight into a reused buffer
-//! (`resp.rs`) and the script is loaded once per connection (and again after a `NOSCRIPT`).
+//! sockets and Sentinel go through redis-rs (`connection.rs`). Commands are encoded straight into
+//! a reused buffer (`resp.rs`) and the script (`script.rs`: joined from its parts) is loaded once
+//! per connection (and again after a `NOSCRIPT`).
 //! A connection is made on the first decision and after a failure; every decision queued or in
 //! flight on a failed connection gets an error at once (the caller's failure policy decides), and a
 //! connection that stops answering is dropped.
@@ -44,7 +45,7 @@ const MAX_BATCH: usize = 16;
 /// Bytes read from the socket at once.
 const READ_CHUNK: usize = 64 * 1024;
 
-static SCRIPT_BODY: &str = include_str!("../../../lua/limit_req.lua");
+static SCRIPT_BODY: &str = super::script::LIMIT_REQ_SCRIPT;
 static SCRIPT_SHA: LazyLock<String> = LazyLock::new(|| ::redis::Script::new(SCRIPT_BODY).get_hash().to_string());
 
 /// Where the lanes of one store connect. A store without one (TLS, Cluster, …) uses redis-rs.

@@ -22,6 +22,7 @@ use ::redis::Value;
 use super::connection::{LuaScript, ScriptCall};
 use super::lane::{self, Call, LaneError};
 use super::rollback::Rollback;
+use super::script::LIMIT_REQ_SCRIPT;
 use super::slot_owners::SlotOwners;
 use super::slots::{self, group_by_slot};
 use super::RedisStore;
@@ -30,8 +31,9 @@ use crate::limit::{
 };
 use crate::store::{KeyedZone, StoreError};
 
-/// `lua/limit_req.lua` and `lua/restore.lua`, called by their SHA-1 (`connection.rs`).
-static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/limit_req.lua")));
+/// `lua/limit_req.lua` (joined from `lua/limit_req/`, `script.rs`) and `lua/restore.lua`, called
+/// by their SHA-1 (`connection.rs`).
+pub(super) static LIMIT_REQ: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(LIMIT_REQ_SCRIPT));
 static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(include_str!("../../../lua/restore.lua")));
 
 /// Reply values before the zones, the values every zone's array starts with in the full reply, and
@@ -41,8 +43,6 @@ const REPLY_ZONE_COMMON: usize = 8;
 const REPLY_ZONE_COMPACT: usize = 5;
 /// ... of a request's only zone (its admitted, delay and retry are the request's).
 const REPLY_ONE_ZONE_COMPACT: usize = 2;
-/// The largest integer a Lua number (a double) holds exactly.
-const MAX_EXACT: u64 = 1 << 53;
 
 impl RedisStore {
     /// Decides every zone of one request atomically (`LimitStore::decide`): one call on one
@@ -124,14 +124,16 @@ impl RedisStore {
             .await?;
         match raw {
             None => Ok(None),
-            Some(RawState::Text(text)) => parse_state(&text).map(Some).ok_or_else(|| {
-                StoreError::Reply(format!("state {:?} is in no known format", String::from_utf8_lossy(&text)))
-            }),
+            Some(RawState::Text(text)) => {
+                std::str::from_utf8(&text).ok().and_then(State::from_stored_text).map(Some).ok_or_else(|| {
+                    StoreError::Reply(format!("state {:?} is in no known format", String::from_utf8_lossy(&text)))
+                })
+            }
             Some(RawState::Log(scores)) => {
                 let entries = scores
                     .iter()
                     .map(|score| {
-                        std::str::from_utf8(score).ok().and_then(parse_time).ok_or_else(|| {
+                        std::str::from_utf8(score).ok().and_then(State::log_entry_from_stored).ok_or_else(|| {
                             StoreError::Reply(format!("log entry {:?} is not µs", String::from_utf8_lossy(score)))
                         })
                     })
@@ -342,40 +344,9 @@ enum RawState {
     Log(Vec<Vec<u8>>),
 }
 
-/// Parses a stored string (formats in the header of `lua/limit_req.lua`): "<level> <last_us>",
-/// "t <tokens> <last_us>", "f <start_us> <count>" or "s <start_us> <prev> <curr>".
-fn parse_state(raw: &[u8]) -> Option<State> {
-    let text = std::str::from_utf8(raw).ok()?;
-    let words: Vec<&str> = text.split(' ').collect();
-    let float = |w: &str| w.parse::<f64>().ok().filter(|f| f.is_finite());
-    Some(match words.as_slice() {
-        ["t", tokens, last_us] => State::Tokens(TokenState { tokens: float(tokens)?, last_us: parse_time(last_us)? }),
-        ["f", start_us, count] => {
-            State::Window(WindowState { start_us: parse_time(start_us)?, count: parse_time(count)? })
-        }
-        ["s", start_us, prev, curr] => State::Sliding(SlidingState {
-            start_us: parse_time(start_us)?,
-            prev: parse_time(prev)?,
-            curr: parse_time(curr)?,
-        }),
-        [level, last_us] => State::Bucket(BucketState { level: float(level)?, last_us: parse_time(last_us)? }),
-        _ => return None,
-    })
-}
-
-/// A non-negative integer as the script writes it (digits; a sorted-set score may also come as a
-/// float's text, e.g. "1.7e+15"), at most 2^53.
-fn parse_time(text: &str) -> Option<u64> {
-    if let Ok(n) = text.parse::<u64>() {
-        return (n <= MAX_EXACT).then_some(n);
-    }
-    let f = text.parse::<f64>().ok()?;
-    (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= MAX_EXACT as f64).then_some(f as u64)
-}
-
 /// A zone's 6 values in `lua/limit_req.lua`'s ARGV (layout in its header): algorithm, count,
 /// period_us, burst, delay (-1 = nodelay), cost. The config bounds each far below `i64::MAX`.
-fn zone_args(check: &KeyedZone<'_>) -> [i64; 6] {
+pub(super) fn zone_args(check: &KeyedZone<'_>) -> [i64; 6] {
     let limit = &check.limit;
     let delay = match limit.delay {
         DelayPolicy::NoDelay => -1,
@@ -549,32 +520,6 @@ fn float(value: &Value) -> Result<f64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn state_parses_exactly() {
-        let leaky = State::Bucket(BucketState { level: 0.1, last_us: 1_700_000_000_000_000 });
-        assert_eq!(parse_state(b"0.10000000000000001 1700000000000000"), Some(leaky));
-        assert_eq!(
-            parse_state(b"t 2.5 1700000000000000"),
-            Some(State::Tokens(TokenState { tokens: 2.5, last_us: 1_700_000_000_000_000 }))
-        );
-        assert_eq!(
-            parse_state(b"f 1699999980000000 7"),
-            Some(State::Window(WindowState { start_us: 1_699_999_980_000_000, count: 7 }))
-        );
-        assert_eq!(
-            parse_state(b"s 1699999980000000 3 4"),
-            Some(State::Sliding(SlidingState { start_us: 1_699_999_980_000_000, prev: 3, curr: 4 }))
-        );
-        for bad in ["garbage", "1 -5", "t 1", "f 1.5 2", "s 1 2", "x 1 2", "1 2 3", "inf 5", ""] {
-            assert_eq!(parse_state(bad.as_bytes()), None, "{bad:?}");
-        }
-        assert_eq!(parse_time("1700000000000000"), Some(1_700_000_000_000_000));
-        assert_eq!(parse_time("1.7e+15"), Some(1_700_000_000_000_000));
-        assert_eq!(parse_time("1.5"), None);
-        assert_eq!(parse_time("-1"), None);
-        assert_eq!(parse_time("18014398509481984"), None);
-    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())

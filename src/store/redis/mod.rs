@@ -2,6 +2,10 @@
 //! exact state. `limit_req.rs` decides rate limits (`lua/limit_req.lua`), `limit_conn.rs` takes
 //! concurrency leases (`lua/limit_conn.lua`); this file is the store they share: its settings,
 //! construction, connections, key names, health and the admin side (reset, inspect, fleet views).
+//! Beside them: `script.rs` (limit_req's Lua parts joined into one script), `lane.rs` + `resp.rs`
+//! (the decision lane and its RESP frames), `connection.rs` + `url.rs` (redis-rs: TLS, Cluster,
+//! Sentinel), `slots.rs`, `slot_owners.rs`, `rollback.rs` (a Cluster's slots), `eviction.rs`
+//! (whether Redis may evict limit state), `fleet.rs` (resets and the top-keys views).
 //!
 //! The connection (one server, a Redis Cluster or a Sentinel-watched master; `connection.rs`)
 //! is created on the first decision so that its driver tasks live on the proxy's runtime (not on
@@ -13,19 +17,25 @@ mod connection;
 mod eviction;
 mod fleet;
 mod lane;
+mod lease;
 mod limit_conn;
 mod limit_req;
+mod quota;
 mod resp;
 mod rollback;
+mod script;
 mod slot_owners;
 mod slots;
 mod url;
+mod zone_keys;
 
 pub use eviction::{policy_can_evict, EvictionStatus};
+pub use lease::LeaseAsk;
 pub use slots::key_slot;
 use std::sync::Arc;
 use std::time::Duration;
 pub use url::{parse_redis_url, RedisTopology};
+pub use zone_keys::ZoneKeys;
 
 use async_trait::async_trait;
 
@@ -242,6 +252,9 @@ impl LimitStore for RedisStore {
     }
 }
 
+/// The longest one count of keys per zone may take.
+const ZONE_KEYS_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[async_trait]
 impl StoreAdmin for RedisStore {
     fn kind(&self) -> &'static str {
@@ -258,6 +271,21 @@ impl StoreAdmin for RedisStore {
 
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
         self.bounded(self.reset_key(zone, key)).await
+    }
+
+    /// One bounded `SCAN` (see `zone_keys.rs`), within [`ZONE_KEYS_TIMEOUT`], not a decision's
+    /// budget. Not on a Cluster: each master would need its own scan.
+    async fn zone_keys(&self, budget: u64) -> Result<ZoneKeys, StoreError> {
+        if self.is_cluster() {
+            return Err(StoreError::Reply(
+                "counting keys per zone is not done on a Redis Cluster (each master would need its own SCAN)".into(),
+            ));
+        }
+        let work = async {
+            let mut conn = self.connection().await?;
+            zone_keys::count(&mut conn, &self.config.key_prefix, budget).await
+        };
+        tokio::time::timeout(ZONE_KEYS_TIMEOUT, work).await.unwrap_or(Err(StoreError::Timeout(ZONE_KEYS_TIMEOUT)))
     }
 
     /// A write, not only a PING: a Redis that answers PING but refuses writes (`OOM command not
@@ -285,6 +313,16 @@ impl StoreAdmin for RedisStore {
         forget: &[String],
     ) -> Result<Option<crate::store::FleetSync>, StoreError> {
         self.bounded(self.exchange_views(instance, view, forget)).await.map(Some)
+    }
+
+    async fn quota_ledger(
+        &self,
+        zone: &str,
+        key: &[u8],
+        op: &str,
+        args: &[String],
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        self.quota_call(zone, key, op, args).await.map(Some)
     }
 }
 

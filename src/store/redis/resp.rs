@@ -1,7 +1,7 @@
 //! RESP2 frames of the decision lane (`lane.rs`): commands encoded straight into a reused buffer
 //! and replies parsed from the read buffer as soon as they are complete, without redis-rs's
 //! generic command and parser machinery on the hot path. Replies become `redis::Value`, so the
-//! checked reply decoding of `mod.rs` is shared by both paths.
+//! checked reply decoding of `limit_req.rs` is shared by both paths.
 
 use ::redis::Value;
 

@@ -1,15 +1,16 @@
 //! The metrics' view of the engine: what the engine reports through `engine::Observer` becomes
-//! counters and histograms here, so the engine never names a metric.
+//! counters and histograms here, so the engine never names a metric. It reads the engine and the
+//! config, so it lives beside the process that wires them, not in `metrics/` (the ground floor).
 
 use std::time::Duration;
 
 use prometheus::Histogram;
 
-use super::METRICS;
 use crate::config::{FailurePolicy, Runtime};
 use crate::engine::Statuses;
 use crate::engine::{Door, Observer, Report};
 use crate::metrics::ZoneMeters;
+use crate::metrics::METRICS;
 
 /// Counts what the engine decides with one kind of limit store.
 pub struct MetricsObserver {

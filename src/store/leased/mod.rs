@@ -1,0 +1,547 @@
+//! The leasing layer (issue 47, docs/leases.md): a `LimitStore` in front of the configured store
+//! that answers leased zones from this instance's lease of each key's budget, without a round
+//! trip while it holds tokens. Every front door decides through the engine's store (the proxy,
+//! the rate limit service), so each gets leasing from this one layer.
+//!
+//! Per leased key it keeps a [`Lessee`] (the pure model: what is held, how big the next lease is,
+//! whether the budget is known empty) and drives it: a request spends a token locally; with none
+//! it asks the ledger (Redis, `lua/limit_req/lease.lua`) for a lease and waits for the answer,
+//! one ask per key at a time; a busy key renews in the background before running dry; while the
+//! store said the budget is empty, a refusal costs no call. Zones without a lease go to the inner
+//! store in one call; a request mixing both stays all or nothing (the local admissions are
+//! refunded to their leases when the exact zones reject, and the exact zones are not asked when a
+//! leased zone rejects). Unused tokens go back at reload, at exit and when a key goes cold
+//! ([`LeasedStore::run`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{watch, Notify};
+
+use crate::limit::lease::{Answered, Grant, LeaseSpec, Lessee, LocalDecision, Spent};
+use crate::limit::{BucketState, Clock, LimitReq, State, Verdict, ZoneOutcome};
+use crate::metrics::METRICS;
+use crate::store::{KeyedZone, LeaseAsk, LimitStore, StoreError};
+
+mod model;
+pub use model::ModelLedger;
+
+/// Where leases come from: the shared store's grant and give-back (`RedisStore`).
+#[async_trait]
+pub trait LeaseLedger: Send + Sync {
+    async fn grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError>;
+    async fn give_back(
+        &self,
+        zone: &KeyedZone<'_>,
+        holder: &str,
+        unused: u64,
+        window_start_us: Option<u64>,
+    ) -> Result<(), StoreError>;
+}
+
+/// Leased keys kept at most; past it, a new key's zone is decided exactly (the inner store).
+const MAX_KEYS: usize = 100_000;
+/// After a failed ask, asks fail at once for this long (the zone's `on_error` answers): a Redis
+/// that is down costs each request no timeout.
+const PAUSE_AFTER_FAILURE_US: u64 = 250_000;
+/// How often the keeper looks for cold keys, ended leases and a reload.
+const SWEEP_EVERY: Duration = Duration::from_millis(20);
+/// Rounds of ask-and-decide one request goes through at most (a grant spent by others first, a
+/// dead grant) before it is answered by the failure policy.
+const MAX_ROUNDS: usize = 4;
+
+/// One leased key.
+struct Entry {
+    zone: String,
+    key: Vec<u8>,
+    state: Mutex<KeyState>,
+    /// Bumped when an ask is answered: requests waiting for it decide again.
+    answers: watch::Sender<u64>,
+}
+
+struct KeyState {
+    lessee: Lessee,
+    /// The limit and lease the key was last decided with (for renewals and give-backs).
+    limit: LimitReq,
+    spec: LeaseSpec,
+    last_used_us: u64,
+}
+
+impl Entry {
+    fn lock(&self) -> MutexGuard<'_, KeyState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key as a zone of one request of `cost`, for the ledger.
+    fn zone(&self, limit: LimitReq, spec: LeaseSpec, cost: u64) -> KeyedZone<'_> {
+        KeyedZone {
+            zone: &self.zone,
+            key: self.key.clone(),
+            limit,
+            cost,
+            dry_run: false,
+            reference: 0,
+            lease: Some(spec),
+        }
+    }
+}
+
+/// An ask in flight: if it ends without an answer (an error, the request's future dropped), the
+/// lessee learns it failed and the requests waiting for it decide again.
+struct InFlight<'a> {
+    entry: &'a Entry,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.entry.lock().lessee.failed();
+        }
+        self.entry.answers.send_modify(|n| *n += 1);
+    }
+}
+
+/// Unused tokens to give back: the key, its limit and lease, the tokens, their window.
+type Return = (Arc<Entry>, LimitReq, LeaseSpec, u64, Option<u64>);
+
+enum Taken {
+    Admitted { spent: Option<Spent>, held: u64, ends_us: Option<u64> },
+    Refused { retry_us: Option<u64> },
+}
+
+struct Shared {
+    inner: Arc<dyn LimitStore>,
+    ledger: Arc<dyn LeaseLedger>,
+    /// The keeper's give-backs (cold keys, reload, exit): a ledger whose connection lives on the
+    /// keeper's own runtime, which outlives the proxy's at exit.
+    returns: Arc<dyn LeaseLedger>,
+    clock: Arc<dyn Clock>,
+    /// This instance's id among the key's holders.
+    holder: String,
+    keys: Mutex<HashMap<Vec<u8>, Arc<Entry>>>,
+    paused_until_us: AtomicU64,
+    reloaded: AtomicBool,
+    stop: Notify,
+    stopped: (Mutex<bool>, Condvar),
+    running: AtomicBool,
+}
+
+/// The layer; cheap to clone (one shared state).
+#[derive(Clone)]
+pub struct LeasedStore(Arc<Shared>);
+
+impl LeasedStore {
+    /// `returns` takes the keeper's give-backs (see [`LeasedStore::run`]): a ledger of its own, so
+    /// that its connection is made on the keeper's runtime.
+    pub fn new(
+        inner: Arc<dyn LimitStore>,
+        ledger: Arc<dyn LeaseLedger>,
+        returns: Arc<dyn LeaseLedger>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        // Unique within the process too (weir replay's simulated fleet is one process).
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let holder = format!("i{}{:012}{n}", std::process::id(), nanos % 1_000_000_000_000);
+        LeasedStore(Arc::new(Shared {
+            inner,
+            ledger,
+            returns,
+            clock,
+            holder,
+            keys: Mutex::new(HashMap::new()),
+            paused_until_us: AtomicU64::new(0),
+            reloaded: AtomicBool::new(false),
+            stop: Notify::new(),
+            stopped: (Mutex::new(false), Condvar::new()),
+            running: AtomicBool::new(false),
+        }))
+    }
+
+    /// A new config is in force: every lease is given back at the keeper's next round (a
+    /// reload may change a zone's limit or lease).
+    pub fn reloaded(&self) {
+        self.0.reloaded.store(true, Ordering::Release);
+    }
+
+    /// A key was reset (by any instance, announced through the fleet sync): this instance's
+    /// leases of it are void, not given back (the key's state in Redis is gone), and its next
+    /// request asks afresh.
+    pub fn void(&self, zone: &str, key: &[u8]) {
+        self.0.lock_keys().remove(&map_key(zone, key));
+    }
+
+    /// Tokens this instance holds for one key now (tests, the admin's view).
+    pub fn held(&self, zone: &str, key: &[u8]) -> u64 {
+        let now = self.0.clock.now_us();
+        self.0.lock_keys().get(&map_key(zone, key)).map_or(0, |e| e.lock().lessee.held(now))
+    }
+
+    /// The keeper, for the process's life: gives back the leases of cold keys, forgets idle
+    /// ones, counts tokens that expired unused, gives everything back after a reload and at exit.
+    pub async fn run(&self) {
+        let shared = &self.0;
+        shared.running.store(true, Ordering::Release);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_EVERY) => {}
+                _ = shared.stop.notified() => {
+                    shared.give_back_all().await;
+                    let (done, signal) = &shared.stopped;
+                    *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    signal.notify_all();
+                    return;
+                }
+            }
+            if shared.reloaded.swap(false, Ordering::AcqRel) {
+                shared.give_back_all().await;
+            } else {
+                shared.sweep().await;
+            }
+        }
+    }
+
+    /// At exit: gives every unused token back, waiting at most `timeout`; how many keys held some.
+    pub fn release_at_exit(&self, timeout: Duration) -> usize {
+        let shared = &self.0;
+        if !shared.running.load(Ordering::Acquire) {
+            return 0;
+        }
+        let count = shared.lock_keys().len();
+        shared.stop.notify_one();
+        let (done, signal) = &shared.stopped;
+        let guard = done.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, waited) =
+            signal.wait_timeout_while(guard, timeout, |done| !*done).unwrap_or_else(|p| p.into_inner());
+        if waited.timed_out() && !*guard {
+            tracing::warn!(keys = count, ?timeout, "budget leases not all given back at exit; the rest expire unused");
+        }
+        count
+    }
+}
+
+fn map_key(zone: &str, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(zone.len() + 1 + key.len());
+    k.extend_from_slice(zone.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key);
+    k
+}
+
+impl Shared {
+    fn lock_keys(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Entry>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key's entry; `None` when the map is full (the zone is then decided exactly).
+    fn entry(&self, zone: &KeyedZone<'_>, spec: LeaseSpec) -> Option<Arc<Entry>> {
+        let mut keys = self.lock_keys();
+        let k = map_key(zone.zone, &zone.key);
+        if let Some(e) = keys.get(&k) {
+            return Some(e.clone());
+        }
+        if keys.len() >= MAX_KEYS {
+            return None;
+        }
+        let entry = Arc::new(Entry {
+            zone: zone.zone.to_string(),
+            key: zone.key.clone(),
+            state: Mutex::new(KeyState { lessee: Lessee::default(), limit: zone.limit, spec, last_used_us: 0 }),
+            answers: watch::channel(0).0,
+        });
+        keys.insert(k, entry.clone());
+        Some(entry)
+    }
+
+    /// One leased zone of a request, decided from the key's lease (asking for one if needed).
+    async fn take(
+        self: &Arc<Self>,
+        zone: &KeyedZone<'_>,
+        spec: LeaseSpec,
+        entry: &Arc<Entry>,
+    ) -> Result<Taken, StoreError> {
+        for _ in 0..MAX_ROUNDS {
+            let now = self.clock.now_us();
+            let (decision, waiting, spent, held, ends_us) = {
+                let mut st = entry.lock();
+                st.limit = zone.limit;
+                st.spec = spec;
+                st.last_used_us = now;
+                let decision = st.lessee.decide(&spec, now, zone.cost);
+                let waiting = matches!(decision, LocalDecision::Wait).then(|| entry.answers.subscribe());
+                (decision, waiting, st.lessee.last_spent(), st.lessee.held(now), st.lessee.ends_us(now))
+            };
+            match decision {
+                LocalDecision::Admit { renew } => {
+                    METRICS.lease_local_decisions.with_label_values(&[zone.zone, "admitted"]).inc();
+                    if let Some(want) = renew {
+                        self.renew_in_background(entry.clone(), want, now);
+                    }
+                    return Ok(Taken::Admitted { spent, held, ends_us });
+                }
+                LocalDecision::Refuse { retry_at_us } => {
+                    METRICS.lease_local_decisions.with_label_values(&[zone.zone, "rejected"]).inc();
+                    return Ok(Taken::Refused { retry_us: Some(retry_at_us.saturating_sub(now)) });
+                }
+                LocalDecision::Wait => {
+                    if let Some(mut rx) = waiting {
+                        let most = Duration::from_micros(spec.lifetime_us);
+                        let _ = tokio::time::timeout(most, rx.changed()).await;
+                    }
+                }
+                LocalDecision::Ask { min, want } => {
+                    if let Some(retry_us) = self.ask(entry, zone, spec, min, want, now).await? {
+                        return Ok(Taken::Refused { retry_us });
+                    }
+                }
+            }
+        }
+        Err(StoreError::Reply(format!("zone {:?}: no lease after {MAX_ROUNDS} asks", zone.zone)))
+    }
+
+    /// Asks the ledger for a lease (the lessee has marked the ask in flight). `Ok(None)`: tokens
+    /// came (or a dead grant went back): decide again; `Ok(Some(retry))`: the store refused.
+    async fn ask(
+        self: &Arc<Self>,
+        entry: &Entry,
+        zone: &KeyedZone<'_>,
+        spec: LeaseSpec,
+        min: u64,
+        want: u64,
+        sent_us: u64,
+    ) -> Result<Option<Option<u64>>, StoreError> {
+        let mut in_flight = InFlight { entry, answered: false };
+        if sent_us < self.paused_until_us.load(Ordering::Acquire) {
+            return Err(StoreError::CircuitOpen);
+        }
+        let ask = LeaseAsk { min, want, lifetime_us: spec.lifetime_us };
+        let grant = match self.ledger.grant(zone, &self.holder, ask).await {
+            Ok(grant) => grant,
+            Err(e) => {
+                self.paused_until_us.store(self.clock.now_us() + PAUSE_AFTER_FAILURE_US, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let arrived = self.clock.now_us();
+        let answered = entry.lock().lessee.answered(&spec, sent_us, arrived, &grant);
+        in_flight.answered = true;
+        drop(in_flight);
+        let name = zone.zone;
+        match answered {
+            Answered::Granted => {
+                METRICS.lease_grants.with_label_values(&[name, "granted"]).inc();
+                METRICS.lease_tokens.with_label_values(&[name, "leased"]).inc_by(grant.tokens);
+                Ok(None)
+            }
+            Answered::Refused => {
+                METRICS.lease_grants.with_label_values(&[name, "refused"]).inc();
+                Ok(Some(grant.retry_after_us.map(|r| (sent_us + r).saturating_sub(arrived))))
+            }
+            Answered::Dead { unused } => {
+                METRICS.lease_grants.with_label_values(&[name, "dead_on_arrival"]).inc();
+                let zone = zone.clone();
+                if let Err(e) = self.ledger.give_back(&zone, &self.holder, unused, grant.window_start_us).await {
+                    tracing::debug!(zone = name, error = %e, "a dead lease's tokens were not given back");
+                } else {
+                    METRICS.lease_tokens.with_label_values(&[name, "returned"]).inc_by(unused);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// A busy key's next lease, asked before it runs dry, off the request's path.
+    fn renew_in_background(self: &Arc<Self>, entry: Arc<Entry>, want: u64, sent_us: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            entry.lock().lessee.failed();
+            return;
+        };
+        let shared = self.clone();
+        runtime.spawn(async move {
+            let (limit, spec) = {
+                let st = entry.lock();
+                (st.limit, st.spec)
+            };
+            let zone = entry.zone(limit, spec, 1);
+            let _ = shared.ask(&entry, &zone, spec, 1, want, sent_us).await;
+        });
+    }
+
+    /// Undoes the local admissions of a request another zone refused.
+    fn refund(&self, taken: &[(Arc<Entry>, Spent)]) {
+        let now = self.clock.now_us();
+        for (entry, spent) in taken {
+            entry.lock().lessee.refund(*spent, now);
+        }
+    }
+
+    /// Counts expired tokens, gives back the leases of keys gone cold (no request for half a
+    /// lifetime), and forgets keys idle for two lifetimes with nothing held.
+    async fn sweep(&self) {
+        let now = self.clock.now_us();
+        let mut returns = Vec::new();
+        {
+            let mut keys = self.lock_keys();
+            keys.retain(|_, entry| {
+                let mut st = entry.lock();
+                let expired = st.lessee.take_expired(now);
+                if expired > 0 {
+                    METRICS.lease_tokens.with_label_values(&[&entry.zone, "expired_unused"]).inc_by(expired);
+                }
+                let idle = now.saturating_sub(st.last_used_us);
+                if st.lessee.in_flight() {
+                    return true;
+                }
+                let held = st.lessee.held(now);
+                if held > 0 && idle >= st.spec.lifetime_us / 2 {
+                    for (unused, window) in st.lessee.take_unused_by_window(now) {
+                        returns.push((entry.clone(), st.limit, st.spec, unused, window));
+                    }
+                    return true;
+                }
+                held > 0 || idle < 2 * st.spec.lifetime_us
+            });
+        }
+        self.give_back(returns).await;
+    }
+
+    /// Every unused token back, every key forgotten (reload, exit).
+    async fn give_back_all(&self) {
+        let now = self.clock.now_us();
+        let entries: Vec<Arc<Entry>> = self.lock_keys().drain().map(|(_, e)| e).collect();
+        let mut returns = Vec::new();
+        for entry in entries {
+            let mut st = entry.lock();
+            for (unused, window) in st.lessee.take_unused_by_window(now) {
+                returns.push((entry.clone(), st.limit, st.spec, unused, window));
+            }
+        }
+        self.give_back(returns).await;
+    }
+
+    async fn give_back(&self, returns: Vec<Return>) {
+        for (entry, limit, spec, unused, window) in returns {
+            let zone = entry.zone(limit, spec, unused);
+            match self.returns.give_back(&zone, &self.holder, unused, window).await {
+                Ok(()) => METRICS.lease_tokens.with_label_values(&[&entry.zone, "returned"]).inc_by(unused),
+                Err(e) => tracing::debug!(zone = %entry.zone, error = %e, "unused lease tokens not given back"),
+            }
+        }
+    }
+}
+
+/// A leased zone admitted from this instance's lease: what it holds is its "remaining".
+fn admitted_locally(held: u64, ends_us: Option<u64>, now_us: u64) -> ZoneOutcome {
+    let ends = ends_us.unwrap_or(now_us);
+    ZoneOutcome {
+        admitted: true,
+        excess: 0.0,
+        delay_us: 0,
+        retry_after_us: None,
+        remaining: held,
+        reset_us: ends.saturating_sub(now_us),
+        expires_us: ends,
+        next: State::Bucket(BucketState { level: 0.0, last_us: now_us }),
+    }
+}
+
+#[async_trait]
+impl LimitStore for LeasedStore {
+    async fn decide(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        if zones.iter().all(|z| z.lease.is_none()) {
+            return self.0.inner.decide(zones).await;
+        }
+        let shared = &self.0;
+        let now = shared.clock.now_us();
+        let mut taken: Vec<(Arc<Entry>, Spent)> = Vec::new();
+        let mut outcomes: Vec<Option<ZoneOutcome>> = vec![None; zones.len()];
+        for (i, zone) in zones.iter().enumerate() {
+            let Some(spec) = zone.lease else { continue };
+            let Some(entry) = shared.entry(zone, spec) else { continue };
+            match shared.take(zone, spec, &entry).await {
+                Err(e) => {
+                    shared.refund(&taken);
+                    return Err(e);
+                }
+                Ok(Taken::Admitted { spent, held, ends_us }) => {
+                    if let Some(spent) = spent {
+                        taken.push((entry, spent));
+                    }
+                    outcomes[i] = Some(admitted_locally(held, ends_us, now));
+                }
+                Ok(Taken::Refused { retry_us }) => {
+                    // All or nothing: what the other zones took goes back, the exact ones are
+                    // not asked.
+                    shared.refund(&taken);
+                    let zones_out = zones
+                        .iter()
+                        .enumerate()
+                        .map(|(n, z)| {
+                            if n == i {
+                                ZoneOutcome::rejected_for(&z.limit, z.cost, retry_us.unwrap_or(0), now)
+                            } else {
+                                ZoneOutcome::not_charged(&z.limit, now)
+                            }
+                        })
+                        .collect();
+                    return Ok(Verdict {
+                        admitted: false,
+                        delay_us: 0,
+                        retry_after_us: retry_us,
+                        zones: zones_out,
+                        decided_us: now,
+                    });
+                }
+            }
+        }
+        let exact: Vec<usize> = (0..zones.len()).filter(|&i| outcomes[i].is_none()).collect();
+        if exact.is_empty() {
+            let zones = outcomes.into_iter().flatten().collect();
+            return Ok(Verdict { admitted: true, delay_us: 0, retry_after_us: None, zones, decided_us: now });
+        }
+        let rest: Vec<KeyedZone<'_>> = exact.iter().map(|&i| zones[i].clone()).collect();
+        let verdict = match shared.inner.decide(&rest).await {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                shared.refund(&taken);
+                return Err(e);
+            }
+        };
+        if !verdict.admitted {
+            shared.refund(&taken);
+            for (i, outcome) in outcomes.iter_mut().enumerate() {
+                if outcome.is_some() {
+                    *outcome = Some(ZoneOutcome::not_charged(&zones[i].limit, now));
+                }
+            }
+        }
+        for (j, &i) in exact.iter().enumerate() {
+            outcomes[i] = verdict.zones.get(j).cloned();
+        }
+        let zones = outcomes
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| StoreError::Reply("the store answered for fewer zones than asked".into()))?;
+        Ok(Verdict { zones, ..verdict })
+    }
+
+    async fn peek(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        self.0.inner.peek(zones).await
+    }
+
+    async fn charge(&self, zones: &[KeyedZone<'_>]) -> Result<Verdict, StoreError> {
+        self.0.inner.charge(zones).await
+    }
+
+    fn kind(&self) -> &'static str {
+        self.0.inner.kind()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+//! The layer on a simulated clock, with the model's own ledger (`lease::grant`/`give_back`) as
+//! the store that grants, and the memory store as the exact zones' store: all or nothing across
+//! leased and exact zones, refusals without a call while the budget is known empty.
+
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+use crate::limit::lease::{give_back, grant, Ledger};
+use crate::limit::{Algorithm, DelayPolicy, ManualClock, Rate};
+use crate::store::MemoryStore;
+
+const T0: u64 = 1_700_000_000_000_000;
+
+/// The model's ledger for one key, counting the calls it takes.
+struct ModelLedger {
+    ledger: Mutex<Ledger>,
+    clock: Arc<ManualClock>,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseLedger for ModelLedger {
+    async fn grant(&self, zone: &KeyedZone<'_>, _holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut ledger = self.ledger.lock().unwrap();
+        let (g, next) = grant(&zone.limit, &ledger, self.clock.now_us(), 1, ask.min, ask.want, ask.lifetime_us);
+        *ledger = next;
+        Ok(g)
+    }
+
+    async fn give_back(
+        &self,
+        zone: &KeyedZone<'_>,
+        _: &str,
+        unused: u64,
+        window: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut ledger = self.ledger.lock().unwrap();
+        *ledger = give_back(&zone.limit, &ledger, self.clock.now_us(), 1, unused, window);
+        Ok(())
+    }
+}
+
+fn bucket(rate: &str, burst: u64) -> LimitReq {
+    LimitReq { algorithm: Algorithm::LeakyBucket, rate: Rate::parse(rate).unwrap(), burst, delay: DelayPolicy::NoDelay }
+}
+
+fn layer() -> (LeasedStore, Arc<ModelLedger>, Arc<MemoryStore>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let ledger = Arc::new(ModelLedger { ledger: Mutex::new(Ledger::default()), clock: clock.clone(), calls: 0.into() });
+    let exact = Arc::new(MemoryStore::new(clock.clone()));
+    let store = LeasedStore::new(exact.clone(), ledger.clone(), ledger.clone(), clock.clone());
+    (store, ledger, exact, clock)
+}
+
+const SPEC: LeaseSpec = LeaseSpec { tokens: 10, lifetime_us: 1_000_000 };
+
+fn leased(limit: LimitReq) -> KeyedZone<'static> {
+    KeyedZone { lease: Some(SPEC), ..KeyedZone::new("leased", b"k".to_vec(), limit, 1) }
+}
+
+#[tokio::test]
+async fn an_exact_refusal_leaves_the_leased_tokens_and_a_leased_refusal_charges_nothing() {
+    let (store, ledger, exact, clock) = layer();
+    let strict = KeyedZone::new("exact", b"k".to_vec(), bucket("1r/m", 0), 1);
+    let both = [leased(bucket("100r/s", 99)), strict.clone()];
+    // Warm the lease: requests of the leased zone alone (the lease doubles toward 10).
+    for _ in 0..30 {
+        assert!(store.decide(&both[..1]).await.unwrap().admitted);
+        clock.advance_us(1_000);
+        tokio::task::yield_now().await;
+    }
+    let held = store.held("leased", b"k");
+    assert!(held >= 3, "holds {held}");
+    // The exact zone admits once, then refuses: the refused request's leased token goes back.
+    assert!(store.decide(&both).await.unwrap().admitted);
+    let after_first = store.held("leased", b"k");
+    assert!(after_first >= 1, "the next request is decided from the lease");
+    let refused = store.decide(&both).await.unwrap();
+    assert!(!refused.admitted && refused.zones[0].admitted && !refused.zones[1].admitted);
+    assert_eq!(store.held("leased", b"k"), after_first, "the refused request spent no lease token");
+    let _ = ledger;
+    // A leased zone that refuses leaves the exact zone uncharged.
+    let exact_before = exact.state("fresh", b"k");
+    let (store, ledger, exact, _clock) = layer();
+    let tiny = [leased(bucket("1r/m", 0)), KeyedZone::new("fresh", b"k".to_vec(), bucket("100r/s", 10), 1)];
+    assert!(store.decide(&tiny).await.unwrap().admitted);
+    let charged = exact.state("fresh", b"k");
+    assert!(!store.decide(&tiny).await.unwrap().admitted);
+    assert_eq!(exact.state("fresh", b"k"), charged, "the exact zone was not charged for a leased refusal");
+    assert_ne!(exact_before, charged);
+    // The budget is known empty: further refusals cost the ledger no call.
+    let calls = ledger.calls.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert!(!store.decide(&tiny).await.unwrap().admitted);
+    }
+    assert_eq!(ledger.calls.load(Ordering::SeqCst), calls, "refusals while known empty ask nothing");
+}
+
+#[tokio::test]
+async fn a_busy_key_is_decided_locally_and_gives_back_when_cold() {
+    let (store, ledger, _exact, clock) = layer();
+    let zone = [leased(bucket("1000r/s", 999))];
+    for _ in 0..200 {
+        assert!(store.decide(&zone).await.unwrap().admitted);
+        clock.advance_us(2_000);
+        tokio::task::yield_now().await;
+    }
+    let calls = ledger.calls.load(Ordering::SeqCst);
+    assert!(calls <= 200 / 5, "{calls} ledger calls for 200 decisions");
+    // Cold for half a lifetime: the keeper's sweep gives the unused tokens back.
+    let held = store.held("leased", b"k");
+    assert!(held > 0);
+    clock.advance_us(SPEC.lifetime_us / 2);
+    store.0.sweep().await;
+    assert_eq!(store.held("leased", b"k"), 0);
+    let level = match &ledger.ledger.lock().unwrap().state {
+        Some(State::Bucket(b)) => b.level,
+        other => panic!("{other:?}"),
+    };
+    // 200 spent over 0.4 s at 1000/s drained, then 0.5 s more: nothing of the lease is left.
+    assert!(level < 1.0, "the bucket still counts {level}");
+}

@@ -1,0 +1,139 @@
+//! Leases of a leased zone's budget in Redis (docs/leases.md): `lua/limit_req/lease.lua`'s grant
+//! and give-back, part of the one joined script, called by its SHA-1 like every decision. A lease
+//! is taken rarely (once per lease, not per request), so it goes through redis-rs's shared
+//! connection rather than the decision lane.
+
+use ::redis::Value;
+
+use super::limit_req::{zone_args, LIMIT_REQ};
+use super::RedisStore;
+use crate::limit::lease::Grant;
+use crate::store::{KeyedZone, StoreError};
+
+/// What a lease call asks: who holds it (`"i"` and digits), and for a grant how much.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseAsk {
+    /// The least tokens to grant (the cost of the request that asked).
+    pub min: u64,
+    pub want: u64,
+    pub lifetime_us: u64,
+}
+
+/// The holders' hash of a state key: the same hash slot (the tag is the state key's).
+pub(super) fn holders_key(state_key: &[u8]) -> Vec<u8> {
+    let mut key = state_key.to_vec();
+    key.extend_from_slice(b":lease");
+    key
+}
+
+impl RedisStore {
+    /// Asks `lua/limit_req/lease.lua` for a lease of `zone`'s key for `holder`.
+    pub async fn lease_grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
+        let key = self.key_for(zone.zone, &zone.key);
+        let mut call = LIMIT_REQ.call();
+        call.key(&key).key(holders_key(&key)).arg("lease").arg("grant").arg(holder);
+        match self.now_arg(|c| c.now_us()) {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        let mut args = zone_args(zone);
+        args[5] = ask.min as i64;
+        for value in args {
+            call.arg(value);
+        }
+        call.arg(ask.want).arg(ask.lifetime_us);
+        let reply: Vec<Value> = self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                Ok(call.invoke(&mut conn).await?)
+            })
+            .await?;
+        parse_grant(&reply)
+    }
+
+    /// Gives `unused` tokens of `holder`'s lease back to `zone`'s key (a lease ended early).
+    pub async fn lease_give_back(
+        &self,
+        zone: &KeyedZone<'_>,
+        holder: &str,
+        unused: u64,
+        window_start_us: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let key = self.key_for(zone.zone, &zone.key);
+        let mut call = LIMIT_REQ.call();
+        call.key(&key).key(holders_key(&key)).arg("lease").arg("give").arg(holder);
+        match self.now_arg(|c| c.now_us()) {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        let mut args = zone_args(zone);
+        args[5] = unused as i64;
+        for value in args {
+            call.arg(value);
+        }
+        match window_start_us {
+            Some(start) => call.arg(start),
+            None => call.arg(""),
+        };
+        let _: Value = self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                Ok(call.invoke(&mut conn).await?)
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::store::LeaseLedger for RedisStore {
+    async fn grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
+        self.lease_grant(zone, holder, ask).await
+    }
+
+    async fn give_back(
+        &self,
+        zone: &KeyedZone<'_>,
+        holder: &str,
+        unused: u64,
+        window_start_us: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.lease_give_back(zone, holder, unused, window_start_us).await
+    }
+}
+
+/// `{tokens, retry_us, window_start_us, window_left_us, now_us}` (-1: none).
+fn parse_grant(reply: &[Value]) -> Result<Grant, StoreError> {
+    let int = |i: usize| match reply.get(i) {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(StoreError::Reply(format!("lease grant: value {} is {other:?}, not an integer", i + 1))),
+    };
+    let optional = |n: i64| u64::try_from(n).ok();
+    let tokens = u64::try_from(int(0)?).map_err(|_| StoreError::Reply("lease grant: negative tokens".into()))?;
+    Ok(Grant {
+        tokens,
+        retry_after_us: optional(int(1)?),
+        window_start_us: optional(int(2)?),
+        window_left_us: optional(int(3)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_reply_becomes_a_grant() {
+        let g = parse_grant(&[Value::Int(7), Value::Int(-1), Value::Int(-1), Value::Int(-1), Value::Int(5)]).unwrap();
+        assert_eq!((g.tokens, g.retry_after_us, g.window_start_us), (7, None, None));
+        let r = parse_grant(&[Value::Int(0), Value::Int(100), Value::Int(60), Value::Int(40), Value::Int(5)]).unwrap();
+        assert_eq!((r.tokens, r.retry_after_us, r.window_left_us), (0, Some(100), Some(40)));
+        assert!(parse_grant(&[Value::Int(1)]).is_err());
+    }
+
+    #[test]
+    fn the_holders_share_the_state_keys_slot() {
+        let key = crate::store::redis_key("weir:", "api", b"k1");
+        assert_eq!(super::super::key_slot(&key), super::super::key_slot(&holders_key(&key)));
+    }
+}
