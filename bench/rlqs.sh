@@ -18,8 +18,9 @@
 # warm-up of two intervals (the first reports create the holders), not measured.
 #
 # Environment: BENCH_SUT_CPU (0), BENCH_LOAD_CPU (1), BENCH_SKIP_BUILD=1 (use target/ as it is),
-# RLQS_INTERVAL_MS (1000; Weir's quota_report_interval is set to match), RLQS_REPORTS (2000 a
-# second: BUCKETS = RLQS_REPORTS / STREAMS per stream), RLQS_DEMAND (each Envoy's requests per
+# BENCH_WEIR (another weir binary, e.g. target/debug/weir to try the script),
+# RLQS_INTERVAL_MS (1000; Weir's quota_report_interval is set to match), RLQS_REPORTS (1000 a
+# second offered: BUCKETS = RLQS_REPORTS / STREAMS per stream), RLQS_DEMAND (each Envoy's requests per
 # second per bucket, 10: the zone's 1000r/s per key is then clamped only past 100 holders).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 sut_cpu=${BENCH_SUT_CPU:-0} load_cpu=${BENCH_LOAD_CPU:-1}
-interval_ms=${RLQS_INTERVAL_MS:-1000} reports=${RLQS_REPORTS:-2000} demand=${RLQS_DEMAND:-10}
+interval_ms=${RLQS_INTERVAL_MS:-1000} reports=${RLQS_REPORTS:-1000} demand=${RLQS_DEMAND:-10}
 if [ $((interval_ms % 1000)) != 0 ] || [ "$interval_ms" -lt 1000 ]; then
   echo "rlqs.sh: RLQS_INTERVAL_MS must be whole seconds, at least 1000 (Weir's quota_report_interval)" >&2
   exit 2
@@ -46,7 +47,7 @@ if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
   cargo build --release --locked --bin weir >&2
   cargo build --locked --example rlqs_load >&2
 fi
-weir=target/release/weir load=target/debug/examples/rlqs_load
+weir=${BENCH_WEIR:-target/release/weir} load=target/debug/examples/rlqs_load
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
@@ -105,8 +106,8 @@ weir_counts() {
     /^weir_rlqs_ledger_duration_seconds_count\{/ {l += $NF}
     END {printf "%d %d", r, l}'
 }
-redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_/ {s += $3} END {printf "%d", s}'; }
-redis_evalsha() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {s += $3} END {printf "%d", s}'; }
+# "command=calls,command=calls,..." of every command Redis ran so far.
+redis_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_/ {sub("cmdstat_", "", $1); printf "%s=%d,", $1, $3}'; }
 redis_cpu() { redis-cli -p "$redis_port" info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 
 row() {  # $1: store, $2: holders per key → one table row
@@ -124,17 +125,17 @@ row() {  # $1: store, $2: holders per key → one table row
   taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$seconds" "$streams" "$buckets" "$interval_ms" "$demand" >"$tmp/load.json" &
   local loader=$!
   sleep $(( warm * interval_ms / 1000 ))
-  local t0 c0 w0 rc0 re0 rcpu0
+  local t0 c0 w0 rc0 rcpu0
   t0=$(date +%s.%N) c0=$(cpu_ticks "$pid") w0=$(weir_counts "$admin")
-  rc0=$(redis_calls) re0=$(redis_evalsha) rcpu0=$(redis_cpu)
+  rc0=$(redis_calls) rcpu0=$(redis_cpu)
   sleep "$measure"
-  local t1 c1 w1 rc1 re1 rcpu1
+  local t1 c1 w1 rc1 rcpu1
   t1=$(date +%s.%N) c1=$(cpu_ticks "$pid") w1=$(weir_counts "$admin")
-  rc1=$(redis_calls) re1=$(redis_evalsha) rcpu1=$(redis_cpu)
+  rc1=$(redis_calls) rcpu1=$(redis_cpu)
   wait "$loader"
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  python3 - "$store" "$streams" "$buckets" "$t0" "$t1" "$c0" "$c1" "$tck" "$w0" "$w1" "$rc0" "$rc1" "$re0" "$re1" \
-    "$rcpu0" "$rcpu1" "$(cat "$tmp/load.json")" <<'PY'
+  python3 - "$store" "$streams" "$buckets" "$t0" "$t1" "$c0" "$c1" "$tck" "$w0" "$w1" "$rc0" "$rc1" \
+    "$rcpu0" "$rcpu1" "$(cat "$tmp/load.json")" "$tmp/commands" "$interval_ms" <<'PY'
 import json, sys
 a = sys.argv
 store, streams, buckets = a[1], int(a[2]), int(a[3])
@@ -142,13 +143,22 @@ secs = float(a[5]) - float(a[4])
 cpu_s = (int(a[7]) - int(a[6])) / int(a[8])
 (r0, l0), (r1, l1) = (map(int, a[9].split()), map(int, a[10].split()))
 reports, steps = r1 - r0, l1 - l0
-calls, evalsha = int(a[12]) - int(a[11]), int(a[14]) - int(a[13])
-redis_s = float(a[16]) - float(a[15])
-load = json.loads(a[17])
+def commands(text):
+    return {k: int(v) for k, v in (c.split("=") for c in text.split(",") if c)}
+before, after = commands(a[11]), commands(a[12])
+delta = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0}
+# This script's own INFO calls between the two readings (one commandstats, one cpu).
+delta["info"] = delta.get("info", 0) - 2
+calls, evalsha = sum(delta.values()), delta.get("evalsha", 0)
+redis_s = float(a[14]) - float(a[13])
+load = json.loads(a[15])
+with open(a[16], "a") as f:
+    top = sorted(((n, k) for k, n in delta.items() if n > 0), reverse=True)
+    f.write(f"{store}, {streams} holders: " + ", ".join(f"{k} {n / reports:.3f}" for n, k in top) + "\n")
 if load["errors"] or reports <= 0:
     sys.exit(f"rlqs bench: {load['errors']} stream errors, {reports} reports counted ({load})")
-calls -= 3   # this script's own INFO calls between the two readings
-print(f"| {store} | {streams} | {buckets} | {reports / secs:.0f} | {cpu_s * 1e6 / reports:.1f} | "
+offered = streams * buckets * 1000 / int(a[17])
+print(f"| {store} | {streams} | {buckets} | {offered:.0f} | {reports / secs:.0f} | {cpu_s * 1e6 / reports:.1f} | "
       f"{steps / reports:.3f} | {evalsha / reports:.3f} | {calls / reports:.3f} | {redis_s * 1e6 / reports:.1f} | "
       f"{cpu_s / secs * 100:.0f} % | {reports} |")
 PY
@@ -157,15 +167,21 @@ PY
 {
   echo "# Rate limit quota service (RLQS) — $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
-  echo "Weir (release, 1 thread) on CPU $sut_cpu; examples/rlqs_load (debug build) and Redis on CPU $load_cpu. Each row: STREAMS Envoys (one RLQS stream each) reporting the same BUCKETS buckets every ${interval_ms} ms, so every bucket's key has STREAMS holders; $((reports)) reports a second in all; each Envoy asks $demand r/s per bucket of a zone of 1000r/s per key. ${measure} s measured per row after a warm-up of $warm intervals. A report: one bucket's usage in a message (\`weir_rlqs_reports_total\`). CPU per report: the whole Weir process (user + system, /proc/<pid>/stat). Ledger steps: \`weir_rlqs_ledger_duration_seconds_count\` per report (each is one division: on Redis two EVALSHA, \`report\` then \`claim\`). Redis calls: \`INFO commandstats\` (all commands; EVALSHA apart). Weir busy: its CPU over the stretch's wall time."
+  echo "Weir (release, 1 thread) on CPU $sut_cpu; examples/rlqs_load (debug build) and Redis on CPU $load_cpu. Each row: STREAMS Envoys (one RLQS stream each) reporting the same BUCKETS buckets every ${interval_ms} ms, so every bucket's key has STREAMS holders; $reports reports a second offered in all (a stream divides its buckets one after another: past 1 / (its ledger steps' time) a second it falls behind, and reports/s handled is then below the offer); each Envoy asks $demand r/s per bucket of a zone of 1000r/s per key. ${measure} s measured per row after a warm-up of $warm intervals. A report: one bucket's usage in a message (\`weir_rlqs_reports_total\`). CPU per report: the whole Weir process (user + system, /proc/<pid>/stat). Ledger steps: \`weir_rlqs_ledger_duration_seconds_count\` per report (each is one division: on Redis two EVALSHA, \`report\` then \`claim\`). EVALSHA per report: the Redis round trips (\`INFO commandstats\`); commands per report: every command Redis ran, the script's inner ones (TIME, HGETALL, HSET, PEXPIRE, HDEL) included, by command below the table. Weir busy: its CPU over the stretch's wall time."
   echo "Machine: load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (2 cores, shared)."
   echo
-  echo "| store | holders per key | buckets per stream | reports/s | µs Weir CPU per report | ledger steps per report | EVALSHA per report | Redis calls per report | µs Redis CPU per report | Weir busy | reports measured |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| store | holders per key | buckets per stream | offered reports/s | reports/s handled | µs Weir CPU per report | ledger steps per report | EVALSHA (round trips) per report | Redis commands per report | µs Redis CPU per report | Weir busy | reports measured |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$out"
 for h in $holders; do
   for store in memory redis; do
     row "$store" "$h" | tee -a "$out" >&2
   done
 done
+{
+  echo
+  echo "Redis commands per report, by command (every command over the measured stretch; the memory store's Weir sends none):"
+  echo
+  sed 's/^/- /' "$tmp/commands"
+} >>"$out"
 echo "bench: wrote $out" >&2
