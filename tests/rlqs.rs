@@ -722,6 +722,75 @@ burst = 29
     }
 }
 
+/// The end of a stream that sends `messages` (then waits): its status.
+async fn refusal(addr: SocketAddr, messages: Vec<RateLimitQuotaUsageReports>) -> tonic::Status {
+    let mut client = connect(addr).await;
+    let outbound = futures_util::stream::iter(messages).chain(futures_util::stream::pending());
+    let mut inbound = client.stream_rate_limit_quotas(outbound).await.expect("opens").into_inner();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await.expect("an end in time") {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("ended without a status"),
+            Err(status) => break status,
+        }
+    }
+}
+
+/// Hostile input through the real binary: a stream past `max_quota_buckets`, and one that reports
+/// far more often than once an interval, are ended with RESOURCE_EXHAUSTED naming the bound, and
+/// a well-behaved stream beside them keeps its assignment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_past_the_bucket_and_report_bounds_are_ended() {
+    let cfg = r#"[server]
+admin = "$LISTEN2"
+
+[log]
+access_log = false
+
+[[limit_req_zone]]
+name = "api"
+rate = "60r/s"
+
+[rls]
+listen = ["$LISTEN"]
+quota_report_interval = "5s"
+max_quota_buckets = 2
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.bucket]]
+id = { name = "*" }
+zone = "api"
+burst = 29
+"#;
+    let w = Weir::start(cfg);
+    let good = Envoy::start(w.addr, "api", Instant::now(), constant(20.0));
+    let usage = |name: &str| BucketQuotaUsage { bucket_id: Some(bucket(name)), ..Default::default() };
+    let report = |names: &[&str]| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: names.iter().map(|n| usage(n)).collect(),
+    };
+    let status = refusal(w.addr, vec![report(&["a", "b", "c"])]).await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_quota_buckets"), "{status:?}");
+    // 16 + 2 × max_quota_buckets messages an interval are allowed; the next ends the stream.
+    let flood: Vec<RateLimitQuotaUsageReports> = (0..21).map(|_| report(&["a"])).collect();
+    let status = refusal(w.addr, flood).await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("reports in one report interval"), "{status:?}");
+    let m = support::metrics::scrape(w.addrs[1]);
+    assert!(m.must("weir_rlqs_streams_refused_total", &[("domain", "edge")]) >= 2.0);
+    // The neighbour was assigned and goes on admitting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while good.granted() == 0.0 {
+        assert!(Instant::now() < deadline, "the good stream got no share");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = good.stop().await;
+    assert!(status.is_none(), "{status:?}");
+}
+
 /// `lua/rlqs_demand.lua` and its in-process twin (`MemoryLedger`) answer a random sequence of
 /// reports, claims and leaves alike, on the same clock (the script given `now`, as with
 /// `clock = "local"`).
