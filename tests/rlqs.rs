@@ -438,6 +438,108 @@ async fn three_envoys_on_two_weirs_share_one_limit_by_demand() {
     drop((w1, w2));
 }
 
+/// `GET /rlqs` of one Weir: its divided keys with their holders.
+fn live_view(admin: SocketAddr) -> serde_json::Value {
+    let r = support::http::get(admin, "/rlqs");
+    assert_eq!(r.status, 200, "GET /rlqs: {}", r.summary());
+    r.json()
+}
+
+/// The shares `GET /rlqs` shows for this instance's holders, smallest first.
+fn shown_shares(key: &serde_json::Value) -> Vec<f64> {
+    let mut shares: Vec<f64> = key["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter(|h| h["here"] == true)
+        .map(|h| h["rate_per_s"].as_f64().expect("rate_per_s"))
+        .collect();
+    shares.sort_by(f64::total_cmp);
+    shares
+}
+
+/// The live view (`GET /rlqs`): each Weir shows the divided key with its own Envoys' streams and
+/// the fleet's holder count from the ledger, and the shares it shows are the ones its Envoys hold;
+/// an Envoy whose stream ended leaves its Weir's list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_live_view_shows_each_keys_envoys_and_their_shares() {
+    let redis = RedisServer::start();
+    let cfg = config(&redis);
+    let (w1, w2) = (Weir::start(&cfg), Weir::start(&cfg));
+    let start = Instant::now();
+    let a = Envoy::start(w1.addr, "api", start, constant(15.0));
+    let b = Envoy::start(w1.addr, "api", start, constant(100.0));
+    let c = Envoy::start(w2.addr, "api", start, constant(100.0));
+    // Until the division has settled and both views agree with what the Envoys were granted (an
+    // answer is recorded just before it is sent: a poll may fall between the two).
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let (view1, view2) = loop {
+        let (v1, v2) = (live_view(w1.addrs[1]), live_view(w2.addrs[1]));
+        let mut here1 = vec![a.granted(), b.granted()];
+        here1.sort_by(f64::total_cmp);
+        // Settled: every holder has reported a full interval (a first report's demand is one
+        // request's), and the shares shown are the ones held.
+        let agree = |view: &serde_json::Value, expected: &[f64], here: u64| {
+            let key = &view["keys"][0];
+            let measured = key["holders"]
+                .as_array()
+                .is_some_and(|hs| hs.iter().all(|h| h["demand_per_s"].as_f64().is_some_and(|d| d >= 5.0)));
+            measured
+                && key["holders_here"] == here
+                && key["holders_fleet"] == 3
+                && expected.iter().all(|g| *g > 0.0)
+                && shown_shares(key).len() == expected.len()
+                && shown_shares(key).iter().zip(expected).all(|(s, g)| (s - g).abs() < 1e-6)
+        };
+        if agree(&v1, &here1, 2) && agree(&v2, &[c.granted()], 1) {
+            break (v1, v2);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the live views never matched the grants ({here1:?}, {}):\n{v1:#}\n{v2:#}",
+            c.granted()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("GET /rlqs on the first Weir: {view1:#}");
+    for view in [&view1, &view2] {
+        assert_eq!(view["enabled"], true);
+        assert_eq!(view["store"], "redis");
+        assert_eq!(view["keys_total"], 1, "{view:#}");
+        let key = &view["keys"][0];
+        assert_eq!((key["domain"].as_str(), key["zone"].as_str()), (Some("edge"), Some("api")));
+        assert!(key["key"].as_str().unwrap().starts_with("sha256:"), "a descriptor-keyed zone's key is hashed");
+        assert_eq!(key["budget"]["rate_per_s"], RATE);
+        let holders = key["holders"].as_array().unwrap();
+        assert_eq!(holders.len(), 3, "its own holders and the ledger's others: {key:#}");
+        let granted: f64 = holders.iter().map(|h| h["rate_per_s"].as_f64().unwrap()).sum();
+        assert!(granted <= RATE + 1e-6, "the shares shown sum within the rate: {granted}");
+        // Demand follows what the Envoys ask: a's 15 r/s is the smallest.
+        let least = holders.iter().map(|h| h["demand_per_s"].as_f64().unwrap()).fold(f64::MAX, f64::min);
+        assert!((5.0..=25.0).contains(&least), "a's demand about 15 r/s: {least}");
+    }
+    assert_eq!(view1["streams"], 2);
+    assert_eq!(view2["streams"], 1);
+    // The admin listener's checks hold here too: a page rebound to 127.0.0.1 cannot read it.
+    let rebound = support::http::get_with(w1.addrs[1], "/rlqs", &[("Host", "evil.example")]);
+    assert_eq!(rebound.status, 403, "{}", rebound.summary());
+    let (status, _) = a.stop().await;
+    assert!(status.is_none(), "{status:?}");
+    let left = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = live_view(w1.addrs[1]);
+        if view["keys"][0]["holders_here"] == 1 && view["streams"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < left, "the stopped Envoy is still listed here: {view:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for e in [b, c] {
+        let (status, _) = e.stop().await;
+        assert!(status.is_none(), "{status:?}");
+    }
+}
+
 /// An Envoy that stops reporting has its share handed to the others within two intervals of the
 /// report it missed (its assignment's time to live, plus one of their reports).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -618,6 +720,75 @@ burst = 29
         let (status, _) = e.stop().await;
         assert!(status.is_none(), "{status:?}");
     }
+}
+
+/// The end of a stream that sends `messages` (then waits): its status.
+async fn refusal(addr: SocketAddr, messages: Vec<RateLimitQuotaUsageReports>) -> tonic::Status {
+    let mut client = connect(addr).await;
+    let outbound = futures_util::stream::iter(messages).chain(futures_util::stream::pending());
+    let mut inbound = client.stream_rate_limit_quotas(outbound).await.expect("opens").into_inner();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await.expect("an end in time") {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("ended without a status"),
+            Err(status) => break status,
+        }
+    }
+}
+
+/// Hostile input through the real binary: a stream past `max_quota_buckets`, and one that reports
+/// far more often than once an interval, are ended with RESOURCE_EXHAUSTED naming the bound, and
+/// a well-behaved stream beside them keeps its assignment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_past_the_bucket_and_report_bounds_are_ended() {
+    let cfg = r#"[server]
+admin = "$LISTEN2"
+
+[log]
+access_log = false
+
+[[limit_req_zone]]
+name = "api"
+rate = "60r/s"
+
+[rls]
+listen = ["$LISTEN"]
+quota_report_interval = "5s"
+max_quota_buckets = 2
+
+[[rls.domain]]
+name = "edge"
+
+[[rls.domain.bucket]]
+id = { name = "*" }
+zone = "api"
+burst = 29
+"#;
+    let w = Weir::start(cfg);
+    let good = Envoy::start(w.addr, "api", Instant::now(), constant(20.0));
+    let usage = |name: &str| BucketQuotaUsage { bucket_id: Some(bucket(name)), ..Default::default() };
+    let report = |names: &[&str]| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: names.iter().map(|n| usage(n)).collect(),
+    };
+    let status = refusal(w.addr, vec![report(&["a", "b", "c"])]).await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_quota_buckets"), "{status:?}");
+    // 16 + 2 × max_quota_buckets messages an interval are allowed; the next ends the stream.
+    let flood: Vec<RateLimitQuotaUsageReports> = (0..21).map(|_| report(&["a"])).collect();
+    let status = refusal(w.addr, flood).await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("reports in one report interval"), "{status:?}");
+    let m = support::metrics::scrape(w.addrs[1]);
+    assert!(m.must("weir_rlqs_streams_refused_total", &[("domain", "edge")]) >= 2.0);
+    // The neighbour was assigned and goes on admitting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while good.granted() == 0.0 {
+        assert!(Instant::now() < deadline, "the good stream got no share");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = good.stop().await;
+    assert!(status.is_none(), "{status:?}");
 }
 
 /// `lua/rlqs_demand.lua` and its in-process twin (`MemoryLedger`) answer a random sequence of

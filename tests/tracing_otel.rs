@@ -1,7 +1,8 @@
 //! OpenTelemetry traces with the real binary: a small OTLP/HTTP receiver (protobuf, decoded with
 //! opentelemetry-proto) gets one span per request with the decision attributes, the upstream
 //! sees the span's `traceparent`, an incoming `traceparent` is the span's parent; with no
-//! `[tracing]` Weir adds no `traceparent` and exports nothing.
+//! `[tracing]` Weir adds no `traceparent` and exports nothing. The rate limit service's calls
+//! and each RLQS usage report are server spans of their own.
 
 use crate::support;
 
@@ -292,6 +293,102 @@ fn a_rate_limit_service_call_is_one_span() {
         .collect();
     assert!(codes.contains(&("OK".into(), "per_ip=PASSED".into())), "{codes:?}");
     assert!(codes.contains(&("OVER_LIMIT".into(), "per_ip=REJECTED".into())), "{codes:?}");
+}
+
+/// The rate limit quota service: one server span per usage report, child of the stream's
+/// `traceparent` metadata, with its domain, its bucket count and the assignments sent; a report
+/// that ends the stream is a span with the refusal's code.
+#[test]
+fn each_rlqs_report_is_one_span() {
+    use weir::rls::proto::quota::{
+        BucketId, BucketQuotaUsage, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
+    };
+
+    let receiver = Receiver::start();
+    let weir = Weir::start(&format!(
+        "[tracing]\nendpoint = \"http://{}/v1/traces\"\nsample_ratio = 1.0\n\n[log]\naccess_log = false\n\n\
+         [[limit_req_zone]]\nname = \"api\"\nrate = \"60r/s\"\n\n[rls]\nlisten = [\"$LISTEN\"]\n\n\
+         [[rls.domain]]\nname = \"edge\"\n\n[[rls.domain.bucket]]\nid = {{ name = \"*\" }}\nzone = \"api\"\n",
+        receiver.addr
+    ));
+    let usage = |name: &str| BucketQuotaUsage {
+        bucket_id: Some(BucketId { bucket: [("name".to_string(), name.to_string())].into_iter().collect() }),
+        time_elapsed: Some(prost_types::Duration { seconds: 0, nanos: 0 }),
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (answered, status) = rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", weir.addr))
+            .expect("uri")
+            .connect_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = RateLimitQuotaServiceClient::new(channel);
+        let (tx, rx) = tokio::sync::mpsc::channel::<RateLimitQuotaUsageReports>(4);
+        let outbound = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let mut req = tonic::Request::new(outbound);
+        let incoming = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+        req.metadata_mut().insert("traceparent", incoming.parse().expect("ascii"));
+        let first =
+            RateLimitQuotaUsageReports { domain: "edge".into(), bucket_quota_usages: vec![usage("a"), usage("b")] };
+        tx.send(first).await.expect("queued");
+        let mut inbound = client.stream_rate_limit_quotas(req).await.expect("stream opens").into_inner();
+        let mut answered = 0;
+        while answered < 2 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), inbound.message())
+                .await
+                .expect("an answer in time")
+                .expect("no error")
+                .expect("not ended");
+            answered += answer.bucket_action.len();
+        }
+        // A stream keeps its first domain: this report ends it with INVALID_ARGUMENT.
+        let other = RateLimitQuotaUsageReports { domain: "other".into(), bucket_quota_usages: vec![usage("a")] };
+        tx.send(other).await.expect("queued");
+        let status = loop {
+            match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await.expect("an end in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("ended without a status"),
+                Err(status) => break status,
+            }
+        };
+        (answered, status)
+    });
+    assert_eq!(answered, 2, "both buckets were assigned");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let spans = poll(Duration::from_secs(15), Duration::from_millis(100), || receiver.spans(), |s| s.len() >= 2)
+        .unwrap_or_else(|got| panic!("the receiver got {} spans, not 2:\n{}", got.len(), weir.stderr()));
+    assert_eq!(spans.len(), 2, "one span per report: {spans:#?}");
+    let mut seen: Vec<(String, String, String, String)> = spans
+        .iter()
+        .map(|span| {
+            assert_eq!(hex(&span.trace_id), TRACE_ID);
+            assert_eq!(hex(&span.parent_span_id), PARENT_ID);
+            assert_eq!(span.name, "rlqs edge");
+            let a = attributes(span);
+            assert_eq!(a["rpc.method"], "StreamRateLimitQuotas");
+            assert_eq!(a["weir.rlqs.domain"], "edge", "the configured domain, never the caller's other one");
+            assert_eq!(a["weir.rlqs.event"], "report");
+            assert_eq!(a["weir.rlqs.abandoned"], "0");
+            assert!(!format!("{span:?}").contains("\"a\""), "no bucket id in a span: {span:?}");
+            (
+                a["weir.rlqs.code"].clone(),
+                a["weir.rlqs.buckets"].clone(),
+                a["weir.rlqs.assignments"].clone(),
+                a["weir.rlqs.domain"].clone(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("INVALID_ARGUMENT".into(), "1".into(), "0".into(), "edge".into()),
+            ("OK".into(), "2".into(), "2".into(), "edge".into()),
+        ]
+    );
 }
 
 /// The spans whose parent is `parent`.

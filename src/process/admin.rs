@@ -4,6 +4,7 @@
 //! `POST /reload`, `GET /limits?zone=Z&key=K` (one key's state, for support), and `GET /upstreams`
 //! (servers with health, weight and requests in flight), `GET /top` (the hottest keys per zone,
 //! fleet-wide on Redis; `src/top/`), `GET /zones` (keys per zone on Redis, one bounded scan),
+//! `GET /rlqs` (the RLQS holders and shares of each divided key, `rls/quota/live.rs`),
 //! `DELETE /limits/{zone}/{key}` or
 //! `DELETE /limits/{zone}?id=ID` (resets a key's state, fleet-wide on Redis), and `GET /` (the
 //! status page: a page with no data in it, which reads the endpoints above with the token the
@@ -43,6 +44,8 @@ pub struct AdminApp {
     top: Arc<Tracker>,
     /// Every upstream's pool and adaptive limit (`GET /upstreams`).
     upstreams: Arc<Registry>,
+    /// The RLQS streams' shares (`GET /rlqs`), when the rate limit service runs.
+    quota: Option<Arc<crate::rls::quota::Live>>,
 }
 
 enum Body {
@@ -72,7 +75,14 @@ impl AdminApp {
             instance: lasting.instance.clone(),
             top: lasting.top.clone(),
             upstreams: lasting.upstreams.clone(),
+            quota: None,
         }
+    }
+
+    /// With the RLQS service's live view (`GET /rlqs`).
+    pub fn with_quota(mut self, live: Arc<crate::rls::quota::Live>) -> Self {
+        self.quota = Some(live);
+        self
     }
 
     async fn handle(
@@ -117,17 +127,18 @@ impl AdminApp {
             (&Method::GET, "/upstreams") => (StatusCode::OK, Body::Json(self.upstreams())),
             (&Method::GET, "/zones") => self.zone_keys(query).await,
             (&Method::GET, "/top") => (StatusCode::OK, Body::Json(self.top(query).await)),
+            (&Method::GET, "/rlqs") => (StatusCode::OK, Body::Json(self.rlqs(query))),
             (&Method::GET, "/") => (StatusCode::OK, Body::Html(STATUS_PAGE)),
             (&Method::DELETE, p) if p.starts_with("/limits/") => self.reset(&p["/limits/".len()..], query).await,
             (
                 _,
                 "/healthz" | "/readyz" | "/metrics" | "/config" | "/reload" | "/limits" | "/upstreams" | "/top"
-                | "/zones" | "/",
+                | "/zones" | "/rlqs" | "/",
             ) => (StatusCode::METHOD_NOT_ALLOWED, Body::Json(json!({ "error": "method not allowed" }))),
             _ => (
                 StatusCode::NOT_FOUND,
                 Body::Json(json!({ "error": "not found",
-                    "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top", "/zones"] })),
+                    "endpoints": ["/", "/healthz", "/readyz", "/metrics", "/config", "/reload", "/limits", "/upstreams", "/top", "/zones", "/rlqs"] })),
             ),
         }
     }
@@ -214,6 +225,32 @@ impl AdminApp {
             "memory": { "bytes": self.top.bytes(), "bound_bytes": crate::top::bound_bytes(&runtime) },
         });
         crate::top::view::top_json(&runtime, &local, &fleet, n, extra)
+    }
+
+    /// `GET /rlqs[?n=50]`: each divided key's holders and shares (`rls/quota/live.rs`), keys
+    /// shown as `GET /top` shows them (hashed when they may be secrets).
+    fn rlqs(&self, query: Option<&str>) -> Value {
+        use crate::rls::quota::live;
+        let runtime = self.reloader.runtime().load_full();
+        let n = query_param(query, "n")
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(live::DEFAULT_KEYS)
+            .clamp(1, live::MAX_KEYS);
+        let mut out = match &self.quota {
+            Some(quota) => quota.json(n, crate::limit::Clock::now_us(&crate::limit::SystemClock), |zone, key| {
+                let secret = crate::top::view::zone_is_secret(&runtime, zone);
+                (crate::top::view::key_id(zone, key), crate::top::view::shown_key(secret, key))
+            }),
+            None => json!({ "streams": 0, "keys": [], "keys_total": 0, "truncated": false }),
+        };
+        if let Value::Object(fields) = &mut out {
+            fields.insert("instance".into(), json!(self.instance));
+            fields.insert("store".into(), json!(self.store.kind()));
+            fields.insert("enabled".into(), json!(self.quota.is_some()));
+        }
+        crate::top::text::escape_json(&mut out);
+        out
     }
 
     /// `DELETE /limits/{zone}/{key}` (the key percent-encoded) or `DELETE /limits/{zone}?id=ID`

@@ -71,7 +71,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
     // One certificate resolver (and watcher) for every TLS listener, the proxy's and the RLS's.
     let rls = runtime.rls.as_ref();
     let resolver = lasting.certs.clone();
-    let admin_app = AdminApp::new(reloader.clone(), &lasting);
+    let mut admin_app = AdminApp::new(reloader.clone(), &lasting);
     if let Some(rls) = rls {
         let tls = match (&resolver, rls.listen_tls.is_empty()) {
             // gRPC needs HTTP/2: ALPN offers h2 on these listeners whatever server.http2 says.
@@ -89,6 +89,7 @@ pub fn run(reloader: Arc<Reloader>) -> Result<(), String> {
             )),
         };
         let quota = crate::rls::quota::QuotaService::new(reloader.runtime(), ledger, lasting.instance.clone());
+        admin_app = admin_app.with_quota(quota.live());
         let listener = crate::rls::listener::RlsListener::bind(service, quota, reloader.runtime(), budget.rls, tls)?;
         let mut background = pingora::services::background::background_service("weir rls", listener);
         background.threads = Some(runtime.server.threads);

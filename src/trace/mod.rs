@@ -8,7 +8,8 @@
 //! the way (a few `SystemTime` reads per traced request, none for others).
 //!
 //! The rate limit service's calls get a server span of their own ([`record_rls`]), a child of the
-//! caller's `traceparent`. The proxy feeds a request's span through `proxy/trace_span.rs`.
+//! caller's `traceparent`; so does each RLQS report ([`record_quota`]), a child of its stream's.
+//! The proxy feeds a request's span through `proxy/trace_span.rs`.
 //!
 //! Configured by `[tracing]` (config/traces.rs) and installed once at start ([`install`]); with no
 //! `[tracing]` nothing is installed, and a request pays one check of an unset `OnceLock`.
@@ -394,6 +395,50 @@ pub fn record_rls(parent: Option<Context>, started: Instant, call: RlsCall<'_>) 
             KeyValue::new("weir.zones", strings(call.zones)),
         ])
         .start_with_context(&installed.tracer, &parent);
+    span.end();
+}
+
+/// One RLQS usage report (or a stream's timer that re-asked or abandoned buckets), recorded when
+/// its answer is built: the same kind of facts as an RLS call's span, no bucket id or value.
+pub struct QuotaReport<'a> {
+    /// The config's domain name, or `-` (never the caller's string for an unknown one).
+    pub domain: &'a str,
+    /// `report` (an Envoy's message) or `timer` (the stream's own re-ask and abandon).
+    pub event: &'a str,
+    /// Bucket usages in the report.
+    pub buckets: usize,
+    /// Quota assignments sent in answer.
+    pub assignments: usize,
+    /// Abandon actions sent.
+    pub abandoned: usize,
+    /// `OK` or the gRPC status that ended the stream.
+    pub code: &'a str,
+}
+
+/// A server span "rlqs <domain>" from `started` to now, child of the stream's context (its
+/// `traceparent` metadata, `rls_parent`); nothing when tracing is off or it is not sampled.
+pub fn record_quota(parent: Option<&Context>, started: Instant, report: QuotaReport<'_>) {
+    let (Some(installed), Some(parent)) = (INSTALLED.get(), parent) else { return };
+    let mut span = installed
+        .tracer
+        .span_builder(format!("rlqs {}", report.domain))
+        .with_kind(SpanKind::Server)
+        .with_start_time(SystemTime::now() - started.elapsed())
+        .with_attributes([
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"),
+            KeyValue::new("rpc.method", "StreamRateLimitQuotas"),
+            KeyValue::new("weir.rlqs.domain", report.domain.to_string()),
+            KeyValue::new("weir.rlqs.event", report.event.to_string()),
+            KeyValue::new("weir.rlqs.buckets", report.buckets as i64),
+            KeyValue::new("weir.rlqs.assignments", report.assignments as i64),
+            KeyValue::new("weir.rlqs.abandoned", report.abandoned as i64),
+            KeyValue::new("weir.rlqs.code", report.code.to_string()),
+        ])
+        .start_with_context(&installed.tracer, parent);
+    if report.code != "OK" {
+        span.set_status(Status::error(report.code.to_string()));
+    }
     span.end();
 }
 

@@ -89,7 +89,7 @@ impl Ledger {
 
     /// One report's whole division: records `holder`'s demand, computes its fair share from the
     /// live holders (`assign`), keeps `current` within the hysteresis, and claims it. What was
-    /// asked and what was granted.
+    /// asked, what was granted, and the holders the division saw.
     #[allow(clippy::too_many_arguments)]
     pub async fn share(
         &self,
@@ -100,14 +100,14 @@ impl Ledger {
         current: Option<Grant>,
         budget: &Budget,
         interval: Duration,
-    ) -> Result<(Grant, Grant), StoreError> {
+    ) -> Result<Division, StoreError> {
         let life = super::assign::ledger_life(interval);
         let stale = interval * 3 / 2;
         let view = self.report(zone, key, holder, demand, life, stale).await?;
         let fair = super::assign::fair_share(budget, &view, holder);
         let want = super::assign::wanted(current, fair);
         let granted = self.claim(zone, key, holder, demand, want, budget, life).await?;
-        Ok((want, granted))
+        Ok(Division { want, granted, view })
     }
 
     /// Forgets `holder` (its Envoy was told to abandon the bucket).
@@ -123,6 +123,15 @@ impl Ledger {
             }
         }
     }
+}
+
+/// What one report's division asked, got, and saw.
+#[derive(Debug, Clone)]
+pub struct Division {
+    pub want: Grant,
+    pub granted: Grant,
+    /// Every live holder as the report read them (before this holder's claim).
+    pub view: Vec<Holder>,
 }
 
 fn shared(reply: Option<Vec<String>>) -> Result<Vec<String>, StoreError> {

@@ -10,15 +10,18 @@
 //! - `stream`: one stream's buckets, bounds and timers (pure);
 //! - `ledger`: every holder's demand and live grant, atomically (`lua/rlqs_demand.lua` on Redis,
 //!   its in-process twin on the memory store);
-//! - `service`: the gRPC glue.
+//! - `live`: each key's holders and shares, for the admin's `GET /rlqs`;
+//! - `service`: the gRPC glue (and one trace span per report).
 
 pub mod assign;
 pub mod buckets;
 pub mod ledger;
+pub mod live;
 pub mod service;
 #[cfg(test)]
 mod sim;
 pub mod stream;
 
 pub use ledger::{Ledger, MemoryLedger};
+pub use live::Live;
 pub use service::QuotaService;

@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::assign::{self, Budget, Grant};
 use super::buckets;
 use super::ledger::Ledger;
+use super::live::{Divided, Live};
 use super::stream::{recheck_after, Refusal, Sent, StreamState};
 use crate::config::rls::{BucketLimit, QuotaSettings};
 use crate::config::Runtime;
@@ -44,7 +45,8 @@ pub struct QuotaService {
     /// This instance's name: with a stream counter, the prefix of every holder in the ledger.
     instance: String,
     next_stream: AtomicU64,
-    open: Arc<AtomicUsize>,
+    /// The open streams' count and shares, for the admin's `GET /rlqs`.
+    live: Arc<Live>,
 }
 
 impl QuotaService {
@@ -55,8 +57,13 @@ impl QuotaService {
             clock: Arc::new(SystemClock),
             instance,
             next_stream: AtomicU64::new(1),
-            open: Arc::new(AtomicUsize::new(0)),
+            live: Arc::new(Live::default()),
         }
+    }
+
+    /// What the streams record for the admin's live view.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.clone()
     }
 }
 
@@ -99,8 +106,8 @@ impl RateLimitQuotaService for QuotaService {
             return Err(Status::unavailable("the rate limit service is not configured ([rls]); reload pending?"));
         };
         drop(rt);
-        let count = self.open.fetch_add(1, Ordering::Relaxed) + 1;
-        let open = Open { count: self.open.clone(), domain: None };
+        let count = self.live.open.fetch_add(1, Ordering::Relaxed) + 1;
+        let open = Open { count: self.live.open.clone(), domain: None };
         if count > settings.max_streams {
             METRICS.rlqs_refused.with_label_values(&["-"]).inc();
             return Err(Status::resource_exhausted(format!(
@@ -113,6 +120,8 @@ impl RateLimitQuotaService for QuotaService {
         let task = StreamTask {
             runtime: self.runtime.clone(),
             ledger: self.ledger.clone(),
+            live: self.live.clone(),
+            trace_parent: crate::trace::rls_parent(request.metadata()),
             clock: self.clock.clone(),
             state: StreamState::new(name, self.clock.now_us()),
             tx,
@@ -126,6 +135,9 @@ impl RateLimitQuotaService for QuotaService {
 struct StreamTask {
     runtime: Arc<ArcSwap<Runtime>>,
     ledger: Ledger,
+    live: Arc<Live>,
+    /// The stream's `traceparent` (each report's span is its child); `None` with tracing off.
+    trace_parent: Option<opentelemetry::Context>,
     clock: Arc<dyn Clock>,
     state: StreamState,
     tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
@@ -145,21 +157,32 @@ impl StreamTask {
         loop {
             let actions = tokio::select! {
                 message = inbound.message() => match message {
-                    Ok(Some(reports)) => match self.on_reports(reports).await {
-                        Ok(actions) => actions,
-                        Err(refusal) => {
-                            let status = match refusal {
-                                Refusal::Invalid(m) => Status::invalid_argument(format!("weir rlqs: {m}")),
-                                Refusal::Exhausted(m) => Status::resource_exhausted(format!("weir rlqs: {m}")),
-                            };
-                            // Labelled only by a configured domain (`-` before one): never the
-                            // caller's text.
-                            let d = self.open.domain.as_deref().unwrap_or("-");
-                            METRICS.rlqs_refused.with_label_values(&[d]).inc();
-                            let _ = self.tx.send(Err(status)).await;
-                            break;
+                    Ok(Some(reports)) => {
+                        let (started, buckets) = (std::time::Instant::now(), reports.bucket_quota_usages.len());
+                        match self.on_reports(reports).await {
+                            Ok(actions) => {
+                                self.span(started, "report", buckets, &actions, "OK");
+                                actions
+                            }
+                            Err(refusal) => {
+                                let (status, code) = match refusal {
+                                    Refusal::Invalid(m) => {
+                                        (Status::invalid_argument(format!("weir rlqs: {m}")), "INVALID_ARGUMENT")
+                                    }
+                                    Refusal::Exhausted(m) => {
+                                        (Status::resource_exhausted(format!("weir rlqs: {m}")), "RESOURCE_EXHAUSTED")
+                                    }
+                                };
+                                self.span(started, "report", buckets, &[], code);
+                                // Labelled only by a configured domain (`-` before one): never the
+                                // caller's text.
+                                let d = self.open.domain.as_deref().unwrap_or("-");
+                                METRICS.rlqs_refused.with_label_values(&[d]).inc();
+                                let _ = self.tx.send(Err(status)).await;
+                                break;
+                            }
                         }
-                    },
+                    }
                     // The Envoy closed its side.
                     Ok(None) => break,
                     // A message tonic cannot read (too large: OUT_OF_RANGE; not protobuf), or
@@ -169,7 +192,14 @@ impl StreamTask {
                         break;
                     }
                 },
-                _ = tick.tick() => self.on_tick().await,
+                _ = tick.tick() => {
+                    let started = std::time::Instant::now();
+                    let actions = self.on_tick().await;
+                    if !actions.is_empty() {
+                        self.span(started, "timer", 0, &actions, "OK");
+                    }
+                    actions
+                }
                 _ = self.tx.closed() => break,
             };
             let mut gone = false;
@@ -187,6 +217,28 @@ impl StreamTask {
             METRICS.rlqs_buckets.with_label_values(&[d.as_str()]).sub(self.state.len() as i64);
         }
         // The ledger keeps this stream's grants until they expire: its Envoy may use them as long.
+        // The live view shows them from the ledger's side from now on.
+        self.live.forget_stream(self.state.name());
+    }
+
+    /// One span for a report (or a timer's work) and the answer it made.
+    fn span(&self, started: std::time::Instant, event: &str, buckets: usize, actions: &[BucketAction], code: &str) {
+        if self.trace_parent.is_none() {
+            return;
+        }
+        let abandoned = actions
+            .iter()
+            .filter(|a| matches!(a.bucket_action, Some(bucket_action::BucketAction::AbandonAction(_))))
+            .count();
+        let report = crate::trace::QuotaReport {
+            domain: self.open.domain.as_deref().unwrap_or("-"),
+            event,
+            buckets,
+            assignments: actions.len() - abandoned,
+            abandoned,
+            code,
+        };
+        crate::trace::record_quota(self.trace_parent.as_ref(), started, report);
     }
 
     async fn on_reports(&mut self, reports: RateLimitQuotaUsageReports) -> Result<Vec<BucketAction>, Refusal> {
@@ -276,15 +328,28 @@ impl StreamTask {
         let started = std::time::Instant::now();
         let outcome = self.ledger.share(zone, key, &holder, demand, current, budget, quota.report_interval).await;
         METRICS.rlqs_ledger_duration.with_label_values(label).observe(started.elapsed().as_secs_f64());
-        let (want, granted) = match outcome {
-            Ok(pair) => pair,
+        let division = match outcome {
+            Ok(division) => division,
             Err(e) => {
                 METRICS.rlqs_ledger_errors.with_label_values(label).inc();
                 tracing::warn!(error = %e, zone, "rlqs: the ledger did not answer; the bucket keeps its assignment until it expires");
                 return None;
             }
         };
+        let (want, granted) = (division.want, division.granted);
         let now = self.clock.now_us();
+        self.live.record(Divided {
+            domain: label[0],
+            zone,
+            key,
+            budget: *budget,
+            stream: self.state.name(),
+            holder: &holder,
+            demand,
+            granted,
+            view: division.view,
+            now_us: now,
+        });
         let tracked = self.state.get_mut(canonical)?;
         tracked.demand = demand;
         tracked.recheck_us =
@@ -317,6 +382,7 @@ impl StreamTask {
             METRICS.rlqs_buckets.with_label_values(&label).dec();
             METRICS.rlqs_abandoned.with_label_values(&label).inc();
             if let Some((zone, key, _)) = domain.and_then(|d| divided(d, &tracked.id)) {
+                self.live.forget(&zone, &key, &tracked.holder);
                 if let Err(e) = self.ledger.leave(&zone, &key, &tracked.holder).await {
                     tracing::debug!(error = %e, "rlqs: could not take an abandoned bucket out of its ledger; it expires");
                 }

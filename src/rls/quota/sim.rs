@@ -62,8 +62,9 @@ impl Sim {
                 let d =
                     if due.allowed > 0 { assign::demand(due.allowed, due.denied, due.measured, I, I) } else { *demand };
                 let holder = state.get(b"api").unwrap().holder.clone();
-                let (want, got) =
+                let division =
                     self.ledger.share("z", b"k", &holder, d, *granted, &self.budget, I).await.expect("in process");
+                let (want, got) = (division.want, division.granted);
                 *granted = Some(got);
                 state.get_mut(b"api").unwrap().recheck_us =
                     assign::clamped(want, got).then(|| now + recheck_after(I).as_micros() as u64);

@@ -79,6 +79,11 @@ impl StreamState {
         StreamState { domain: None, name, buckets: HashMap::new(), window_start_us: now_us, messages: 0 }
     }
 
+    /// The stream's name (`<instance>-<n>`): its holders' prefix.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn len(&self) -> usize {
         self.buckets.len()
     }
