@@ -153,10 +153,10 @@ def report(path: str) -> None:
     med: dict[tuple[str, str], dict[str, float]] = {}
     for schedule in schedules:
         out += ["", f"### {schedule}: {runs[[r['schedule'] for r in runs].index(schedule)]['what']}", "",
-                "| row | rep | requests | admitted | rejected | rejected with no call | script calls | "
+                "| row | rep | requests | admitted | rejected | rejected with no call | grants / refused asks | script calls | "
                 "calls per admitted | all Redis commands per admitted | µs Redis CPU per admitted | "
                 "µs proxy CPU per request | p50 / p99 µs |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in ROWS:
             mine = [r for r in runs if r["schedule"] == schedule and r["row"] == row]
             if not mine:
@@ -170,12 +170,13 @@ def report(path: str) -> None:
                 per["cpu_us"].append(r["proxy_cpu_us"] / requests)
                 per["admitted"].append(r["s200"] / requests)
                 local = "–" if r.get("local_rejected") is None else str(r["local_rejected"])
+                asks = "–" if r.get("grants") is None else f"{r['grants']} / {r['refused_asks']}"
                 out.append(
-                    f"| {row} | {r['rep']} | {r['answered']} | {r['s200']} | {r['s429']} | {local} | "
+                    f"| {row} | {r['rep']} | {r['answered']} | {r['s200']} | {r['s429']} | {local} | {asks} | "
                     f"{r['script_calls']} | {per['calls'][-1]:.4f} | {per['commands'][-1]:.4f} | "
                     f"{per['redis_us'][-1]:.2f} | {per['cpu_us'][-1]:.1f} | {r['p50_us']} / {r['p99_us']} |")
                 if r["errors"] or r["other"]:
-                    out.append(f"| {row} | {r['rep']} | {r['errors']} errors, {r['other']} other statuses | | | | | | | | | |")
+                    out.append(f"| {row} | {r['rep']} | {r['errors']} errors, {r['other']} other statuses | | | | | | | | | | |")
             med[(schedule, row)] = {k: median(v) for k, v in per.items()}
         out.append("")
         m = {row: med.get((schedule, row)) for row in ROWS}
@@ -185,7 +186,7 @@ def report(path: str) -> None:
         if m["exact"] and m["leased"]:
             calls_ratio = m["leased"]["calls"] / m["exact"]["calls"] if m["exact"]["calls"] else float("nan")
             lines.append(f"Redis script calls per admitted request, leased / exact: **{calls_ratio:.4f}** "
-                         f"(1/{1 / calls_ratio:.0f})" if calls_ratio > 0 else
+                         f"(1/{1 / calls_ratio:.0f})" if 0 < calls_ratio < 1 else
                          f"Redis script calls per admitted request, leased / exact: {calls_ratio:.4f}")
             if m["exact"]["redis_us"]:
                 lines.append(f"Redis CPU per admitted request, leased / exact: "

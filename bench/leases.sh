@@ -19,7 +19,8 @@
 # made with no Redis call (weir_lease_local_decisions_total{decision="rejected"}).
 #
 # Environment: BENCH_SUT_CPU (0), BENCH_LOAD_CPU (1), BENCH_SKIP_BUILD=1 (use target/release as it
-# is), LEASE_RATE (4000 requests/s), LEASE_CONNECTIONS (32).
+# is), BENCH_WEIR (a weir binary instead of target/release/weir), LEASE_RATE (4000 requests/s),
+# LEASE_CONNECTIONS (32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in redis-server redis-cli python3 cargo; do
@@ -42,7 +43,7 @@ rate=${LEASE_RATE:-4000} connections=${LEASE_CONNECTIONS:-32}
 if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
   cargo build --release --locked --bin weir >&2
 fi
-weir=target/release/weir
+weir=${BENCH_WEIR:-target/release/weir}
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
@@ -60,13 +61,16 @@ redis_counts() {
     /^used_cpu_(sys|user):/ {cpu += $2}
     END {printf "%d %d %.6f", calls, commands, cpu}'
 }
-# The leased zone's rejections made with no Redis call so far (0 before the first).
+# "local-rejections grants refused-asks" of the leased zone so far (weir's /metrics).
 local_rejected() {
   python3 - "$1" <<'PY'
 import re, sys, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-print(sum(float(m.group(1)) for m in re.finditer(
-    r'^weir_lease_local_decisions_total\{[^}]*decision="rejected"[^}]*\} (\S+)$', text, re.M)))
+def total(name, label):
+    return sum(float(m.group(1)) for m in re.finditer(
+        rf'^{name}\{{[^}}]*{label}[^}}]*\}} (\S+)$', text, re.M))
+print(total("weir_lease_local_decisions_total", 'decision="rejected"'),
+      total("weir_lease_grants_total", 'answer="granted"'), total("weir_lease_grants_total", 'answer="refused"'))
 PY
 }
 
@@ -157,7 +161,7 @@ r = json.loads(sys.argv[1])
 schedule, row, rep = sys.argv[2], sys.argv[3], int(sys.argv[4])
 cpu_ns = int(sys.argv[6]) - int(sys.argv[5])
 before, after = sys.argv[7].split(), sys.argv[8].split()
-local = float(sys.argv[10]) - float(sys.argv[9])
+local, granted, refused = (float(a) - float(b) for a, b in zip(sys.argv[10].split(), sys.argv[9].split()))
 print(json.dumps({
     "schedule": schedule, "row": row, "rep": rep, "what": sys.argv[11],
     "answered": r["answered"], "s200": r["s200"], "s429": r["s429"], "other": r["sother"], "errors": r["errors"],
@@ -168,6 +172,8 @@ print(json.dumps({
     "commands": int(after[1]) - int(before[1]) - 1,
     "redis_cpu_us": (float(after[2]) - float(before[2])) * 1e6,
     "local_rejected": int(local) if row == "leased" else None,
+    "grants": int(granted) if row == "leased" else None,
+    "refused_asks": int(refused) if row == "leased" else None,
 }))
 PY
 }
