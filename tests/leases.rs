@@ -403,3 +403,68 @@ limit_req = [ { zone = "slow", burst = 4, nodelay = true } ]
     );
     assert!(back.is_ok(), "after the reset the key's budget is whole again: {back:?}");
 }
+
+#[test]
+fn limits_and_zones_show_a_leased_keys_leases() {
+    use support::admin;
+
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let sections = format!("{NO_ACCESS_LOG}\n\n{}", redis_store(&redis.url(), "timeout = \"1s\""));
+    // 10 a minute: the bucket drains 0.17 a second, so what Redis holds is what was leased; a
+    // 30 s lifetime: nothing ends or goes back while the test reads.
+    let zones = r#"[[limit_req_zone]]
+name = "slow"
+key = "header:X-Key"
+rate = "10r/m"
+lease = { tokens = 100, lifetime = "30s" }
+
+[[route]]
+name = "slow"
+path_prefix = "/"
+upstream = "app"
+limit_req = [ { zone = "slow", burst = 1000, nodelay = true } ]
+"#;
+    let weir = Weir::start(&with_app(admin::LISTEN, &sections, up.addr(), zones));
+    let mut c = KeepAlive::new(weir.addr, REQUEST_TIMEOUT);
+    for key in ["k", "k", "k", "k", "k", "k", "k", "k", "k", "k", "other"] {
+        assert_eq!(c.send(&Request::get("/").header("X-Key", key)).expect("request").status, 200);
+    }
+    // A background renewal may still be on its way: read once none is in flight.
+    let read = || admin::request(admin::addr(&weir), "GET", "/limits?zone=slow&key=k", None).json();
+    let answer = support::poll::poll(Duration::from_secs(5), Duration::from_millis(50), read, |a| {
+        a["lease"]["this_instance"]["asking"] == false
+    })
+    .expect("no ask in flight");
+    let lease = &answer["lease"];
+    assert_eq!((lease["tokens"].as_u64(), lease["lifetime_ms"].as_f64()), (Some(100), Some(30_000.0)), "{answer}");
+    let mine = &lease["this_instance"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v} in {answer}"));
+    assert_eq!(n(&mine["spent"]), 10, "ten requests of cost 1 were admitted from leases: {answer}");
+    let (granted, held) = (n(&mine["granted"]), n(&mine["held"]));
+    assert!(granted >= 10, "every admission spent a granted token: {answer}");
+    assert_eq!(
+        granted - n(&mine["spent"]) - n(&mine["given_back"]) - n(&mine["expired_unused"]),
+        held,
+        "granted − spent = tokens left: {answer}"
+    );
+    let leases = mine["leases"].as_array().expect("leases");
+    assert_eq!(leases.iter().map(|l| n(&l["tokens_left"])).sum::<u64>(), held, "{answer}");
+    assert!(
+        leases.iter().all(|l| l["ends_in_ms"].as_f64().is_some_and(|ms| ms > 0.0 && ms <= 30_000.0)),
+        "every lease ends within its lifetime: {answer}"
+    );
+    // Redis: the bucket holds what was leased (drained by at most a few seconds at 1/6 a second),
+    // and this instance is the key's one live holder.
+    let level = answer["state"]["level"].as_f64().expect("a bucket");
+    let debited = (granted - n(&mine["given_back"])) as f64;
+    assert!(level <= debited && level >= debited - 2.0, "Redis holds {level} for {debited} leased");
+    assert_eq!(lease["fleet"]["holders"], 1, "{answer}");
+    assert_eq!(lease["fleet"]["leases"][0]["holder"], mine["holder"], "{answer}");
+
+    // GET /zones: two keys, whose holders' hashes are counted apart, not as two more keys.
+    let r = admin::request(admin::addr(&weir), "GET", "/zones", None);
+    let zones = r.json();
+    assert_eq!(zones["limit_req"]["slow"], 2, "k and other, not their holders: {zones}");
+    assert_eq!(zones["lease_holders"]["slow"], 2, "{zones}");
+}

@@ -29,7 +29,7 @@ use crate::limit::{evaluate, SlidingState, State, TokenState, WindowState};
 use crate::metrics::METRICS;
 use crate::process::lasting::Lasting;
 use crate::process::reload::{ReloadOutcome, Reloader};
-use crate::store::StoreAdmin;
+use crate::store::{LeasedStore, StoreAdmin};
 use crate::top::Tracker;
 use crate::upstream::Registry;
 
@@ -46,6 +46,8 @@ pub struct AdminApp {
     upstreams: Arc<Registry>,
     /// The RLQS streams' shares (`GET /rlqs`), when the rate limit service runs.
     quota: Option<Arc<crate::rls::quota::Live>>,
+    /// This instance's leases of leased zones' budgets (`GET /limits`); `None` off Redis.
+    leases: Option<LeasedStore>,
 }
 
 enum Body {
@@ -76,6 +78,7 @@ impl AdminApp {
             top: lasting.top.clone(),
             upstreams: lasting.upstreams.clone(),
             quota: None,
+            leases: lasting.budget_leases.clone(),
         }
     }
 
@@ -224,7 +227,8 @@ impl AdminApp {
             "upstreams": self.upstreams()["upstreams"].clone(),
             "memory": { "bytes": self.top.bytes(), "bound_bytes": crate::top::bound_bytes(&runtime) },
         });
-        crate::top::view::top_json(&runtime, &local, &fleet, n, extra)
+        let held = |zone: &str, key: &[u8]| self.leases.as_ref().map(|l| l.held(zone, key));
+        crate::top::view::top_json(&runtime, &local, &fleet, n, extra, &held)
     }
 
     /// `GET /rlqs[?n=50]`: each divided key's holders and shares (`rls/quota/live.rs`), keys
@@ -371,15 +375,33 @@ impl AdminApp {
                         "empty_in_seconds": now.reset_us as f64 / 1e6, "dry_run": l.dry_run })
             })
             .collect();
-        (
-            StatusCode::OK,
-            Body::Json(json!({
-                "zone": zone.name, "key": String::from_utf8_lossy(&key), "rate": zone.rate.to_string(),
-                "algorithm": zone.algorithm.as_str(),
-                "state": state.as_ref().map(state_json),
-                "routes": routes,
-            })),
-        )
+        let mut answer = json!({
+            "zone": zone.name, "key": String::from_utf8_lossy(&key), "rate": zone.rate.to_string(),
+            "algorithm": zone.algorithm.as_str(),
+            "state": state.as_ref().map(state_json),
+            "routes": routes,
+        });
+        if let Some(spec) = zone.lease {
+            answer["lease"] = self.lease_json(&zone.name, &key, spec).await;
+        }
+        (StatusCode::OK, Body::Json(answer))
+    }
+
+    /// A leased key's leases (docs/leases.md): this instance's, from memory (`null` when it holds
+    /// none and has forgotten the key), and the fleet's holders, from Redis (`null` with
+    /// `fleet_error` when Redis does not answer, or on the memory store, which does not lease).
+    async fn lease_json(&self, zone: &str, key: &[u8], spec: crate::limit::lease::LeaseSpec) -> Value {
+        let this_instance = self.leases.as_ref().and_then(|l| l.key_leases(zone, key));
+        let mut lease = json!({
+            "tokens": spec.tokens, "lifetime_ms": spec.lifetime_us as f64 / 1e3,
+            "this_instance": this_instance, "fleet": null,
+        });
+        match self.store.lease_holders(zone, key).await {
+            Ok(Some(holders)) => lease["fleet"] = json!({ "holders": holders.len(), "leases": holders }),
+            Ok(None) => {}
+            Err(e) => lease["fleet_error"] = json!(e.to_string()),
+        }
+        lease
     }
 }
 

@@ -22,13 +22,13 @@ use async_trait::async_trait;
 use crate::limit::{LimitReq, State, Verdict, ZoneOutcome};
 
 pub use self::guard::GuardedStore;
-pub use self::leased::{LeaseLedger, LeasedStore, ModelLedger};
+pub use self::leased::{KeyLeases, LeaseLedger, LeasedStore, ModelLedger};
 pub use self::memory::{
     decided_at_once, ready_now, MemoryAdmin, MemoryConnStore, MemoryStore, ZoneLimits, DEFAULT_MAX_KEYS,
 };
 pub use self::redis::{
-    key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, LeaseAsk, RedisClock, RedisStore,
-    RedisStoreConfig, RedisTls, RedisTopology, ZoneKeys,
+    key_slot, parse_redis_url, policy_can_evict, redis_key, EvictionStatus, LeaseAsk, LeaseHolder, RedisClock,
+    RedisStore, RedisStoreConfig, RedisTls, RedisTopology, ZoneKeys,
 };
 
 /// One `limit_req` zone of one request: built once by the key step (`engine::limit_req`), then read
@@ -181,6 +181,12 @@ pub trait StoreAdmin: Send + Sync {
     /// announced to the other instances (see [`StoreAdmin::sync_fleet`]).
     async fn reset(&self, _zone: &str, _key: &[u8]) -> Result<(), StoreError> {
         Err(StoreError::Reply(format!("the {} store cannot reset keys", self.kind())))
+    }
+
+    /// The live holders of a leased key's budget (docs/leases.md), for the admin's `GET /limits`.
+    /// `None`: the store keeps no holders (memory: it ignores `lease`).
+    async fn lease_holders(&self, _zone: &str, _key: &[u8]) -> Result<Option<Vec<LeaseHolder>>, StoreError> {
+        Ok(None)
     }
 
     /// How many keys each zone holds in the store, examining at most about `budget` keys (the

@@ -66,6 +66,11 @@ impl Tracker {
                 (true, _, 0) => LimitStatus::Passed,
                 (true, _, _) => LimitStatus::Delayed,
             };
+            // A leased zone's local admission tells what this instance holds, not how full the
+            // key is (the fleet's debits are in Redis): only its rejections reach the table.
+            if event == LimitStatus::Passed && zone.lease.is_some() {
+                continue;
+            }
             let capacity = zone.limit.capacity().max(1);
             let fill = 1.0 - outcome.remaining.min(capacity) as f64 / capacity as f64;
             if event == LimitStatus::Passed && fill < settings.near {

@@ -123,7 +123,16 @@ fn is_secret(part: &KeyPart) -> bool {
 /// counters (cumulative: a client takes rates from two readings). `scope` says which counts are
 /// this instance's and which the fleet's. Every string is escaped (`text::escape`): keys come from
 /// clients, names from the config and the host.
-pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usize, extra: Value) -> Value {
+/// `held` answers, for a leased zone's key, the tokens this instance holds of it (its live leases):
+/// each row of a leased zone shows it as `lease_held`, and the zone its `lease`.
+pub fn top_json(
+    rt: &Runtime,
+    local: &[ZoneView],
+    fleet: &[InstanceView],
+    n: usize,
+    extra: Value,
+    held: &dyn Fn(&str, &[u8]) -> Option<u64>,
+) -> Value {
     let merged = merge(local.iter().chain(fleet.iter().flat_map(|v| v.zones.iter())));
     let zone_counts = counts("weir_limit_req_decisions_total", "zone", "status");
     let route_counts = counts("weir_requests_total", "route", "outcome");
@@ -134,7 +143,7 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
             let secret = zone_is_secret(rt, &zone.name);
             let mut rows = merged.get(&zone.name).cloned().unwrap_or_default();
             let show = |m: &Merged| {
-                json!({
+                let mut row = json!({
                     "id": key_id(&zone.name, &m.row.key),
                     "key": shown_key(secret, &m.row.key),
                     "rate": m.row.rate,
@@ -143,7 +152,11 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
                     "fill": m.row.fill,
                     "idle_s": m.row.idle_s,
                     "instances": m.instances,
-                })
+                });
+                if zone.lease.is_some() {
+                    row["lease_held"] = json!(held(&zone.name, &m.row.key).unwrap_or(0));
+                }
+                row
             };
             rows.sort_by(|a, b| {
                 b.row.rejected_rate.total_cmp(&a.row.rejected_rate).then(b.row.rate.total_cmp(&a.row.rate))
@@ -151,7 +164,7 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
             let rejected: Vec<Value> = rows.iter().filter(|m| m.row.rejected_rate > 0.0).take(n).map(show).collect();
             rows.sort_by(|a, b| b.row.fill.total_cmp(&a.row.fill).then(b.row.rate.total_cmp(&a.row.rate)));
             let closest: Vec<Value> = rows.iter().take(n).map(show).collect();
-            json!({
+            let mut view = json!({
                 "zone": zone.name,
                 "key": zone.key.parts.iter().map(KeyPart::to_string).collect::<Vec<_>>().join("+"),
                 "hashed": secret,
@@ -162,7 +175,12 @@ pub fn top_json(rt: &Runtime, local: &[ZoneView], fleet: &[InstanceView], n: usi
                 "decisions": zone_counts.get(&zone.name).cloned().unwrap_or_default(),
                 "rejected": rejected,
                 "closest": closest,
-            })
+            });
+            if let Some(spec) = zone.lease {
+                view["lease"] = json!({ "tokens": spec.tokens, "lifetime_ms": spec.lifetime_us as f64 / 1e3,
+                                        "held_scope": THIS_INSTANCE });
+            }
+            view
         })
         .collect();
     let routes: Vec<Value> = rt

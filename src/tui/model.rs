@@ -120,6 +120,9 @@ pub struct KeyRow {
     pub fill: f64,
     #[serde(default)]
     pub instances: usize,
+    /// A leased zone's key: the tokens the instance asked holds of it (docs/leases.md).
+    #[serde(default)]
+    pub lease_held: Option<u64>,
 }
 
 /// Requests, passed, delayed and rejected per second.

@@ -132,7 +132,8 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
             rate(k.rate),
             rate(k.rejected_rate),
             rate(k.delayed_rate),
-            format!("{:.0}%", k.fill * 100.0),
+            // A leased key: what the instance holds ("L37"), its fill being Redis's to know.
+            k.lease_held.map_or_else(|| format!("{:.0}%", k.fill * 100.0), |held| format!("L{held}")),
             k.instances.to_string(),
         ])
     });

@@ -86,6 +86,13 @@ pub struct Spent {
     cost: u64,
 }
 
+impl Spent {
+    /// The tokens the admission spent.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
 impl Lessee {
     /// Tokens usable at `now_us`.
     pub fn held(&self, now_us: u64) -> u64 {
@@ -95,6 +102,18 @@ impl Lessee {
     /// Whether a request for a lease is in flight.
     pub fn in_flight(&self) -> bool {
         self.in_flight
+    }
+
+    /// The live leases at `now_us`, oldest first: tokens left and end (local clock). For the
+    /// admin's view of a key (`GET /limits`).
+    pub fn live(&self, now_us: u64) -> Vec<(u64, u64)> {
+        self.leases.iter().filter(|l| l.ends_us > now_us).map(|l| (l.tokens, l.ends_us)).collect()
+    }
+
+    /// Until when (local clock) the store said the key's budget cannot cover a request: refusals
+    /// until then cost no call. `None` when it is not known empty at `now_us`.
+    pub fn empty_until_us(&self, now_us: u64) -> Option<u64> {
+        (self.empty_until_us > now_us).then_some(self.empty_until_us)
     }
 
     /// What to do with a request of `cost` at `now_us`.

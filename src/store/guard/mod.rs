@@ -208,6 +208,14 @@ impl StoreAdmin for GuardedStore {
         self.admin.zone_keys(budget).await
     }
 
+    async fn lease_holders(
+        &self,
+        zone: &str,
+        key: &[u8],
+    ) -> Result<Option<Vec<crate::store::LeaseHolder>>, StoreError> {
+        self.admin.lease_holders(zone, key).await
+    }
+
     /// Resets the key in the store, then here: this instance's deny cache lets it through at once;
     /// the others' forget it when they read the reset (`sync_fleet`).
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {

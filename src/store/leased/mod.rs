@@ -68,6 +68,46 @@ struct KeyState {
     limit: LimitReq,
     spec: LeaseSpec,
     last_used_us: u64,
+    /// Where this key's tokens went since it was first leased here (the admin's view):
+    /// `granted − spent − given_back − expired_unused` is what is held.
+    tally: Tally,
+}
+
+/// Tokens of one key through this instance's hands since its entry was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Granted by the store (dead-on-arrival grants included).
+    pub granted: u64,
+    /// Spent by admitted requests (refunds of all-or-nothing refusals taken off).
+    pub spent: u64,
+    /// Given back unused (key gone cold, a dead-on-arrival grant).
+    pub given_back: u64,
+    /// Left in leases that ended.
+    pub expired_unused: u64,
+}
+
+/// This instance's side of one leased key now (`GET /limits`), on its own clock.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KeyLeases {
+    /// This instance's id among the key's holders in Redis.
+    pub holder: String,
+    /// Tokens usable now (the sum over `leases`).
+    pub held: u64,
+    /// The live leases, oldest first.
+    pub leases: Vec<LeaseNow>,
+    /// An ask for a lease is in flight.
+    pub asking: bool,
+    /// The store said the budget is empty for this long: refusals until then cost no call.
+    pub known_empty_for_ms: Option<f64>,
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// One live lease.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LeaseNow {
+    pub tokens_left: u64,
+    pub ends_in_ms: f64,
 }
 
 impl Entry {
@@ -182,6 +222,39 @@ impl LeasedStore {
         self.0.lock_keys().get(&map_key(zone, key)).map_or(0, |e| e.lock().lessee.held(now))
     }
 
+    /// This instance's id among a key's holders (the field of the holders' hash in Redis).
+    pub fn holder(&self) -> &str {
+        &self.0.holder
+    }
+
+    /// This instance's leases of one key now; `None` when it has not leased the key (or forgot it).
+    pub fn key_leases(&self, zone: &str, key: &[u8]) -> Option<KeyLeases> {
+        let now = self.0.clock.now_us();
+        let entry = self.0.lock_keys().get(&map_key(zone, key)).cloned()?;
+        let mut st = entry.lock();
+        // Ended leases counted now, not at the keeper's next round, so the tally adds up.
+        let expired = st.lessee.take_expired(now);
+        if expired > 0 {
+            METRICS.lease_tokens.with_label_values(&[&entry.zone, "expired_unused"]).inc_by(expired);
+            st.tally.expired_unused += expired;
+        }
+        let ms = |us: u64| us as f64 / 1e3;
+        let leases: Vec<LeaseNow> = st
+            .lessee
+            .live(now)
+            .into_iter()
+            .map(|(tokens_left, ends)| LeaseNow { tokens_left, ends_in_ms: ms(ends - now) })
+            .collect();
+        Some(KeyLeases {
+            holder: self.0.holder.clone(),
+            held: leases.iter().map(|l| l.tokens_left).sum(),
+            leases,
+            asking: st.lessee.in_flight(),
+            known_empty_for_ms: st.lessee.empty_until_us(now).map(|until| ms(until - now)),
+            tally: st.tally,
+        })
+    }
+
     /// The keeper, for the process's life: gives back the leases of cold keys, forgets idle
     /// ones, counts tokens that expired unused, gives everything back after a reload and at exit.
     pub async fn run(&self) {
@@ -251,7 +324,13 @@ impl Shared {
         let entry = Arc::new(Entry {
             zone: zone.zone.to_string(),
             key: zone.key.clone(),
-            state: Mutex::new(KeyState { lessee: Lessee::default(), limit: zone.limit, spec, last_used_us: 0 }),
+            state: Mutex::new(KeyState {
+                lessee: Lessee::default(),
+                limit: zone.limit,
+                spec,
+                last_used_us: 0,
+                tally: Tally::default(),
+            }),
             answers: watch::channel(0).0,
         });
         keys.insert(k, entry.clone());
@@ -273,6 +352,9 @@ impl Shared {
                 st.spec = spec;
                 st.last_used_us = now;
                 let decision = st.lessee.decide(&spec, now, zone.cost);
+                if matches!(decision, LocalDecision::Admit { .. }) {
+                    st.tally.spent += zone.cost;
+                }
                 let waiting = matches!(decision, LocalDecision::Wait).then(|| entry.answers.subscribe());
                 (decision, waiting, st.lessee.last_spent(), st.lessee.held(now), st.lessee.ends_us(now))
             };
@@ -328,7 +410,15 @@ impl Shared {
             }
         };
         let arrived = self.clock.now_us();
-        let answered = entry.lock().lessee.answered(&spec, sent_us, arrived, &grant);
+        let answered = {
+            let mut st = entry.lock();
+            st.tally.granted += grant.tokens;
+            let answered = st.lessee.answered(&spec, sent_us, arrived, &grant);
+            if let Answered::Dead { unused } = answered {
+                st.tally.given_back += unused;
+            }
+            answered
+        };
         in_flight.answered = true;
         drop(in_flight);
         let name = zone.zone;
@@ -376,7 +466,9 @@ impl Shared {
     fn refund(&self, taken: &[(Arc<Entry>, Spent)]) {
         let now = self.clock.now_us();
         for (entry, spent) in taken {
-            entry.lock().lessee.refund(*spent, now);
+            let mut st = entry.lock();
+            st.lessee.refund(*spent, now);
+            st.tally.spent = st.tally.spent.saturating_sub(spent.cost());
         }
     }
 
@@ -392,6 +484,7 @@ impl Shared {
                 let expired = st.lessee.take_expired(now);
                 if expired > 0 {
                     METRICS.lease_tokens.with_label_values(&[&entry.zone, "expired_unused"]).inc_by(expired);
+                    st.tally.expired_unused += expired;
                 }
                 let idle = now.saturating_sub(st.last_used_us);
                 if st.lessee.in_flight() {
@@ -400,6 +493,7 @@ impl Shared {
                 let held = st.lessee.held(now);
                 if held > 0 && idle >= st.spec.lifetime_us / 2 {
                     for (unused, window) in st.lessee.take_unused_by_window(now) {
+                        st.tally.given_back += unused;
                         returns.push((entry.clone(), st.limit, st.spec, unused, window));
                     }
                     return true;

@@ -122,3 +122,43 @@ async fn a_busy_key_is_decided_locally_and_gives_back_when_cold() {
     // 200 spent over 0.4 s at 1000/s drained, then 0.5 s more: nothing of the lease is left.
     assert!(level < 1.0, "the bucket still counts {level}");
 }
+
+#[tokio::test]
+async fn the_tally_adds_up_through_refunds_give_backs_and_expiry() {
+    let (store, ledger, _exact, clock) = layer();
+    let tally_holds = |store: &LeasedStore| {
+        let seen = store.key_leases("leased", b"k").expect("the key is leased");
+        let t = seen.tally;
+        assert_eq!(t.granted - t.spent - t.given_back - t.expired_unused, seen.held, "{seen:?}");
+        assert_eq!(seen.leases.iter().map(|l| l.tokens_left).sum::<u64>(), seen.held, "{seen:?}");
+        seen
+    };
+    assert!(store.key_leases("leased", b"k").is_none(), "a key never leased has no leases");
+    let zone = [leased(bucket("1000r/s", 999))];
+    for _ in 0..40 {
+        assert!(store.decide(&zone).await.unwrap().admitted);
+        clock.advance_us(1_000);
+        tokio::task::yield_now().await;
+    }
+    let seen = tally_holds(&store);
+    assert_eq!(seen.tally.spent, 40);
+    assert_eq!(seen.holder, store.holder());
+    assert!(seen.leases.iter().all(|l| l.ends_in_ms > 0.0 && l.ends_in_ms <= 1_000.0), "{seen:?}");
+    // An exact zone's refusal refunds the leased token: spent does not count it.
+    let strict = KeyedZone::new("exact", b"k".to_vec(), bucket("1r/m", 0), 1);
+    let both = [leased(bucket("1000r/s", 999)), strict];
+    assert!(store.decide(&both).await.unwrap().admitted);
+    assert!(!store.decide(&both).await.unwrap().admitted);
+    assert_eq!(tally_holds(&store).tally.spent, 41);
+    // Cold for half a lifetime: given back; a lease left to end counts as expired.
+    clock.advance_us(SPEC.lifetime_us / 2);
+    store.0.sweep().await;
+    let cold = tally_holds(&store);
+    assert!(cold.tally.given_back > 0 && cold.held == 0, "{cold:?}");
+    assert!(store.decide(&zone).await.unwrap().admitted);
+    tokio::task::yield_now().await;
+    clock.advance_us(SPEC.lifetime_us + 1);
+    let ended = tally_holds(&store);
+    assert!(ended.held == 0 && ended.tally.expired_unused > 0, "the new lease ended unspent: {ended:?}");
+    assert!(ledger.calls.load(Ordering::SeqCst) > 0);
+}

@@ -26,7 +26,37 @@ pub(super) fn holders_key(state_key: &[u8]) -> Vec<u8> {
     key
 }
 
+/// One live holder of a leased key's budget, as Redis keeps it (`GET /limits`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LeaseHolder {
+    /// The holder's id (`LeasedStore::holder` of some instance).
+    pub holder: String,
+    /// How long its latest lease lasts, on the store's clock.
+    pub ends_in_ms: f64,
+}
+
 impl RedisStore {
+    /// The key's live holders (ends after now), from its holders' hash: read only, one
+    /// round trip. The tokens each holds are the instance's to tell: Redis keeps only the ends.
+    pub async fn lease_holders(&self, zone: &str, key: &[u8]) -> Result<Vec<LeaseHolder>, StoreError> {
+        let hkey = holders_key(&self.key_for(zone, key));
+        let local_now = self.now_arg(|c| c.now_us());
+        let ((secs, micros), all): ((u64, u64), Vec<(String, u64)>) = self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                Ok(::redis::pipe().cmd("TIME").cmd("HGETALL").arg(&hkey).query_async(&mut conn).await?)
+            })
+            .await?;
+        let now = local_now.unwrap_or(secs * 1_000_000 + micros);
+        let mut live: Vec<LeaseHolder> = all
+            .into_iter()
+            .filter(|(_, ends)| *ends > now)
+            .map(|(holder, ends)| LeaseHolder { holder, ends_in_ms: (ends - now) as f64 / 1e3 })
+            .collect();
+        live.sort_by(|a, b| a.holder.cmp(&b.holder));
+        Ok(live)
+    }
+
     /// Asks `lua/limit_req/lease.lua` for a lease of `zone`'s key for `holder`.
     pub async fn lease_grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
         let key = self.key_for(zone.zone, &zone.key);

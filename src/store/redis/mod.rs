@@ -30,7 +30,7 @@ mod url;
 mod zone_keys;
 
 pub use eviction::{policy_can_evict, EvictionStatus};
-pub use lease::LeaseAsk;
+pub use lease::{LeaseAsk, LeaseHolder};
 pub use slots::key_slot;
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,6 +271,10 @@ impl StoreAdmin for RedisStore {
 
     async fn reset(&self, zone: &str, key: &[u8]) -> Result<(), StoreError> {
         self.bounded(self.reset_key(zone, key)).await
+    }
+
+    async fn lease_holders(&self, zone: &str, key: &[u8]) -> Result<Option<Vec<LeaseHolder>>, StoreError> {
+        RedisStore::lease_holders(self, zone, key).await.map(Some)
     }
 
     /// One bounded `SCAN` (see `zone_keys.rs`), within [`ZONE_KEYS_TIMEOUT`], not a decision's

@@ -1,6 +1,8 @@
 //! How many keys each zone holds on Redis (`GET /zones` on the admin API): one `SCAN` over the
 //! keys under `key_prefix`, bounded by a number of keys examined, each key counted under the zone
-//! its name holds (`<prefix><zone>:{…}` for rate state, `<prefix>conn:<zone>:{…}` for leases).
+//! its name holds (`<prefix><zone>:{…}` for rate state, `<prefix>conn:<zone>:{…}` for leases),
+//! a leased key's holders (`<prefix><zone>:{…}:lease`, docs/leases.md) counted apart: they are
+//! not keys of their own.
 //! On demand only: a scan costs Redis time in proportion to its whole keyspace.
 
 use std::collections::BTreeMap;
@@ -20,6 +22,9 @@ pub struct ZoneKeys {
     pub limit_req: BTreeMap<String, u64>,
     /// Lease keys per `limit_conn` zone.
     pub limit_conn: BTreeMap<String, u64>,
+    /// Leased keys with live budget leases (their holders' hash) per `limit_req` zone: each is a
+    /// key counted in `limit_req` too (while its state lasts), not another key.
+    pub lease_holders: BTreeMap<String, u64>,
     /// Keys examined (every key under the prefix, Weir's health key included).
     pub scanned: u64,
     /// Whether the scan went through the whole keyspace; `false` when it stopped at its bound
@@ -33,8 +38,10 @@ impl ZoneKeys {
         self.scanned += 1;
         let Some(rest) = name.strip_prefix(prefix) else { return };
         // `conn:{…}` is a limit_req zone named "conn"; `conn:<zone>:{…}` a lease.
+        // A state key ends with its '}', so only a holders' hash ends with "}:lease".
         let (table, rest) = match rest.strip_prefix(b"conn:") {
             Some(zone_and_key) if !zone_and_key.starts_with(b"{") => (&mut self.limit_conn, zone_and_key),
+            _ if rest.ends_with(b"}:lease") => (&mut self.lease_holders, rest),
             _ => (&mut self.limit_req, rest),
         };
         // Zone names hold no ':' (config/checks.rs), so the first ":{" ends the zone.
@@ -98,16 +105,19 @@ mod tests {
             b"weir:api.v2:{k:{x}}",
             b"weir:conn:per_ip:{203.0.113.7}",
             b"weir:conn:{k}",
+            b"weir:per_ip:{203.0.113.7}:lease",
+            b"weir:per_ip:{x:lease}",
             b"weir:health",
             b"other:per_ip:{x}",
         ] {
             found.count(b"weir:", name);
         }
-        assert_eq!(found.limit_req.get("per_ip"), Some(&2));
+        assert_eq!(found.limit_req.get("per_ip"), Some(&3), "a key named x:lease is a key");
+        assert_eq!(found.lease_holders.get("per_ip"), Some(&1), "holders are not keys");
         assert_eq!(found.limit_req.get("api.v2"), Some(&1));
         assert_eq!(found.limit_req.get("conn"), Some(&1), "a limit_req zone named conn");
         assert_eq!(found.limit_conn.get("per_ip"), Some(&1));
-        assert_eq!(found.scanned, 7);
+        assert_eq!(found.scanned, 9);
     }
 
     #[test]
