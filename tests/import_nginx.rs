@@ -6,19 +6,15 @@
 //! paths of every kind of location, hosts, bursts and idle gaps — gets the same outcome from both
 //! (status or closed connection, delayed or not) for at least 99 % of the requests.
 //!
-//! Timing: each request goes to nginx and to Weir at the same moment (two tasks), and the gaps
-//! between bursts are chosen so that no rate in the corpus (≤ 5 r/s) refills near a decision:
-//! a gap of 1.25 s leaves every bucket a quarter or a half of a request away from a boundary.
+//! The machinery (nginx, the client, the schedule, timing) is tests/support/nginx_differential.rs,
+//! shared with tests/import_ingress.rs.
 
 use crate::support;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use support::nginx_differential::{compare, send, Case, Fwd, NginxConf, Outcome, Req, Tally, PLAIN};
 use support::upstream::{UnixUpstream, Upstream};
 use support::weir::{self, Weir};
 
@@ -111,131 +107,6 @@ server {\n    listen 80;\n    location /api/ {\n        limit_req zone=api burst
     assert!(out.stdout.contains("deny = [\"all\"]"), "{}", out.stdout);
 }
 
-/// nginx running a whole config file of ours in the foreground, killed on drop.
-struct Nginx {
-    child: Child,
-    dir: tempfile::TempDir,
-    addr: SocketAddr,
-}
-
-impl Nginx {
-    fn start(conf: &str) -> Nginx {
-        let dir = tempfile::tempdir().unwrap();
-        let prefix = dir.path().display().to_string();
-        let port = weir::free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let head = format!("daemon off;\nmaster_process off;\nworker_processes 1;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log info;\n");
-        let temps = format!(
-            "http {{\n    access_log off;\n    client_body_temp_path {prefix}/body;\n    proxy_temp_path {prefix}/proxy;\n    fastcgi_temp_path {prefix}/fastcgi;\n    uwsgi_temp_path {prefix}/uwsgi;\n    scgi_temp_path {prefix}/scgi;\n"
-        );
-        let text = format!("{head}{}", conf.replacen("http {", &temps, 1).replace("$NGINX", &addr.to_string()));
-        let path = dir.path().join("nginx.conf");
-        std::fs::write(&path, text).unwrap();
-        let child = Command::new(support::nginx::bin())
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&path)
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut n = Nginx { child, dir, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Ok(Some(s)) = n.child.try_wait() {
-                panic!("nginx exited ({s}): {}", n.error_log());
-            }
-            assert!(Instant::now() < deadline, "nginx not up: {}", n.error_log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        n
-    }
-
-    fn error_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What a client saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
-    Status { status: u16, delayed: bool },
-    Closed,
-}
-
-/// A request longer than this was delayed by a limit (the upstream answers at once).
-const DELAYED: Duration = Duration::from_millis(300);
-
-#[derive(Debug, Clone)]
-struct Req {
-    from: String,
-    method: &'static str,
-    host: String,
-    path: String,
-    forwarded: Option<String>,
-    /// One more header line (a bypass token, …), or "".
-    header: &'static str,
-}
-
-async fn send(to: SocketAddr, r: &Req) -> Outcome {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(format!("{}:0", r.from).parse().unwrap()).unwrap();
-    let started = Instant::now();
-    let Ok(mut stream) = socket.connect(to).await else { return Outcome::Closed };
-    let fwd = r.forwarded.as_ref().map_or(String::new(), |f| format!("X-Forwarded-For: {f}\r\n"));
-    let extra = if r.header.is_empty() { String::new() } else { format!("{}\r\n", r.header) };
-    let body = if r.method == "GET" { "" } else { "Content-Length: 0\r\n" };
-    let head =
-        format!("{} {} HTTP/1.1\r\nHost: {}\r\n{fwd}{extra}{body}Connection: close\r\n\r\n", r.method, r.path, r.host);
-    if stream.write_all(head.as_bytes()).await.is_err() {
-        return Outcome::Closed;
-    }
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(15), stream.read_to_end(&mut buf)).await;
-    if read.is_err() || buf.len() < 12 {
-        return Outcome::Closed;
-    }
-    let status = std::str::from_utf8(&buf[9..12]).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    Outcome::Status { status, delayed: started.elapsed() >= DELAYED }
-}
-
-/// Where the client address comes from.
-#[derive(Clone, Copy, PartialEq)]
-enum Fwd {
-    /// The source address (in 127.0.0.0/8).
-    Peer,
-    /// X-Forwarded-For from 127.0.0.1 (trusted): the client as 10.x.y.z.
-    Client,
-    /// X-Forwarded-For "client, proxy" with the proxy in 192.168.2.0/24 (trusted too).
-    ClientAndProxy,
-}
-
-/// A differential config: the corpus file, the paths of its locations, hosts, methods, extra
-/// header lines (one picked per client run) and where the client address comes from.
-struct Case {
-    file: &'static str,
-    paths: &'static [&'static str],
-    hosts: &'static [&'static str],
-    methods: &'static [&'static str],
-    headers: &'static [&'static str],
-    forwarded: Fwd,
-}
-
-const PLAIN: Case =
-    Case { file: "", paths: &["/"], hosts: &["localhost"], methods: &["GET"], headers: &[""], forwarded: Fwd::Peer };
-
 const CASES: &[Case] = &[
     Case { file: "limit-req-docs.conf", paths: &["/search/a", "/search/b", "/download/x", "/", "/other"], ..PLAIN },
     Case {
@@ -309,39 +180,32 @@ const CASES: &[Case] = &[
     },
     Case { file: "unix-socket-app.conf", paths: &["/api/a", "/login", "/", "/x"], ..PLAIN },
     Case { file: "realip-one-hop.conf", paths: &["/", "/a"], forwarded: Fwd::ClientAndProxy, ..PLAIN },
+    Case {
+        file: "nginx-tests-limit-req.conf",
+        paths: &["/test1.html", "/", "/status.html", "/long.html", "/fast.html"],
+        ..PLAIN
+    },
+    Case {
+        file: "nginx-tests-limit-req2.conf",
+        paths: &["/?a=1", "/?a=2", "/t2.html?a=1", "/t2.html?a=3", "/", "/x"],
+        ..PLAIN
+    },
+    Case { file: "nginx-tests-limit-req-delay.conf", paths: &["/", "/x"], ..PLAIN },
+    Case { file: "nginx-tests-limit-conn.conf", paths: &["/", "/1", "/zone", "/unlim", "/custom"], ..PLAIN },
+    Case {
+        file: "nginx-tests-limit-req-dry-run.conf",
+        paths: &["/delay", "/reject", "/reject/off", "/", "/reject/x"],
+        ..PLAIN
+    },
+    Case { file: "nginx-tests-limit-conn-dry-run.conf", paths: &["/reject", "/dry", "/"], ..PLAIN },
+    Case { file: "timberk-partner-ratelimit.conf", paths: &["/", "/api/partners"], ..PLAIN },
+    Case { file: "egor-fipu-rate-limit-zone.conf", paths: &["/", "/x"], ..PLAIN },
+    Case { file: "yelfive-http-level-nodelay.conf", paths: &["/", "/a"], ..PLAIN },
+    Case { file: "iris-docker-web.conf", paths: &["/", "/employees"], ..PLAIN },
 ];
 
-/// One seeded schedule of bursts: each burst picks a few clients, each sends a run of requests.
-fn schedule(case: &Case, seed: u64) -> Vec<Vec<Req>> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut bursts = Vec::new();
-    for _ in 0..14 {
-        let mut burst = Vec::new();
-        for _ in 0..rng.gen_range(1..4) {
-            let client = format!("127.0.{}.{}", rng.gen_range(0..2), rng.gen_range(2..7));
-            let path = case.paths[rng.gen_range(0..case.paths.len())];
-            let host = case.hosts[rng.gen_range(0..case.hosts.len())];
-            let method = case.methods[rng.gen_range(0..case.methods.len())];
-            let header = case.headers[rng.gen_range(0..case.headers.len())];
-            let proxy = format!("192.168.2.{}", rng.gen_range(1..3));
-            for _ in 0..rng.gen_range(1..9) {
-                let (from, forwarded) = match case.forwarded {
-                    Fwd::Peer => (client.clone(), None),
-                    Fwd::Client => ("127.0.0.1".to_string(), Some(client.replace("127.", "10."))),
-                    Fwd::ClientAndProxy => {
-                        ("127.0.0.1".to_string(), Some(format!("{}, {proxy}", client.replace("127.", "10."))))
-                    }
-                };
-                burst.push(Req { from, method, host: host.into(), path: path.into(), forwarded, header });
-            }
-        }
-        bursts.push(burst);
-    }
-    bursts
-}
-
-/// (requests compared, agreed, disagreements, nginx's rejections, nginx's delays).
-fn differential(case: &Case) -> (usize, usize, Vec<String>, usize, usize) {
+/// The schedule of `case` against nginx running the original and Weir running the import.
+fn differential(case: &Case) -> Tally {
     let upstream = Upstream::start();
     // A config whose app listens on /run/app.sock gets a real unix socket upstream instead.
     let sockets = tempfile::tempdir().unwrap();
@@ -352,47 +216,13 @@ fn differential(case: &Case) -> (usize, usize, Vec<String>, usize, usize) {
         .replace("listen 8080", "listen $NGINX")
         .replace("127.0.0.1:9000", &upstream.addr_str())
         .replace("/run/app.sock", &socket.display().to_string());
-    let nginx = Nginx::start(&conf);
+    let nginx = NginxConf::start(&conf);
     let dir = weir::ConfigDir::new();
     let rewritten = dir.write(case.file, &conf.replace("$NGINX", &nginx.addr.to_string()));
     let out = import(&[&rewritten.display().to_string(), "--listen", "$LISTEN"]);
     assert!(out.code == Some(0), "{}: {}", case.file, out.describe());
     let weir = Weir::start(&out.stdout);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (mut total, mut agree, mut diffs, mut rejected, mut delayed) = (0, 0, Vec::new(), 0, 0);
-    for (b, burst) in schedule(case, 48).into_iter().enumerate() {
-        for r in burst {
-            let (n, w) = rt.block_on(async {
-                let (a, b) = (nginx.addr, weir.addr);
-                let (r1, r2) = (r.clone(), r.clone());
-                let n = tokio::spawn(async move { send(a, &r1).await });
-                let w = tokio::spawn(async move { send(b, &r2).await });
-                (n.await.unwrap(), w.await.unwrap())
-            });
-            // What nginx answers itself (files: 404, `return`) is not Weir's decision: Weir's
-            // stand-in route must deny it (uncharged: the later requests of the key agree).
-            let nginx_answered = matches!(n, Outcome::Status { status, .. } if ![200, 403, 429, 503].contains(&status));
-            if nginx_answered && matches!(w, Outcome::Status { status: 403, .. }) {
-                continue;
-            }
-            total += 1;
-            match n {
-                Outcome::Status { status: 429 | 503, .. } | Outcome::Closed => rejected += 1,
-                Outcome::Status { delayed: true, .. } => delayed += 1,
-                _ => {}
-            }
-            if n == w {
-                agree += 1;
-            } else {
-                diffs.push(format!(
-                    "burst {b}: {} {} {} {:?} {:?} from {}: nginx {n:?}, weir {w:?}",
-                    r.method, r.host, r.path, r.header, r.forwarded, r.from
-                ));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1250));
-    }
-    (total, agree, diffs, rejected, delayed)
+    compare(case, nginx.addr, weir.addr, 48)
 }
 
 #[test]
@@ -400,20 +230,16 @@ fn nginx_and_the_import_decide_one_schedule_alike() {
     let mut report = Vec::new();
     let mut failed = Vec::new();
     let (mut all_rejected, mut all_delayed) = (0, 0);
-    // IMPORT_NGINX_CASE=file.conf runs one config (when working on it).
+    // IMPORT_NGINX_CASE=a.conf,b.conf runs those configs (when working on it).
     let only = std::env::var("IMPORT_NGINX_CASE").ok();
-    for case in CASES.iter().filter(|c| only.as_deref().is_none_or(|o| o == c.file)) {
-        let (total, agree, diffs, rejected, delayed) = differential(case);
-        let share = agree as f64 / total as f64;
-        report.push(format!(
-            "{}: {agree}/{total} ({:.1} %; nginx rejected {rejected}, delayed {delayed})",
-            case.file,
-            share * 100.0
-        ));
-        all_rejected += rejected;
-        all_delayed += delayed;
-        if share < 0.99 {
-            failed.push(format!("{}: {:.1} %:\n  {}", case.file, share * 100.0, diffs.join("\n  ")));
+    for case in CASES.iter().filter(|c| only.as_deref().is_none_or(|o| o.split(',').any(|f| f == c.file))) {
+        let t = differential(case);
+        eprintln!("{}", t.line(case.file));
+        report.push(t.line(case.file));
+        all_rejected += t.rejected;
+        all_delayed += t.delayed;
+        if t.share() < 0.99 {
+            failed.push(format!("{}: {:.1} %:\n  {}", case.file, t.share() * 100.0, t.diffs.join("\n  ")));
         }
     }
     eprintln!("agreement per config:\n  {}", report.join("\n  "));
@@ -436,7 +262,7 @@ fn nginx_and_the_import_agree_on_concurrent_connections() {
     let upstream = Upstream::start();
     let original = std::fs::read_to_string(corpus().join(case)).unwrap();
     let conf = original.replace("listen 8080", "listen $NGINX").replace("127.0.0.1:9000", &upstream.addr_str());
-    let nginx = Nginx::start(&conf);
+    let nginx = NginxConf::start(&conf);
     let dir = weir::ConfigDir::new();
     let rewritten = dir.write(case, &conf.replace("$NGINX", &nginx.addr.to_string()));
     let out = import(&[&rewritten.display().to_string(), "--listen", "$LISTEN"]);

@@ -13,6 +13,7 @@ pub mod http;
 pub mod kustomize;
 pub mod metrics;
 pub mod nginx;
+pub mod nginx_differential;
 pub mod poll;
 pub mod ratelimit;
 pub mod redis_cmd;

@@ -156,6 +156,8 @@ struct Limits {
     rate: Option<u64>,
     rate_after: Option<u64>,
     regex: bool,
+    /// `rewrite-target`: a path it rewrites (target ≠ path) is a regex, as `use-regex` is.
+    rewrite: Option<String>,
 }
 
 pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, String> {
@@ -223,6 +225,7 @@ pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, S
                 .ok_or_else(|| format!("{cm_where}: {key} {s:?}: not a status 400-599")),
         }
     };
+    let default_kb = |key: &str| cm.get(key).and_then(|v| v.trim().parse::<u64>().ok());
     let req_status = status("limit-req-status-code")?;
     let conn_status = status("limit-conn-status-code")?;
     let mut toml = String::new();
@@ -320,7 +323,7 @@ pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, S
     }
     // Routes: per host, exact paths first, then by length (ingress-nginx sorts by length).
     let regex_hosts: Vec<Option<String>> =
-        paths.iter().filter(|p| ingresses[p.ingress].regex).map(|p| p.host.clone()).collect();
+        paths.iter().filter(|p| regex_path(&ingresses[p.ingress], &p.path)).map(|p| p.host.clone()).collect();
     let mut order: Vec<&PathOut> = paths.iter().collect();
     order.sort_by_key(|p| (p.host.is_none(), p.host.clone(), p.path_type != "Exact", std::cmp::Reverse(p.path.len())));
     for (n, p) in order.iter().enumerate() {
@@ -381,9 +384,13 @@ pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, S
                 quote(z)
             );
         }
-        if let Some(rate) = l.rate.filter(|r| *r > 0) {
-            let _ = writeln!(toml, "limit_rate = \"{rate}k\"");
-            if let Some(after) = l.rate_after {
+        // Without the annotation, ingress-nginx takes the ConfigMap's value (the default
+        // backend's LimitRate / LimitRateAfter) for every location.
+        let rate = l.rate.or(default_kb("limit-rate"));
+        if let Some(rate) = rate.filter(|r| *r > 0) {
+            let from = if l.rate.is_some() { "" } else { "   # limit-rate of the ConfigMap" };
+            let _ = writeln!(toml, "limit_rate = \"{rate}k\"{from}");
+            if let Some(after) = l.rate_after.or(default_kb("limit-rate-after")).filter(|a| *a > 0) {
                 let _ = writeln!(toml, "limit_rate_after = \"{after}k\"");
             }
         }
@@ -417,6 +424,7 @@ fn ingress(doc: &Doc, index: usize, paths: &mut Vec<PathOut>, notes: &mut Vec<St
         rate: None,
         rate_after: None,
         regex: false,
+        rewrite: None,
     };
     let number = |key: &str, val: &str| -> Result<u64, String> {
         val.trim()
@@ -453,8 +461,8 @@ fn ingress(doc: &Doc, index: usize, paths: &mut Vec<PathOut>, notes: &mut Vec<St
                 "limit-rate-after" => l.rate_after = Some(number(key, &val)?),
                 "use-regex" => l.regex |= val == "true",
                 "rewrite-target" => {
-                    l.regex = true;
-                    notes.push(format!("{at}: Ingress {ns}/{name}: rewrite-target {val:?}: Weir forwards the path unchanged (its paths are imported as regexes, as ingress-nginx does)"));
+                    l.rewrite = Some(val.clone());
+                    notes.push(format!("{at}: Ingress {ns}/{name}: rewrite-target {val:?}: Weir forwards the path unchanged (a path it rewrites makes the host's paths regexes, as in ingress-nginx)"));
                 }
                 k if k.starts_with("global-rate-limit") => {
                     return Err(format!("{at}: Ingress {ns}/{name}: {PREFIX}{key}: ingress-nginx's global limit is a fixed window in memcached (lua-resty-global-throttle) with its own key syntax; Weir's limits with kind = \"redis\" are fleet-wide already: write it as a [[limit_req_zone]] by hand (rate = limit / window), or drop the annotation and keep limit-rps"))
@@ -502,6 +510,12 @@ fn ingress(doc: &Doc, index: usize, paths: &mut Vec<PathOut>, notes: &mut Vec<St
     Ok(l)
 }
 
+/// ingress-nginx's enforceRegexModifier: a location with `use-regex`, or one whose
+/// `rewrite-target` differs from its path (needsRewrite), makes every path of its host a regex.
+fn regex_path(l: &Limits, path: &str) -> bool {
+    l.regex || l.rewrite.as_ref().is_some_and(|t| !t.is_empty() && t != path)
+}
+
 fn sanitize(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' }).collect()
 }
@@ -526,8 +540,12 @@ mod tests {
     const MANIFESTS: &str = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: api\n  namespace: shop\n  uid: 3f1c2a5e-8b7d-4c1e-9f00-1234567890ab\n  annotations:\n    nginx.ingress.kubernetes.io/limit-rps: \"10\"\n    nginx.ingress.kubernetes.io/limit-rpm: \"300\"\n    nginx.ingress.kubernetes.io/limit-burst-multiplier: \"3\"\n    nginx.ingress.kubernetes.io/limit-whitelist: \"10.0.0.0/8, 192.168.1.1\"\n    nginx.ingress.kubernetes.io/limit-connections: \"4\"\n    nginx.ingress.kubernetes.io/limit-rate: \"100\"\n    nginx.ingress.kubernetes.io/frobnicate: \"yes\"\nspec:\n  rules:\n  - host: shop.example.com\n    http:\n      paths:\n      - path: /api\n        pathType: Prefix\n        backend:\n          service:\n            name: api\n            port:\n              number: 8080\n      - path: /health\n        pathType: Exact\n        backend:\n          service:\n            name: api\n            port:\n              number: 8080\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: legacy\n  namespace: shop\n  annotations:\n    nginx.ingress.kubernetes.io/use-regex: \"true\"\nspec:\n  rules:\n  - host: shop.example.com\n    http:\n      paths:\n      - path: /v[12]/items\n        pathType: ImplementationSpecific\n        backend:\n          service:\n            name: legacy\n            port:\n              number: 80\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ingress-nginx-controller\ndata:\n  limit-req-status-code: \"429\"\n  use-forwarded-headers: \"true\"\n";
 
     fn run(opts: &Options) -> Imported {
+        run_on(MANIFESTS, opts)
+    }
+
+    fn run_on(manifests: &str, opts: &Options) -> Imported {
         let o = Options { upstream: Some("127.0.0.1:9000".into()), listen: "127.0.0.1:8080".into(), ..opts.clone() };
-        import(&[("m.yaml".into(), MANIFESTS.into())], &o).unwrap()
+        import(&[("m.yaml".into(), manifests.into())], &o).unwrap()
     }
 
     #[test]
@@ -575,6 +593,36 @@ mod tests {
             "{}",
             kept.toml
         );
+    }
+
+    #[test]
+    fn the_configmaps_limit_rate_applies_where_no_annotation_sets_one() {
+        // kubernetes/ingress-nginx test/e2e/settings/limit_rate.go: `limit-rate: "90"` in the
+        // ConfigMap is `limit_rate 90k;` in every location; an annotation still wins.
+        let with = MANIFESTS
+            .replace("  use-forwarded-headers: \"true\"\n", "  limit-rate: \"90\"\n  limit-rate-after: \"64\"\n");
+        let t = run_on(&with, &Options::default()).toml;
+        let legacy = &t[t.find("Ingress shop_legacy").unwrap()..];
+        assert!(
+            legacy.contains("limit_rate = \"90k\"   # limit-rate of the ConfigMap\nlimit_rate_after = \"64k\""),
+            "{t}"
+        );
+        let api = &t[t.find("Ingress shop_api").unwrap()..];
+        assert!(api.contains("limit_rate = \"100k\"\nlimit_rate_after = \"64k\""), "{t}");
+    }
+
+    #[test]
+    fn a_rewrite_target_equal_to_its_path_leaves_the_paths_plain() {
+        // nasirnjs/kubernetes ingress-rate-limit/ingress.yaml: rewrite-target "/" on path "/".
+        let same = MANIFESTS.replace(
+            "    nginx.ingress.kubernetes.io/use-regex: \"true\"\n",
+            "    nginx.ingress.kubernetes.io/rewrite-target: /v[12]/items\n",
+        );
+        let t = run_on(&same, &Options::default()).toml;
+        assert!(!t.contains("(?i)"), "{t}");
+        let other = same.replace("rewrite-target: /v[12]/items", "rewrite-target: /$1");
+        let t = run_on(&other, &Options::default()).toml;
+        assert!(t.contains("path_regex = \"(?i)^/api\""), "{t}");
     }
 
     #[test]

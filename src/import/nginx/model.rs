@@ -329,8 +329,20 @@ fn unexpressed_reason(d: &Directive) -> Option<String> {
 pub fn read(top: &[Directive]) -> Result<Http, String> {
     let mut http = Http::default();
     let mut seen_http = false;
+    // A whole nginx.conf (it has the `http` or `events` block): http's directives outside `http`
+    // make nginx refuse the file, so they are not read as a conf.d site file's would be.
+    let whole = top.iter().any(|d| d.name == "http" || d.name == "events");
     for d in top {
         match d.name.as_str() {
+            "server" | "limit_req_zone" | "limit_conn_zone" | "upstream" | "map" | "geo" | "limit_req"
+            | "limit_conn"
+                if whole =>
+            {
+                return Err(format!(
+                    "{}: `{}` is not allowed here, outside the `http` block (nginx -t: \"{}\" directive is not allowed here)",
+                    d.at, d.name, d.name
+                ));
+            }
             "http" => {
                 if seen_http {
                     return Err(format!("{}: a second `http` block (nginx refuses it)", d.at));
@@ -676,5 +688,16 @@ mod tests {
             let e = read(&parse("w.conf", &format!("http {{\n{text}\n}}\n")).unwrap()).unwrap_err();
             assert!(e.starts_with("w.conf:2:") && e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn http_directives_outside_http_are_refused_as_nginx_does() {
+        // AlbertDavletov/architecture-sprint-6 Exc6/README.md: limit_req_zone above `http {`.
+        let text = "limit_req_zone $binary_remote_addr zone=z:1m rate=10r/m;\nhttp {\n    server { listen 80; }\n}\n";
+        let e = read(&parse("o.conf", text).unwrap()).unwrap_err();
+        assert!(e.starts_with("o.conf:1: `limit_req_zone` is not allowed here"), "{e}");
+        // A conf.d site file (no `http` or `events` block) is the inside of `http`: read.
+        let site = "limit_req_zone $binary_remote_addr zone=z:1m rate=10r/m;\nserver { listen 80; }\n";
+        assert_eq!(read(&parse("s.conf", site).unwrap()).unwrap().req_zones.len(), 1);
     }
 }
