@@ -5,7 +5,7 @@
 use crate::support;
 
 use std::ffi::OsString;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use support::admin;
 use support::config::{line_of, memory_with_app, redis_store, with_app};
@@ -103,14 +103,14 @@ fn import_rls(args: &[&std::ffi::OsStr]) -> RunOutput {
 
 /// envoyproxy/ratelimit's YAML library gives a string field its scalar's text: `+44` is "+44"
 /// there, which is what Envoy sends; Weir's import used to write "44" (and "31", "15", "true"),
-/// so the limit never matched. Three calls a minute per value, then over the limit.
+/// so the limit never matched. Three calls an hour per value, then over the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_rls_keeps_each_scalar_as_written() {
     // (A float is refused, as the peer's key check refuses it.)
     let scalars = ["+44", "0x1F", "0o17", "True", "1_000", "~x", "0b11"];
     let mut yaml = String::from("domain: phones\ndescriptors:\n");
     for s in scalars {
-        yaml += &format!("  - key: country\n    value: {s}\n    rate_limit: {{unit: minute, requests_per_unit: 3}}\n");
+        yaml += &format!("  - key: country\n    value: {s}\n    rate_limit: {{unit: hour, requests_per_unit: 3}}\n");
     }
     let dir = ConfigDir::new();
     let file = dir.write("phones.yaml", &yaml);
@@ -121,6 +121,13 @@ async fn import_rls_keeps_each_scalar_as_written() {
     }
     let w = Weir::start(&format!("[log]\naccess_log = false\n\n{}", out.stdout));
     let mut c = client(w.addr).await;
+    // The peer's windows are fixed and aligned to the clock: four calls that straddle an hour's
+    // end count in two windows (this failed once at a minute's end, with `unit: minute`). The
+    // calls take well under a minute, so start them at least a minute before the hour turns.
+    let into_hour = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() % 3600;
+    if into_hour >= 3540 {
+        tokio::time::sleep(Duration::from_secs(3600 - into_hour + 1)).await;
+    }
     for s in scalars {
         let mut codes = Vec::new();
         for _ in 0..4 {
