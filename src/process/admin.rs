@@ -56,6 +56,15 @@ enum Body {
     Html(&'static str),
 }
 
+/// `?n=N`, the rows a list endpoint shows: `default` when absent or unreadable, within 1..=`max`.
+fn row_count(query: Option<&str>, default: usize, max: usize) -> usize {
+    query_param(query, "n")
+        .and_then(|v| String::from_utf8(v).ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(default)
+        .clamp(1, max)
+}
+
 /// The status page (`GET /`): one file, inline CSS and JS, no external assets.
 const STATUS_PAGE: &str = include_str!("admin_page.html");
 /// Keys one `GET /zones` examines unless told (`?scan=N`), and the most it may be told.
@@ -210,11 +219,7 @@ impl AdminApp {
     /// `GET /top[?n=10]`: see `top::view::top_json`; with the store's state, for the page.
     async fn top(&self, query: Option<&str>) -> Value {
         let runtime = self.reloader.runtime().load_full();
-        let n = query_param(query, "n")
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(10)
-            .clamp(1, 100);
+        let n = row_count(query, 10, 100);
         let now = crate::top::fleet::now_us();
         let local = self.top.local(now, crate::top::fleet::max_idle_us(&runtime));
         let fleet = self.top.fleet();
@@ -236,11 +241,7 @@ impl AdminApp {
     fn rlqs(&self, query: Option<&str>) -> Value {
         use crate::rls::quota::live;
         let runtime = self.reloader.runtime().load_full();
-        let n = query_param(query, "n")
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(live::DEFAULT_KEYS)
-            .clamp(1, live::MAX_KEYS);
+        let n = row_count(query, live::DEFAULT_KEYS, live::MAX_KEYS);
         let mut out = match &self.quota {
             Some(quota) => quota.json(n, crate::limit::Clock::now_us(&crate::limit::SystemClock), |zone, key| {
                 let secret = crate::top::view::zone_is_secret(&runtime, zone);

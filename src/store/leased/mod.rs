@@ -110,6 +110,18 @@ pub struct LeaseNow {
     pub ends_in_ms: f64,
 }
 
+impl KeyState {
+    /// Takes the tokens left in leases that ended by `now_us` and counts them, in the metric and
+    /// the tally, once (by the keeper or by an admin read, whichever comes first).
+    fn count_expired(&mut self, zone: &str, now_us: u64) {
+        let expired = self.lessee.take_expired(now_us);
+        if expired > 0 {
+            METRICS.lease_tokens.with_label_values(&[zone, "expired_unused"]).inc_by(expired);
+            self.tally.expired_unused += expired;
+        }
+    }
+}
+
 impl Entry {
     fn lock(&self) -> MutexGuard<'_, KeyState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -233,11 +245,7 @@ impl LeasedStore {
         let entry = self.0.lock_keys().get(&map_key(zone, key)).cloned()?;
         let mut st = entry.lock();
         // Ended leases counted now, not at the keeper's next round, so the tally adds up.
-        let expired = st.lessee.take_expired(now);
-        if expired > 0 {
-            METRICS.lease_tokens.with_label_values(&[&entry.zone, "expired_unused"]).inc_by(expired);
-            st.tally.expired_unused += expired;
-        }
+        st.count_expired(&entry.zone, now);
         let ms = |us: u64| us as f64 / 1e3;
         let leases: Vec<LeaseNow> = st
             .lessee
@@ -481,11 +489,7 @@ impl Shared {
             let mut keys = self.lock_keys();
             keys.retain(|_, entry| {
                 let mut st = entry.lock();
-                let expired = st.lessee.take_expired(now);
-                if expired > 0 {
-                    METRICS.lease_tokens.with_label_values(&[&entry.zone, "expired_unused"]).inc_by(expired);
-                    st.tally.expired_unused += expired;
-                }
+                st.count_expired(&entry.zone, now);
                 let idle = now.saturating_sub(st.last_used_us);
                 if st.lessee.in_flight() {
                     return true;
