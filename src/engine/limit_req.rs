@@ -13,53 +13,52 @@ use super::fleet_share::fleet_shares;
 use super::headers;
 use super::observe::Observer;
 use super::refusal::{Answer, Refusal};
-use super::status::{LimitStatus, Statuses};
+use super::result::{Counts, ZoneResult};
+use super::status::LimitStatus;
 use super::store_failure::{self, Resolved};
 use super::stores::Stores;
 use crate::config::{FailurePolicy, HeaderMode, Route, Runtime};
 use crate::limit::{Verdict, ZoneOutcome};
 use crate::store::{KeyedZone, LimitStore, MemoryStore, StoreError};
 
-pub enum Action<'a> {
+pub(super) enum Action<'a> {
     Forward,
     Delay(Duration),
     Reject(Answer<'a>),
 }
 
-pub struct Enforcement<'a> {
+/// limit_req's decision of one request, for the ticket to record (`Ticket::rule`).
+pub(super) struct Enforcement<'a> {
     pub action: Action<'a>,
     /// Rate-limit fields for the upstream's response, per the route's header mode (a
     /// rejection carries its own in its answer).
     pub headers: Vec<(&'static str, String)>,
-    /// The request's status and its zones' (by index in `Runtime::zones`). Zones of a rejected
-    /// request that did not reject are not listed (they were not charged).
-    pub statuses: Statuses,
+    /// The request's word: the most severe of its zones'.
+    pub overall: Option<LimitStatus>,
+    /// Every keyed zone's result, in the order of `Groups::all`, each with an empty key: the
+    /// ticket gives each its key (moved, not copied, on the proxy's path).
+    pub zones: Vec<ZoneResult>,
     /// The failure policy that decided, when the store could not.
     pub fallback: Option<FailurePolicy>,
     /// When the store decided (`Verdict::decided_us`); `None` when no store did.
     pub decided_us: Option<u64>,
-    /// What the store (or the `local` policy) said of the enforced zones and of the dry-run
-    /// ones, in the order of `Groups::enforced` and `Groups::shadow`.
-    pub enforced: Option<Verdict>,
-    pub shadow: Option<Verdict>,
 }
 
 impl Enforcement<'_> {
     /// Nothing decided: forward, no fields, no words.
-    pub fn nothing() -> Self {
+    fn nothing() -> Self {
         Enforcement {
             action: Action::Forward,
             headers: Vec::new(),
-            statuses: Statuses::default(),
+            overall: None,
+            zones: Vec::new(),
             fallback: None,
             decided_us: None,
-            enforced: None,
-            shadow: None,
         }
     }
 }
 
-pub async fn enforce<'a>(
+pub(super) async fn enforce<'a>(
     rt: &Runtime,
     route: &'a Route,
     keyed: &Groups<KeyedZone<'a>>,
@@ -82,7 +81,7 @@ pub async fn enforce<'a>(
 
 /// [`enforce`] without a future, on `store`, the in-process store of `stores` (from
 /// `LimitStore::in_process`), when no zone is charged after the response; `None`: await `enforce`.
-pub fn enforce_at_once<'a>(
+pub(super) fn enforce_at_once<'a>(
     store: &MemoryStore,
     rt: &Runtime,
     route: &'a Route,
@@ -117,7 +116,7 @@ fn conclude<'a>(
     shadow_result: Option<Result<Verdict, StoreError>>,
 ) -> Enforcement<'a> {
     let store = stores.primary.as_ref();
-    let (enforced, shadow) = (keyed.enforced(), keyed.shadow());
+    let enforced = keyed.enforced();
     let mut result = Enforcement::nothing();
     let observer = stores.observer;
     let mut resolve = |r, dry_run| {
@@ -132,19 +131,18 @@ fn conclude<'a>(
         Some(Resolved::Decided(v)) => Some(v),
         Some(Resolved::Local { fleet_size }) => Some(stores.local.decide_now(&fleet_shares(enforced, fleet_size))),
         Some(Resolved::Denied(answer)) => {
-            result.statuses.overall = Some(LimitStatus::Rejected);
+            // No store decided: no zone has a word, the request is refused.
+            result.zones = zone_results(route, keyed, None, None).1;
+            result.overall = Some(LimitStatus::Rejected);
             result.action = Action::Reject(answer);
             return result;
         }
     };
     result.decided_us = enforced_verdict.as_ref().or(shadow_verdict.as_ref()).map(|v| v.decided_us);
     if let Some(v) = &enforced_verdict {
-        record_statuses(&mut result.statuses, route, enforced, v, false);
         observer.decided(rt, enforced, v);
     }
-    if let Some(v) = &shadow_verdict {
-        record_statuses(&mut result.statuses, route, shadow, v, true);
-    }
+    (result.overall, result.zones) = zone_results(route, keyed, enforced_verdict.as_ref(), shadow_verdict.as_ref());
 
     if let Some(verdict) = &enforced_verdict {
         result.headers = match route.headers {
@@ -171,8 +169,6 @@ fn conclude<'a>(
             Action::Forward
         };
     }
-    result.enforced = enforced_verdict;
-    result.shadow = shadow_verdict;
     result
 }
 
@@ -227,13 +223,43 @@ async fn timed_decide(
     Some(verdict)
 }
 
-/// The nginx status words of one decided group (enforced or dry run).
-fn record_statuses(statuses: &mut Statuses, route: &Route, group: &[KeyedZone<'_>], verdict: &Verdict, dry_run: bool) {
-    let zones = group
-        .iter()
-        .zip(&verdict.zones)
-        .map(|(z, out)| (route.limits[z.reference].zone, out.admitted, out.delay_us > 0));
-    statuses.record_group(verdict.admitted, dry_run, zones);
+/// Each keyed zone's result from its group's verdict (`None`: the group was not decided), keys
+/// left empty, and the request's word (the most severe of the zones').
+fn zone_results(
+    route: &Route,
+    keyed: &Groups<KeyedZone<'_>>,
+    enforced: Option<&Verdict>,
+    shadow: Option<&Verdict>,
+) -> (Option<LimitStatus>, Vec<ZoneResult>) {
+    let mut overall = None;
+    let mut results = Vec::with_capacity(keyed.all().len());
+    for ((group, dry_run), verdict) in keyed.each().into_iter().zip([enforced, shadow]) {
+        for (n, z) in group.iter().enumerate() {
+            let decided = verdict.and_then(|v| v.zones.get(n).map(|out| (v.admitted, out)));
+            let status = decided.and_then(|(request_admitted, out)| {
+                LimitStatus::of_zone(request_admitted, out.admitted, out.delay_us > 0, dry_run)
+            });
+            if let Some(status) = status {
+                overall = Some(status.worst(overall));
+            }
+            let counts = decided.map(|(request_admitted, out)| {
+                let (remaining, reset_secs) = headers::zone_remaining(z, request_admitted, out);
+                Counts { remaining, reset_secs }
+            });
+            results.push(ZoneResult {
+                reference: z.reference,
+                zone: route.limits[z.reference].zone,
+                key: Vec::new(),
+                limit: z.limit,
+                cost: z.cost,
+                dry_run,
+                status,
+                delay_us: decided.filter(|(admitted, _)| *admitted).map_or(0, |(_, out)| out.delay_us),
+                counts,
+            });
+        }
+    }
+    (overall, results)
 }
 
 #[cfg(test)]

@@ -16,7 +16,11 @@
 //!    blocking anything; if the client leaves meanwhile it calls [`Ticket::client_gone`] and
 //!    goes to 4 (nothing further is taken for it, as nginx drops it).
 //!    The rate limit service keys zones from descriptors and calls [`Ticket::rule_zones`]
-//!    instead (twice for envoyproxy/ratelimit's soft limits), then goes to 4.
+//!    instead (twice for envoyproxy/ratelimit's soft limits): the same [`Ruling`], then 4.
+//!    At any point [`Ticket::report`] is what was decided so far, in the one shape every front
+//!    door reads: per keyed zone a [`ZoneResult`] (key, limit, cost, word, delay, what is left),
+//!    and for the request its outcome, words, delay and failure policy. The observers are handed
+//!    the same [`Report`] when the ticket is finished.
 //! 2. [`Ticket::hold`] (`async`), once, after the delay: `limit_conn`'s leases, all or none.
 //!    `Err(answer)`: send it, go to 4. A front door's own refusals after this point (the
 //!    upstream busy or down, the adaptive limit) are recorded with [`Ticket::settle_as`].
@@ -34,8 +38,9 @@
 //!
 //! On the proxy's hot path each `async` step has a synchronous twin for when it has nothing to do
 //! ([`Ticket::wants_leases`] before `hold`, [`Ticket::owes`] with [`Ticket::head_fields`] for
-//! `at_head`, [`Ticket::finish_settled`] before `finish`): an `async` step's future is moved into
-//! the phase's state even when it returns at once, and those moves were ~1 % of a request.
+//! `at_head`, [`Ticket::finish_settled`] before `finish`; their own `impl` block): an `async`
+//! step's future is moved into the phase's state even when it returns at once, and those moves
+//! were ~1 % of a request.
 //! `rule` itself stays small for the same reason: the in-process store decides without a future
 //! (`limit_req::enforce_at_once`), and a store that must be awaited (Redis) gets its ~1 KB future
 //! boxed inside `rule`, so only requests with zones on such a store pay for it.
@@ -47,9 +52,11 @@
 //!   `store_failure.rs`: a failed store call through the failure policy; `fleet_share.rs`: the
 //!   `local` policy's share of each limit;
 //!   `after_response.rs`: charges decided by the response; `pacing.rs`: `limit_rate`.
-//! - What was decided: [`Outcome`] (one vocabulary for metrics, logs, the rate limit service,
-//!   replay and the live view), `status.rs` (nginx's `$limit_req_status` words), [`Answer`] and
-//!   [`Refusal`] (every answer Weir writes in place of the upstream's, and its body).
+//! - What was decided: [`Report`] and [`ZoneResult`] (`result.rs`: the one result every front
+//!   door and observer reads), [`Outcome`] (one vocabulary for metrics, logs, the rate limit
+//!   service, replay and the live view), `status.rs` (nginx's `$limit_req_status` words),
+//!   [`Answer`] and [`Refusal`] (every answer Weir writes in place of the upstream's, and its
+//!   body). The store's verdicts stay inside (`limit_req.rs`).
 //! - Who is told: [`Observer`] (`observe.rs`); `metrics/` and `top/` implement it, the engine
 //!   imports neither.
 
@@ -69,6 +76,7 @@ mod outcome;
 mod overrides;
 mod pacing;
 mod refusal;
+mod result;
 mod status;
 mod store_failure;
 mod stores;
@@ -84,16 +92,15 @@ pub use admit::{BadRequest, Forward, Head};
 pub use after_response::{response_cost_fields, Ending};
 pub use conditions::applies as conditions_apply;
 pub use dry_run::Groups;
-pub use headers::zone_remaining;
 pub use keyed::keyed_zone;
 pub use lease::LeaseKeeper;
-pub use limit_req::{enforce, Action, Enforcement};
-pub use observe::{Door, Observer, Report, Unobserved};
+pub use observe::{Observer, Unobserved};
 pub use outcome::Outcome;
 pub use refusal::{Answer, Refusal};
+pub use result::{Counts, Door, Report, ZoneResult};
 pub use status::{LimitStatus, Statuses};
 pub use stores::{ConnStores, Stores};
-pub use ticket::{ExplainedZone, Ruling, Ticket};
+pub use ticket::{Ruling, Ticket};
 
 use crate::config::Runtime;
 

@@ -6,34 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::outcome::Outcome;
-use super::status::Statuses;
+use super::result::Report;
 use crate::config::{FailurePolicy, Runtime};
 use crate::limit::Verdict;
 use crate::store::KeyedZone;
-
-/// The front door a ticket came through.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Door {
-    /// The proxy: the request's route is one of the snapshot's.
-    Proxy,
-    /// The rate limit service: one call of this domain (`-`: unknown).
-    Rls { domain: Box<String> },
-}
-
-/// One request's report, when its ticket is finished (`Ticket::finish`) or dropped.
-pub struct Report<'a> {
-    pub door: &'a Door,
-    /// The snapshot's route (the proxy's); `None` before one matched and for the rate limit
-    /// service, whose rules are per domain.
-    pub route: Option<usize>,
-    pub outcome: Outcome,
-    /// limit_req's and limit_conn's words, per zone (zone indices of the ticket's snapshot).
-    pub limit_req: &'a Statuses,
-    pub limit_conn: &'a Statuses,
-    /// How long limit_req held it.
-    pub delay: Duration,
-}
 
 /// Every method has a default that does nothing: an observer implements what it watches.
 pub trait Observer: Send + Sync {

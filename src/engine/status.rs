@@ -51,6 +51,14 @@ impl LimitStatus {
         })
     }
 
+    /// The word of a request whose zones said `self` and `so_far`.
+    pub fn worst(self, so_far: Option<LimitStatus>) -> LimitStatus {
+        match so_far {
+            Some(s) if s.severity() >= self.severity() => s,
+            _ => self,
+        }
+    }
+
     /// Which of two statuses describes the request as a whole: enforcement beats dry run,
     /// rejection beats delay beats pass.
     fn severity(self) -> u8 {
@@ -64,7 +72,7 @@ impl LimitStatus {
     }
 }
 
-/// The statuses of one kind of limit (limit_req or limit_conn) for one request.
+/// limit_conn's statuses for one request (limit_req's are in its zones' results, `ZoneResult`).
 #[derive(Debug, Clone, Default)]
 pub struct Statuses {
     /// The request's status: the most severe of its zones'; `None` when no zone had a say
@@ -93,9 +101,7 @@ impl Statuses {
     /// Records one zone's word; the request's becomes it if it is more severe.
     pub fn record(&mut self, zone: usize, status: LimitStatus) {
         self.zones.push((zone, status));
-        if self.overall.is_none_or(|s| status.severity() > s.severity()) {
-            self.overall = Some(status);
-        }
+        self.overall = Some(status.worst(self.overall));
     }
 }
 

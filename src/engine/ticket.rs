@@ -24,16 +24,17 @@ use super::dry_run::Groups;
 use super::lease::Lease;
 use super::limit_conn;
 use super::limit_req::{self, Action, Enforcement};
-use super::observe::{Door, Observer, Report, Unobserved};
+use super::observe::{Observer, Unobserved};
 use super::outcome::Outcome;
 use super::pacing::Pace;
 use super::refusal::Answer;
+use super::result::{Door, Report, ZoneResult};
 use super::status::{LimitStatus, Statuses};
 use super::stores::{ConnStores, Stores};
 use crate::config::{FailurePolicy, Route, Runtime};
 use crate::store::{KeyedConn, KeyedZone};
 
-/// What the front door does with a request after [`Ticket::rule`].
+/// What the front door does with a request after [`Ticket::rule`] (or [`Ticket::rule_zones`]).
 pub enum Ruling<'t> {
     /// Forward it, rewritten as decided (`Forward`), once it has waited `delay` (zero: at once).
     /// Then [`Ticket::hold`].
@@ -52,7 +53,9 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     route: Option<usize>,
     client_ip: Option<IpAddr>,
     outcome: Outcome,
-    limit_req: Statuses,
+    /// limit_req's word for the request, and each keyed zone's result.
+    limit_req: Option<LimitStatus>,
+    zones: Vec<ZoneResult>,
     /// Rate-limit fields to add to the upstream's response.
     fields: Vec<(&'static str, String)>,
     /// When the limits were decided (µs since the epoch), for the access log and `weir replay`.
@@ -73,28 +76,7 @@ pub struct Ticket<R: Deref<Target = Runtime> = Arc<Runtime>> {
     priority: crate::adaptive::Priority,
     /// `limit_rate`: the response body's pace (boxed: rare, and the ticket moves with the request).
     pace: Option<Box<Pace>>,
-    /// What replay reads of each keyed zone (`Ticket::explaining`); `None` for the serving doors.
-    /// limit_req's zones, enforced ones first, then dry-run ones (when asked for). Boxed: one
-    /// word in every ticket, for a list only replay asks for.
-    #[allow(clippy::box_collection)]
-    explained: Option<Box<Vec<ExplainedZone>>>,
     reported: bool,
-}
-
-/// One keyed limit_req zone of a ruled request and what it said, for a front door that reports
-/// per zone (replay).
-#[derive(Debug, Clone)]
-pub struct ExplainedZone {
-    /// Index into the route's `limits`.
-    pub reference: usize,
-    pub key: Vec<u8>,
-    /// The limit applied to this key (the reference's, or an override's).
-    pub limit: crate::limit::LimitReq,
-    pub cost: u64,
-    /// `None`: another zone rejected the request, this one was not charged.
-    pub status: Option<LimitStatus>,
-    /// This zone's own delay (none where its group was rejected).
-    pub delay_us: u64,
 }
 
 /// limit_conn's part of a ticket, boxed: only a request that a limit_conn zone keys pays for it,
@@ -137,7 +119,8 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             route: None,
             client_ip,
             outcome: Outcome::Unlimited,
-            limit_req: Statuses::default(),
+            limit_req: None,
+            zones: Vec::new(),
             fields: Vec::new(),
             decided_us: None,
             fallback: None,
@@ -148,22 +131,8 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
             client_left_owing: false,
             priority: crate::adaptive::Priority::default(),
             pace: None,
-            explained: None,
             reported: false,
         }
-    }
-
-    /// Keeps each keyed zone's key, limit and delay for the front door to read
-    /// ([`Self::explained`]): replay reports per zone.
-    pub fn explaining(mut self) -> Self {
-        self.explained = Some(Box::default());
-        self
-    }
-
-    /// limit_req's keyed zones, enforced ones first, then dry-run ones; empty when none had a
-    /// key or the ticket was not made [`Self::explaining`].
-    pub fn explained(&self) -> &[ExplainedZone] {
-        self.explained.as_deref().map_or(&[], |zones| &zones[..])
     }
 
     /// A ticket of the rate limit service, for one call of `domain`.
@@ -182,18 +151,9 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         &self.rt
     }
 
-    /// The route's index in the snapshot, once one matched.
-    pub fn route_index(&self) -> Option<usize> {
-        self.route
-    }
-
+    /// The route matched, once one did.
     pub fn route(&self) -> Option<&Route> {
         self.route.and_then(|i| self.rt.routes.get(i))
-    }
-
-    /// The route's name, `-` before one matched.
-    pub fn route_name(&self) -> &str {
-        self.route().map_or("-", |r| r.name.as_str())
     }
 
     /// The address the request counts against, once the front door has resolved it.
@@ -201,37 +161,23 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         self.client_ip = client_ip;
     }
 
-    pub fn client_ip(&self) -> Option<IpAddr> {
-        self.client_ip
-    }
-
-    pub fn outcome(&self) -> Outcome {
-        self.outcome
-    }
-
-    pub fn limit_req(&self) -> &Statuses {
-        &self.limit_req
-    }
-
-    pub fn limit_conn(&self) -> &Statuses {
-        self.conn.as_ref().map_or(&NO_CONN_STATUSES, |c| &c.statuses)
-    }
-
-    pub fn decided_us(&self) -> Option<u64> {
-        self.decided_us
-    }
-
-    pub fn fallback(&self) -> Option<FailurePolicy> {
-        self.fallback
-    }
-
-    pub fn delay(&self) -> Duration {
-        self.delay
-    }
-
-    /// Whether the client left owing a response-decided charge (the access log says so).
-    pub fn client_left_owing(&self) -> bool {
-        self.client_left_owing
+    /// What was decided so far, in the one shape every front door reads: the access log, the
+    /// trace span, replay and the rate limit service read it, and the observers are handed it
+    /// when the ticket is finished.
+    pub fn report(&self) -> Report<'_> {
+        Report {
+            door: &self.door,
+            route: self.route,
+            client_ip: self.client_ip,
+            outcome: self.outcome,
+            limit_req: self.limit_req,
+            zones: &self.zones,
+            limit_conn: self.conn.as_ref().map_or(&NO_CONN_STATUSES, |c| &c.statuses),
+            delay: self.delay,
+            decided_us: self.decided_us,
+            fallback: self.fallback,
+            client_left_owing: self.client_left_owing,
+        }
     }
 
     /// Its priority under the upstream's adaptive limit, once ruled.
@@ -291,18 +237,17 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
                 None => Box::pin(limit_req::enforce(rt, route, &plan.zones, stores)).await,
             };
             let mut words = Words {
-                statuses: &mut self.limit_req,
+                limit_req: &mut self.limit_req,
+                zones: &mut self.zones,
                 outcome: &mut self.outcome,
                 decided_us: &mut self.decided_us,
                 fallback: &mut self.fallback,
             };
             record_limit(&mut words, &mut enforcement);
-            if let Some(explained) = &mut self.explained {
-                **explained = explain(route, &plan.zones, &enforcement, &self.limit_req);
-            }
             match enforcement.action {
                 Action::Reject(answer) => {
                     self.conn = None;
+                    give_keys(&mut self.zones, plan.zones.into_all().into_iter().map(|z| z.key));
                     return Ruling::Refuse(answer);
                 }
                 Action::Delay(d) => {
@@ -317,22 +262,35 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         if !plan.zones.is_empty() {
             let charges = ResponseCharges::new(rt, route, &plan.zones);
             self.charges = (!charges.is_empty()).then(|| Box::new(charges));
+            give_keys(&mut self.zones, plan.zones.into_all().into_iter().map(|z| z.key));
         }
         Ruling::Forward { forward: plan.forward, delay }
     }
 
     /// Step 1 for a front door that keys zones itself (the rate limit service keys them from
-    /// descriptors, under its domain's `route`): limit_req on `zones`. Called again for a second
-    /// decision, it replaces the first's words (the rate limit service's soft limits).
+    /// descriptors, under its domain's `route`): limit_req on `zones`, the same ruling as
+    /// [`Self::rule`]'s (a forward rewrites nothing; the fields to add are [`Self::head_fields`]).
+    /// Called again for a second decision, it replaces the first's words and results (the rate
+    /// limit service's soft limits).
     pub async fn rule_zones<'z>(
         &mut self,
         route: &'z Route,
         zones: &Groups<KeyedZone<'z>>,
         stores: &Stores,
-    ) -> Enforcement<'z> {
+    ) -> Ruling<'z> {
         let mut enforcement = limit_req::enforce(&self.rt, route, zones, stores).await;
         record_limit(&mut self.words(), &mut enforcement);
-        enforcement
+        give_keys(&mut self.zones, zones.all().iter().map(|z| z.key.clone()));
+        self.fields = std::mem::take(&mut enforcement.headers);
+        self.delay = Duration::ZERO;
+        match enforcement.action {
+            Action::Reject(answer) => Ruling::Refuse(answer),
+            Action::Delay(delay) => {
+                self.delay = delay;
+                Ruling::Forward { forward: Forward::default(), delay }
+            }
+            Action::Forward => Ruling::Forward { forward: Forward::default(), delay: Duration::ZERO },
+        }
     }
 
     /// The client left while its request waited out limit_req's delay: nothing further is taken
@@ -385,30 +343,6 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         self.head_fields()
     }
 
-    /// Whether charges decided by the response are still owed. The proxy's hot path asks first
-    /// and takes the synchronous steps when nothing is: an `async` step's future is moved into
-    /// the phase's state even when it has nothing to do (~1 % of a request's instructions for
-    /// `hold`, `at_head` and `finish` together).
-    pub fn owes(&self) -> bool {
-        self.charges.as_ref().is_some_and(|c| !c.is_empty())
-    }
-
-    /// [`Self::at_head`]'s charges alone.
-    pub async fn charge_at_head(&mut self, status: u16, headers: &http::HeaderMap, stores: &Stores) {
-        if let Some(charges) = &mut self.charges {
-            charges.at_head(status, headers, stores).await;
-        }
-    }
-
-    /// [`Self::at_head`]'s synchronous part: the body's pace starts, the fields to add.
-    pub fn head_fields(&mut self) -> Vec<(&'static str, String)> {
-        if let Some(pace) = &mut self.pace {
-            // No head start for the time spent waiting on the upstream.
-            pace.restart(Instant::now());
-        }
-        std::mem::take(&mut self.fields)
-    }
-
     /// Step 3: the upstream's body ended; what is still owed is what it reported.
     pub fn body_ended(&mut self) {
         if let Some(charges) = &mut self.charges {
@@ -437,17 +371,7 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         for lease in self.leases.drain(..) {
             lease.release().await;
         }
-        self.report();
-    }
-
-    /// [`Self::finish`] without awaiting when nothing is owed and no lease is held: reports the
-    /// request and returns true; false when `finish` has work to do.
-    pub fn finish_settled(&mut self) -> bool {
-        if self.owes() || !self.leases.is_empty() {
-            return false;
-        }
-        self.report();
-        true
+        self.tell();
     }
 
     /// limit_conn's zones keyed for this request and not held (yet), enforced ones first: what
@@ -459,37 +383,67 @@ impl<R: Deref<Target = Runtime>> Ticket<R> {
         Groups::new(pending.map(|c| c.clone().keyed(rt, route)).collect())
     }
 
-    /// Whether `hold` has leases to ask for (a limit_conn zone had a key).
-    pub fn wants_leases(&self) -> bool {
-        self.conn.as_ref().is_some_and(|c| !c.pending.is_empty())
-    }
-
-    fn report(&mut self) {
+    /// Tells the observer, once.
+    fn tell(&mut self) {
         if std::mem::replace(&mut self.reported, true) {
             return;
         }
-        let report = Report {
-            door: &self.door,
-            route: self.route,
-            outcome: self.outcome,
-            limit_req: &self.limit_req,
-            limit_conn: self.limit_conn(),
-            delay: self.delay,
-        };
-        self.observer.finished(&self.rt, &report);
+        self.observer.finished(&self.rt, &self.report());
+    }
+}
+
+/// The proxy's hot path: each `async` step's synchronous twin, for when it has nothing to await.
+/// An `async` step's future is moved into the phase's state even when it returns at once; these
+/// moves were ~1 % of a request's instructions for `hold`, `at_head` and `finish` together.
+impl<R: Deref<Target = Runtime>> Ticket<R> {
+    /// Whether charges decided by the response are still owed (else `at_head` is `head_fields`).
+    pub fn owes(&self) -> bool {
+        self.charges.as_ref().is_some_and(|c| !c.is_empty())
+    }
+
+    /// [`Self::at_head`]'s charges alone.
+    pub async fn charge_at_head(&mut self, status: u16, headers: &http::HeaderMap, stores: &Stores) {
+        if let Some(charges) = &mut self.charges {
+            charges.at_head(status, headers, stores).await;
+        }
+    }
+
+    /// [`Self::at_head`]'s synchronous part: the body's pace starts, the fields to add.
+    pub fn head_fields(&mut self) -> Vec<(&'static str, String)> {
+        if let Some(pace) = &mut self.pace {
+            // No head start for the time spent waiting on the upstream.
+            pace.restart(Instant::now());
+        }
+        std::mem::take(&mut self.fields)
+    }
+
+    /// [`Self::finish`] without awaiting when nothing is owed and no lease is held: reports the
+    /// request and returns true; false when `finish` has work to do.
+    pub fn finish_settled(&mut self) -> bool {
+        if self.owes() || !self.leases.is_empty() {
+            return false;
+        }
+        self.tell();
+        true
+    }
+
+    /// Whether `hold` has leases to ask for (a limit_conn zone had a key).
+    pub fn wants_leases(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| !c.pending.is_empty())
     }
 }
 
 impl<R: Deref<Target = Runtime>> Drop for Ticket<R> {
     /// A ticket never finished is still reported; its leases go back by their own `Drop`.
     fn drop(&mut self) {
-        self.report();
+        self.tell();
     }
 }
 
 /// The ticket's words of limit_req, borrowed apart from its snapshot.
 struct Words<'t> {
-    statuses: &'t mut Statuses,
+    limit_req: &'t mut Option<LimitStatus>,
+    zones: &'t mut Vec<ZoneResult>,
     outcome: &'t mut Outcome,
     decided_us: &'t mut Option<u64>,
     fallback: &'t mut Option<FailurePolicy>,
@@ -498,7 +452,8 @@ struct Words<'t> {
 impl<R: Deref<Target = Runtime>> Ticket<R> {
     fn words(&mut self) -> Words<'_> {
         Words {
-            statuses: &mut self.limit_req,
+            limit_req: &mut self.limit_req,
+            zones: &mut self.zones,
             outcome: &mut self.outcome,
             decided_us: &mut self.decided_us,
             fallback: &mut self.fallback,
@@ -513,42 +468,17 @@ fn record_limit(words: &mut Words<'_>, enforcement: &mut Enforcement<'_>) {
     // only then: it is not needed on the usual path).
     *words.decided_us =
         Some(enforcement.decided_us.unwrap_or_else(|| crate::limit::Clock::now_us(&crate::limit::SystemClock)));
-    *words.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.statuses.overall);
+    *words.outcome = Outcome::of_limit_req(enforcement.fallback, enforcement.overall);
     *words.fallback = enforcement.fallback;
-    *words.statuses = std::mem::take(&mut enforcement.statuses);
+    *words.limit_req = enforcement.overall;
+    *words.zones = std::mem::take(&mut enforcement.zones);
 }
 
-/// Each keyed zone with its status and own delay: the zones of a group that was refused have none.
-fn explain(
-    route: &Route,
-    zones: &Groups<KeyedZone<'_>>,
-    enforcement: &Enforcement<'_>,
-    statuses: &Statuses,
-) -> Vec<ExplainedZone> {
-    let own_delays = |verdict: &Option<crate::limit::Verdict>, len: usize| -> Vec<u64> {
-        match verdict {
-            Some(v) if v.admitted => v.zones.iter().map(|z| z.delay_us).collect(),
-            _ => vec![0; len],
-        }
-    };
-    let mut delays = own_delays(&enforcement.enforced, zones.enforced().len());
-    delays.extend(own_delays(&enforcement.shadow, zones.shadow().len()));
-    zones
-        .all()
-        .iter()
-        .zip(delays)
-        .map(|(z, delay_us)| {
-            let zone = route.limits[z.reference].zone;
-            ExplainedZone {
-                reference: z.reference,
-                key: z.key.clone(),
-                limit: z.limit,
-                cost: z.cost,
-                status: statuses.zones.iter().find(|(i, _)| *i == zone).map(|(_, s)| *s),
-                delay_us,
-            }
-        })
-        .collect()
+/// Each zone's key into its result (the results are in the order of the keyed zones).
+fn give_keys(results: &mut [ZoneResult], keys: impl IntoIterator<Item = Vec<u8>>) {
+    for (result, key) in results.iter_mut().zip(keys) {
+        result.key = key;
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use prometheus::Histogram;
 
 use crate::config::{FailurePolicy, Runtime};
-use crate::engine::Statuses;
+use crate::engine::LimitStatus;
 use crate::engine::{Door, Observer, Report};
 use crate::metrics::ZoneMeters;
 use crate::metrics::METRICS;
@@ -64,15 +64,15 @@ impl Observer for MetricsObserver {
                 METRICS.rls_requests.with_label_values(&[domain.as_str(), report.outcome.label()]).inc();
             }
         }
-        count(report.limit_req, |zone| rt.meters.zone(zone));
-        count(report.limit_conn, |zone| rt.meters.conn_zone(zone));
+        count(report.zone_words(), |zone| rt.meters.zone(zone));
+        count(report.limit_conn.zones.iter().copied(), |zone| rt.meters.conn_zone(zone));
     }
 }
 
 /// Each zone's word through the zone's handles (zone indices and handles come from the same
 /// config snapshot).
-fn count<'a>(statuses: &Statuses, meters: impl Fn(usize) -> Option<&'a ZoneMeters>) {
-    for &(zone, status) in &statuses.zones {
+fn count<'a>(words: impl Iterator<Item = (usize, LimitStatus)>, meters: impl Fn(usize) -> Option<&'a ZoneMeters>) {
+    for (zone, status) in words {
         if let Some(m) = meters(zone) {
             m.decision(status.slot(), status.metric_label());
         }

@@ -10,8 +10,9 @@ use pingora::proxy::Session;
 use tracing::Level;
 
 use super::RequestCtx;
+use crate::config::Runtime;
 use crate::engine::LimitStatus;
-use crate::engine::Ticket;
+use crate::engine::Report;
 use crate::logging::json::{JsonObject, JsonStr};
 use crate::logging::{self, line};
 
@@ -41,29 +42,29 @@ fn json_fields(
 ) {
     let req = session.req_header();
     o.str("route", route);
-    let ticket = &ctx.ticket;
-    o.string_with("client", |s| match ticket.client_ip() {
+    let (ticket, report) = (&ctx.ticket, ctx.ticket.report());
+    o.string_with("client", |s| match report.client_ip {
         Some(ip) => s.push_ip(ip),
         None => s.push_str("-"),
     });
     o.str("method", req.method.as_str());
     o.str("path", req.uri.path());
     o.u64("status", u64::from(status));
-    o.str("limit_req", ticket.limit_req().overall.map_or("-", LimitStatus::as_str));
-    o.str("limit_conn", ticket.limit_conn().overall.map_or("-", LimitStatus::as_str));
-    o.string_with("zones", |s| push_zones(s, ticket));
-    o.u64("delay_ms", ticket.delay().as_millis() as u64);
-    if let Some(decided_us) = ticket.decided_us() {
+    o.str("limit_req", report.limit_req.map_or("-", LimitStatus::as_str));
+    o.str("limit_conn", report.limit_conn.overall.map_or("-", LimitStatus::as_str));
+    o.string_with("zones", |s| push_zones(s, ticket.runtime(), &report));
+    o.u64("delay_ms", report.delay.as_millis() as u64);
+    if let Some(decided_us) = report.decided_us {
         o.u64("decided_us", decided_us);
     }
-    if let (Some(route), Some(resp)) = (ticket.route_index(), session.response_written()) {
+    if let (Some(route), Some(resp)) = (report.route, session.response_written()) {
         crate::engine::response_cost_fields(ticket.runtime(), route, &resp.headers, |f, v| o.str(f, v));
     }
     if let Some(reason) = ctx.upstream.shed() {
         // The adaptive limit refused it, and why (docs/adaptive.md).
         o.str("shed", reason.as_str());
     }
-    if ticket.client_left_owing() {
+    if report.client_left_owing {
         // Charged the most its answer could have cost (docs/charges.md): replay does the same.
         o.bool("client_left", true);
     }
@@ -88,12 +89,12 @@ fn json_fields(
 }
 
 /// `zone=STATUS` per zone that had a say, comma-separated.
-fn push_zones(s: &mut JsonStr<'_>, ticket: &Ticket) {
-    for (i, (zone, status)) in ticket.limit_req().zones.iter().enumerate() {
+fn push_zones(s: &mut JsonStr<'_>, rt: &Runtime, report: &Report<'_>) {
+    for (i, (zone, status)) in report.zone_words().enumerate() {
         if i > 0 {
             s.push_str(",");
         }
-        s.push_str(ticket.runtime().zones.get(*zone).map_or("?", |z| z.name.as_str()));
+        s.push_str(rt.zones.get(zone).map_or("?", |z| z.name.as_str()));
         s.push_str("=");
         s.push_str(status.as_str());
     }
@@ -101,27 +102,25 @@ fn push_zones(s: &mut JsonStr<'_>, ticket: &Ticket) {
 
 fn text_line(session: &Session, error: Option<&Error>, ctx: &RequestCtx, route: &str, status: u16) {
     let req = session.req_header();
-    let ticket = &ctx.ticket;
-    let zones: Vec<String> = ticket
-        .limit_req()
-        .zones
-        .iter()
-        .map(|(zone, s)| format!("{}={}", ticket.runtime().zones[*zone].name, s.as_str()))
+    let (rt, report) = (ctx.ticket.runtime(), ctx.ticket.report());
+    let zones: Vec<String> = report
+        .zone_words()
+        .map(|(zone, s)| format!("{}={}", rt.zones.get(zone).map_or("?", |z| z.name.as_str()), s.as_str()))
         .collect();
     tracing::info!(
         target: "weir::access",
         route,
-        client = %ticket.client_ip().map_or_else(|| "-".to_string(), |ip| ip.to_string()),
+        client = %report.client_ip.map_or_else(|| "-".to_string(), |ip| ip.to_string()),
         method = %req.method,
         path = %req.uri.path(),
         status,
-        limit_req = ticket.limit_req().overall.map_or("-", LimitStatus::as_str),
+        limit_req = report.limit_req.map_or("-", LimitStatus::as_str),
         // nginx's `$limit_conn_status`: REJECTED if a zone rejected, else PASSED once a zone had
         // a key (the most severe word, as for limit_req).
-        limit_conn = ticket.limit_conn().overall.map_or("-", LimitStatus::as_str),
+        limit_conn = report.limit_conn.overall.map_or("-", LimitStatus::as_str),
         zones = %zones.join(","),
-        delay_ms = ticket.delay().as_millis() as u64,
-        decided_us = ticket.decided_us(),
+        delay_ms = report.delay.as_millis() as u64,
+        decided_us = report.decided_us,
         shed = ctx.upstream.shed().map(|r| r.as_str()),
         upstream_ms = ctx.upstream_time.map_or(-1.0, |d| d.as_secs_f64() * 1000.0),
         upstream_addr = %ctx.upstream.addrs(),

@@ -133,7 +133,7 @@ impl ProxyHttp for WeirProxy {
             }
             Ruling::Forward { forward, delay } => (forward, delay),
         };
-        if ctx.ticket.decided_us().is_some() {
+        if ctx.ticket.report().decided_us.is_some() {
             trace_span::decided(ctx.trace.as_deref_mut(), "limit_req", asked);
         }
         if let Err(e) = forward_as_decided(session.req_header_mut(), &forward) {
@@ -141,7 +141,7 @@ impl ProxyHttp for WeirProxy {
             let refusal = Refusal::BadRequest {
                 error: "bad_target",
                 detail: e.to_string(),
-                route: Some(ctx.ticket.route_name()),
+                route: Some(route_name(&ctx.ticket)),
             };
             return respond::answer(session, &Answer::new(400, refusal)).await;
         }
@@ -165,7 +165,7 @@ impl ProxyHttp for WeirProxy {
             trace_span::decided(ctx.trace.as_deref_mut(), "limit_conn", asked);
         }
 
-        let Some(route) = ctx.ticket.route_index().and_then(|i| rt.routes.get(i)) else { return Ok(false) };
+        let Some(route) = ctx.ticket.report().route.and_then(|i| rt.routes.get(i)) else { return Ok(false) };
         let upstream = &rt.upstreams[route.upstream];
         ctx.upstream.found(self.upstreams.of(upstream));
         if let Err(reason) = ctx.upstream.admit(ctx.ticket.priority()).await {
@@ -229,7 +229,7 @@ impl ProxyHttp for WeirProxy {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
-        upstreaming::fail_to_proxy(session, e, &ctx.upstream, ctx.ticket.route_name()).await
+        upstreaming::fail_to_proxy(session, e, &ctx.upstream, route_name(&ctx.ticket)).await
     }
 
     /// A client that leaves mid-request is a normal event, not an error: counted and logged at
@@ -255,7 +255,8 @@ impl ProxyHttp for WeirProxy {
             crate::edge::awaiting_body(!session.is_body_done());
         }
         if let (true, Some(peer)) = (ctx.ticket.runtime().server.clients.forwarded_headers, ctx.peer) {
-            let fwd = forwarded::compute(&upstream_request.headers, peer, ctx.ticket.client_ip(), ctx.peer_trusted);
+            let fwd =
+                forwarded::compute(&upstream_request.headers, peer, ctx.ticket.report().client_ip, ctx.peer_trusted);
             upstream_request.insert_header(forwarded::X_FORWARDED_FOR, fwd.x_forwarded_for)?;
             match fwd.x_real_ip {
                 Some(ip) => upstream_request.insert_header(forwarded::X_REAL_IP, ip)?,
@@ -370,14 +371,14 @@ impl ProxyHttp for WeirProxy {
         let trace = ctx.trace.take();
         let ctx = &*ctx;
         let rt = ctx.ticket.runtime();
-        let route = ctx.ticket.route_name();
+        let route = route_name(&ctx.ticket);
         // A 444 wrote nothing; it is logged as 444, as nginx does.
         let status = match closed_444 {
             true => respond::CLOSE_STATUS,
             false => session.response_written().map_or(0, |r| r.status.as_u16()),
         };
         if let Some(upstream_time) = ctx.upstream_time {
-            rt.meters.route(ctx.ticket.route_index()).upstream_response(status, upstream_time.as_secs_f64());
+            rt.meters.route(ctx.ticket.report().route).upstream_response(status, upstream_time.as_secs_f64());
         }
         if rt.log.access_log {
             access_log::write(session, error, ctx, route, status);
@@ -389,6 +390,11 @@ impl ProxyHttp for WeirProxy {
 /// Rewrites the request Pingora forwards into what the engine decided on: the canonical
 /// origin-form target, the decided host, without the headers the engine strips. HTTP/2 names
 /// its host in the URI (`:authority`), HTTP/1 in `Host`.
+/// The request's route's name, `-` before one matched.
+fn route_name(ticket: &Ticket) -> &str {
+    ticket.route().map_or("-", |r| r.name.as_str())
+}
+
 fn forward_as_decided(req: &mut RequestHeader, forward: &engine::Forward) -> Result<()> {
     let invalid = |e: http::Error| Error::because(ErrorType::InvalidHTTPHeader, "the decided target", e);
     for name in &forward.strip {

@@ -61,14 +61,12 @@ pub(super) fn attempt_answered(ctx: &mut RequestCtx, status: u16) {
 /// Records the decision and the upstream attempts on the span and ends it.
 pub(super) fn finish(span: Option<Box<RequestSpan>>, ctx: &RequestCtx, route: &str, status: u16) {
     let Some(span) = span else { return };
-    let (ticket, rt) = (&ctx.ticket, ctx.ticket.runtime());
-    let zones = ticket
-        .limit_req()
-        .zones
-        .iter()
-        .map(|(zone, s)| format!("{}={}", rt.zones.get(*zone).map_or("?", |z| z.name.as_str()), s.as_str()))
+    let (report, rt) = (ctx.ticket.report(), ctx.ticket.runtime());
+    let zones = report
+        .zone_words()
+        .map(|(zone, s)| format!("{}={}", rt.zones.get(zone).map_or("?", |z| z.name.as_str()), s.as_str()))
         .collect();
-    let http_route = ticket.route_index().and_then(|i| rt.matchers.get(i)).map(|m| match &m.path {
+    let http_route = report.route.and_then(|i| rt.matchers.get(i)).map(|m| match &m.path {
         PathMatch::Exact(path) => path.clone(),
         PathMatch::Prefix(prefix) => format!("{prefix}*"),
         PathMatch::Regex(regex) => regex.as_str().to_string(),
@@ -76,13 +74,13 @@ pub(super) fn finish(span: Option<Box<RequestSpan>>, ctx: &RequestCtx, route: &s
     span.finish(Finished {
         route,
         http_route,
-        outcome: ticket.outcome().label(),
-        limit_req: ticket.limit_req().overall.map_or("-", LimitStatus::as_str),
+        outcome: report.outcome.label(),
+        limit_req: report.limit_req.map_or("-", LimitStatus::as_str),
         zones,
-        decided_us: ticket.decided_us(),
+        decided_us: report.decided_us,
         store: crate::config::store_label(&rt.store),
-        delay: ticket.delay(),
-        client: ticket.client_ip(),
+        delay: report.delay,
+        client: report.client_ip,
         peer: ctx.peer,
         upstream_addrs: ctx.upstream.tried().to_vec(),
         upstream_time: ctx.upstream_time,

@@ -15,7 +15,7 @@ use super::parse::{Client, Record, Wanted};
 use crate::config::{OverrideMatch, Route, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{self, BadRequest, Ending, ExplainedZone, Groups, Head, Outcome, Refusal, Ruling, Ticket};
+use crate::engine::{self, BadRequest, Ending, Groups, Head, Outcome, Refusal, Ruling, Ticket, ZoneResult};
 use crate::keys::{KeyPart, KeySpec, TokenPolicy};
 use crate::limit::ManualClock;
 use crate::request::method::{MethodOverride, OVERRIDE_HEADERS};
@@ -34,7 +34,7 @@ pub struct Decision {
     /// How long the proxy would have held it (enforced zones).
     pub delay_us: u64,
     /// Each keyed limit_req zone, in the route's order.
-    pub zones: Vec<ExplainedZone>,
+    pub zones: Vec<ZoneResult>,
     /// `limit_conn`, estimated from the logged durations; empty when the log has none.
     pub conns: Vec<ConnDecision>,
 }
@@ -139,15 +139,16 @@ impl<'rt> Replayer<'rt> {
         self.clock.set_us(now_us);
         let stores = &self.fleet[self.next % self.fleet.len()];
         self.next = self.next.wrapping_add(1);
-        let mut ticket = Ticket::unobserved(rt, client_ip).explaining();
+        let mut ticket = Ticket::unobserved(rt, client_ip);
         let (forwarded, bad_cost) = match decided_at_once(ticket.rule(&head, stores)) {
             Ruling::Refuse(answer) => {
                 (false, matches!(answer.refusal, Refusal::BadRequest { error, .. } if error == BadRequest::Cost.code()))
             }
             Ruling::Forward { .. } => (true, false),
         };
-        let mut decision = Decision::before_limits(ticket.route_index(), ticket.outcome(), bad_cost);
-        let Some(route_index) = ticket.route_index().filter(|_| decision.limited()) else { return decision };
+        let ruled = ticket.report();
+        let mut decision = Decision::before_limits(ruled.route, ruled.outcome, bad_cost);
+        let Some(route_index) = ruled.route.filter(|_| decision.limited()) else { return decision };
         let route = &rt.routes[route_index];
         // Zones charged after the response are charged at once with the logged response status
         // and headers (the proxy charges them when the response arrives: the same order for one
@@ -164,11 +165,11 @@ impl<'rt> Replayer<'rt> {
         // answer could have cost when the client left before it was complete.
         let ending = if rec.client_left { Ending::ClientLeft } else { Ending::Over };
         decided_at_once(ticket.finish(ending, rec.body_bytes, stores));
-        decision.outcome = ticket.outcome();
-
-        decision.status = ticket.limit_req().overall;
-        decision.delay_us = ticket.delay().as_micros() as u64;
-        decision.zones = ticket.explained().to_vec();
+        let report = ticket.report();
+        decision.outcome = report.outcome;
+        decision.status = report.limit_req;
+        decision.delay_us = report.delay.as_micros() as u64;
+        decision.zones = report.zones.to_vec();
         // In the route's order, as the zones are listed (the groups put enforced ones first).
         decision.zones.sort_by_key(|z| z.reference);
         // limit_conn after limit_req, like the proxy: only when the log says how long requests

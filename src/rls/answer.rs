@@ -2,9 +2,8 @@
 //! descriptor, and the rate-limit fields for Envoy to add to its response.
 //!
 //! Nothing is decided here: each descriptor's code, remaining count and reset time are read from
-//! the engine's verdict of its zone (`Enforcement::enforced`, in the order of the plan's enforced
-//! zones) through the engine's own `headers::zone_remaining`, and the response fields are the ones
-//! the engine wrote for the domain's `rate_limit_headers`.
+//! the engine's result of its zone (`Report::zones`, in the order of the plan's zones), and the
+//! response fields are the ones the engine wrote for the domain's `rate_limit_headers`.
 
 use std::time::Duration;
 
@@ -13,8 +12,7 @@ use super::proto::rate_limit_response::rate_limit::Unit;
 use super::proto::rate_limit_response::{Code, RateLimit};
 use super::proto::{DescriptorStatus, HeaderValue, RateLimitResponse};
 use crate::config::FailurePolicy;
-use crate::engine::zone_remaining;
-use crate::engine::{Action, Enforcement};
+use crate::engine::Report;
 use crate::limit::LimitReq;
 use crate::store::KeyedZone;
 
@@ -25,6 +23,16 @@ pub const DELAY_HEADER: &str = "x-weir-delay-ms";
 /// `limit_remaining` of an `unlimited` descriptor: envoyproxy/ratelimit's MaxUint32.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 
+/// How the decision that counts answered the call as a whole.
+pub struct Call {
+    pub over_limit: bool,
+    /// The rate-limit fields the engine wrote for the domain's `rate_limit_headers`
+    /// (`Retry-After` included when over the limit).
+    pub fields: Vec<(&'static str, String)>,
+    /// A `delay` verdict's wait (Envoy cannot hold a request: it is told to the upstream).
+    pub delay: Duration,
+}
+
 /// One zone's code and its `RateLimit` numbers (`r`, `t` in seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneAnswer {
@@ -32,36 +40,32 @@ pub struct ZoneAnswer {
     pub counts: Option<(u64, u64)>,
 }
 
-/// Each of the plan's zones as the enforcement decided it (in the order of `plan.keyed`).
-pub fn zone_answers(plan: &Plan<'_>, enforcement: &Enforcement<'_>) -> Vec<ZoneAnswer> {
-    let rejected = matches!(enforcement.action, Action::Reject { .. });
-    let denied_by_policy = rejected && enforcement.fallback == Some(FailurePolicy::Deny);
-    let enforced = plan.keyed.iter().take_while(|z| !z.dry_run).count();
-    let verdict = enforcement.enforced.as_ref();
-    plan.keyed
+/// Each zone of the engine's `report` as answered (in the order of the zones decided), the call
+/// refused (`over_limit`) or not.
+pub fn zone_answers(report: &Report<'_>, over_limit: bool) -> Vec<ZoneAnswer> {
+    let denied_by_policy = over_limit && report.fallback == Some(FailurePolicy::Deny);
+    report
+        .zones
         .iter()
-        .enumerate()
-        .map(|(i, z)| {
-            // Dry-run zones (after the enforced ones) never refuse and report no counts.
-            let outcome = verdict.filter(|_| i < enforced).and_then(|v| v.zones.get(i).map(|out| (v, out)));
-            let counts = outcome.map(|(v, out)| zone_remaining(z, v.admitted, out));
-            let code = match outcome {
+        .map(|z| {
+            let code = match z.counts {
+                // Dry-run zones never refuse and report no counts.
                 _ if z.dry_run => Code::Ok,
                 // `on_error = "deny"`: no zone was decided, every one answers OVER_LIMIT.
                 None if denied_by_policy => Code::OverLimit,
                 // Its own zone refused: a zone that another one rejected was not charged.
-                Some((_, out)) if !out.admitted => Code::OverLimit,
+                _ if z.refused() => Code::OverLimit,
                 _ => Code::Ok,
             };
+            let counts = z.counts.filter(|_| !z.dry_run).map(|c| (c.remaining, c.reset_secs));
             ZoneAnswer { code, counts }
         })
         .collect()
 }
 
 /// The response to one request, from its plan, its zones' answers (`zone_answers`, or the
-/// soft-limit decision's) and the enforcement that decided the call.
-pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], enforcement: &Enforcement<'_>) -> RateLimitResponse {
-    let rejected = matches!(enforcement.action, Action::Reject { .. });
+/// soft-limit decision's) and how the decision that counts answered the call.
+pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], call: &Call) -> RateLimitResponse {
     let statuses = plan
         .slots
         .iter()
@@ -102,17 +106,13 @@ pub fn respond(plan: &Plan<'_>, zones: &[ZoneAnswer], enforcement: &Enforcement<
         .collect();
 
     // The fields the engine wrote for the domain's `rate_limit_headers`, `Retry-After` included.
-    let fields = match &enforcement.action {
-        Action::Reject(answer) => &answer.headers,
-        _ => &enforcement.headers,
-    };
-    let response_headers = fields.iter().map(|(name, value)| header(name, value)).collect();
+    let response_headers = call.fields.iter().map(|(name, value)| header(name, value)).collect();
     let mut request_headers = Vec::new();
-    if let Action::Delay(wait) = enforcement.action {
-        request_headers.push(header(DELAY_HEADER, &delay_ms(wait).to_string()));
+    if !call.delay.is_zero() {
+        request_headers.push(header(DELAY_HEADER, &delay_ms(call.delay).to_string()));
     }
     RateLimitResponse {
-        overall_code: if rejected { Code::OverLimit } else { Code::Ok }.into(),
+        overall_code: if call.over_limit { Code::OverLimit } else { Code::Ok }.into(),
         statuses,
         response_headers_to_add: response_headers,
         request_headers_to_add: request_headers,

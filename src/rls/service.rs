@@ -16,7 +16,7 @@ use super::{answer, decide};
 use crate::config::{FailurePolicy, Runtime};
 use crate::engine::LimitStatus;
 use crate::engine::Stores;
-use crate::engine::{Ending, Outcome, Ticket};
+use crate::engine::{Ending, Outcome, Report, Ticket};
 use crate::logging::{self, line};
 use crate::metrics::METRICS;
 
@@ -69,10 +69,10 @@ impl RateLimitService for RlsService {
         let response = match domain {
             Some(domain) if !plan.keyed.is_empty() => {
                 let decided = decide::decide(&mut ticket, &domain.route, plan, &self.stores).await;
-                let (plan, enforcement) = (decided.plan, decided.enforcement);
-                let response = answer::respond(&plan, &decided.zones, &enforcement);
-                access_log(&req, &plan, Some(&ticket), &response, &rt, started);
-                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &ticket), code(&response));
+                let response = answer::respond(&decided.plan, &decided.zones, &decided.call);
+                let report = ticket.report();
+                access_log(&req, &decided.plan, Some(&report), &response, &rt, started);
+                finish(trace_parent, started, domain_label, &req, zone_words(&rt, &report), code(&response));
                 response
             }
             _ => {
@@ -111,15 +111,15 @@ fn code(response: &RateLimitResponse) -> &'static str {
 }
 
 /// `zone=STATUS` of each zone decided (the access log's `zones`).
-fn zone_words(rt: &Runtime, ticket: &Ticket) -> Vec<String> {
-    ticket.limit_req().zones.iter().map(|&(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
+fn zone_words(rt: &Runtime, report: &Report<'_>) -> Vec<String> {
+    report.zone_words().map(|(z, s)| format!("{}={}", rt.zones[z].name, s.as_str())).collect()
 }
 
 /// One JSON (or text) line per decision, beside the proxy's request lines.
 fn access_log(
     req: &RateLimitRequest,
     plan: &Plan<'_>,
-    ticket: Option<&Ticket>,
+    report: Option<&Report<'_>>,
     response: &RateLimitResponse,
     rt: &Runtime,
     started: Instant,
@@ -128,11 +128,11 @@ fn access_log(
         return;
     }
     let code = if response.overall_code == i32::from(Code::OverLimit) { "OVER_LIMIT" } else { "OK" };
-    let limit_req = ticket.and_then(|t| t.limit_req().overall).map_or("-", LimitStatus::as_str);
-    let zones = ticket.map(|t| zone_words(rt, t)).unwrap_or_default();
+    let limit_req = report.and_then(|r| r.limit_req).map_or("-", LimitStatus::as_str);
+    let zones = report.map(|r| zone_words(rt, r)).unwrap_or_default();
     let zones = if zones.is_empty() { "-".to_string() } else { zones.join(",") };
-    let fallback = ticket.and_then(Ticket::fallback).map_or("-", FailurePolicy::as_str);
-    let decided_us = ticket.and_then(Ticket::decided_us);
+    let fallback = report.and_then(|r| r.fallback).map_or("-", FailurePolicy::as_str);
+    let decided_us = report.and_then(|r| r.decided_us);
     let took_us = started.elapsed().as_micros() as u64;
     // The domain is the caller's: escaped and cut in every format.
     let domain = logging::caller::caller_text(&req.domain);

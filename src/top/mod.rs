@@ -212,7 +212,7 @@ mod engine_observer_tests {
 
     use super::Tracker;
     use crate::engine::Groups;
-    use crate::engine::{enforce, Action, Stores};
+    use crate::engine::{Ruling, Stores, Ticket};
     use crate::store::decided_at_once;
     use crate::store::{KeyedZone, MemoryStore};
 
@@ -237,8 +237,9 @@ mod engine_observer_tests {
                 .collect()
         };
         let pass_then_reject = |stores: &Stores| {
-            assert!(matches!(decided_at_once(enforce(&rt, route, &keyed, stores)).action, Action::Forward));
-            assert!(matches!(decided_at_once(enforce(&rt, route, &keyed, stores)).action, Action::Reject { .. }));
+            let mut ticket = Ticket::unobserved(&rt, None);
+            assert!(matches!(decided_at_once(ticket.rule_zones(route, &keyed, stores)), Ruling::Forward { .. }));
+            assert!(matches!(decided_at_once(ticket.rule_zones(route, &keyed, stores)), Ruling::Refuse(_)));
         };
         // Replay's stores have no observer: deciding there leaves the serving process's view alone.
         pass_then_reject(&Stores::new(store(), MemoryStore::new(clock.clone())));

@@ -106,7 +106,7 @@ async fn rule<'t>(ticket: &'t mut Ticket, stores: &Stores, path: &str, api_key: 
         target: path.as_bytes(),
         authority: None,
         headers: &headers,
-        client_ip: ticket.client_ip(),
+        client_ip: ticket.report().client_ip,
         route: None,
         unix_secs: None,
     };
@@ -184,7 +184,7 @@ async fn a_client_gone_during_the_delay_takes_nothing_further() {
     assert!(t.hold(&w.conns).await.is_ok(), "nothing to hold");
     assert_eq!(w.held("192.0.2.1").await, 0);
     t.finish(Ending::ClientLeft, 0, &w.stores).await;
-    assert_eq!(t.outcome(), Outcome::ClientGone);
+    assert_eq!(t.report().outcome, Outcome::ClientGone);
 }
 
 #[tokio::test]
@@ -230,7 +230,7 @@ async fn a_charge_decided_by_the_response_is_made_once_whatever_the_client_does(
     t.finish(Ending::ClientLeft, 0, &w.stores).await;
     t.finish(Ending::ClientLeft, 0, &w.stores).await;
     assert_eq!(counted(&w).await, 1.0);
-    assert!(t.client_left_owing());
+    assert!(t.report().client_left_owing);
     // 1r/h, burst 0: the next login is refused at once.
     let mut t = w.ticket("192.0.2.7");
     assert!(delay_of(&rule(&mut t, &w.stores, "/login", "k").await).is_none());
@@ -274,10 +274,10 @@ async fn a_failing_store_leaves_the_decision_to_the_routes_policy() {
             assert_eq!(answer.refusal, Refusal::LimiterUnavailable { route: "api", own_body: None }, "{policy}");
             assert!(answer.headers.contains(&("Retry-After", "1".to_string())), "{policy}");
         }
-        assert_eq!((delay_of(&ruling), t.outcome()), want, "{policy}");
-        let fallback = t.fallback().map(FailurePolicy::as_str);
+        assert_eq!((delay_of(&ruling), t.report().outcome), want, "{policy}");
+        let fallback = t.report().fallback.map(FailurePolicy::as_str);
         assert_eq!(fallback, Some(policy));
-        assert_eq!(*w.recorder.fell_back.lock().unwrap(), [t.fallback().expect("set")], "{policy}");
+        assert_eq!(*w.recorder.fell_back.lock().unwrap(), [t.report().fallback.expect("set")], "{policy}");
     }
 }
 
