@@ -16,7 +16,8 @@
 # remote_address; 1000 per 1 s window against Weir's 1000r/s, burst 1000). Then fleet accuracy:
 # one key, 100 per 60 s window, one and two instances on one Redis, how many calls were admitted.
 #
-# Then latency at a fixed rate (open loop, RLS_RATE calls/s, each call a task of its own so a
+# Then leased budgets against exact Redis decisions (issue 47: Redis script calls per call and per
+# admitted call, below and above the limit), and latency at a fixed rate (open loop, RLS_RATE calls/s, each call a task of its own so a
 # stalled answer never holds back the next calls), per store: p50, p90, p99, p99.9 and max against
 # issue 40's targets (p99 <= 1 ms, p99.9 <= 3 ms, max <= 10 ms at 5,000 calls/s), and how late the
 # generator started its calls (p99; tokio's timer ticks every millisecond), and how long the machine
@@ -267,6 +268,66 @@ PY
 done
 rt=()
 chrt -a -o -p 0 "$redis_pid" >/dev/null 2>&1 || true
+
+# Leased budgets (issue 47, docs/leases.md) through this front door: Envoy's calls for a leased
+# zone are answered from this instance's lease, without a Redis call while it holds tokens. The
+# same open-loop rate over few keys (each key seen at least `tokens` times per lifetime), exact
+# Redis against leased Redis, a flushed Redis per row; Redis script calls from INFO commandstats.
+lease_rate=${RLS_LEASE_RATE:-4000}
+script_calls() {
+  redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {printf "%d", n}'
+}
+lease_row() {  # $1: exact | leased, $2: below | above → the row's cells after the first three
+  local mode=$1 schedule=$2 keys zone descriptor
+  if [ "$schedule" = below ]; then
+    keys=50 zone='rate = "1000r/s"' descriptor='burst = 1000
+nodelay = true'
+  else
+    keys=20 zone='rate = "20r/s"' descriptor='burst = 100
+nodelay = true'
+  fi
+  if [ "$mode" = leased ]; then zone="$zone
+lease = { tokens = 100, lifetime = \"2s\" }"; fi
+  redis-cli -p "$redis_port" flushall >/dev/null
+  port=$(free_port)
+  config "$(store_section redis)" "$port" "$zone" "$descriptor" >"$tmp/lease-$mode-$schedule.toml"
+  taskset -c "$sut_cpu" "$weir" -c "$tmp/lease-$mode-$schedule.toml" 2>"$tmp/lease-$mode-$schedule.log" &
+  pid=$!
+  pids+=("$pid")
+  wait_port "$port"
+  taskset -c "$load_cpu" "$load" "127.0.0.1:$port" 1 "$connections" --rate "$lease_rate" "$keys" >/dev/null   # warm-up
+  local before redis_before calls_before
+  before=$(cpu_ticks "$pid") redis_before=$(redis_cpu) calls_before=$(script_calls)
+  local result; result=$(taskset -c "$load_cpu" "$load" "127.0.0.1:$port" "$duration" "$connections" --rate "$lease_rate" "$keys")
+  local after redis_after calls_after
+  after=$(cpu_ticks "$pid") redis_after=$(redis_cpu) calls_after=$(script_calls)
+  stop "$pid"
+  python3 - "$result" "$before" "$after" "$tck" "$redis_before" "$redis_after" "$calls_before" "$calls_after" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1]); cpu_s = (int(sys.argv[3]) - int(sys.argv[2])) / int(sys.argv[4])
+redis_s = float(sys.argv[6]) - float(sys.argv[5]); script = int(sys.argv[8]) - int(sys.argv[7])
+if r["errors"] or not r["calls"]:
+    sys.exit(f"rls bench: {r['errors']} errors of {r['calls']} calls")
+n, ok = r["calls"], max(r["ok"], 1)
+print(f"{n} | {r['ok']} | {r['over_limit']} | {script} | {script / ok:.4f} | {script / n:.4f} | {redis_s * 1e6 / ok:.2f} | {cpu_s * 1e6 / n:.1f} | {r['p50_us']} / {r['p99_us']}")
+PY
+}
+{
+  echo
+  echo "## Leased budgets (issue 47)"
+  echo
+  echo "Open loop at $lease_rate calls/s over $connections connections, ${duration}s per row after 1 s of warm-up, a flushed Redis per row. below: 50 keys (80 calls/s each), 1000r/s burst 1000; above: 20 keys (200 calls/s each), 20r/s burst 100. Leased: \`lease = { tokens = 100, lifetime = \"2s\" }\`. Script calls: EVALSHA + EVAL (INFO commandstats) over the measured run."
+  echo
+  echo "| schedule | mode | rep | calls | OK | over limit | script calls | per OK call | per call | µs Redis CPU per OK call | µs server CPU per call | p50 / p99 µs |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+} >>"$out"
+for schedule in below above; do
+  for rep in $(seq "$reps"); do
+    for mode in exact leased; do
+      echo "| $schedule | $mode | $rep | $(lease_row "$mode" "$schedule") |" | tee -a "$out" >&2
+    done
+  done
+done
 
 # Fleet accuracy: one key (KEYS = 1), 100 calls per 60 s window, a fresh Redis database per trial,
 # 1 s of closed-loop load on each instance at once; every admitted call counted.
