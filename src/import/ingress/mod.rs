@@ -225,7 +225,19 @@ pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, S
                 .ok_or_else(|| format!("{cm_where}: {key} {s:?}: not a status 400-599")),
         }
     };
-    let default_kb = |key: &str| cm.get(key).and_then(|v| v.trim().parse::<u64>().ok());
+    // A ConfigMap value that is not a number is refused with its place, as an annotation's is:
+    // imported silently as "no limit", it would drop the operator's bandwidth cap unseen.
+    let kb = |key: &str| -> Result<Option<u64>, String> {
+        match cm.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{cm_where}: {key} {v:?}: not a whole number of kilobytes per second")),
+        }
+    };
+    let (cm_rate, cm_rate_after) = (kb("limit-rate")?, kb("limit-rate-after")?);
     let req_status = status("limit-req-status-code")?;
     let conn_status = status("limit-conn-status-code")?;
     let mut toml = String::new();
@@ -386,11 +398,11 @@ pub fn import(inputs: &[(String, String)], opts: &Options) -> Result<Imported, S
         }
         // Without the annotation, ingress-nginx takes the ConfigMap's value (the default
         // backend's LimitRate / LimitRateAfter) for every location.
-        let rate = l.rate.or(default_kb("limit-rate"));
+        let rate = l.rate.or(cm_rate);
         if let Some(rate) = rate.filter(|r| *r > 0) {
             let from = if l.rate.is_some() { "" } else { "   # limit-rate of the ConfigMap" };
             let _ = writeln!(toml, "limit_rate = \"{rate}k\"{from}");
-            if let Some(after) = l.rate_after.or(default_kb("limit-rate-after")).filter(|a| *a > 0) {
+            if let Some(after) = l.rate_after.or(cm_rate_after).filter(|a| *a > 0) {
                 let _ = writeln!(toml, "limit_rate_after = \"{after}k\"");
             }
         }
@@ -593,6 +605,20 @@ mod tests {
             "{}",
             kept.toml
         );
+    }
+
+    #[test]
+    fn a_configmap_limit_rate_that_is_not_a_number_is_refused_with_its_place() {
+        for (key, value) in [("limit-rate", "90k"), ("limit-rate-after", "lots"), ("limit-rate", "-1")] {
+            let bad = MANIFESTS.replace("  use-forwarded-headers: \"true\"\n", &format!("  {key}: \"{value}\"\n"));
+            let o = Options {
+                upstream: Some("127.0.0.1:9000".into()),
+                listen: "127.0.0.1:8080".into(),
+                ..Options::default()
+            };
+            let err = import(&[("m.yaml".into(), bad)], &o).err().unwrap_or_else(|| panic!("{key}: {value} imported"));
+            assert!(err.contains(key) && err.contains(value) && err.contains("m.yaml"), "{err}");
+        }
     }
 
     #[test]
