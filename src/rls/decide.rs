@@ -61,7 +61,7 @@ fn call(ticket: &mut Ticket, ruling: Ruling<'_>) -> Call {
 /// The soft limits that refused a call refused only by soft limits, when some soft limit of the
 /// call admitted it; `None` when the first decision stands.
 fn soft_limits_over(plan: &Plan<'_>, ruling: &Ruling<'_>, report: &Report<'_>) -> Option<Vec<usize>> {
-    if !matches!(ruling, Ruling::Refuse(_)) || report.fallback.is_some() {
+    if !refused(ruling) || report.fallback.is_some() {
         return None;
     }
     let enforced = report.zones.iter().enumerate().filter(|(_, z)| !z.dry_run);
