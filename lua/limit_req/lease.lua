@@ -14,7 +14,8 @@
 -- ARGV[5..10] the zone's six values, as in the decision layout (prelude.lua); its cost is the
 --          least grant the instance takes (grant) or the unused tokens it gives back (give)
 -- grant:   ARGV[11] tokens wanted, ARGV[12] lifetime_us. Reply: tokens granted (0: refused),
---          retry_us (refused: when the least grant fits again; -1 never, or granted),
+--          retry_us (when the least grant fits again: refused, or granted and the key left
+--          unable to cover it; -1 never, or it can),
 --          window_start_us and window_left_us (fixed windows; -1 otherwise), now_us.
 -- give:    ARGV[11] window_start_us of the lease ("" none). Reply: { 1 }.
 
@@ -93,6 +94,16 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
     return { 0, refused.retry_us, window_start, window_left, now }
   end
   lease_store(key, p.evaluate(key, with_cost(p, tokens)))
+  -- As the model: a grant that leaves the key unable to cover the least grant says when it can.
+  local first = least
+  if first < 1 then
+    first = 1
+  end
+  local after = p.evaluate(key, with_cost(p, first))
+  local retry_us = -1
+  if not after.admitted then
+    retry_us = after.retry_us
+  end
   local life = lifetime_us
   if window_left >= 0 and window_left < life then
     life = window_left
@@ -103,7 +114,7 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
     latest = ends
   end
   redis.call('PEXPIRE', hkey, int(math.ceil((latest - now) / 1000) + 1))
-  return { tokens, -1, window_start, window_left, now }
+  return { tokens, retry_us, window_start, window_left, now }
 end
 
 -- lease::give_back: the state drained (or refilled) to now by a request of cost 0, then credited;

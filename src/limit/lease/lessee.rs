@@ -150,7 +150,8 @@ impl Lessee {
     /// After a local admission: renew early when the key is busy and its tokens run low (under a
     /// quarter of the lease size) or end within a quarter of the lifetime.
     fn renewal(&mut self, spec: &LeaseSpec, now_us: u64) -> Option<u64> {
-        if self.in_flight || self.leases.len() >= 2 {
+        // Known empty: a renewal now would only be refused.
+        if self.in_flight || self.leases.len() >= 2 || now_us < self.empty_until_us {
             return None;
         }
         let size = self.demand.lease_size().clamp(1, spec.tokens);
@@ -187,7 +188,8 @@ impl Lessee {
         }
         let window_start_us = grant.window_start_us;
         self.leases.push(Held { tokens: grant.tokens, ends_us, window_start_us });
-        self.empty_until_us = 0;
+        // A grant that emptied the key: spend it, then refuse locally until the store said.
+        self.empty_until_us = grant.retry_after_us.map_or(0, |retry| sent_us + retry);
         Answered::Granted
     }
 
@@ -338,6 +340,23 @@ mod tests {
         );
         assert_eq!(l.decide(&SPEC, 500, 1), LocalDecision::Refuse { retry_at_us: 100_000 });
         assert!(matches!(l.decide(&SPEC, 100_000, 1), LocalDecision::Ask { .. }));
+    }
+
+    #[test]
+    fn a_grant_that_empties_the_key_is_spent_then_refuses_without_asking() {
+        let mut l = Lessee::default();
+        assert!(matches!(l.decide(&SPEC, 0, 1), LocalDecision::Ask { .. }));
+        let last = Grant { tokens: 2, retry_after_us: Some(100_000), window_start_us: None, window_left_us: None };
+        l.answered(&SPEC, 0, 300, &last);
+        // The two tokens are spent, with no early renewal (the store said it has nothing).
+        assert_eq!(l.decide(&SPEC, 400, 1), LocalDecision::Admit { renew: None });
+        assert_eq!(l.decide(&SPEC, 500, 1), LocalDecision::Admit { renew: None });
+        // Then refused locally until the store's time, counted from the send.
+        assert_eq!(l.decide(&SPEC, 600, 1), LocalDecision::Refuse { retry_at_us: 100_000 });
+        assert!(matches!(l.decide(&SPEC, 100_000, 1), LocalDecision::Ask { .. }));
+        // A grant that leaves room clears it.
+        l.answered(&SPEC, 100_000, 100_100, &granted(1));
+        assert_eq!(l.empty_until_us(100_100), None);
     }
 
     #[test]

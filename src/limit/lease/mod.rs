@@ -75,8 +75,8 @@ pub struct Ledger {
 pub struct Grant {
     /// Tokens granted; 0: refused (the key's budget cannot cover the smallest grant asked for).
     pub tokens: u64,
-    /// Refused: when the smallest grant would fit again, from now (None: never, its cost exceeds
-    /// what the key can ever hold).
+    /// When the smallest grant fits again, from now: refused (None: never, its cost exceeds what
+    /// the key can ever hold), or granted and the key left unable to cover it (None: it can).
     pub retry_after_us: Option<u64>,
     /// Fixed windows: the window the tokens belong to (on the store's clock), for giving them back.
     pub window_start_us: Option<u64>,
@@ -127,9 +127,13 @@ pub fn grant(
     }
     let debit = evaluate(limit, ledger.state.as_ref(), now_us, tokens);
     debug_assert!(debit.admitted, "a grant within the room is always admitted");
+    // A grant that leaves the key unable to cover the least grant says when it can again: the
+    // holder spends what it got, then refuses locally until then instead of asking an empty store.
+    let after = evaluate(limit, Some(&debit.next), now_us, min.max(1));
+    let retry_after_us = if after.admitted { None } else { after.retry_after_us };
     let lease_end = now_us + window_left_us.map_or(lifetime_us, |left| left.min(lifetime_us));
     holders.push(Holder { instance, expires_us: lease_end });
-    let grant = Grant { tokens, retry_after_us: None, window_start_us, window_left_us };
+    let grant = Grant { tokens, retry_after_us, window_start_us, window_left_us };
     (grant, Ledger { state: Some(debit.next), holders })
 }
 
@@ -228,7 +232,10 @@ mod tests {
         assert_eq!(d.tokens, 1);
         let (e, ledger) = grant(&l, &ledger, T0, 5, 1, 4, SEC);
         assert_eq!(e.tokens, 1);
-        // Empty: refused, with when one token is back.
+        // The last token went with e's grant, and e's grant said so: when one token is back.
+        assert_eq!((c.retry_after_us, d.retry_after_us), (None, None), "room was left");
+        assert_eq!(e.retry_after_us, Some(SEC / 10));
+        // Empty: refused, with the same time.
         let (f, _) = grant(&l, &ledger, T0, 6, 1, 4, SEC);
         assert_eq!(f.tokens, 0);
         assert_eq!(f.retry_after_us, Some(SEC / 10));
