@@ -49,9 +49,11 @@ const MAX_KEYS: usize = 100_000;
 const PAUSE_AFTER_FAILURE_US: u64 = 250_000;
 /// How often the keeper looks for cold keys, ended leases and a reload.
 const SWEEP_EVERY: Duration = Duration::from_millis(20);
-/// Rounds of ask-and-decide one request goes through at most (a grant spent by others first, a
-/// dead grant) before it is answered by the failure policy.
-const MAX_ROUNDS: usize = 4;
+/// Asks one request makes at most (each granted, then spent by the key's other requests first, or
+/// dead on arrival) before it is refused. Waiting for another request's ask is not counted: under
+/// contention a request may wait through many answers, and only a store that does not answer
+/// (no answer within a lifetime) is a failure for the zone's `on_error` to answer.
+const MAX_ASKS: usize = 4;
 
 /// One leased key.
 struct Entry {
@@ -352,7 +354,8 @@ impl Shared {
         spec: LeaseSpec,
         entry: &Arc<Entry>,
     ) -> Result<Taken, StoreError> {
-        for _ in 0..MAX_ROUNDS {
+        let mut asks = 0;
+        loop {
             let now = self.clock.now_us();
             let (decision, waiting, spent, held, ends_us) = {
                 let mut st = entry.lock();
@@ -381,17 +384,25 @@ impl Shared {
                 LocalDecision::Wait => {
                     if let Some(mut rx) = waiting {
                         let most = Duration::from_micros(spec.lifetime_us);
-                        let _ = tokio::time::timeout(most, rx.changed()).await;
+                        if tokio::time::timeout(most, rx.changed()).await.is_err() {
+                            return Err(StoreError::Timeout(most));
+                        }
                     }
                 }
                 LocalDecision::Ask { min, want } => {
                     if let Some(retry_us) = self.ask(entry, zone, spec, min, want, now).await? {
                         return Ok(Taken::Refused { retry_us });
                     }
+                    asks += 1;
+                    if asks >= MAX_ASKS {
+                        // Every grant went to the key's other requests here first: the budget
+                        // is being spent as fast as it comes, so this one is refused (never
+                        // admitted outside a lease: that would pass the bound).
+                        return Ok(Taken::Refused { retry_us: Some(0) });
+                    }
                 }
             }
         }
-        Err(StoreError::Reply(format!("zone {:?}: no lease after {MAX_ROUNDS} asks", zone.zone)))
     }
 
     /// Asks the ledger for a lease (the lessee has marked the ask in flight). `Ok(None)`: tokens
