@@ -121,6 +121,7 @@ bench_zone='rate = "1000r/s"' bench_descriptor='burst = 1000
 nodelay = true'
 fleet_zone='algorithm = "fixed_window"
 rate = "100r/m"'
+fleet_lease='lease = { tokens = 10, lifetime = "2s" }'
 
 # Limitador's limits: the same descriptor, one counter per remote_address.
 limits() {  # $1: max_value, $2: seconds
@@ -153,7 +154,10 @@ start() {
   if [ "$server" = weir ]; then
     local zone=$bench_zone descriptor=$bench_descriptor
     if [ "$kind" = fleet ]; then zone=$fleet_zone descriptor=""; fi
-    config "$(store_section "$store")" "$port" "$zone" "$descriptor" >"$tmp/$name.toml"
+    local section=$store
+    if [ "$store" = leased ]; then section=redis zone="$zone
+$fleet_lease"; fi
+    config "$(store_section "$section")" "$port" "$zone" "$descriptor" >"$tmp/$name.toml"
     "${rt[@]}" taskset -c "$sut_cpu" "$weir" -c "$tmp/$name.toml" 2>"$tmp/$name.log" &
   else
     local storage=(memory)
@@ -274,10 +278,21 @@ chrt -a -o -p 0 "$redis_pid" >/dev/null 2>&1 || true
 # same open-loop rate over few keys (each key seen at least `tokens` times per lifetime), exact
 # Redis against leased Redis, a flushed Redis per row; Redis script calls from INFO commandstats.
 lease_rate=${RLS_LEASE_RATE:-4000}
-script_calls() {
-  redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {printf "%d", n}'
+script_calls() {  # "EVALSHA+EVAL calls, all commands" (INFO commandstats)
+  redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} /^cmdstat_/ && !/^cmdstat_(info|flushall)/ {a += $3} END {printf "%d,%d", n, a}'
 }
-lease_row() {  # $1: exact | leased, $2: below | above → the row's cells after the first three
+limits 1000 1 >"$tmp/limits-lbelow.yaml"
+limits 20 1 >"$tmp/limits-labove.yaml"
+lease_bound() {  # $1: below | above → the line weir check prints for that leased zone
+  local z='rate = "1000r/s"' d='burst = 1000
+nodelay = true'
+  if [ "$1" = above ]; then z='rate = "20r/s"' d='burst = 100
+nodelay = true'; fi
+  config "$(store_section redis)" "$(free_port)" "$z
+lease = { tokens = 100, lifetime = \"2s\" }" "$d" >"$tmp/lease-bound.toml"
+  "$weir" check -c "$tmp/lease-bound.toml" --instances 1 2>&1 | grep -i '^ *lease' | head -1 | sed 's/^ *//'
+}
+lease_row() {  # $1: exact | leased | limitador-redis | limitador-redis_cached, $2: below | above
   local mode=$1 schedule=$2 keys zone descriptor
   if [ "$schedule" = below ]; then
     keys=50 zone='rate = "1000r/s"' descriptor='burst = 1000
@@ -289,9 +304,15 @@ nodelay = true'
   if [ "$mode" = leased ]; then zone="$zone
 lease = { tokens = 100, lifetime = \"2s\" }"; fi
   redis-cli -p "$redis_port" flushall >/dev/null
+  redis-cli -p "$redis_port" config resetstat >/dev/null
   port=$(free_port)
-  config "$(store_section redis)" "$port" "$zone" "$descriptor" >"$tmp/lease-$mode-$schedule.toml"
-  taskset -c "$sut_cpu" "$weir" -c "$tmp/lease-$mode-$schedule.toml" 2>"$tmp/lease-$mode-$schedule.log" &
+  if [ "${mode#limitador-}" != "$mode" ]; then
+    taskset -c "$sut_cpu" "$limitador" --rls-ip 127.0.0.1 --rls-port "$port" --http-ip 127.0.0.1 \
+      --http-port "$(free_port)" "$tmp/limits-l$schedule.yaml" "${mode#limitador-}" "$redis_url" >"$tmp/lease-$mode-$schedule.log" 2>&1 &
+  else
+    config "$(store_section redis)" "$port" "$zone" "$descriptor" >"$tmp/lease-$mode-$schedule.toml"
+    taskset -c "$sut_cpu" "$weir" -c "$tmp/lease-$mode-$schedule.toml" 2>"$tmp/lease-$mode-$schedule.log" &
+  fi
   pid=$!
   pids+=("$pid")
   wait_port "$port"
@@ -305,11 +326,12 @@ lease = { tokens = 100, lifetime = \"2s\" }"; fi
   python3 - "$result" "$before" "$after" "$tck" "$redis_before" "$redis_after" "$calls_before" "$calls_after" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1]); cpu_s = (int(sys.argv[3]) - int(sys.argv[2])) / int(sys.argv[4])
-redis_s = float(sys.argv[6]) - float(sys.argv[5]); script = int(sys.argv[8]) - int(sys.argv[7])
+redis_s = float(sys.argv[6]) - float(sys.argv[5])
+(s0, a0), (s1, a1) = (map(int, a.split(",")) for a in sys.argv[7:9]); script, cmds = s1 - s0, a1 - a0
 if r["errors"] or not r["calls"]:
     sys.exit(f"rls bench: {r['errors']} errors of {r['calls']} calls")
 n, ok = r["calls"], max(r["ok"], 1)
-print(f"{n} | {r['ok']} | {r['over_limit']} | {script} | {script / ok:.4f} | {script / n:.4f} | {redis_s * 1e6 / ok:.2f} | {cpu_s * 1e6 / n:.1f} | {r['p50_us']} / {r['p99_us']}")
+print(f"{n} | {r['ok']} | {r['over_limit']} | {script} | {script / ok:.4f} | {script / n:.4f} | {cmds} | {cmds / ok:.4f} | {redis_s * 1e6 / ok:.2f} | {cpu_s * 1e6 / n:.1f} | {r['p50_us']} / {r['p99_us']}")
 PY
 }
 {
@@ -318,12 +340,17 @@ PY
   echo
   echo "Open loop at $lease_rate calls/s over $connections connections, ${duration}s per row after 1 s of warm-up, a flushed Redis per row. below: 50 keys (80 calls/s each), 1000r/s burst 1000; above: 20 keys (200 calls/s each), 20r/s burst 100. Leased: \`lease = { tokens = 100, lifetime = \"2s\" }\`. Script calls: EVALSHA + EVAL (INFO commandstats) over the measured run."
   echo
-  echo "| schedule | mode | rep | calls | OK | over limit | script calls | per OK call | per call | µs Redis CPU per OK call | µs server CPU per call | p50 / p99 µs |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "Bounds Weir states (\`weir check --instances 1\`): below: $(lease_bound below); above: $(lease_bound above)."
+  [ -n "$limitador" ] && echo "Limitador rows: its own storages on the same Redis and schedules, limits file 1000 per 1 s (below) and 20 per 1 s (above) per remote_address: a fixed window of that count, where Weir's zone is a token bucket (1000r/s burst 1000; 20r/s burst 100) — the algorithms differ, so their admitted counts differ above the limit. Limitador's scripts are counted in \"script calls\" too; \"Redis commands\": every command Redis executed (INFO commandstats, without INFO and FLUSHALL)."
+  echo
+  echo "| schedule | mode | rep | calls | OK | over limit | script calls | per OK call | per call | Redis commands | per OK call | µs Redis CPU per OK call | µs server CPU per call | p50 / p99 µs |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$out"
+lease_modes=(exact leased)
+if [ -n "$limitador" ]; then lease_modes+=(limitador-redis limitador-redis_cached); fi
 for schedule in below above; do
   for rep in $(seq "$reps"); do
-    for mode in exact leased; do
+    for mode in "${lease_modes[@]}"; do
       echo "| $schedule | $mode | $rep | $(lease_row "$mode" "$schedule") |" | tee -a "$out" >&2
     done
   done
@@ -358,17 +385,31 @@ fleet_trial() {  # $1: server, $2: store, $3: instances → calls admitted
   echo
   echo "One key, a limit of 100 per 60 s window, on one Redis; 1 s of load (2 connections × 8 calls in flight) on every instance at once, a fresh Redis database per trial. Calls admitted (exact: 100)."
   echo
-  echo "| server | store | instances | admitted per trial |"
-  echo "|---|---|---|---|"
+  echo "Weir leased: the same zone with \`$fleet_lease\`; its bound is what \`weir check -c FILE --instances N\` prints for the config (docs/leases.md: a leased fixed window admits at most its count per window)."
+  echo
+  echo "| server | store | instances | admitted per trial | bound |"
+  echo "|---|---|---|---|---|"
 } >>"$out"
-fleet_servers=("weir redis")
+fleet_bound() {  # $1: store, $2: instances → the bound Weir states for that config and fleet
+  if [ "$1" != leased ]; then echo "100 (exact)"; return; fi
+  local port; port=$(free_port)
+  config "$(store_section redis)" "$port" "$fleet_zone
+$fleet_lease" "" >"$tmp/fleet-bound.toml"
+  "$weir" check -c "$tmp/fleet-bound.toml" --instances "$2" 2>&1 | grep -i '^ *lease' | head -1 | sed 's/^ *//' | tr '|' '/'
+}
+fleet_servers=("weir redis" "weir leased")
 if [ -n "$limitador" ]; then fleet_servers+=("limitador redis" "limitador redis_cached"); fi
 for s in "${fleet_servers[@]}"; do
   read -r server store <<<"$s"
-  for instances in 1 2; do
+  counts="1 2"
+  if [ "$store" = leased ] || [ "$store" = redis_cached ]; then counts="1 2 4"; fi
+  for instances in $counts; do
     admitted=()
     for _ in $(seq "$reps"); do admitted+=("$(fleet_trial "$server" "$store" "$instances")"); done
-    echo "| $server | $store | $instances | ${admitted[*]} |" | tee -a "$out" >&2
+    bound="100 (exact)"
+    if [ "$server" = weir ]; then bound=$(fleet_bound "$store" "$instances"); fi
+    if [ "$server" = limitador ]; then bound="100 (Limitador states none)"; fi
+    echo "| $server | $store | $instances | ${admitted[*]} | $bound |" | tee -a "$out" >&2
   done
 done
 echo "bench: wrote $out" >&2
