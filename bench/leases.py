@@ -86,7 +86,9 @@ def load(args: list[str]) -> None:
     while answered + errors < total:
         now = time.monotonic()
         while sent < total and idle and start + sent / rate <= now:
-            c = idle.pop()
+            # The longest idle first: every connection stays in use (a stack would leave most
+            # idle past the proxy's keepalive_timeout).
+            c = idle.pop(0)
             due = start + sent / rate
             try:
                 c.sock.sendall(requests[(offset + sent) % keys])
@@ -108,7 +110,16 @@ def load(args: list[str]) -> None:
             except BlockingIOError:
                 continue
             if not data:
-                sys.exit("leases_load: the proxy closed a connection")
+                if c.due is not None:
+                    sys.exit("leases_load: the proxy closed a connection with a request in flight")
+                # An idle keep-alive connection closed by the proxy's keepalive_timeout: a client
+                # opens another, as browsers and pools do.
+                sel.unregister(c.sock)
+                c.sock.close()
+                fresh = Conn(port)
+                sel.register(fresh.sock, selectors.EVENT_READ, fresh)
+                idle[idle.index(c)] = fresh
+                continue
             c.buf += data
             while c.due is not None:
                 parsed = parse_response(c.buf)
