@@ -312,6 +312,73 @@ nodelay = true
     assert!(asked >= 1 && asked * 10 <= calls, "{asked} Redis calls for {calls} ShouldRateLimit");
 }
 
+/// Many ShouldRateLimit calls in flight on one leased key: a call that waits through many answers
+/// of the key's asks is no store failure. (It was: after four answers the zone's `on_error` took
+/// it, and its `local` fallback admitted past the lease: 107-143 of a window's 100.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_on_one_leased_key_never_pass_its_window() {
+    use support::rls_client::{client, code, descriptor};
+    use weir::rls::proto::rate_limit_response::Code;
+    use weir::rls::proto::RateLimitRequest;
+
+    let redis = RedisServer::start();
+    let config = format!(
+        r#"{NO_ACCESS_LOG}
+
+{}
+
+[[limit_req_zone]]
+name = "per_client"
+algorithm = "fixed_window"
+rate = "100r/h"
+lease = {{ tokens = 10, lifetime = "2s" }}
+
+[rls]
+listen = ["$LISTEN"]
+
+[[rls.domain]]
+name = "edge"
+on_error = "local"
+
+[[rls.domain.descriptor]]
+key = "client"
+zone = "per_client"
+"#,
+        redis_store(&redis.url(), "timeout = \"1s\"")
+    );
+    let weir = Weir::start(&config);
+    let rls = client(weir.addr).await;
+    let hour = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 3600);
+    let first_hour = hour();
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let mut rls = rls.clone();
+        calls.spawn(async move {
+            let mut ok = 0;
+            for _ in 0..40 {
+                let req = RateLimitRequest {
+                    domain: "edge".into(),
+                    descriptors: vec![descriptor(&[("client", "c1")])],
+                    hits_addend: 0,
+                };
+                let answer = rls.should_rate_limit(req).await.expect("ShouldRateLimit").into_inner();
+                if code(&answer) == Code::Ok {
+                    ok += 1;
+                }
+            }
+            ok
+        });
+    }
+    let mut ok = 0;
+    while let Some(done) = calls.join_next().await {
+        ok += done.expect("the calls ran");
+    }
+    // The windows are the clock's hours: calls that straddled one may take two windows' worth.
+    let windows = hour() - first_hour + 1;
+    assert!(ok <= 100 * windows, "{ok} of 640 calls admitted in {windows} window(s) of 100");
+    assert!(ok >= 100, "{ok} of 640 calls admitted: the window's 100 were not all given");
+}
+
 /// The level of a leaky bucket's key in Redis (0 when absent).
 fn level(conn: &mut redis::Connection, key: &str) -> f64 {
     let raw: Option<String> = redis::cmd("GET").arg(key).query(conn).expect("GET");
