@@ -859,6 +859,11 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
   if want < least then
     want = least
   end
+  -- The least grant as a request: what a refusal, and a grant that empties the key, say fits when.
+  local first = least
+  if first < 1 then
+    first = 1
+  end
   local others, latest = live_holders(hkey, holder)
   local probe = p.evaluate(key, with_cost(p, 1))
   local room = 0
@@ -882,10 +887,6 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
     window_left = p.period_us - now % p.period_us
   end
   if tokens < least or tokens == 0 then
-    local first = least
-    if first < 1 then
-      first = 1
-    end
     local refused = p.evaluate(key, with_cost(p, first))
     -- As the model: a refused asker is no longer counted as a holder (its renewal failed).
     redis.call('HDEL', hkey, holder)
@@ -893,10 +894,6 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
   end
   lease_store(key, p.evaluate(key, with_cost(p, tokens)))
   -- As the model: a grant that leaves the key unable to cover the least grant says when it can.
-  local first = least
-  if first < 1 then
-    first = 1
-  end
   local after = p.evaluate(key, with_cost(p, first))
   local retry_us = -1
   if not after.admitted then

@@ -120,8 +120,10 @@ pub fn grant(
     let is_window = limit.algorithm == Algorithm::FixedWindow;
     let window_start_us = is_window.then(|| now_us - now_us % limit.rate.period_us);
     let window_left_us = is_window.then(|| limit.rate.period_us - now_us % limit.rate.period_us);
+    // The least grant as a request: what a refusal, and a grant that empties the key, say fits when.
+    let first = min.max(1);
     if tokens < min || tokens == 0 {
-        let refused = evaluate(limit, ledger.state.as_ref(), now_us, min.max(1));
+        let refused = evaluate(limit, ledger.state.as_ref(), now_us, first);
         let grant = Grant { tokens: 0, retry_after_us: refused.retry_after_us, window_start_us, window_left_us };
         return (grant, Ledger { state: ledger.state.clone(), holders });
     }
@@ -129,7 +131,7 @@ pub fn grant(
     debug_assert!(debit.admitted, "a grant within the room is always admitted");
     // A grant that leaves the key unable to cover the least grant says when it can again: the
     // holder spends what it got, then refuses locally until then instead of asking an empty store.
-    let after = evaluate(limit, Some(&debit.next), now_us, min.max(1));
+    let after = evaluate(limit, Some(&debit.next), now_us, first);
     let retry_after_us = if after.admitted { None } else { after.retry_after_us };
     let lease_end = now_us + window_left_us.map_or(lifetime_us, |left| left.min(lifetime_us));
     holders.push(Holder { instance, expires_us: lease_end });
