@@ -263,47 +263,19 @@ fn four_instances_stay_within_the_bound_with_far_fewer_redis_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_limit_service_answers_a_leased_zone_without_redis() {
-    use support::rls_client::{client, code, descriptor};
+    use support::rls_client::{client, code};
     use weir::rls::proto::rate_limit_response::Code;
-    use weir::rls::proto::RateLimitRequest;
 
     let redis = RedisServer::start();
-    let config = format!(
-        r#"{NO_ACCESS_LOG}
-
-{}
-
-[[limit_req_zone]]
-name = "per_client"
-rate = "1000r/s"
-lease = {{ tokens = 100, lifetime = "2s" }}
-
-[rls]
-listen = ["$LISTEN"]
-
-[[rls.domain]]
-name = "edge"
-
-[[rls.domain.descriptor]]
-key = "client"
-zone = "per_client"
-burst = 1000
-nodelay = true
-"#,
-        redis_store(&redis.url(), "timeout = \"1s\"")
-    );
-    let weir = Weir::start(&config);
+    let zone = r#"rate = "1000r/s"
+lease = { tokens = 100, lifetime = "2s" }"#;
+    let weir = Weir::start(&rls_config(&redis, zone, "", "burst = 1000\nnodelay = true"));
     let mut rls = client(weir.addr).await;
     let mut conn = redis.connection();
     let before = script_calls(&mut conn);
     let calls = 200;
     for _ in 0..calls {
-        let req = RateLimitRequest {
-            domain: "edge".into(),
-            descriptors: vec![descriptor(&[("client", "c1")])],
-            hits_addend: 0,
-        };
-        let answer = rls.should_rate_limit(req).await.expect("ShouldRateLimit").into_inner();
+        let answer = rls.should_rate_limit(call_for_c1()).await.expect("ShouldRateLimit").into_inner();
         assert_eq!(code(&answer), Code::Ok);
     }
     let asked = script_calls(&mut conn) - before;
@@ -317,36 +289,14 @@ nodelay = true
 /// it, and its `local` fallback admitted past the lease: 107-143 of a window's 100.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_flight_on_one_leased_key_never_pass_its_window() {
-    use support::rls_client::{client, code, descriptor};
+    use support::rls_client::{client, code};
     use weir::rls::proto::rate_limit_response::Code;
-    use weir::rls::proto::RateLimitRequest;
 
     let redis = RedisServer::start();
-    let config = format!(
-        r#"{NO_ACCESS_LOG}
-
-{}
-
-[[limit_req_zone]]
-name = "per_client"
-algorithm = "fixed_window"
+    let zone = r#"algorithm = "fixed_window"
 rate = "100r/h"
-lease = {{ tokens = 10, lifetime = "2s" }}
-
-[rls]
-listen = ["$LISTEN"]
-
-[[rls.domain]]
-name = "edge"
-on_error = "local"
-
-[[rls.domain.descriptor]]
-key = "client"
-zone = "per_client"
-"#,
-        redis_store(&redis.url(), "timeout = \"1s\"")
-    );
-    let weir = Weir::start(&config);
+lease = { tokens = 10, lifetime = "2s" }"#;
+    let weir = Weir::start(&rls_config(&redis, zone, "on_error = \"local\"", ""));
     let rls = client(weir.addr).await;
     let hour = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 3600);
     let first_hour = hour();
@@ -356,12 +306,7 @@ zone = "per_client"
         calls.spawn(async move {
             let mut ok = 0;
             for _ in 0..40 {
-                let req = RateLimitRequest {
-                    domain: "edge".into(),
-                    descriptors: vec![descriptor(&[("client", "c1")])],
-                    hits_addend: 0,
-                };
-                let answer = rls.should_rate_limit(req).await.expect("ShouldRateLimit").into_inner();
+                let answer = rls.should_rate_limit(call_for_c1()).await.expect("ShouldRateLimit").into_inner();
                 if code(&answer) == Code::Ok {
                     ok += 1;
                 }
@@ -377,6 +322,43 @@ zone = "per_client"
     let windows = hour() - first_hour + 1;
     assert!(ok <= 100 * windows, "{ok} of 640 calls admitted in {windows} window(s) of 100");
     assert!(ok >= 100, "{ok} of 640 calls admitted: the window's 100 were not all given");
+}
+
+/// A rate limit service on `redis` with one domain "edge" whose descriptor `client` decides zone
+/// "per_client": the zone's, the domain's and the descriptor's own lines given.
+fn rls_config(redis: &RedisServer, zone: &str, domain: &str, descriptor: &str) -> String {
+    let store = redis_store(&redis.url(), "timeout = \"1s\"");
+    format!(
+        r#"{NO_ACCESS_LOG}
+
+{store}
+
+[[limit_req_zone]]
+name = "per_client"
+{zone}
+
+[rls]
+listen = ["$LISTEN"]
+
+[[rls.domain]]
+name = "edge"
+{domain}
+
+[[rls.domain.descriptor]]
+key = "client"
+zone = "per_client"
+{descriptor}
+"#
+    )
+}
+
+/// One ShouldRateLimit of domain "edge" for client c1, as Envoy sends it (hits_addend 0: one).
+fn call_for_c1() -> weir::rls::proto::RateLimitRequest {
+    weir::rls::proto::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![support::rls_client::descriptor(&[("client", "c1")])],
+        hits_addend: 0,
+    }
 }
 
 /// The level of a leaky bucket's key in Redis (0 when absent).
