@@ -283,26 +283,31 @@ script_calls() {  # "EVALSHA+EVAL calls, all commands" (INFO commandstats)
 }
 limits 1000 1 >"$tmp/limits-lbelow.yaml"
 limits 20 1 >"$tmp/limits-labove.yaml"
-lease_bound() {  # $1: below | above → the line weir check prints for that leased zone
-  local z='rate = "1000r/s"' d='burst = 1000
-nodelay = true'
-  if [ "$1" = above ]; then z='rate = "20r/s"' d='burst = 100
-nodelay = true'; fi
-  config "$(store_section redis)" "$(free_port)" "$z
-lease = { tokens = 100, lifetime = \"2s\" }" "$d" >"$tmp/lease-bound.toml"
-  "$weir" check -c "$tmp/lease-bound.toml" --instances 1 2>&1 | grep -i '^ *lease' | head -1 | sed 's/^ *//'
-}
-lease_row() {  # $1: exact | leased | limitador-redis | limitador-redis_cached, $2: below | above
-  local mode=$1 schedule=$2 keys zone descriptor
-  if [ "$schedule" = below ]; then
+lease_setting='lease = { tokens = 100, lifetime = "2s" }'
+lease_schedule() {  # $1: below | above → sets keys, zone and descriptor (the exact zone's lines)
+  if [ "$1" = below ]; then
     keys=50 zone='rate = "1000r/s"' descriptor='burst = 1000
 nodelay = true'
   else
     keys=20 zone='rate = "20r/s"' descriptor='burst = 100
 nodelay = true'
   fi
+}
+stated_bound() {  # $1: config file, $2: instances → the first leased zone's bound weir check prints
+  "$weir" check -c "$1" --instances "$2" 2>&1 | grep -i '^ *lease' | head -1 | sed 's/^ *//'
+}
+lease_bound() {  # $1: below | above → the line weir check prints for that leased zone
+  local keys zone descriptor
+  lease_schedule "$1"
+  config "$(store_section redis)" "$(free_port)" "$zone
+$lease_setting" "$descriptor" >"$tmp/lease-bound.toml"
+  stated_bound "$tmp/lease-bound.toml" 1
+}
+lease_row() {  # $1: exact | leased | limitador-redis | limitador-redis_cached, $2: below | above
+  local mode=$1 schedule=$2 keys zone descriptor
+  lease_schedule "$schedule"
   if [ "$mode" = leased ]; then zone="$zone
-lease = { tokens = 100, lifetime = \"2s\" }"; fi
+$lease_setting"; fi
   redis-cli -p "$redis_port" flushall >/dev/null
   redis-cli -p "$redis_port" config resetstat >/dev/null
   port=$(free_port)
@@ -338,7 +343,7 @@ PY
   echo
   echo "## Leased budgets (issue 47)"
   echo
-  echo "Open loop at $lease_rate calls/s over $connections connections, ${duration}s per row after 1 s of warm-up, a flushed Redis per row. below: 50 keys (80 calls/s each), 1000r/s burst 1000; above: 20 keys (200 calls/s each), 20r/s burst 100. Leased: \`lease = { tokens = 100, lifetime = \"2s\" }\`. Script calls: EVALSHA + EVAL (INFO commandstats) over the measured run."
+  echo "Open loop at $lease_rate calls/s over $connections connections, ${duration}s per row after 1 s of warm-up, a flushed Redis per row. below: 50 keys (80 calls/s each), 1000r/s burst 1000; above: 20 keys (200 calls/s each), 20r/s burst 100. Leased: \`$lease_setting\`. Script calls: EVALSHA + EVAL (INFO commandstats) over the measured run."
   echo
   echo "Bounds Weir states (\`weir check --instances 1\`): below: $(lease_bound below); above: $(lease_bound above)."
   [ -n "$limitador" ] && echo "Limitador rows: its own storages on the same Redis and schedules, limits file 1000 per 1 s (below) and 20 per 1 s (above) per remote_address: a fixed window of that count, where Weir's zone is a token bucket (1000r/s burst 1000; 20r/s burst 100) — the algorithms differ, so their admitted counts differ above the limit. Limitador's scripts are counted in \"script calls\" too; \"Redis commands\": every command Redis executed (INFO commandstats, without INFO and FLUSHALL)."
@@ -395,7 +400,7 @@ fleet_bound() {  # $1: store, $2: instances → the bound Weir states for that c
   local port; port=$(free_port)
   config "$(store_section redis)" "$port" "$fleet_zone
 $fleet_lease" "" >"$tmp/fleet-bound.toml"
-  "$weir" check -c "$tmp/fleet-bound.toml" --instances "$2" 2>&1 | grep -i '^ *lease' | head -1 | sed 's/^ *//' | tr '|' '/'
+  stated_bound "$tmp/fleet-bound.toml" "$2" | tr '|' '/'
 }
 fleet_servers=("weir redis" "weir leased")
 if [ -n "$limitador" ]; then fleet_servers+=("limitador redis" "limitador redis_cached"); fi
