@@ -96,10 +96,13 @@ local function lease_grant(key, hkey, holder, p, want, lifetime_us)
   end
   lease_store(key, p.evaluate(key, with_cost(p, tokens)))
   -- As the model: a grant that leaves the key unable to cover the least grant says when it can.
-  local after = p.evaluate(key, with_cost(p, first))
+  -- Room left for the least grant needs no evaluation (room is a floor of what fits).
   local retry_us = -1
-  if not after.admitted then
-    retry_us = after.retry_us
+  if room - tokens < first then
+    local after = p.evaluate(key, with_cost(p, first))
+    if not after.admitted then
+      retry_us = after.retry_us
+    end
   end
   local life = lifetime_us
   if window_left >= 0 and window_left < life then

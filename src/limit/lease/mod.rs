@@ -131,8 +131,17 @@ pub fn grant(
     debug_assert!(debit.admitted, "a grant within the room is always admitted");
     // A grant that leaves the key unable to cover the least grant says when it can again: the
     // holder spends what it got, then refuses locally until then instead of asking an empty store.
-    let after = evaluate(limit, Some(&debit.next), now_us, first);
-    let retry_after_us = if after.admitted { None } else { after.retry_after_us };
+    // Room left for the least grant needs no evaluation (room is a floor of what fits).
+    let retry_after_us = if room - tokens >= first {
+        None
+    } else {
+        let after = evaluate(limit, Some(&debit.next), now_us, first);
+        if after.admitted {
+            None
+        } else {
+            after.retry_after_us
+        }
+    };
     let lease_end = now_us + window_left_us.map_or(lifetime_us, |left| left.min(lifetime_us));
     holders.push(Holder { instance, expires_us: lease_end });
     let grant = Grant { tokens, retry_after_us, window_start_us, window_left_us };
