@@ -805,7 +805,7 @@ end
 --
 -- KEYS[1]  the key's state (store::redis_key), KEYS[2] its live lease holders: a hash of holder
 --          id -> the lease's end, µs on this clock (KEYS[1] .. ":lease": the same hash slot).
--- ARGV[1]  "lease"   ARGV[2] "grant" | "give"
+-- ARGV[1]  "lease"   ARGV[2] "grant" | "give" | "grants" (several keys' grants in one call)
 -- ARGV[3]  the holder's id: "i" and digits (never "0", so the leaky bucket's fast paths, which
 --          look at ARGV[3], pass the call on)
 -- ARGV[4]  now, µs ("" = Redis TIME)
@@ -962,30 +962,77 @@ local function lease_give(key, hkey, holder, p, window_start)
   return { 1 }
 end
 
-local function lease_call()
-  if #KEYS ~= 2 then
-    return redis.error_reply('lease: expected 2 keys (state, holders), got ' .. #KEYS)
-  end
-  local op, holder, now_text = ARGV[2], ARGV[3], ARGV[4]
-  local algorithm = tonumber(ARGV[5])
+-- The zone's six values at ARGV[base .. base + 5] (algorithm, count, period_us, burst, delay,
+-- cost), or nil when they are malformed or the algorithm does not lease.
+local function lease_params(base)
+  local algorithm = tonumber(ARGV[base])
   local evaluate = algorithm and LEASED[algorithm]
   if not evaluate then
-    return redis.error_reply('lease: algorithm ' .. tostring(ARGV[5]) .. ' does not lease')
+    return nil, 'lease: algorithm ' .. tostring(ARGV[base]) .. ' does not lease'
   end
   local p = {
     algorithm = algorithm,
-    count = tonumber(ARGV[6]),
-    period_us = tonumber(ARGV[7]),
-    burst = tonumber(ARGV[8]),
-    delay = tonumber(ARGV[9]),
-    cost = tonumber(ARGV[10]),
+    count = tonumber(ARGV[base + 1]),
+    period_us = tonumber(ARGV[base + 2]),
+    burst = tonumber(ARGV[base + 3]),
+    delay = tonumber(ARGV[base + 4]),
+    cost = tonumber(ARGV[base + 5]),
     evaluate = evaluate,
   }
   if not (p.count and p.count >= 0 and p.period_us and p.period_us >= 1 and p.burst and p.delay and p.cost
-    and p.cost >= 0 and (now_text == '' or tonumber(now_text)) and string.sub(holder or '', 1, 1) == 'i') then
+    and p.cost >= 0) then
+    return nil, 'lease: malformed arguments'
+  end
+  return p
+end
+
+-- grants: one grant per key, in order, as if each were its own grant call at the same now (a
+-- fleet's renewals of many keys in one round trip). ARGV[5] the number of grants n; grant i
+-- (from 0) has the zone's six values, want and lifetime_us at ARGV[6 + 8i .. 13 + 8i] and its
+-- keys at KEYS[1 + 2i], KEYS[2 + 2i]. Every grant is checked before any is made: a malformed
+-- call changes nothing. Reply: the n grant replies.
+local function lease_grants(holder)
+  local n = tonumber(ARGV[5])
+  if not (n and n >= 1 and n == math.floor(n) and #KEYS == 2 * n and #ARGV == 5 + 8 * n) then
+    return redis.error_reply('lease: grants: expected n >= 1 grants of 2 keys and 8 values, got n '
+      .. tostring(ARGV[5]) .. ', ' .. #KEYS .. ' keys, ' .. #ARGV .. ' values')
+  end
+  local asks = {}
+  for i = 0, n - 1 do
+    local base = 6 + 8 * i
+    local p, err = lease_params(base)
+    if not p then
+      return redis.error_reply(err)
+    end
+    local want, lifetime_us = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+    if not (want and lifetime_us and lifetime_us >= 1) then
+      return redis.error_reply('lease: grants: want and lifetime_us must be numbers')
+    end
+    asks[i + 1] = { p = p, want = want, lifetime_us = lifetime_us }
+  end
+  local replies = {}
+  for i, ask in ipairs(asks) do
+    replies[i] = lease_grant(KEYS[2 * i - 1], KEYS[2 * i], holder, ask.p, ask.want, ask.lifetime_us)
+  end
+  return replies
+end
+
+local function lease_call()
+  local op, holder, now_text = ARGV[2], ARGV[3], ARGV[4]
+  if not ((now_text == '' or tonumber(now_text)) and string.sub(holder or '', 1, 1) == 'i') then
     return redis.error_reply('lease: malformed arguments')
   end
   now = tonumber(now_text) or time_now()
+  if op == 'grants' then
+    return lease_grants(holder)
+  end
+  if #KEYS ~= 2 then
+    return redis.error_reply('lease: expected 2 keys (state, holders), got ' .. #KEYS)
+  end
+  local p, err = lease_params(5)
+  if not p then
+    return redis.error_reply(err)
+  end
   if op == 'grant' then
     local want, lifetime_us = tonumber(ARGV[11]), tonumber(ARGV[12])
     if not (want and lifetime_us and lifetime_us >= 1) then

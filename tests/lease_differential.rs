@@ -198,3 +198,100 @@ fn lease_script_matches_the_model() {
         "{grants} {shrunk} {refusals} {credits}"
     );
 }
+
+fn grant_of(reply: &Value) -> Grant {
+    let Value::Array(values) = reply else { panic!("a grant reply is an array: {reply:?}") };
+    let opt = |v: &Value| u64::try_from(int(v)).ok();
+    Grant {
+        tokens: int(&values[0]) as u64,
+        retry_after_us: opt(&values[1]),
+        window_start_us: opt(&values[2]),
+        window_left_us: opt(&values[3]),
+    }
+}
+
+/// `grants` (several keys' grants in one call, as the leasing layer batches its asks) answers
+/// and stores exactly what one `grant` call per key, in order at the same now, would: random
+/// subsets of a few keys with their own limits (the same key twice in a call included), on the
+/// model. A malformed grant anywhere in a call is refused before any grant is made.
+#[test]
+fn several_grants_in_one_call_match_one_by_one() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let seed = std::env::var("WEIR_LEASE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xBA7C4);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut calls, mut granted, mut refused) = (0, 0, 0);
+    for trace in 0..40 {
+        let keys: Vec<(LimitReq, (String, String))> = (0..rng.gen_range(2..6))
+            .map(|k| {
+                let state = format!("weir:g{trace}:{{k{k}}}");
+                (random_limit(&mut rng), (state.clone(), format!("{state}:lease")))
+            })
+            .collect();
+        let mut ledgers = vec![Ledger::default(); keys.len()];
+        let mut now = T0 + rng.gen_range(0..10 * SEC);
+        let lifetime = [SEC / 10, SEC][rng.gen_range(0..2)];
+        for step in 0..40 {
+            now += [0, 1_000, 50_000, 300_000][rng.gen_range(0..4)];
+            let holder = rng.gen_range(1..4u64);
+            let picked: Vec<(usize, u64, u64)> = (0..rng.gen_range(1..7))
+                .map(|_| {
+                    let min = rng.gen_range(0..4);
+                    (rng.gen_range(0..keys.len()), min, rng.gen_range(min..60))
+                })
+                .collect();
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(SCRIPT).arg(2 * picked.len());
+            for &(k, _, _) in &picked {
+                eval.arg(&keys[k].1 .0).arg(&keys[k].1 .1);
+            }
+            eval.arg("lease").arg("grants").arg(format!("i{holder}")).arg(now).arg(picked.len());
+            for &(k, min, want) in &picked {
+                eval.arg(&zone_args(&keys[k].0, min)[..]).arg(want).arg(lifetime);
+            }
+            let mut pipe = redis::pipe();
+            pipe.atomic().add_command(eval);
+            for (_, (state, holders)) in &keys {
+                pipe.cmd("PERSIST").arg(state).ignore().cmd("PERSIST").arg(holders).ignore();
+            }
+            let (replies,): (Vec<Value>,) = pipe.query(&mut conn).expect("the grants call");
+            calls += 1;
+            assert_eq!(replies.len(), picked.len(), "one reply per grant");
+            for (j, &(k, min, want)) in picked.iter().enumerate() {
+                let ctx = format!("seed {seed} trace {trace} step {step} grant {j} of key {k} {:?}", keys[k].0);
+                let (model, next) = grant(&keys[k].0, &ledgers[k], now, holder, min, want, lifetime);
+                assert_eq!(grant_of(&replies[j]), model, "{ctx}: grant of {min}..{want} to {holder}");
+                ledgers[k] = next;
+                if model.tokens == 0 {
+                    refused += 1;
+                } else {
+                    granted += 1;
+                }
+            }
+            for (k, (limit, (state, _))) in keys.iter().enumerate() {
+                match stored(&mut conn, state) {
+                    None => assert_eq!(
+                        evaluate(limit, ledgers[k].state.as_ref(), now, 0).next,
+                        evaluate(limit, None, now, 0).next,
+                        "seed {seed} trace {trace} step {step} key {k}: Redis forgot a state"
+                    ),
+                    lua => assert_eq!(lua, ledgers[k].state, "seed {seed} trace {trace} step {step} key {k}"),
+                }
+            }
+        }
+    }
+    assert!(calls == 1600 && granted > 1500 && refused > 300, "{calls} {granted} {refused}");
+
+    // A malformed last grant: the call is refused and the first key is left as it was.
+    let (state, holders) = ("weir:bad:{k}".to_string(), "weir:bad:{k}:lease".to_string());
+    let limit = random_limit(&mut StdRng::seed_from_u64(1));
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(SCRIPT).arg(4).arg(&state).arg(&holders).arg(&state).arg(&holders);
+    eval.arg("lease").arg("grants").arg("i1").arg(T0).arg(2);
+    eval.arg(&zone_args(&limit, 1)[..]).arg(10).arg(SEC);
+    eval.arg(&[i64::from(Algorithm::SlidingWindow.id()), 10, SEC as i64, 0, -1, 1][..]).arg(10).arg(SEC);
+    let refusal: redis::RedisResult<Value> = eval.query(&mut conn);
+    let message = format!("{:?}", refusal.expect_err("a sliding window does not lease"));
+    assert!(message.contains("does not lease"), "{message}");
+    assert_eq!(stored(&mut conn, &state), None, "no grant of a refused call was made");
+}

@@ -33,6 +33,15 @@ pub use model::ModelLedger;
 #[async_trait]
 pub trait LeaseLedger: Send + Sync {
     async fn grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError>;
+    /// Several keys' grants, answered in order as if granted one by one; a store that can makes
+    /// them in one round trip (Redis: one script call).
+    async fn grants(&self, asks: &[(KeyedZone<'_>, LeaseAsk)], holder: &str) -> Result<Vec<Grant>, StoreError> {
+        let mut grants = Vec::with_capacity(asks.len());
+        for (zone, ask) in asks {
+            grants.push(self.grant(zone, holder, *ask).await?);
+        }
+        Ok(grants)
+    }
     async fn give_back(
         &self,
         zone: &KeyedZone<'_>,

@@ -81,6 +81,70 @@ impl RedisStore {
         parse_grant(&reply)
     }
 
+    /// Several keys' leases for `holder` in one round trip (`lua/limit_req/lease.lua`'s
+    /// `grants`): each granted as `lease_grant` would, in order, at one now. On a Cluster the
+    /// keys go in one call per hash slot, on one connection.
+    pub async fn lease_grants(
+        &self,
+        asks: &[(KeyedZone<'_>, LeaseAsk)],
+        holder: &str,
+    ) -> Result<Vec<Grant>, StoreError> {
+        let keys: Vec<Vec<u8>> = asks.iter().map(|(zone, _)| self.key_for(zone.zone, &zone.key)).collect();
+        let groups =
+            if self.is_cluster() { super::slots::group_by_slot(&keys) } else { vec![(0..asks.len()).collect()] };
+        let now = self.now_arg(|c| c.now_us());
+        let calls: Vec<super::connection::ScriptCall> = groups
+            .iter()
+            .map(|group| {
+                let mut call = LIMIT_REQ.call();
+                call.arg("lease").arg("grants").arg(holder);
+                match now {
+                    Some(now) => call.arg(now),
+                    None => call.arg(""),
+                };
+                call.arg(group.len());
+                for &i in group {
+                    let (zone, ask) = &asks[i];
+                    call.key(&keys[i]).key(holders_key(&keys[i]));
+                    let mut args = zone_args(zone);
+                    args[5] = ask.min as i64;
+                    for value in args {
+                        call.arg(value);
+                    }
+                    call.arg(ask.want).arg(ask.lifetime_us);
+                }
+                call
+            })
+            .collect();
+        let replies: Vec<Vec<Vec<Value>>> = self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                let mut replies = Vec::with_capacity(calls.len());
+                for call in &calls {
+                    replies.push(call.invoke(&mut conn).await?);
+                }
+                Ok(replies)
+            })
+            .await?;
+        let mut grants: Vec<Option<Grant>> = vec![None; asks.len()];
+        for (group, reply) in groups.iter().zip(&replies) {
+            if reply.len() != group.len() {
+                return Err(StoreError::Reply(format!(
+                    "lease grants: {} replies to {} grants",
+                    reply.len(),
+                    group.len()
+                )));
+            }
+            for (&i, one) in group.iter().zip(reply) {
+                grants[i] = Some(parse_grant(one)?);
+            }
+        }
+        grants
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| StoreError::Reply("lease grants: a grant went unanswered".into()))
+    }
+
     /// Gives `unused` tokens of `holder`'s lease back to `zone`'s key (a lease ended early).
     pub async fn lease_give_back(
         &self,
@@ -119,6 +183,10 @@ impl RedisStore {
 impl crate::store::LeaseLedger for RedisStore {
     async fn grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
         self.lease_grant(zone, holder, ask).await
+    }
+
+    async fn grants(&self, asks: &[(KeyedZone<'_>, LeaseAsk)], holder: &str) -> Result<Vec<Grant>, StoreError> {
+        self.lease_grants(asks, holder).await
     }
 
     async fn give_back(
