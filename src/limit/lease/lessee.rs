@@ -168,6 +168,28 @@ impl Lessee {
         Some(want)
     }
 
+    /// A top-up riding on a call made for other keys: a busy key (spent from this lifetime-long
+    /// period) that has used a quarter of its lease size asks for the rest now, so that it asks
+    /// on its own less often. Marks the ask in flight; `None` when it needs none (or asks
+    /// already, holds two leases, or is known empty). Held plus asked stays within `spec.tokens`.
+    pub fn top_up(&mut self, spec: &LeaseSpec, now_us: u64) -> Option<u64> {
+        self.demand.roll(now_us, spec.lifetime_us);
+        self.forget_ended(now_us);
+        if self.in_flight || self.leases.len() >= 2 || now_us < self.empty_until_us || self.demand.current == 0 {
+            return None;
+        }
+        let size = self.demand.lease_size().clamp(1, spec.tokens);
+        if self.held(now_us) * 4 >= 3 * size {
+            return None;
+        }
+        let want = self.wanted(spec, now_us);
+        if want == 0 {
+            return None;
+        }
+        self.in_flight = true;
+        Some(want)
+    }
+
     /// The store answered the request sent at `sent_us` (local clock) and the answer arrived at
     /// `now_us`. A grant that arrives after its own lifetime is dead on arrival: its tokens are
     /// returned by [`Lessee::take_unused`]'s caller as unused (the grant is reported back as

@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 
 use crate::limit::lease::{Answered, Grant, LeaseSpec, Lessee, LocalDecision, Spent};
 use crate::limit::{BucketState, Clock, LimitReq, State, Verdict, ZoneOutcome};
@@ -42,6 +42,13 @@ pub trait LeaseLedger: Send + Sync {
         }
         Ok(grants)
     }
+    /// Whether [`LeaseLedger::grants`] makes several grants in one round trip: then the layer
+    /// sends its asks together (one call in flight at a time, the asks made meanwhile in the
+    /// next), and tops up its other busy keys in the same call. A ledger that answers at once
+    /// (the model's, `weir replay`'s simulated fleet) is asked directly.
+    fn batches(&self) -> bool {
+        false
+    }
     async fn give_back(
         &self,
         zone: &KeyedZone<'_>,
@@ -63,6 +70,12 @@ const SWEEP_EVERY: Duration = Duration::from_millis(20);
 /// contention a request may wait through many answers, and only a store that does not answer
 /// (no answer within a lifetime) is a failure for the zone's `on_error` to answer.
 const MAX_ASKS: usize = 4;
+
+/// Grants one batched call carries at most (the asks beyond it go in the next).
+const MAX_GRANTS_PER_CALL: usize = 64;
+/// Keys looked at for top-ups per batched call at most: a call stays cheap however many keys are
+/// leased here (the keys not looked at renew on their own, as without batching).
+const MAX_TOP_UP_SCAN: usize = 1024;
 
 /// One leased key.
 struct Entry {
@@ -176,6 +189,24 @@ enum Taken {
     Refused { retry_us: Option<u64> },
 }
 
+/// An ask waiting for the next batched call (`Shared::send_batches`).
+struct Pending {
+    entry: Arc<Entry>,
+    limit: LimitReq,
+    spec: LeaseSpec,
+    ask: LeaseAsk,
+    sent_us: u64,
+    /// Where a request's ask is answered; `None`: a renewal or a top-up, settled by the sender.
+    reply: Option<oneshot::Sender<Result<Grant, StoreError>>>,
+}
+
+/// The asks waiting to be sent, and whether a call is being sent now.
+#[derive(Default)]
+struct Batch {
+    pending: Vec<Pending>,
+    sending: bool,
+}
+
 struct Shared {
     inner: Arc<dyn LimitStore>,
     ledger: Arc<dyn LeaseLedger>,
@@ -186,6 +217,7 @@ struct Shared {
     /// This instance's id among the key's holders.
     holder: String,
     keys: Mutex<HashMap<Vec<u8>, Arc<Entry>>>,
+    batch: Mutex<Batch>,
     paused_until_us: AtomicU64,
     reloaded: AtomicBool,
     stop: Notify,
@@ -218,6 +250,7 @@ impl LeasedStore {
             clock,
             holder,
             keys: Mutex::new(HashMap::new()),
+            batch: Mutex::default(),
             paused_until_us: AtomicU64::new(0),
             reloaded: AtomicBool::new(false),
             stop: Notify::new(),
@@ -314,6 +347,15 @@ impl LeasedStore {
             tracing::warn!(keys = count, ?timeout, "budget leases not all given back at exit; the rest expire unused");
         }
         count
+    }
+}
+
+/// One failed call's error for each of its asks (a Redis error is not `Clone`: its words are kept).
+fn same_error(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::CircuitOpen => StoreError::CircuitOpen,
+        other => StoreError::Connection(other.to_string()),
     }
 }
 
@@ -418,7 +460,7 @@ impl Shared {
     /// came (or a dead grant went back): decide again; `Ok(Some(retry))`: the store refused.
     async fn ask(
         self: &Arc<Self>,
-        entry: &Entry,
+        entry: &Arc<Entry>,
         zone: &KeyedZone<'_>,
         spec: LeaseSpec,
         min: u64,
@@ -430,61 +472,227 @@ impl Shared {
             return Err(StoreError::CircuitOpen);
         }
         let ask = LeaseAsk { min, want, lifetime_us: spec.lifetime_us };
-        let grant = match self.ledger.grant(zone, &self.holder, ask).await {
+        let granted = match self.batched() {
+            Some(runtime) => {
+                let (reply, answer) = oneshot::channel();
+                let pending =
+                    Pending { entry: entry.clone(), limit: zone.limit, spec, ask, sent_us, reply: Some(reply) };
+                self.enqueue(&runtime, pending);
+                answer.await.unwrap_or_else(|_| Err(StoreError::Reply("a batched lease ask went unanswered".into())))
+            }
+            None => self.ledger.grant(zone, &self.holder, ask).await,
+        };
+        let grant = match granted {
             Ok(grant) => grant,
             Err(e) => {
-                self.paused_until_us.store(self.clock.now_us() + PAUSE_AFTER_FAILURE_US, Ordering::Release);
+                self.pause();
                 return Err(e);
             }
         };
-        let arrived = self.clock.now_us();
-        let answered = {
-            let mut st = entry.lock();
-            st.tally.granted += grant.tokens;
-            let answered = st.lessee.answered(&spec, sent_us, arrived, &grant);
-            if let Answered::Dead { unused } = answered {
-                st.tally.given_back += unused;
-            }
-            answered
-        };
+        let (answered, arrived) = self.record(entry, &spec, sent_us, &grant);
         in_flight.answered = true;
         drop(in_flight);
+        Ok(self.account(zone, answered, &grant, sent_us, arrived).await)
+    }
+
+    /// Asks fail at once for a while (a store that just failed costs no timeout per request).
+    fn pause(&self) {
+        self.paused_until_us.store(self.clock.now_us() + PAUSE_AFTER_FAILURE_US, Ordering::Release);
+    }
+
+    /// The store's answer to the ask sent at `sent_us`, taken by the key's lessee and tally.
+    fn record(&self, entry: &Entry, spec: &LeaseSpec, sent_us: u64, grant: &Grant) -> (Answered, u64) {
+        let arrived = self.clock.now_us();
+        let mut st = entry.lock();
+        st.tally.granted += grant.tokens;
+        let answered = st.lessee.answered(spec, sent_us, arrived, grant);
+        if let Answered::Dead { unused } = answered {
+            st.tally.given_back += unused;
+        }
+        (answered, arrived)
+    }
+
+    /// An answer's metrics, and a dead grant's tokens given back: `None` when tokens came (or
+    /// went back), `Some(retry)` when the store refused.
+    async fn account(
+        &self,
+        zone: &KeyedZone<'_>,
+        answered: Answered,
+        grant: &Grant,
+        sent_us: u64,
+        arrived: u64,
+    ) -> Option<Option<u64>> {
         let name = zone.zone;
         match answered {
             Answered::Granted => {
                 METRICS.lease_grants.with_label_values(&[name, "granted"]).inc();
                 METRICS.lease_tokens.with_label_values(&[name, "leased"]).inc_by(grant.tokens);
-                Ok(None)
+                None
             }
             Answered::Refused => {
                 METRICS.lease_grants.with_label_values(&[name, "refused"]).inc();
-                Ok(Some(grant.retry_after_us.map(|r| (sent_us + r).saturating_sub(arrived))))
+                Some(grant.retry_after_us.map(|r| (sent_us + r).saturating_sub(arrived)))
             }
             Answered::Dead { unused } => {
                 METRICS.lease_grants.with_label_values(&[name, "dead_on_arrival"]).inc();
-                let zone = zone.clone();
-                if let Err(e) = self.ledger.give_back(&zone, &self.holder, unused, grant.window_start_us).await {
-                    tracing::debug!(zone = name, error = %e, "a dead lease's tokens were not given back");
-                } else {
-                    METRICS.lease_tokens.with_label_values(&[name, "returned"]).inc_by(unused);
-                }
-                Ok(None)
+                self.give_back_unheld(zone, unused, grant.window_start_us).await;
+                None
             }
         }
     }
 
-    /// A busy key's next lease, asked before it runs dry, off the request's path.
+    /// Granted tokens no lease holds (dead on arrival, or their asker left) back to the store.
+    async fn give_back_unheld(&self, zone: &KeyedZone<'_>, unused: u64, window_start_us: Option<u64>) {
+        match self.ledger.give_back(zone, &self.holder, unused, window_start_us).await {
+            Ok(()) => METRICS.lease_tokens.with_label_values(&[zone.zone, "returned"]).inc_by(unused),
+            Err(e) => {
+                tracing::debug!(zone = zone.zone, error = %e, "granted tokens no lease holds were not given back")
+            }
+        }
+    }
+
+    /// The runtime batched calls are sent from, when the ledger batches and there is one.
+    fn batched(&self) -> Option<tokio::runtime::Handle> {
+        if !self.ledger.batches() {
+            return None;
+        }
+        tokio::runtime::Handle::try_current().ok()
+    }
+
+    fn lock_batch(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues an ask for the next batched call, starting the sender if no call is being sent.
+    /// The sender is a task of its own: a request that leaves early drops only its own answer.
+    fn enqueue(self: &Arc<Self>, runtime: &tokio::runtime::Handle, pending: Pending) {
+        let start = {
+            let mut batch = self.lock_batch();
+            batch.pending.push(pending);
+            !std::mem::replace(&mut batch.sending, true)
+        };
+        if start {
+            runtime.spawn(self.clone().send_batches());
+        }
+    }
+
+    /// Sends the waiting asks, at most [`MAX_GRANTS_PER_CALL`] per call, with top-ups of this
+    /// instance's other busy keys in the room left, until none wait.
+    async fn send_batches(self: Arc<Self>) {
+        loop {
+            let mut calls: Vec<Pending> = {
+                let mut batch = self.lock_batch();
+                if batch.pending.is_empty() {
+                    batch.sending = false;
+                    return;
+                }
+                let n = batch.pending.len().min(MAX_GRANTS_PER_CALL);
+                batch.pending.drain(..n).collect()
+            };
+            self.add_top_ups(&mut calls);
+            let asks: Vec<(KeyedZone<'_>, LeaseAsk)> =
+                calls.iter().map(|p| (p.entry.zone(p.limit, p.spec, p.ask.min), p.ask)).collect();
+            let answers = self.ledger.grants(&asks, &self.holder).await;
+            drop(asks);
+            match answers {
+                Ok(grants) if grants.len() == calls.len() => {
+                    for (pending, grant) in calls.into_iter().zip(grants) {
+                        self.settle(pending, grant).await;
+                    }
+                }
+                Ok(grants) => {
+                    let e = StoreError::Reply(format!("{} lease grants for {} asks", grants.len(), calls.len()));
+                    self.fail_all(calls, &e);
+                }
+                Err(e) => self.fail_all(calls, &e),
+            }
+        }
+    }
+
+    /// A batched grant to its ask: a request's answer to the request (its tokens back to the
+    /// store if the request left meanwhile), a renewal's or top-up's taken here.
+    async fn settle(&self, pending: Pending, grant: Grant) {
+        let Pending { entry, limit, spec, ask, sent_us, reply } = pending;
+        match reply {
+            Some(reply) => {
+                if let Err(Ok(grant)) = reply.send(Ok(grant)) {
+                    // The request left: nobody holds these tokens (its in-flight mark is gone).
+                    if grant.tokens > 0 {
+                        let zone = entry.zone(limit, spec, grant.tokens);
+                        self.give_back_unheld(&zone, grant.tokens, grant.window_start_us).await;
+                    }
+                }
+            }
+            None => {
+                let (answered, arrived) = self.record(&entry, &spec, sent_us, &grant);
+                entry.answers.send_modify(|n| *n += 1);
+                let zone = entry.zone(limit, spec, ask.min);
+                self.account(&zone, answered, &grant, sent_us, arrived).await;
+            }
+        }
+    }
+
+    /// A failed batched call: every request asking gets the error, every renewal is marked failed.
+    fn fail_all(&self, calls: Vec<Pending>, error: &StoreError) {
+        self.pause();
+        for pending in calls {
+            match pending.reply {
+                Some(reply) => {
+                    let _ = reply.send(Err(same_error(error)));
+                }
+                None => {
+                    pending.entry.lock().lessee.failed();
+                    pending.entry.answers.send_modify(|n| *n += 1);
+                }
+            }
+        }
+    }
+
+    /// Fills the call's room with top-ups of this instance's busy keys that have used a quarter of
+    /// their lease ([`Lessee::top_up`]): they ride on a call made anyway, and so ask less often
+    /// on their own.
+    fn add_top_ups(&self, calls: &mut Vec<Pending>) {
+        let room = MAX_GRANTS_PER_CALL.saturating_sub(calls.len());
+        let now = self.clock.now_us();
+        if room == 0 || now < self.paused_until_us.load(Ordering::Acquire) {
+            return;
+        }
+        let keys = self.lock_keys();
+        for entry in keys.values().take(MAX_TOP_UP_SCAN) {
+            if calls.len() >= MAX_GRANTS_PER_CALL {
+                break;
+            }
+            let mut st = entry.lock();
+            let spec = st.spec;
+            if let Some(want) = st.lessee.top_up(&spec, now) {
+                let ask = LeaseAsk { min: 1, want, lifetime_us: spec.lifetime_us };
+                calls.push(Pending { entry: entry.clone(), limit: st.limit, spec, ask, sent_us: now, reply: None });
+            }
+        }
+    }
+
+    /// A busy key's next lease, asked before it runs dry, off the request's path: in the next
+    /// batched call, or on a task of its own when the ledger does not batch.
     fn renew_in_background(self: &Arc<Self>, entry: Arc<Entry>, want: u64, sent_us: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             entry.lock().lessee.failed();
             return;
         };
+        let (limit, spec) = {
+            let st = entry.lock();
+            (st.limit, st.spec)
+        };
+        if self.ledger.batches() {
+            if sent_us < self.paused_until_us.load(Ordering::Acquire) {
+                entry.lock().lessee.failed();
+                return;
+            }
+            let ask = LeaseAsk { min: 1, want, lifetime_us: spec.lifetime_us };
+            self.enqueue(&runtime, Pending { entry, limit, spec, ask, sent_us, reply: None });
+            return;
+        }
         let shared = self.clone();
         runtime.spawn(async move {
-            let (limit, spec) = {
-                let st = entry.lock();
-                (st.limit, st.spec)
-            };
             let zone = entry.zone(limit, spec, 1);
             let _ = shared.ask(&entry, &zone, spec, 1, want, sent_us).await;
         });

@@ -217,3 +217,108 @@ async fn requests_waiting_through_many_answers_never_pass_the_window() {
     assert!(admitted <= 100, "{admitted} admitted in one window of 100");
     assert!(admitted >= 90, "only {admitted} of 256 admitted in a window of 100");
 }
+
+/// The model's multi-key ledger as a store that batches (`LeaseLedger::batches`), or not,
+/// counting its round trips; a call answers after a few yields, so that asks pile up meanwhile.
+struct Batching {
+    model: super::ModelLedger,
+    round_trips: AtomicUsize,
+    batches: bool,
+}
+
+impl Batching {
+    fn new(clock: Arc<ManualClock>, batches: bool) -> Arc<Self> {
+        Arc::new(Batching { model: super::ModelLedger::new(clock), round_trips: 0.into(), batches })
+    }
+}
+
+#[async_trait]
+impl LeaseLedger for Batching {
+    async fn grant(&self, zone: &KeyedZone<'_>, holder: &str, ask: LeaseAsk) -> Result<Grant, StoreError> {
+        self.round_trips.fetch_add(1, Ordering::SeqCst);
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        self.model.grant(zone, holder, ask).await
+    }
+
+    async fn grants(&self, asks: &[(KeyedZone<'_>, LeaseAsk)], holder: &str) -> Result<Vec<Grant>, StoreError> {
+        self.round_trips.fetch_add(1, Ordering::SeqCst);
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        let mut grants = Vec::new();
+        for (zone, ask) in asks {
+            grants.push(self.model.grant(zone, holder, *ask).await?);
+        }
+        Ok(grants)
+    }
+
+    async fn give_back(&self, zone: &KeyedZone<'_>, h: &str, unused: u64, w: Option<u64>) -> Result<(), StoreError> {
+        self.round_trips.fetch_add(1, Ordering::SeqCst);
+        self.model.give_back(zone, h, unused, w).await
+    }
+
+    fn batches(&self) -> bool {
+        self.batches
+    }
+}
+
+fn key_zone(limit: LimitReq, key: usize) -> KeyedZone<'static> {
+    KeyedZone { lease: Some(SPEC), ..KeyedZone::new("leased", format!("k{key}").into_bytes(), limit, 1) }
+}
+
+/// Lets the spawned sender and renewals run.
+async fn let_tasks_run() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Cold keys asked for at once go to the store together: one call carries the asks made while
+/// another was in flight.
+#[tokio::test]
+async fn asks_made_while_a_call_is_in_flight_go_in_one_call() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let ledger = Batching::new(clock.clone(), true);
+    let store = LeasedStore::new(Arc::new(MemoryStore::new(clock.clone())), ledger.clone(), ledger.clone(), clock);
+    let mut wave = tokio::task::JoinSet::new();
+    for key in 0..32 {
+        let store = store.clone();
+        wave.spawn(async move { store.decide(&[key_zone(bucket("100r/s", 99), key)]).await.map(|v| v.admitted) });
+    }
+    while let Some(done) = wave.join_next().await {
+        assert!(done.expect("the task ran").expect("no store error"), "a cold key's first request is admitted");
+    }
+    let trips = ledger.round_trips.load(Ordering::SeqCst);
+    // The first ask goes alone, the 31 made while it is in flight together.
+    assert!(trips <= 3, "32 cold keys took {trips} round trips");
+    assert_eq!(ledger.model.calls(), 32, "one grant per key");
+}
+
+/// Eight busy keys: their renewals ride on one another's calls (top-ups), so the store is asked
+/// far less often than one call per key's renewal, and no key ever holds more than its lease.
+#[tokio::test]
+async fn busy_keys_top_up_on_each_others_calls() {
+    let mut trips = Vec::new();
+    for batches in [false, true] {
+        let clock = Arc::new(ManualClock::new(T0));
+        let ledger = Batching::new(clock.clone(), batches);
+        let store =
+            LeasedStore::new(Arc::new(MemoryStore::new(clock.clone())), ledger.clone(), ledger.clone(), clock.clone());
+        let mut admitted = 0;
+        for _ in 0..400 {
+            for key in 0..8 {
+                admitted += usize::from(store.decide(&[key_zone(bucket("1000r/s", 999), key)]).await.unwrap().admitted);
+                assert!(store.held("leased", format!("k{key}").as_bytes()) <= SPEC.tokens);
+            }
+            let_tasks_run().await;
+            clock.advance_us(1_000);
+        }
+        assert_eq!(admitted, 3200, "every request is under the limit (batches: {batches})");
+        trips.push(ledger.round_trips.load(Ordering::SeqCst));
+    }
+    let (alone, together) = (trips[0], trips[1]);
+    eprintln!("round trips: {together} batched, {alone} one key a call");
+    assert!(together * 3 <= alone, "{together} round trips batched against {alone} one key a call");
+}

@@ -189,6 +189,10 @@ impl crate::store::LeaseLedger for RedisStore {
         self.lease_grants(asks, holder).await
     }
 
+    fn batches(&self) -> bool {
+        true
+    }
+
     async fn give_back(
         &self,
         zone: &KeyedZone<'_>,
