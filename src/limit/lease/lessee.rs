@@ -415,4 +415,29 @@ mod tests {
         assert_eq!(l.answered(&SPEC, 0, SEC, &granted(7)), Answered::Dead { unused: 7 });
         assert_eq!(l.held(SEC), 0);
     }
+
+    #[test]
+    fn a_busy_key_tops_up_within_its_lease_and_an_idle_or_asking_one_does_not() {
+        let mut l = Lessee::default();
+        assert_eq!(l.top_up(&SPEC, 0), None, "a key never spent from asks for nothing");
+        assert!(matches!(l.decide(&SPEC, 0, 1), LocalDecision::Ask { .. }));
+        assert_eq!(l.top_up(&SPEC, 0), None, "an ask is in flight");
+        l.answered(&SPEC, 0, 10, &granted(40));
+        for t in 1..=20 {
+            l.decide(&SPEC, 10 * t, 1);
+        }
+        // 20 spent this period: the lease size is 40; 20 held is under three quarters of it.
+        let want = l.top_up(&SPEC, 300).expect("a busy key a quarter spent tops up");
+        assert!(l.held(300) + want <= SPEC.tokens, "held {} + asked {want}", l.held(300));
+        assert_eq!(l.top_up(&SPEC, 300), None, "one ask at a time");
+        l.answered(
+            &SPEC,
+            300,
+            310,
+            &Grant { tokens: 0, retry_after_us: Some(SEC), window_start_us: None, window_left_us: None },
+        );
+        assert_eq!(l.top_up(&SPEC, 400), None, "known empty");
+        // Two lifetimes idle: not busy, no top-up.
+        assert_eq!(l.top_up(&SPEC, 3 * SEC + 400), None);
+    }
 }

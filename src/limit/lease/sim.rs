@@ -75,6 +75,9 @@ struct Run {
     /// long delays.
     delay: fn(&mut Rng, u64, bool) -> u64,
     seed: u64,
+    /// Instances also top up (`Lessee::top_up`) after admissions that ask no renewal, as the
+    /// leasing layer's riders do on calls made for other keys, at any time.
+    top_ups: bool,
 }
 
 /// What a run admitted (true times, one entry per request of cost 1) and how many calls the store
@@ -153,7 +156,11 @@ fn simulate(run: &Run) -> (Vec<u64>, u64) {
                 LocalDecision::Admit { renew } => {
                     fleet[instance].waiting.pop_front();
                     admitted.push(now);
-                    if let Some(want) = renew {
+                    let top_up = match renew {
+                        None if run.top_ups => fleet[instance].lessee.top_up(&run.spec, t_local),
+                        _ => None,
+                    };
+                    if let Some(want) = renew.or(top_up) {
                         let at = now + (run.delay)(&mut rng, now, true);
                         push(
                             &mut queue,
@@ -348,7 +355,7 @@ fn every_interval_of_every_run_stays_within_the_stated_bound() {
             1 => slow_answers,
             _ => steady,
         };
-        let run = Run { limit, spec, instances, arrivals, delay, seed };
+        let run = Run { limit, spec, instances, arrivals, delay, seed, top_ups: seed / 4 % 2 == 1 };
         let (admitted, _) = simulate(&run);
         let bound = Bound::new(&limit, spec, instances as u64);
         if limit.algorithm == Algorithm::FixedWindow {
@@ -406,14 +413,16 @@ fn leasing_saves_store_calls_on_a_busy_key_and_stays_exact_at_the_limit() {
     }
     arrivals.sort_unstable();
     let offered = arrivals.len();
-    let (admitted, calls) = simulate(&Run { limit: under, spec, instances: 4, arrivals, delay: steady, seed: 7 });
+    let (admitted, calls) =
+        simulate(&Run { limit: under, spec, instances: 4, arrivals, delay: steady, seed: 7, top_ups: false });
     assert_eq!(admitted.len(), offered, "nothing refused under the limit");
     // The exact mode makes one store call per request; leases of up to 100 make one per ~75.
     assert!(calls * 50 <= offered as u64, "{calls} store calls for {offered} requests");
 
     let over = LimitReq { rate: Rate::parse("100r/s").unwrap(), burst: 10, ..under };
     let arrivals = schedule(&mut rng, 3, 4, 400, 5, (&over, &spec));
-    let (admitted, _) = simulate(&Run { limit: over, spec, instances: 4, arrivals, delay: steady, seed: 8 });
+    let (admitted, _) =
+        simulate(&Run { limit: over, spec, instances: 4, arrivals, delay: steady, seed: 8, top_ups: false });
     let bound = Bound::new(&over, spec, 4);
     let exact_most = bound.admitted_at_most(5 * SEC);
     assert!((admitted.len() as f64) <= exact_most, "{} admitted, bound {exact_most}", admitted.len());
