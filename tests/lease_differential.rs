@@ -80,13 +80,7 @@ fn lua_grant(
     eval.arg(&zone_args(limit, min)[..]).arg(want).arg(lifetime);
     let reply: Vec<Value> = persisting(conn, keys, eval);
     assert_eq!(int(&reply[4]) as u64, now, "the script decided at the clock it was given");
-    let opt = |v: &Value| u64::try_from(int(v)).ok();
-    Grant {
-        tokens: int(&reply[0]) as u64,
-        retry_after_us: opt(&reply[1]),
-        window_start_us: opt(&reply[2]),
-        window_left_us: opt(&reply[3]),
-    }
+    grant_of(&reply)
 }
 
 fn lua_give(
@@ -199,8 +193,8 @@ fn lease_script_matches_the_model() {
     );
 }
 
-fn grant_of(reply: &Value) -> Grant {
-    let Value::Array(values) = reply else { panic!("a grant reply is an array: {reply:?}") };
+/// `{tokens, retry_us, window_start_us, window_left_us, now_us}` (-1: none).
+fn grant_of(values: &[Value]) -> Grant {
     let opt = |v: &Value| u64::try_from(int(v)).ok();
     Grant {
         tokens: int(&values[0]) as u64,
@@ -260,7 +254,8 @@ fn several_grants_in_one_call_match_one_by_one() {
             for (j, &(k, min, want)) in picked.iter().enumerate() {
                 let ctx = format!("seed {seed} trace {trace} step {step} grant {j} of key {k} {:?}", keys[k].0);
                 let (model, next) = grant(&keys[k].0, &ledgers[k], now, holder, min, want, lifetime);
-                assert_eq!(grant_of(&replies[j]), model, "{ctx}: grant of {min}..{want} to {holder}");
+                let Value::Array(reply) = &replies[j] else { panic!("{ctx}: {:?} is no grant reply", replies[j]) };
+                assert_eq!(grant_of(reply), model, "{ctx}: grant of {min}..{want} to {holder}");
                 ledgers[k] = next;
                 if model.tokens == 0 {
                     refused += 1;

@@ -150,22 +150,8 @@ impl Lessee {
     /// After a local admission: renew early when the key is busy and its tokens run low (under a
     /// quarter of the lease size) or end within a quarter of the lifetime.
     fn renewal(&mut self, spec: &LeaseSpec, now_us: u64) -> Option<u64> {
-        // Known empty: a renewal now would only be refused.
-        if self.in_flight || self.leases.len() >= 2 || now_us < self.empty_until_us {
-            return None;
-        }
-        let size = self.demand.lease_size().clamp(1, spec.tokens);
-        let held = self.held(now_us);
         let ending = self.leases.iter().all(|l| l.ends_us <= now_us + spec.lifetime_us / 4);
-        if held * 4 >= size && !ending {
-            return None;
-        }
-        let want = self.wanted(spec, now_us);
-        if want == 0 {
-            return None;
-        }
-        self.in_flight = true;
-        Some(want)
+        self.ask_early(spec, now_us, |held, size| held * 4 < size || ending)
     }
 
     /// A top-up riding on a call made for other keys: a busy key (spent from this lifetime-long
@@ -175,11 +161,21 @@ impl Lessee {
     pub fn top_up(&mut self, spec: &LeaseSpec, now_us: u64) -> Option<u64> {
         self.demand.roll(now_us, spec.lifetime_us);
         self.forget_ended(now_us);
-        if self.in_flight || self.leases.len() >= 2 || now_us < self.empty_until_us || self.demand.current == 0 {
+        if self.demand.current == 0 {
+            return None;
+        }
+        self.ask_early(spec, now_us, |held, size| held * 4 < 3 * size)
+    }
+
+    /// An ask before the key runs dry, when `low(held, lease size)` says so: the tokens wanted,
+    /// marked in flight. None while an ask is in flight, two leases are held, or the key is known
+    /// empty (an ask now would only be refused).
+    fn ask_early(&mut self, spec: &LeaseSpec, now_us: u64, low: impl FnOnce(u64, u64) -> bool) -> Option<u64> {
+        if self.in_flight || self.leases.len() >= 2 || now_us < self.empty_until_us {
             return None;
         }
         let size = self.demand.lease_size().clamp(1, spec.tokens);
-        if self.held(now_us) * 4 >= 3 * size {
+        if !low(self.held(now_us), size) {
             return None;
         }
         let want = self.wanted(spec, now_us);

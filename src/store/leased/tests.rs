@@ -322,3 +322,22 @@ async fn busy_keys_top_up_on_each_others_calls() {
     eprintln!("round trips: {together} batched, {alone} one key a call");
     assert!(together * 3 <= alone, "{together} round trips batched against {alone} one key a call");
 }
+
+/// A request that leaves while its ask is in a batched call (its future dropped: a client gone,
+/// a deadline) drops only its own answer: the tokens granted for it go back to the store, and the
+/// key's next request asks afresh.
+#[tokio::test]
+async fn a_grant_for_a_request_that_left_goes_back() {
+    use futures_util::FutureExt;
+    let clock = Arc::new(ManualClock::new(T0));
+    let ledger = Batching::new(clock.clone(), true);
+    let store = LeasedStore::new(Arc::new(MemoryStore::new(clock.clone())), ledger.clone(), ledger.clone(), clock);
+    let zone = [key_zone(bucket("100r/s", 99), 0)];
+    assert!(store.decide(&zone).now_or_never().is_none(), "the ask waits for its call");
+    let_tasks_run().await;
+    // The grant was made, then given back: one grants call and one give-back, nothing held.
+    assert_eq!(ledger.round_trips.load(Ordering::SeqCst), 2, "the grant's tokens went back");
+    assert_eq!(store.held("leased", b"k0"), 0);
+    assert!(store.decide(&zone).await.unwrap().admitted, "the key's next request asks afresh");
+    assert_eq!(ledger.model.calls(), 3);
+}
